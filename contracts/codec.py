@@ -1,0 +1,64 @@
+"""JSON encoding (orjson) of stream messages, with typed errors on bad input."""
+
+from __future__ import annotations
+
+import orjson
+from pydantic import TypeAdapter, ValidationError
+
+from contracts.errors import InvalidMessage, Oversize, SubjectMismatch, UnsupportedVersion
+from contracts.schemas import SUPPORTED_VERSIONS, StreamMessage
+from contracts.subjects import Scope, events_subject, parse_events_subject
+
+_ADAPTER: TypeAdapter[StreamMessage] = TypeAdapter(StreamMessage)
+
+DEFAULT_MAX_BYTES = 1024 * 1024  # NATS' default max_payload
+
+
+def encode(message: StreamMessage) -> bytes:
+    return _ADAPTER.dump_json(message, exclude_none=True)
+
+
+def subject_for(message: StreamMessage) -> str:
+    return events_subject(message.app, message.user, getattr(message, "session", None))
+
+
+def _summarise(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in err["loc"]) or "<root>"
+        parts.append(f"{loc}: {err['msg']}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (+{more} more)" if more > 0 else "")
+
+
+def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> StreamMessage:
+    """Parse and validate one message; raise a typed :class:`MemqError`."""
+    if len(data) > max_bytes:
+        raise Oversize(f"payload is {len(data)} bytes; the limit is {max_bytes}")
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidMessage(f"payload is not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise InvalidMessage(f"payload must be a JSON object, got {type(raw).__name__}")
+    version = raw.get("v")
+    if version not in SUPPORTED_VERSIONS:
+        raise UnsupportedVersion(
+            f"schema version {version!r} is not supported (supported: {sorted(SUPPORTED_VERSIONS)})"
+        )
+    try:
+        # validate_json (not _python) so that bytes fields decode from base64.
+        return _ADAPTER.validate_json(data)
+    except ValidationError as exc:
+        raise InvalidMessage(_summarise(exc)) from None
+
+
+def decode_from_subject(subject: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> StreamMessage:
+    """Decode and check that the payload names the same ids as its subject,
+    so that NATS permissions on subjects also fence the payload."""
+    scope = parse_events_subject(subject)
+    message = decode(data, max_bytes=max_bytes)
+    named = Scope(message.app, message.user, getattr(message, "session", None))
+    if named != scope:
+        raise SubjectMismatch(f"payload names {tuple(named)} but was published on {subject!r}")
+    return message

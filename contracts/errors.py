@@ -1,0 +1,76 @@
+"""Typed errors shared by the client and the workers.
+
+Every error has a stable ``code`` so that replies over the wire and dead-letter
+entries can name the reason without Python tracebacks.
+"""
+
+from __future__ import annotations
+
+
+class MemqError(Exception):
+    """Base of every memq error. ``code`` is stable and machine-readable."""
+
+    code = "error"
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "message": self.message}
+
+
+class InvalidId(MemqError):
+    """An app, user, session or other id is empty, too long or not UTF-8."""
+
+    code = "invalid_id"
+
+
+class InvalidMessage(MemqError):
+    """The payload is not JSON, not an object, or fails schema validation."""
+
+    code = "invalid_message"
+
+
+class UnsupportedVersion(MemqError):
+    """The payload names a schema version this build does not understand."""
+
+    code = "unsupported_version"
+
+
+class Oversize(MemqError):
+    """The payload is larger than the configured limit."""
+
+    code = "oversize"
+
+
+class SubjectMismatch(MemqError):
+    """The payload names other ids than the subject it was published on."""
+
+    code = "subject_mismatch"
+
+
+class PublishFailed(MemqError):
+    """JetStream did not acknowledge a publish."""
+
+    code = "publish_failed"
+
+
+ERRORS_BY_CODE: dict[str, type[MemqError]] = {
+    cls.code: cls
+    for cls in (
+        MemqError,
+        InvalidId,
+        InvalidMessage,
+        UnsupportedVersion,
+        Oversize,
+        SubjectMismatch,
+        PublishFailed,
+    )
+}
+
+
+def error_from_dict(data: dict) -> MemqError:
+    """Rebuild a typed error from its wire form ``{"code", "message"}``."""
+    cls = ERRORS_BY_CODE.get(str(data.get("code")), MemqError)
+    return cls(str(data.get("message", "")))

@@ -1,0 +1,73 @@
+"""The subject scheme (DESIGN §3). Every subject carries the app.
+
+- ``memq.v1.ev.<app>.<user>.<session>``  session-scoped messages (events,
+  session create/delete, state, artifacts), captured by ``MEMQ_EVENTS``
+- ``memq.v1.ev.<app>.<user>``            user-scoped messages (delete user,
+  user/app state), captured by ``MEMQ_EVENTS``
+- ``memq.v1.changed.<app>.<user>.<session>``  core NATS notice after a commit
+- ``memq.v1.q.<app>.<op>``               requests (core NATS, in no stream)
+- ``memq.v1.dlq.<worker>``               dead letters, captured by ``MEMQ_DLQ``
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from contracts.errors import InvalidId
+from contracts.ids import decode_token, encode_token, scope_key
+
+PREFIX = "memq.v1"
+EVENTS_STREAM = "MEMQ_EVENTS"
+DLQ_STREAM = "MEMQ_DLQ"
+ARTIFACT_BUCKET = "MEMQ_ARTIFACTS"
+
+EVENTS_WILDCARD = f"{PREFIX}.ev.>"
+DLQ_WILDCARD = f"{PREFIX}.dlq.>"
+CHANGED_WILDCARD = f"{PREFIX}.changed.>"
+
+
+class Scope(NamedTuple):
+    app: str
+    user: str
+    session: str | None = None
+
+
+def events_subject(app: str, user: str, session: str | None = None) -> str:
+    base = f"{PREFIX}.ev.{encode_token(app, 'app')}.{encode_token(user, 'user')}"
+    return base if session is None else f"{base}.{encode_token(session, 'session')}"
+
+
+def user_events_filter(app: str, user: str) -> list[str]:
+    """Every stream subject that holds data of one user (for purges)."""
+    base = events_subject(app, user)
+    return [base, f"{base}.>"]
+
+
+def parse_events_subject(subject: str) -> Scope:
+    """Decode ``memq.v1.ev.<app>.<user>[.<session>]``; raise InvalidId if malformed."""
+    parts = subject.split(".")
+    if parts[:3] != ["memq", "v1", "ev"] or len(parts) not in (5, 6):
+        raise InvalidId(f"{subject!r} is not a memq event subject")
+    app = decode_token(parts[3], "app")
+    user = decode_token(parts[4], "user")
+    session = decode_token(parts[5], "session") if len(parts) == 6 else None
+    return Scope(app, user, session)
+
+
+def changed_subject(app: str, user: str, session: str | None = None) -> str:
+    base = f"{PREFIX}.changed.{encode_token(app, 'app')}.{encode_token(user, 'user')}"
+    return base if session is None else f"{base}.{encode_token(session, 'session')}"
+
+
+def request_subject(app: str, op: str) -> str:
+    return f"{PREFIX}.q.{encode_token(app, 'app')}.{op}"
+
+
+def dlq_subject(worker: str) -> str:
+    return f"{PREFIX}.dlq.{worker}"
+
+
+def artifact_object_name(app: str, user: str, session: str, artifact_id: str) -> str:
+    """Object-store name of a large artifact, prefixed by the user and session
+    keys so that deletes find every object of a session or user without SQL."""
+    return f"{scope_key(app, user)}/{scope_key(app, user, session)}/{artifact_id}"

@@ -1,0 +1,146 @@
+"""NATS connection and idempotent JetStream setup, from settings.
+
+``MEMQ_EVENTS`` keeps every message (Limits retention) so an index can be
+rebuilt by replay; ``MEMQ_DLQ`` keeps dead letters with their reason.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+
+from contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
+from workers.settings import NatsSettings, Settings, StreamSettings
+
+log = logging.getLogger("memq.bus")
+
+DAY = 86_400.0
+
+
+class NatsNotFound(RuntimeError):
+    """No NATS URL configured and no embedded server running."""
+
+
+def nats_url(settings: Settings) -> str:
+    """The configured URL, else the one `memq up` left in the data dir."""
+    if settings.nats.url:
+        return settings.nats.url
+    url_file = settings.run_dir / "nats.url"
+    if url_file.is_file():
+        return url_file.read_text().strip()
+    raise NatsNotFound(
+        f"no NATS server: set MEMQ_NATS__URL, or start the embedded stack with `memq up` "
+        f"(looked for {url_file})"
+    )
+
+
+def _tls_context(nats_settings: NatsSettings) -> ssl.SSLContext | None:
+    tls = nats_settings.tls
+    if not tls.enabled:
+        return None
+    ctx = ssl.create_default_context(cafile=str(tls.ca_file) if tls.ca_file else None)
+    if tls.cert_file:
+        ctx.load_cert_chain(str(tls.cert_file), str(tls.key_file) if tls.key_file else None)
+    return ctx
+
+
+def connect_options(settings: Settings, name: str) -> dict[str, Any]:
+    n = settings.nats
+    opts: dict[str, Any] = {
+        "servers": [u.strip() for u in nats_url(settings).split(",")],
+        "name": f"{n.name}-{name}",
+        "connect_timeout": n.connect_timeout_s,
+        "max_reconnect_attempts": -1,  # workers ride out a NATS restart
+        "reconnect_time_wait": 0.5,
+    }
+    if n.user:
+        opts["user"] = n.user
+    if n.password:
+        opts["password"] = n.password.get_secret_value()
+    if n.token:
+        opts["token"] = n.token.get_secret_value()
+    if n.creds_file:
+        opts["user_credentials"] = str(n.creds_file)
+    if (tls := _tls_context(n)) is not None:
+        opts["tls"] = tls
+    return opts
+
+
+async def connect(settings: Settings, name: str) -> NATS:
+    return await nats.connect(**connect_options(settings, name))
+
+
+def events_stream_config(s: StreamSettings) -> StreamConfig:
+    return StreamConfig(
+        name=s.events,
+        description="memq: every message of every session, in order (the log)",
+        subjects=[EVENTS_WILDCARD],
+        retention=RetentionPolicy.LIMITS,  # replay needs the log kept after acks
+        discard=DiscardPolicy.OLD,
+        max_age=s.max_age_days * DAY,
+        max_bytes=s.max_bytes,
+        max_msg_size=s.max_message_bytes * 2,  # oversize ones still reach the DLQ
+        storage=StorageType(s.storage),
+        num_replicas=s.replicas,
+        duplicate_window=s.duplicate_window_s,
+    )
+
+
+def dlq_stream_config(s: StreamSettings) -> StreamConfig:
+    return StreamConfig(
+        name=s.dlq,
+        description="memq: messages no worker could process, with the reason",
+        subjects=[DLQ_WILDCARD],
+        retention=RetentionPolicy.LIMITS,
+        max_age=s.dlq_max_age_days * DAY,
+        duplicate_window=s.duplicate_window_s,  # a retried dead-lettering is stored once
+        storage=StorageType(s.storage),
+        num_replicas=s.replicas,
+    )
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> str:
+    """Create the stream or bring its mutable settings up to date.
+
+    Returns "created", "updated" or "unchanged".
+    """
+    try:
+        info = await js.stream_info(config.name)
+    except NotFoundError:
+        await js.add_stream(config)
+        log.info("created stream %s", config.name)
+        return "created"
+    current = info.config
+    wanted = {k: v for k, v in config.as_dict().items() if k not in ("name",)}
+    have = current.as_dict()
+    if all(have.get(k) == v for k, v in wanted.items()):
+        return "unchanged"
+    try:
+        await js.update_stream(config)
+    except BadRequestError as exc:  # e.g. storage type cannot change
+        log.warning("stream %s differs from settings but cannot be updated: %s", config.name, exc)
+        return "unchanged"
+    log.info("updated stream %s", config.name)
+    return "updated"
+
+
+async def ensure_streams(js: JetStreamContext, s: StreamSettings) -> dict[str, str]:
+    """Idempotent setup of the event log, the DLQ and the artifact bucket."""
+    result = {
+        s.events: await ensure_stream(js, events_stream_config(s)),
+        s.dlq: await ensure_stream(js, dlq_stream_config(s)),
+    }
+    try:
+        await js.object_store(ARTIFACT_BUCKET)
+        result[ARTIFACT_BUCKET] = "unchanged"
+    except BucketNotFoundError:
+        await js.create_object_store(ARTIFACT_BUCKET, storage=StorageType(s.storage), replicas=s.replicas)
+        result[ARTIFACT_BUCKET] = "created"
+    return result

@@ -1,0 +1,142 @@
+"""`memq demo`: publish a sample conversation through the client, read it back
+from SQL and check that every event is stored exactly once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from contracts.client import MemoryClient
+from contracts.schemas import Actions, Event, Message, TextPart, ToolCallPart, ToolResultPart, new_id
+from workers import bus
+from workers.settings import Settings
+from workers.sql import reads
+from workers.sql.engine import create_engine
+
+APP = "memq-demo"
+USER = "demo-user"
+
+
+def sample_conversation(n: int) -> list[Event]:
+    """n events: user and assistant turns, with a tool call and its result
+    every tenth turn and a state change on every user turn."""
+    events: list[Event] = []
+    i = 0
+    while len(events) < n:
+        i += 1
+        if i % 10 == 0 and len(events) + 2 <= n:
+            call_id = f"call-{i}"
+            events.append(
+                Event(
+                    author="assistant",
+                    message=Message(role="assistant", parts=[ToolCallPart(id=call_id, name="lookup", args={"q": i})]),
+                )
+            )
+            events.append(
+                Event(
+                    author="tool",
+                    message=Message(role="tool", parts=[ToolResultPart(id=call_id, name="lookup", result={"n": i})]),
+                )
+            )
+            continue
+        if i % 2:
+            events.append(
+                Event(
+                    author="user",
+                    message=Message(role="user", parts=[TextPart(text=f"Question {i}: what happened next?")]),
+                    actions=Actions(state_delta={"turn": i, "user:last_seen": i, "temp:scratch": i}),
+                )
+            )
+        else:
+            events.append(
+                Event(
+                    author="assistant",
+                    message=Message(role="assistant", parts=[TextPart(text=f"Answer {i}: the story goes on.")]),
+                )
+            )
+    return events
+
+
+@dataclass
+class DemoResult:
+    published: int
+    stored: int
+    duplicates: int
+    missing: int
+    out_of_order: bool
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.published == self.stored and not (self.duplicates or self.missing or self.out_of_order)
+
+
+async def run_demo(settings: Settings, n_events: int, console: Console, timeout: float | None = None) -> DemoResult:
+    if settings.database.url is not None and settings.database.url.get_secret_value() == "inmemory":
+        raise SystemExit("memq demo reads SQL back: it cannot see the in-memory database of another process")
+    timeout = timeout or 60 + n_events / 100
+    engine = create_engine(settings.database_url())
+    session = f"demo-{new_id()}"
+    events = sample_conversation(n_events)
+    started = time.perf_counter()
+    async with await MemoryClient.connect(bus.nats_url(settings), app=APP) as client:
+        await client.create_session(USER, session, state={"topic": "demo", "app:demo_runs": 1})
+        seqs = await client.append_many(USER, session, events)
+    console.print(f"published {len(seqs)} events to session [bold]{session}[/] (seq {seqs[0]}..{seqs[-1]})")
+
+    columns = (TextColumn("stored in SQL"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    try:
+        with Progress(*columns, console=console, transient=True) as progress:
+            task = progress.add_task("stored", total=n_events)
+            deadline = time.monotonic() + timeout
+            stored = 0
+            while time.monotonic() < deadline:
+                stored = await reads.count_events(engine, APP, USER, session)
+                progress.update(task, completed=stored)
+                if stored >= n_events:
+                    break
+                await asyncio.sleep(0.2)
+        rows = await reads.events(engine, APP, USER, session)
+        state = await reads.state(engine, APP, USER, session)
+    finally:
+        await engine.dispose()
+    elapsed = time.perf_counter() - started
+
+    published_ids = [e.id for e in events]
+    stored_ids = [r.event_id for r in rows]
+    counts = Counter(stored_ids)
+    known = set(published_ids)
+    result = DemoResult(
+        published=len(published_ids),
+        stored=len(stored_ids),
+        duplicates=sum(c - 1 for c in counts.values() if c > 1),
+        missing=len(known - set(stored_ids)),
+        out_of_order=[i for i in stored_ids if i in known] != published_ids[: len(stored_ids)],
+        seconds=elapsed,
+    )
+    _print(console, rows, state, result)
+    return result
+
+
+def _print(console: Console, rows: list[reads.StoredEvent], state: dict, result: DemoResult) -> None:
+    table = Table(title="session, as stored in SQL (first and last events)")
+    for col in ("seq", "author", "role", "content"):
+        table.add_column(col)
+    shown = rows if len(rows) <= 10 else rows[:5] + rows[-5:]
+    for r in shown:
+        parts = (r.data.get("message") or {}).get("parts", [])
+        content = "; ".join(p.get("text") or f"{p['type']} {p.get('name', '')}" for p in parts)
+        table.add_row(str(r.seq), r.author, r.role or "", content[:60])
+    console.print(table)
+    console.print(f"state: {state}")
+    verdict = "[green]OK[/]" if result.ok else "[red]FAILED[/]"
+    console.print(
+        f"{verdict}: published {result.published}, stored {result.stored}, duplicates {result.duplicates}, "
+        f"missing {result.missing}, in order: {not result.out_of_order} ({result.seconds:.1f}s)"
+    )

@@ -1,0 +1,218 @@
+"""What one batch of stream messages does to SQL: pure, no I/O.
+
+The persistence worker reads the delete tombstones of the sessions and users a
+batch touches, then asks :func:`plan_commit` for the rows to write. Rules that
+make any commit order of several replicas equal stream order:
+
+- every row carries the ``seq`` of the message that wrote it;
+- a state key only takes a value from a higher ``seq`` (see ``upsert_if_newer``);
+- a delete at ``D`` removes rows with ``seq < D`` and leaves a tombstone, and
+  writes to that scope with ``seq < D`` that arrive later are dropped here;
+- ``app:`` writes survive session and user deletes, as they would in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import orjson
+
+from contracts.ids import scope_key
+from contracts.schemas import (
+    ArtifactSaved,
+    EventAppended,
+    SessionCreated,
+    SessionDeleted,
+    StateSet,
+    StreamMessage,
+    UserDeleted,
+)
+from workers.memory.state import split_delta
+
+
+class UserRef(NamedTuple):
+    app: str
+    user: str
+
+
+class SessionRef(NamedTuple):
+    app: str
+    user: str
+    session: str
+    user_key: str
+
+
+class Incoming(NamedTuple):
+    seq: int
+    message: StreamMessage
+
+
+@dataclass
+class Scopes:
+    """Every user and session a batch touches, by key."""
+
+    users: dict[str, UserRef] = field(default_factory=dict)
+    sessions: dict[str, SessionRef] = field(default_factory=dict)
+
+
+@dataclass
+class Tombstones:
+    """``deleted_seq`` of users and sessions as stored (0 = never deleted)."""
+
+    users: Mapping[str, int] = field(default_factory=dict)
+    sessions: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Touch:
+    """A session that gained content: it becomes visible and newer."""
+
+    last_seq: int
+    updated_at: float
+
+
+@dataclass
+class CommitPlan:
+    user_deletes: dict[str, int] = field(default_factory=dict)  # user_key -> seq
+    session_deletes: dict[str, int] = field(default_factory=dict)  # session_key -> seq
+    events: list[dict[str, Any]] = field(default_factory=list)
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
+    app_state: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
+    user_state: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
+    session_state: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
+    touched: dict[str, Touch] = field(default_factory=dict)
+    dropped: list[int] = field(default_factory=list)  # seqs whose scope was deleted after them
+
+
+def keys_of(message: StreamMessage) -> tuple[str, str | None]:
+    """(user_key, session_key or None) of a message."""
+    user_key = scope_key(message.app, message.user)
+    session = getattr(message, "session", None)
+    return user_key, (scope_key(message.app, message.user, session) if session else None)
+
+
+def collect_scopes(items: Iterable[Incoming]) -> Scopes:
+    scopes = Scopes()
+    for item in items:
+        m = item.message
+        user_key, session_key = keys_of(m)
+        scopes.users.setdefault(user_key, UserRef(m.app, m.user))
+        if session_key:
+            scopes.sessions.setdefault(session_key, SessionRef(m.app, m.user, m.session, user_key))
+    return scopes
+
+
+def _newer(target: dict, key: tuple[str, str], seq: int, value: Any) -> None:
+    if key not in target or target[key][0] < seq:
+        target[key] = (seq, value)
+
+
+def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan:
+    items = sorted(items, key=lambda i: i.seq)
+    plan = CommitPlan()
+
+    # Deletes first: a delete later in this batch also drops earlier writes.
+    for seq, m in items:
+        user_key, session_key = keys_of(m)
+        if isinstance(m, UserDeleted):
+            plan.user_deletes[user_key] = max(seq, plan.user_deletes.get(user_key, 0))
+        elif isinstance(m, SessionDeleted):
+            plan.session_deletes[session_key] = max(seq, plan.session_deletes.get(session_key, 0))
+
+    def user_tomb(user_key: str) -> int:
+        return max(tombstones.users.get(user_key, 0), plan.user_deletes.get(user_key, 0))
+
+    def session_tomb(user_key: str, session_key: str) -> int:
+        return max(
+            user_tomb(user_key),
+            tombstones.sessions.get(session_key, 0),
+            plan.session_deletes.get(session_key, 0),
+        )
+
+    for seq, m in items:
+        if isinstance(m, (UserDeleted, SessionDeleted)):
+            continue
+        user_key, session_key = keys_of(m)
+        user_alive = seq >= user_tomb(user_key)
+        session_alive = session_key is not None and seq >= session_tomb(user_key, session_key)
+
+        delta: Mapping[str, Any] = {}
+        if isinstance(m, EventAppended):
+            delta = m.event.actions.state_delta
+        elif isinstance(m, SessionCreated):
+            delta = m.state
+        elif isinstance(m, StateSet):
+            delta = m.delta
+        scoped = split_delta(delta)
+        for k, v in scoped.app.items():  # app state outlives user and session deletes
+            _newer(plan.app_state, (m.app, k), seq, v)
+        if user_alive:
+            for k, v in scoped.user.items():
+                _newer(plan.user_state, (user_key, k), seq, v)
+
+        if session_key is None:
+            continue
+        if not session_alive:
+            plan.dropped.append(seq)
+            continue
+        for k, v in scoped.session.items():
+            _newer(plan.session_state, (session_key, k), seq, v)
+
+        if isinstance(m, EventAppended):
+            plan.events.append(_event_row(seq, session_key, m))
+        elif isinstance(m, ArtifactSaved):
+            plan.artifacts.append(_artifact_row(seq, session_key, m))
+        timestamp = m.event.timestamp if isinstance(m, EventAppended) else m.timestamp
+        touch = plan.touched.get(session_key)
+        if touch is None:
+            plan.touched[session_key] = Touch(seq, timestamp)
+        else:
+            touch.last_seq = max(touch.last_seq, seq)
+            touch.updated_at = max(touch.updated_at, timestamp)
+    return plan
+
+
+def _event_row(seq: int, session_key: str, m: EventAppended) -> dict[str, Any]:
+    e = m.event
+    return {
+        "session_key": session_key,
+        "event_id": e.id,
+        "seq": seq,
+        "invocation_id": e.invocation_id[:256],
+        "author": e.author[:256],
+        "branch": e.branch,
+        "role": e.message.role if e.message else None,
+        "timestamp": e.timestamp,
+        "data": e.model_dump_json(exclude_none=True),
+    }
+
+
+def _artifact_row(seq: int, session_key: str, m: ArtifactSaved) -> dict[str, Any]:
+    if m.inline is not None:
+        size, digest, bucket, name = len(m.inline), hashlib.sha256(m.inline).hexdigest(), None, None
+    else:
+        ref = m.object
+        size, digest, bucket, name = ref.size, ref.sha256, ref.bucket, ref.name
+    return {
+        "session_key": session_key,
+        "artifact_id": m.id,
+        "filename": m.filename,
+        "seq": seq,
+        "mime_type": m.mime_type[:255],
+        "size": size,
+        "sha256": digest,
+        "inline": m.inline,
+        "object_bucket": bucket,
+        "object_name": name,
+        "created_at": m.timestamp,
+    }
+
+
+def state_rows(writes: Mapping[tuple[str, str], tuple[int, Any]], scope_column: str) -> list[dict[str, Any]]:
+    return [
+        {scope_column: scope, "key": key, "value": orjson.dumps(value).decode(), "seq": seq}
+        for (scope, key), (seq, value) in sorted(writes.items())
+    ]

@@ -1,0 +1,61 @@
+"""State scopes, after ADK: no prefix = session, ``user:`` = every session of
+the user in the app, ``app:`` = the whole app, ``temp:`` = never persisted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+APP_PREFIX = "app:"
+USER_PREFIX = "user:"
+TEMP_PREFIX = "temp:"
+
+
+@dataclass
+class ScopedDelta:
+    """A delta split by scope, prefixes stripped, ``temp:`` keys dropped."""
+
+    app: dict[str, Any] = field(default_factory=dict)
+    user: dict[str, Any] = field(default_factory=dict)
+    session: dict[str, Any] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.app or self.user or self.session)
+
+
+def split_delta(delta: Mapping[str, Any]) -> ScopedDelta:
+    out = ScopedDelta()
+    for key, value in delta.items():
+        if key.startswith(TEMP_PREFIX):
+            continue
+        if key.startswith(APP_PREFIX):
+            out.app[key[len(APP_PREFIX) :]] = value
+        elif key.startswith(USER_PREFIX):
+            out.user[key[len(USER_PREFIX) :]] = value
+        else:
+            out.session[key] = value
+    return out
+
+
+def merge_state(
+    app: Mapping[str, Any], user: Mapping[str, Any], session: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The state a session shows, as ADK shows it: scoped keys re-prefixed."""
+    merged = dict(session)
+    merged.update({USER_PREFIX + k: v for k, v in user.items()})
+    merged.update({APP_PREFIX + k: v for k, v in app.items()})
+    return merged
+
+
+def apply_in_order(deltas: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Reference semantics: the state after applying deltas one by one in
+    stream order (what the persistence worker must end up with, whatever the
+    number of replicas)."""
+    state: dict[str, Any] = {}
+    for delta in deltas:
+        for key, value in delta.items():
+            if not key.startswith(TEMP_PREFIX):
+                state[key] = value
+    return state

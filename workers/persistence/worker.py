@@ -1,0 +1,274 @@
+"""The persistence worker: commits the event log to SQL, the source of truth.
+
+One durable pull consumer (``memq-persistence``) is shared by every replica, so
+adding processes scales out with no coordination. For each batch:
+
+1. decode every message; a bad one goes to ``MEMQ_DLQ`` with its reason, then
+   is acked (nothing is silently dropped, and the batch goes on);
+2. commit the rest in one transaction (idempotent, order-independent);
+3. purge the stream of deleted sessions/users, so a replay cannot revive them;
+4. ack, then announce ``memq.v1.changed.<app>.<user>.<session>``.
+
+A database outage naks the batch with a growing delay: nothing is acked before
+it is durable, and nothing is lost. FastStream's default policy would
+*terminate* a message whose handler raises, so acks are manual here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+import orjson
+from faststream import AckPolicy
+from faststream.nats import JStream, NatsBroker, PullSub
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy as JsAckPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from sqlalchemy import exc as sa_exc
+
+from contracts.codec import decode_from_subject
+from contracts.errors import MemqError
+from contracts.subjects import (
+    ARTIFACT_BUCKET,
+    EVENTS_WILDCARD,
+    changed_subject,
+    dlq_subject,
+    events_subject,
+    user_events_filter,
+)
+from workers import bus
+from workers.memory.commit_plan import Incoming
+from workers.persistence.store import CommitResult, SqlStore
+from workers.settings import Settings
+from workers.sql.engine import create_engine, migrate
+
+log = logging.getLogger("memq.persistence")
+
+WORKER = "persistence"
+# Errors that a message's own content causes; retrying the batch cannot help.
+DATA_ERRORS = (sa_exc.IntegrityError, sa_exc.DataError, sa_exc.ProgrammingError, ValueError, TypeError)
+MAX_CONFLICT_RETRIES = 5
+
+
+class DeadLetters:
+    """Publishes a message no worker can process to ``MEMQ_DLQ``, with the reason."""
+
+    def __init__(self, js: JetStreamContext, worker: str):
+        self.js = js
+        self.subject = dlq_subject(worker)
+        self.worker = worker
+
+    async def send(self, msg: Msg, code: str, reason: str) -> None:
+        meta = msg.metadata
+        headers = {
+            "Nats-Msg-Id": f"{self.worker}:{meta.stream}:{meta.sequence.stream}",
+            "Memq-Worker": self.worker,
+            "Memq-Error-Code": code,
+            "Memq-Error": reason[:2000].replace("\r", " ").replace("\n", " "),
+            "Memq-Original-Subject": msg.subject,
+            "Memq-Original-Seq": str(meta.sequence.stream),
+        }
+        await self.js.publish(self.subject, msg.data, headers=headers)
+        log.warning("dead-lettered seq %s: %s: %s", meta.sequence.stream, code, reason)
+
+
+class PersistenceWorker:
+    """Owns the SQL engine and the handling of one batch; see module doc."""
+
+    def __init__(self, settings: Settings, *, engine=None):
+        self.settings = settings
+        self.engine = engine or create_engine(
+            settings.database_url(), pool_size=settings.database.pool_size, echo=settings.database.echo
+        )
+        self.store = SqlStore(self.engine)
+        self.broker: NatsBroker | None = None
+        self.js: JetStreamContext | None = None
+        self.dlq: DeadLetters | None = None
+        self.committed = 0  # messages committed by this process (for status and tests)
+
+    # --- lifecycle ----------------------------------------------------------
+
+    def build_broker(self) -> NatsBroker:
+        s = self.settings
+        opts = bus.connect_options(s, WORKER)
+        broker = NatsBroker(**opts, apply_types=False, graceful_timeout=30.0, log_level=logging.DEBUG)
+        p = s.persistence
+        subscriber = broker.subscriber(
+            EVENTS_WILDCARD,
+            stream=JStream(s.streams.events, declare=False),
+            durable=p.durable,
+            pull_sub=PullSub(batch_size=p.batch_size, timeout=p.batch_wait_s, batch=True),
+            config=ConsumerConfig(
+                durable_name=p.durable,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_policy=JsAckPolicy.EXPLICIT,
+                ack_wait=p.ack_wait_s,
+                max_deliver=-1,  # never give up on a message while the database is down
+                max_ack_pending=max(1000, p.batch_size * 8),
+            ),
+            ack_policy=AckPolicy.MANUAL,
+        )
+        # Hand the raw nats-py messages to the handler: it needs their sequence
+        # and subject, and must see undecodable payloads to dead-letter them.
+        subscriber(self.handle, decoder=lambda message: message.raw_message)
+        return broker
+
+    async def start(self) -> None:
+        if self.settings.database.migrate_on_start:
+            await migrate(self.engine)
+        self.broker = self.build_broker()
+        await self.broker.connect()
+        self.js = self.broker.connection.jetstream()
+        await bus.ensure_streams(self.js, self.settings.streams)
+        self.dlq = DeadLetters(self.js, WORKER)
+        await self.broker.start()
+        log.info("persistence worker started (durable %s)", self.settings.persistence.durable)
+
+    async def stop(self) -> None:
+        if self.broker is not None:
+            await self.broker.stop()  # waits for the batch in hand (graceful_timeout)
+            self.broker = None
+        await self.engine.dispose()
+
+    # --- one batch ------------------------------------------------------------
+
+    async def handle(self, msgs: list[Msg]) -> None:
+        items: list[Incoming] = []
+        raw: list[Msg] = []
+        for msg in msgs:
+            try:
+                message = decode_from_subject(msg.subject, msg.data, max_bytes=self.settings.streams.max_message_bytes)
+            except MemqError as exc:
+                await self._dead_letter(msg, exc.code, exc.message)
+                continue
+            items.append(Incoming(msg.metadata.sequence.stream, message))
+            raw.append(msg)
+        if items:
+            await self._commit_and_ack(items, raw)
+
+    async def _commit_and_ack(self, items: list[Incoming], raw: list[Msg]) -> None:
+        try:
+            result = await self._commit(items)
+        except DATA_ERRORS as exc:
+            log.warning("batch of %d failed on data (%s); committing one by one", len(items), exc)
+            await self._commit_one_by_one(items, raw)
+            return
+        except Exception as exc:  # database down, network: retry later, lose nothing
+            await self._retry_later(raw, exc)
+            return
+        await self._finish(result, raw)
+
+    async def _commit(self, items: Sequence[Incoming]) -> CommitResult:
+        """Commit, retrying at once on deadlocks and serialisation conflicts,
+        which concurrent replicas can cause and which succeed on a retry."""
+        for attempt in range(MAX_CONFLICT_RETRIES):
+            try:
+                return await self.store.commit(items)
+            except sa_exc.OperationalError as exc:
+                if not _is_conflict(exc) or attempt == MAX_CONFLICT_RETRIES - 1:
+                    raise
+                await asyncio.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
+
+    async def _commit_one_by_one(self, items: list[Incoming], raw: list[Msg]) -> None:
+        for item, msg in zip(items, raw):
+            try:
+                result = await self._commit([item])
+            except DATA_ERRORS as exc:
+                await self._dead_letter(msg, "storage_rejected", f"{type(exc).__name__}: {exc}")
+                continue
+            except Exception as exc:
+                await self._retry_later([msg], exc)
+                continue
+            await self._finish(result, [msg])
+
+    async def _finish(self, result: CommitResult, raw: list[Msg]) -> None:
+        await self._purge_deleted(result)
+        for msg in raw:
+            await msg.ack()
+        self.committed += len(raw)
+        if self.settings.persistence.publish_changed:
+            await self._announce(result)
+
+    async def _retry_later(self, raw: list[Msg], exc: Exception) -> None:
+        delays = self.settings.persistence.retry_delays_s
+        attempt = max((m.metadata.num_delivered or 1) for m in raw)
+        delay = delays[min(attempt - 1, len(delays) - 1)]
+        log.warning("commit failed (%s: %s); redelivery in %.1fs", type(exc).__name__, exc, delay)
+        for msg in raw:
+            await msg.nak(delay=delay)
+
+    async def _dead_letter(self, msg: Msg, code: str, reason: str) -> None:
+        try:
+            await self.dlq.send(msg, code, reason)
+        except Exception as exc:  # the DLQ itself is unreachable: keep the message
+            log.error("cannot dead-letter seq %s (%s); will retry", msg.metadata.sequence.stream, exc)
+            await msg.nak(delay=self.settings.persistence.retry_delays_s[0])
+            return
+        await msg.ack()
+
+    # --- after commit ---------------------------------------------------------
+
+    async def _purge_deleted(self, result: CommitResult) -> None:
+        """Remove deleted sessions/users from the log (below the delete's own
+        sequence) and their artifact objects. Idempotent, so a crash before
+        the ack only repeats it."""
+        if not (result.plan.session_deletes or result.plan.user_deletes):
+            return
+        stream = self.settings.streams.events
+        prefixes: list[str] = []
+        for session_key, seq in result.plan.session_deletes.items():
+            s = result.scopes.sessions[session_key]
+            await self.js.purge_stream(stream, subject=events_subject(s.app, s.user, s.session), seq=seq)
+            prefixes.append(f"{s.user_key}/{session_key}/")
+        for user_key, seq in result.plan.user_deletes.items():
+            u = result.scopes.users[user_key]
+            for subject in user_events_filter(u.app, u.user):
+                await self.js.purge_stream(stream, subject=subject, seq=seq)
+            prefixes.append(f"{user_key}/")
+        await self._delete_objects(prefixes)
+
+    async def _delete_objects(self, prefixes: list[str]) -> None:
+        try:
+            store = await self.js.object_store(ARTIFACT_BUCKET)
+            infos = await store.list(ignore_deletes=True)
+        except (BucketNotFoundError, NotFoundError):
+            return  # no objects at all
+        for info in infos:
+            if info.name.startswith(tuple(prefixes)):
+                await store.delete(info.name)
+
+    async def _announce(self, result: CommitResult) -> None:
+        nc = self.broker.connection
+        plan = result.plan
+        for session_key, touch in plan.touched.items():
+            s = result.scopes.sessions[session_key]
+            body = {"app": s.app, "user": s.user, "session": s.session, "seq": touch.last_seq}
+            await nc.publish(changed_subject(s.app, s.user, s.session), orjson.dumps(body))
+        for session_key, seq in plan.session_deletes.items():
+            s = result.scopes.sessions[session_key]
+            body = {"app": s.app, "user": s.user, "session": s.session, "seq": seq, "deleted": True}
+            await nc.publish(changed_subject(s.app, s.user, s.session), orjson.dumps(body))
+        for user_key, seq in plan.user_deletes.items():
+            u = result.scopes.users[user_key]
+            body = {"app": u.app, "user": u.user, "seq": seq, "deleted": True}
+            await nc.publish(changed_subject(u.app, u.user), orjson.dumps(body))
+
+
+def _is_conflict(exc: sa_exc.OperationalError) -> bool:
+    text = str(exc.orig).lower() if exc.orig else str(exc).lower()
+    return any(s in text for s in ("deadlock", "could not serialize", "lock wait timeout", "database is locked"))
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    """Run one persistence worker until ``stop`` is set."""
+    worker = PersistenceWorker(settings)
+    await worker.start()
+    try:
+        await stop.wait()
+    finally:
+        await worker.stop()
+

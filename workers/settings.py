@@ -1,0 +1,162 @@
+"""One typed settings tree, read from ``MEMQ_*`` variables and an optional file.
+
+Nested fields use ``__``: ``MEMQ_DATABASE__URL``, ``MEMQ_PERSISTENCE__BATCH_SIZE``.
+The optional TOML file is ``$MEMQ_CONFIG`` or ``<data_dir>/memq.toml``; the
+environment wins over the file. Every command (``memq up``, ``memq demo``, a
+lone ``memq worker``) resolves the embedded stack through the same data dir,
+so commands run side by side need no flags.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "memq"
+
+
+class TLSSettings(BaseModel):
+    """TLS for one connection; all paths optional (system CAs when unset)."""
+
+    enabled: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+
+class NatsSettings(BaseModel):
+    url: str | None = Field(
+        default=None,
+        description="NATS server URL(s), comma-separated. Unset: the embedded server of `memq up`.",
+    )
+    user: str | None = None
+    password: SecretStr | None = None
+    token: SecretStr | None = None
+    creds_file: Path | None = None
+    tls: TLSSettings = TLSSettings()
+    connect_timeout_s: float = 5.0
+    name: str = "memq"
+
+
+class StreamSettings(BaseModel):
+    events: str = "MEMQ_EVENTS"
+    dlq: str = "MEMQ_DLQ"
+    replicas: int = Field(default=1, ge=1, le=5, description="R3 in production clusters")
+    storage: Literal["file", "memory"] = "file"
+    duplicate_window_s: float = Field(default=120.0, gt=0)
+    max_age_days: float = Field(default=0, ge=0, description="0 keeps the log forever (needed for replay)")
+    max_bytes: int = Field(default=-1, description="-1: unlimited")
+    max_message_bytes: int = Field(default=1024 * 1024, gt=0, description="larger messages are dead-lettered")
+    dlq_max_age_days: float = Field(default=30, ge=0)
+
+
+class DatabaseSettings(BaseModel):
+    url: SecretStr | None = Field(
+        default=None,
+        description="SQLAlchemy async URL (postgresql+asyncpg, sqlite+aiosqlite, mysql+asyncmy), "
+        "or 'inmemory'. Unset: SQLite file in the data dir.",
+    )
+    pool_size: int = Field(default=5, ge=1)
+    echo: bool = False
+    migrate_on_start: bool = True
+
+
+class PersistenceSettings(BaseModel):
+    durable: str = "memq-persistence"
+    batch_size: int = Field(default=256, ge=1, le=10_000)
+    batch_wait_s: float = Field(default=0.02, gt=0, description="longest wait to fill a batch")
+    ack_wait_s: float = Field(default=30.0, gt=0, description="redelivery after a silent crash")
+    retry_delays_s: list[float] = Field(
+        default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the database is down"
+    )
+    publish_changed: bool = True
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="MEMQ_",
+        env_nested_delimiter="__",
+        extra="ignore",
+    )
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    nats: NatsSettings = NatsSettings()
+    streams: StreamSettings = StreamSettings()
+    database: DatabaseSettings = DatabaseSettings()
+    persistence: PersistenceSettings = PersistenceSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = config_file_path()
+        if config_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+    # --- derived locations -------------------------------------------------
+
+    @property
+    def run_dir(self) -> Path:
+        """Where `memq up` leaves the address of its embedded services."""
+        return self.data_dir / "run"
+
+    def database_url(self) -> str:
+        if self.database.url is None:
+            return f"sqlite+aiosqlite:///{self.data_dir / 'memq.db'}"
+        url = self.database.url.get_secret_value()
+        if url == "inmemory":
+            # Development backend: SQLite in memory, lost on restart.
+            return "sqlite+aiosqlite:///:memory:"
+        return url
+
+    def public_dict(self) -> dict[str, Any]:
+        """The effective settings with every secret masked (for `memq config`)."""
+        data = self.model_dump(mode="json")
+        if self.database.url is not None:
+            data["database"]["url"] = mask_url(self.database.url.get_secret_value())
+        if self.nats.url:
+            data["nats"]["url"] = ",".join(mask_url(u) for u in self.nats.url.split(","))
+        return data
+
+
+def config_file_path() -> Path | None:
+    explicit = os.environ.get("MEMQ_CONFIG")
+    if explicit:
+        return Path(explicit)
+    data_dir = os.environ.get("MEMQ_DATA_DIR")
+    candidate = (Path(data_dir) if data_dir else default_data_dir()) / "memq.toml"
+    return candidate if candidate.is_file() else None
+
+
+def mask_url(url: str) -> str:
+    """Hide the password of a URL (``scheme://user:***@host``)."""
+    if "://" not in url or "@" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://***@{host}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    return Settings(**overrides)

@@ -1,0 +1,137 @@
+"""Async engines for PostgreSQL (asyncpg), SQLite (aiosqlite) and MySQL/MariaDB
+(asyncmy), Alembic migrations, and the two dialect-specific upserts memq needs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Table, event, func, text
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import StaticPool
+
+log = logging.getLogger("memq.sql")
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+_LOCK_ID = 0x6D656D71  # "memq": serialises migrations of replicas starting together
+
+
+def create_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncEngine:
+    u = make_url(url)
+    kwargs: dict[str, Any] = {"echo": echo}
+    if u.get_backend_name() == "sqlite":
+        if u.database in (None, "", ":memory:"):
+            # One shared connection, or every pool checkout sees an empty database.
+            kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+        else:
+            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+            kwargs["connect_args"] = {"timeout": 30}
+    else:
+        kwargs.update(pool_size=pool_size, pool_pre_ping=True, pool_recycle=1800)
+    engine = create_async_engine(u, **kwargs)
+    if u.get_backend_name() == "sqlite":
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn, _record) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA journal_mode=WAL")  # readers (memq demo) beside the writer
+    cur.execute("PRAGMA synchronous=NORMAL")  # durable across process crashes in WAL mode
+    cur.execute("PRAGMA busy_timeout=30000")
+    cur.close()
+
+
+def dialect_name(conn: Connection | AsyncConnection | AsyncEngine) -> str:
+    name = conn.dialect.name
+    return "mysql" if name in ("mysql", "mariadb") else name
+
+
+def _alembic_config(sync_conn: Connection) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["connection"] = sync_conn
+    return cfg
+
+
+def _upgrade(sync_conn: Connection) -> None:
+    dialect = dialect_name(sync_conn)
+    if dialect == "postgresql":
+        sync_conn.execute(text("SELECT pg_advisory_xact_lock(:id)"), {"id": _LOCK_ID})
+    elif dialect == "mysql":
+        sync_conn.execute(text("SELECT GET_LOCK('memq_migrate', 60)"))
+    try:
+        command.upgrade(_alembic_config(sync_conn), "head")
+    finally:
+        if dialect == "mysql":
+            sync_conn.execute(text("SELECT RELEASE_LOCK('memq_migrate')"))
+
+
+async def migrate(engine: AsyncEngine) -> None:
+    """Bring the schema to the newest revision (safe with replicas starting at once)."""
+    async with engine.begin() as conn:
+        await conn.run_sync(_upgrade)
+
+
+def _current(sync_conn: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    return MigrationContext.configure(sync_conn).get_current_revision()
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    async with engine.connect() as conn:
+        return await conn.run_sync(_current)
+
+
+# --- dialect-specific statements -------------------------------------------
+
+
+def _insert(dialect: str, table: Table):
+    return {"postgresql": postgresql.insert, "sqlite": sqlite.insert, "mysql": mysql.insert}[dialect](table)
+
+
+def insert_ignore(dialect: str, table: Table, rows: Sequence[dict]):
+    """INSERT that skips rows whose primary key exists (idempotent inserts)."""
+    stmt = _insert(dialect, table).values(list(rows))
+    if dialect == "mysql":
+        # A no-op update rather than INSERT IGNORE, which would also hide data errors.
+        first_pk = next(iter(table.primary_key.columns))
+        return stmt.on_duplicate_key_update({first_pk.name: first_pk})
+    return stmt.on_conflict_do_nothing()
+
+
+def upsert_if_newer(dialect: str, table: Table, rows: Sequence[dict], *, value: str = "value"):
+    """INSERT, or UPDATE ``value`` and ``seq`` only where the incoming seq is newer.
+
+    This makes state writes commute: whatever order replicas commit in, each
+    key ends with the value of the highest stream sequence (= stream order).
+    """
+    stmt = _insert(dialect, table).values(list(rows))
+    if dialect == "mysql":
+        new = stmt.inserted
+        # Order matters in MySQL: ``value`` must be compared before ``seq`` changes.
+        return stmt.on_duplicate_key_update(
+            [
+                (value, func.if_(table.c.seq < new.seq, new[value], table.c[value])),
+                ("seq", func.greatest(table.c.seq, new.seq)),
+            ]
+        )
+    new = stmt.excluded
+    pk = [c.name for c in table.primary_key.columns]
+    return stmt.on_conflict_do_update(
+        index_elements=pk,
+        set_={value: new[value], "seq": new.seq},
+        where=table.c.seq < new.seq,
+    )
+
+
+def greatest(dialect: str, a, b):
+    return func.max(a, b) if dialect == "sqlite" else func.greatest(a, b)

@@ -1,0 +1,130 @@
+"""The SQL schema (the source of truth), as SQLModel tables.
+
+Sessions and users are keyed by a sha256 digest of their ids
+(:func:`contracts.ids.scope_key`): three 256-byte id columns would exceed
+MySQL's 3072-byte index limit. Every row carries ``seq``, the stream sequence
+of the message that wrote it, which is what makes commits from several
+replicas order-independent (a write wins only over older sequences) and lets a
+delete tombstone (``deleted_seq``) drop late writes from before the delete.
+Schema changes go through Alembic (``workers/sql/migrations``).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger, Column, Index, LargeBinary, String, Text
+from sqlalchemy.dialects import mysql
+from sqlmodel import Field, SQLModel
+
+# Case- and accent-sensitive comparison on MySQL/MariaDB, whose default
+# collations would make the ids "A" and "a" collide.
+def Id(length: int = 256) -> String:  # noqa: N802 - reads like a type
+    return String(length).with_variant(
+        mysql.VARCHAR(length, charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+    )
+
+
+def Digest() -> String:  # noqa: N802
+    return String(64).with_variant(mysql.CHAR(64, charset="ascii", collation="ascii_bin"), "mysql", "mariadb")
+
+
+def LongText() -> Text:  # noqa: N802 - MySQL TEXT stops at 64 KiB
+    return Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+
+def Blob() -> LargeBinary:  # noqa: N802
+    return LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+
+
+def Seq(**kw) -> Column:  # noqa: N802
+    return Column(BigInteger, nullable=False, **kw)
+
+
+class User(SQLModel, table=True):
+    __tablename__ = "memq_users"
+
+    key: str = Field(sa_column=Column(Digest(), primary_key=True))
+    app: str = Field(sa_column=Column(Id(), nullable=False))
+    user_id: str = Field(sa_column=Column(Id(), nullable=False))
+    deleted_seq: int = Field(default=0, sa_column=Seq(default=0))
+
+
+class Session(SQLModel, table=True):
+    __tablename__ = "memq_sessions"
+    __table_args__ = (Index("ix_memq_sessions_user", "user_key", "last_seq"),)
+
+    key: str = Field(sa_column=Column(Digest(), primary_key=True))
+    user_key: str = Field(sa_column=Column(Digest(), nullable=False))
+    app: str = Field(sa_column=Column(Id(), nullable=False))
+    user_id: str = Field(sa_column=Column(Id(), nullable=False))
+    session_id: str = Field(sa_column=Column(Id(), nullable=False))
+    # Visible while last_seq > deleted_seq; a row with last_seq 0 is only a lock.
+    last_seq: int = Field(default=0, sa_column=Seq(default=0))
+    deleted_seq: int = Field(default=0, sa_column=Seq(default=0))
+    created_at: float = Field(default=0.0)
+    updated_at: float = Field(default=0.0)
+
+
+class Event(SQLModel, table=True):
+    __tablename__ = "memq_events"
+    __table_args__ = (Index("ix_memq_events_session_seq", "session_key", "seq", unique=True),)
+
+    session_key: str = Field(sa_column=Column(Digest(), primary_key=True))
+    event_id: str = Field(sa_column=Column(Id(), primary_key=True))
+    seq: int = Field(sa_column=Seq())
+    invocation_id: str = Field(default="", sa_column=Column(Id(), nullable=False, default=""))
+    author: str = Field(default="", sa_column=Column(Id(), nullable=False, default=""))
+    branch: str = Field(default="", sa_column=Column(Text(), nullable=False, default=""))
+    role: str | None = Field(default=None, max_length=16)
+    timestamp: float = Field(default=0.0)
+    # The whole event as JSON, exactly as published.
+    data: str = Field(sa_column=Column(LongText(), nullable=False))
+
+
+class AppState(SQLModel, table=True):
+    __tablename__ = "memq_app_state"
+
+    app: str = Field(sa_column=Column(Id(), primary_key=True))
+    key: str = Field(sa_column=Column(Id(), primary_key=True))
+    value: str = Field(sa_column=Column(LongText(), nullable=False))
+    seq: int = Field(sa_column=Seq())
+
+
+class UserState(SQLModel, table=True):
+    __tablename__ = "memq_user_state"
+
+    user_key: str = Field(sa_column=Column(Digest(), primary_key=True))
+    key: str = Field(sa_column=Column(Id(), primary_key=True))
+    value: str = Field(sa_column=Column(LongText(), nullable=False))
+    seq: int = Field(sa_column=Seq())
+
+
+class SessionState(SQLModel, table=True):
+    __tablename__ = "memq_session_state"
+
+    session_key: str = Field(sa_column=Column(Digest(), primary_key=True))
+    key: str = Field(sa_column=Column(Id(), primary_key=True))
+    value: str = Field(sa_column=Column(LongText(), nullable=False))
+    seq: int = Field(sa_column=Seq())
+
+
+class Artifact(SQLModel, table=True):
+    """One version of an artifact; versions are numbered by ``seq`` order."""
+
+    __tablename__ = "memq_artifacts"
+    __table_args__ = (Index("ix_memq_artifacts_file", "session_key", "filename", "seq"),)
+
+    session_key: str = Field(sa_column=Column(Digest(), primary_key=True))
+    artifact_id: str = Field(sa_column=Column(Id(), primary_key=True))
+    filename: str = Field(sa_column=Column(Id(), nullable=False))
+    seq: int = Field(sa_column=Seq())
+    mime_type: str = Field(default="application/octet-stream", max_length=255)
+    size: int = Field(default=0, sa_column=Column(BigInteger, nullable=False, default=0))
+    sha256: str = Field(sa_column=Column(Digest(), nullable=False))
+    inline: bytes | None = Field(default=None, sa_column=Column(Blob(), nullable=True))
+    object_bucket: str | None = Field(default=None, max_length=64)
+    object_name: str | None = Field(default=None, sa_column=Column(Text(), nullable=True))
+    created_at: float = Field(default=0.0)
+
+
+metadata = SQLModel.metadata
+TABLES = (User, Session, Event, AppState, UserState, SessionState, Artifact)
