@@ -200,6 +200,8 @@ class PersistenceWorker:
         log.warning("commit failed (%s: %s); redelivery in %.1fs", type(exc).__name__, exc, delay)
         for msg in raw:
             await msg.nak(delay=delay)
+        # Hold the consume loop too: fetching more now would only fail again.
+        await asyncio.sleep(delay)
 
     async def _dead_letter(self, msg: Msg, code: str, reason: str) -> None:
         try:

@@ -1,0 +1,117 @@
+"""Shared helpers of the integration suites: run persistence workers (in this
+process or as real `memq worker` processes) and wait for SQL to catch up."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from workers.persistence.worker import PersistenceWorker
+from workers.settings import Settings
+from workers.sql import models
+from workers.sql.engine import create_engine, migrate
+
+EVENTS = models.Event.__table__
+MEMQ = Path(sys.prefix) / "bin" / "memq"
+
+
+def make_settings(nats_url: str, db_url: str, data_dir: Path, **persistence) -> Settings:
+    return Settings(
+        data_dir=data_dir,
+        nats={"url": nats_url},
+        database={"url": db_url},
+        persistence={"retry_delays_s": [0.2, 0.5, 1.0], **persistence},
+    )
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The same settings as MEMQ_* variables, for worker processes."""
+    env = dict(os.environ)
+    env.update(
+        MEMQ_DATA_DIR=str(settings.data_dir),
+        MEMQ_NATS__URL=settings.nats.url or "",
+        MEMQ_DATABASE__URL=settings.database_url(),
+        MEMQ_PERSISTENCE__BATCH_SIZE=str(settings.persistence.batch_size),
+        MEMQ_PERSISTENCE__ACK_WAIT_S=str(settings.persistence.ack_wait_s),
+        MEMQ_PERSISTENCE__RETRY_DELAYS_S="[0.2, 0.5, 1.0]",
+        MEMQ_LOG_LEVEL="WARNING",
+    )
+    return env
+
+
+@asynccontextmanager
+async def running_worker(settings: Settings):
+    worker = PersistenceWorker(settings)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+
+
+class WorkerProcess:
+    """A real `memq worker persistence` process (a replica)."""
+
+    def __init__(self, settings: Settings, log_path: Path):
+        self.env = settings_env(settings)
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "WorkerProcess":
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([str(MEMQ), "worker", "persistence"], env=self.env, stdout=log, stderr=log)
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log_tail(self, n: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if await check():
+                return
+        except Exception:  # the database may be restarting: keep polling
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def event_counts(engine) -> tuple[int, int]:
+    """(rows, distinct event ids) in the events table."""
+    async with engine.connect() as conn:
+        rows = (await conn.execute(select(func.count()).select_from(EVENTS))).scalar_one()
+        distinct = (await conn.execute(select(func.count(func.distinct(EVENTS.c.event_id))))).scalar_one()
+    return rows, distinct
+
+
+async def migrated_engine(url: str):
+    engine = create_engine(url)
+    await migrate(engine)
+    return engine

@@ -1,0 +1,219 @@
+"""The persistence worker against real NATS and real databases (issue: the spine)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import orjson
+import pytest
+from nats.js.api import StreamInfo
+
+from contracts import codec
+from contracts.client import MemoryClient
+from contracts.schemas import Actions, Event, EventAppended, Message, TextPart
+from contracts.subjects import events_subject
+from helpers import event_counts, make_settings, running_worker, wait_for
+from workers.memory.commit_plan import Incoming
+from workers.memory.state import apply_in_order
+from workers.sql import reads
+from workers.sql.engine import create_engine
+
+APP = "agent-x"
+
+
+def text_event(text: str, **delta) -> Event:
+    return Event(
+        author="user",
+        message=Message(role="user", parts=[TextPart(text=text)]),
+        actions=Actions(state_delta=delta),
+    )
+
+
+async def subjects_in_stream(js, subject: str) -> dict[str, int]:
+    info: StreamInfo = await js.stream_info("MEMQ_EVENTS", subjects_filter=subject)
+    return info.state.subjects or {}
+
+
+@pytest.mark.parametrize("db", ["sqlite_url", "pg_url", "mariadb_url"])
+async def test_round_trip_10000_events_in_publish_order(request, db, nats_url, tmp_path):
+    url = request.getfixturevalue(db)
+    settings = make_settings(nats_url, url, tmp_path)
+    published: dict[str, list[str]] = {}
+    async with running_worker(settings) as worker:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+
+            async def one_session(i: int) -> None:
+                session = f"session-{i:03d}"
+                events = [text_event(f"turn {t} of {session}", turn=t) for t in range(100)]
+                published[session] = [e.id for e in events]
+                await client.append_many("user-1", session, events)
+
+            await asyncio.gather(*(one_session(i) for i in range(100)))
+        await wait_for(
+            lambda: _committed(worker.engine, 10_000), timeout=240, what="10,000 events in SQL"
+        )
+        for session, ids in published.items():
+            stored = await reads.events(worker.engine, APP, "user-1", session)
+            assert [e.event_id for e in stored] == ids
+            assert (await reads.state(worker.engine, APP, "user-1", session))["turn"] == 99
+
+
+async def _committed(engine, n: int) -> bool:
+    rows, distinct = await event_counts(engine)
+    assert rows == distinct, "an event is stored twice"
+    return rows >= n
+
+
+async def test_duplicates_are_stored_once(nats_url, sqlite_url, tmp_path):
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    event = text_event("hello")
+    async with running_worker(settings) as worker:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            first = await client.append("u", "s", event)
+            again = await client.append("u", "s", event)  # inside the dedupe window
+            assert again == first
+        # Past the dedupe window: the same event under another Nats-Msg-Id.
+        nc = await nats.connect(nats_url)
+        msg = EventAppended(app=APP, user="u", session="s", event=event)
+        ack = await nc.jetstream().publish(codec.subject_for(msg), codec.encode(msg), headers={"Nats-Msg-Id": "other"})
+        await nc.close()
+        assert ack.seq != first
+        marker = text_event("after")
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append("u", "s", marker)
+        await wait_for(lambda: _has(worker.engine, "s", marker.id), what="marker event")
+        # Redelivery of a batch already committed (as after a crash before the ack).
+        await worker.store.commit([Incoming(first, msg), Incoming(ack.seq, msg)])
+        stored = await reads.events(worker.engine, APP, "u", "s")
+        assert [e.event_id for e in stored] == [event.id, marker.id]
+
+
+async def _has(engine, session: str, event_id: str) -> bool:
+    return event_id in [e.event_id for e in await reads.events(engine, APP, "u", session)]
+
+
+async def test_bad_input_is_dead_lettered_with_reason_and_worker_goes_on(nats_url, sqlite_url, tmp_path):
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    settings.streams.max_message_bytes = 64 * 1024
+    good = EventAppended(app=APP, user="u", session="s", event=text_event("fine"))
+    huge = EventAppended(app=APP, user="u", session="s", event=text_event("x" * 100_000))
+    too_long_id = orjson.loads(codec.encode(good))
+    too_long_id["user"] = "u" * 300
+    mismatch = EventAppended(app=APP, user="someone-else", session="s", event=text_event("spoof"))
+    cases = [
+        (events_subject(APP, "u", "s"), b"{not json", "invalid_message"),
+        (events_subject(APP, "u", "s"), orjson.dumps({**orjson.loads(codec.encode(good)), "v": 99}), "unsupported_version"),
+        (events_subject(APP, "u", "s"), codec.encode(huge), "oversize"),
+        (events_subject(APP, "u", "s"), orjson.dumps(too_long_id), "invalid_id"),
+        ("memq.v1.ev.agent-x.u.bad~ZZtoken", codec.encode(good), "invalid_id"),
+        (events_subject(APP, "u", "s"), codec.encode(mismatch), "subject_mismatch"),
+    ]
+    async with running_worker(settings) as worker:
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+        seqs = [(await js.publish(subject, payload)).seq for subject, payload, _ in cases]
+        await js.publish(codec.subject_for(good), codec.encode(good))
+        await wait_for(lambda: _has(worker.engine, "s", good.event.id), what="the good event after bad ones")
+        dlq = await js.stream_info("MEMQ_DLQ")
+        assert dlq.state.messages == len(cases)
+        by_seq = {}
+        for seq in range(dlq.state.first_seq, dlq.state.last_seq + 1):
+            m = await js.get_msg("MEMQ_DLQ", seq)
+            by_seq[int(m.headers["Memq-Original-Seq"])] = m.headers
+        for seq, (_, _, code) in zip(seqs, cases):
+            assert by_seq[seq]["Memq-Error-Code"] == code
+            assert by_seq[seq]["Memq-Error"]  # a reason a human can read
+        await nc.close()
+
+
+async def test_state_scopes_follow_adk(nats_url, pg_url, tmp_path):
+    settings = make_settings(nats_url, pg_url, tmp_path)
+    async with running_worker(settings) as worker:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.create_session("alice", "a1", state={"topic": "x", "user:lang": "fr", "app:model": "m1"})
+            await client.create_session("alice", "a2")
+            await client.create_session("bob", "b1", state={"temp:scratch": 1})
+            await client.append("bob", "b1", text_event("hi", **{"app:model": "m2", "temp:t": 2}))
+            marker = await client.append("alice", "a2", text_event("done"))
+        e = worker.engine
+        await wait_for(lambda: _has_seq(e, "alice", "a2", marker), what="last event")
+        assert await reads.state(e, APP, "alice", "a1") == {"topic": "x", "user:lang": "fr", "app:model": "m2"}
+        assert await reads.state(e, APP, "alice", "a2") == {"user:lang": "fr", "app:model": "m2"}
+        assert await reads.state(e, APP, "bob", "b1") == {"app:model": "m2"}  # temp: never stored
+
+
+async def _has_seq(engine, user: str, session: str, seq: int) -> bool:
+    return seq in [ev.seq for ev in await reads.events(engine, APP, user, session)]
+
+
+async def test_final_state_equals_stream_order_with_3_replicas(nats_url, pg_url, tmp_path):
+    settings = make_settings(nats_url, pg_url, tmp_path, batch_size=7)
+    deltas = [{"k": i % 13, "user:n": i, "app:last": i, f"key{i % 5}": i} for i in range(600)]
+    async with running_worker(settings) as w1, running_worker(settings) as w2, running_worker(settings) as w3:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append_many("u", "s", [text_event(str(i), **d) for i, d in enumerate(deltas)])
+        await wait_for(lambda: _committed(w1.engine, len(deltas)), timeout=120, what="all events")
+        assert sum(w.committed for w in (w1, w2, w3)) >= len(deltas)
+        assert sum(w.committed > 0 for w in (w1, w2, w3)) >= 2, "the replicas did not share the work"
+        assert await reads.state(w1.engine, APP, "u", "s") == apply_in_order(deltas)
+
+
+async def test_delete_session_and_user_remove_rows_and_stream_subjects(nats_url, pg_url, tmp_path):
+    settings = make_settings(nats_url, pg_url, tmp_path)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    async with running_worker(settings) as worker:
+        e = worker.engine
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            for session in ("s1", "s2"):
+                await client.create_session("carol", session, state={"k": 1, "user:u": 1, "app:a": 1})
+                await client.append_many("carol", session, [text_event(f"{session} {i}") for i in range(5)])
+            await client.save_artifact("carol", "s1", "notes.txt", b"some notes")
+            await client.append_many("dave", "d1", [text_event("dave's") for _ in range(3)])
+            last = await client.append("carol", "s2", text_event("last"))
+            await wait_for(lambda: _has_seq(e, "carol", "s2", last), what="setup committed")
+
+            await client.delete_session("carol", "s1")
+            marker = await client.append("dave", "d1", text_event("marker"))
+            await wait_for(lambda: _has_seq(e, "dave", "d1", marker), what="session delete committed")
+            assert not await reads.session_exists(e, APP, "carol", "s1")
+            assert await reads.count_events(e, APP, "carol", "s1") == 0
+            assert await reads.state(e, APP, "carol", "s1") == {"user:u": 1, "app:a": 1}
+            assert await reads.session_exists(e, APP, "carol", "s2")
+            left = await subjects_in_stream(js, events_subject(APP, "carol", "s1"))
+            assert sum(left.values()) <= 1  # only the delete's own tombstone remains
+
+            await client.delete_user("carol")
+            marker = await client.append("dave", "d1", text_event("marker 2"))
+            await wait_for(lambda: _has_seq(e, "dave", "d1", marker), what="user delete committed")
+        assert not await reads.session_exists(e, APP, "carol", "s2")
+        assert await reads.count_events(e, APP, "carol", "s2") == 0
+        assert await reads.state(e, APP, "carol") == {"app:a": 1}  # app state is not the user's
+        # Every session message of carol is purged, s1's delete tombstone too;
+        # only the user delete itself stays, so a replay deletes again.
+        assert await subjects_in_stream(js, events_subject(APP, "carol") + ".>") == {}
+        assert sum((await subjects_in_stream(js, events_subject(APP, "carol"))).values()) == 1
+        assert await reads.count_events(e, APP, "dave", "d1") == 5  # others untouched
+    await nc.close()
+
+
+async def test_recreated_session_after_delete_is_visible_again(nats_url, sqlite_url, tmp_path):
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    async with running_worker(settings) as worker:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append("u", "s", text_event("old"))
+            await client.delete_session("u", "s")
+            seq = await client.append("u", "s", text_event("new"))
+        await wait_for(lambda: _has_seq(worker.engine, "u", "s", seq), what="new event")
+        stored = await reads.events(worker.engine, APP, "u", "s")
+        assert [ev.data["message"]["parts"][0]["text"] for ev in stored] == ["new"]
+        assert await reads.session_exists(worker.engine, APP, "u", "s")
+
+
+def test_engine_for_inmemory_backend_is_shared(tmp_path):
+    """The `inmemory` sessions backend: SQLite in memory, one shared connection."""
+    settings = make_settings("nats://unused", "inmemory", tmp_path)
+    assert settings.database_url() == "sqlite+aiosqlite:///:memory:"
+    engine = create_engine(settings.database_url())
+    assert engine.pool.__class__.__name__ == "StaticPool"
