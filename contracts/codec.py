@@ -46,6 +46,12 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> StreamMessage:
         raise UnsupportedVersion(
             f"schema version {version!r} is not supported (supported: {sorted(SUPPORTED_VERSIONS)})"
         )
+    # Ids are the idempotency keys: one made up here would differ on every
+    # redelivery and turn a duplicate into a new event.
+    holder = raw.get("event") if raw.get("kind") == "event" else raw
+    if isinstance(holder, dict) and "id" not in holder:
+        where = "event.id" if holder is not raw else "id"
+        raise InvalidMessage(f"{where} is required on the wire (the idempotency key)")
     try:
         # validate_json (not _python) so that bytes fields decode from base64.
         return _ADAPTER.validate_json(data)

@@ -94,7 +94,10 @@ class PersistenceWorker:
     def build_broker(self) -> NatsBroker:
         s = self.settings
         opts = bus.connect_options(s, WORKER)
-        broker = NatsBroker(**opts, apply_types=False, graceful_timeout=30.0, log_level=logging.DEBUG)
+        # FastStream logs every handled batch: route that through our logger, at DEBUG.
+        broker = NatsBroker(
+            **opts, apply_types=False, graceful_timeout=30.0, logger=logging.getLogger("memq.faststream"), log_level=logging.DEBUG
+        )
         p = s.persistence
         subscriber = broker.subscriber(
             EVENTS_WILDCARD,

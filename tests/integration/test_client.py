@@ -1,0 +1,199 @@
+"""MemoryClient against a real nats-server (a fresh one per test, from conftest)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+
+import nats
+import pytest
+from nats.js.api import StreamConfig
+
+from contracts.client import MemoryClient, SessionRef
+from contracts.codec import decode_from_subject
+from contracts.errors import InvalidId, InvalidMessage, Oversize, PublishFailed
+from contracts.schemas import ArtifactSaved, Event, Message, TextPart
+from contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, events_subject
+from workers.bus import ensure_streams
+from workers.settings import StreamSettings
+
+APP = "agent.one"  # a dot, so subjects must use the encoded token
+USER = "ada@example.com"
+SESSION = "session 1"
+
+
+@pytest.fixture
+async def nc(nats_url: str):
+    conn = await nats.connect(nats_url)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def client(nc) -> MemoryClient:
+    await ensure_streams(nc.jetstream(), StreamSettings())
+    return MemoryClient(nc, APP)
+
+
+async def stored(nc, seq: int):
+    """The message at ``seq``, decoded and checked against its subject."""
+    raw = await nc.jetstream().get_msg(EVENTS_STREAM, seq)
+    return decode_from_subject(raw.subject, raw.data), raw
+
+
+async def message_count(nc) -> int:
+    return (await nc.jetstream().stream_info(EVENTS_STREAM)).state.messages
+
+
+def text_event(text: str) -> Event:
+    return Event(message=Message(role="user", parts=[TextPart(text=text)]))
+
+
+async def test_append_returns_increasing_sequences(client: MemoryClient, nc) -> None:
+    ref = await client.create_session(USER, SESSION, state={"topic": "x"})
+    assert ref == SessionRef(APP, USER, SESSION, ref.seq)
+    seqs = [await client.append(USER, SESSION, text_event(f"turn {i}")) for i in range(5)]
+    seqs.append(await client.append_text(USER, SESSION, "assistant", "reply"))
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs) and seqs[0] > ref.seq
+    message, raw = await stored(nc, seqs[-1])
+    assert raw.subject == events_subject(APP, USER, SESSION)
+    assert message.event.message.text == "reply" and message.event.author == APP
+    assert raw.headers["Nats-Msg-Id"] == message.event.id
+
+
+async def test_append_many_keeps_input_order(client: MemoryClient, nc) -> None:
+    events = [text_event(f"turn {i}") for i in range(5000)]
+    seqs = await client.append_many(USER, SESSION, events)
+    assert len(seqs) == 5000 and seqs == sorted(seqs) and len(set(seqs)) == 5000
+    assert await message_count(nc) == 5000
+    for event, seq in zip(events, seqs):
+        message, _ = await stored(nc, seq)
+        assert message.event == event
+    assert await client.append_many(USER, SESSION, []) == []
+
+
+async def test_republishing_an_event_returns_its_sequence(client: MemoryClient, nc) -> None:
+    first, second = text_event("once"), text_event("twice")
+    seq = await client.append(USER, SESSION, first)
+    assert await client.append(USER, SESSION, first) == seq
+    # The pipelined path is deduplicated too, and keeps the original order.
+    seqs = await client.append_many(USER, SESSION, [first, second, first, second])
+    assert seqs[0] == seqs[2] == seq and seqs[1] == seqs[3] > seq
+    assert await message_count(nc) == 2
+    # At the JetStream level: the PubAck of a republish says duplicate.
+    _, raw = await stored(nc, seq)
+    ack = await nc.jetstream().publish(raw.subject, raw.data, headers={"Nats-Msg-Id": first.id})
+    assert ack.duplicate and ack.seq == seq
+
+
+async def test_small_artifact_goes_inline(client: MemoryClient, nc) -> None:
+    data = os.urandom(client.inline_artifact_limit)
+    seq = await client.save_artifact(USER, SESSION, "notes.bin", data, mime_type="application/x-test")
+    message, _ = await stored(nc, seq)
+    assert isinstance(message, ArtifactSaved)
+    assert message.inline == data and message.object is None and message.mime_type == "application/x-test"
+
+
+async def test_large_artifact_goes_through_the_object_store(client: MemoryClient, nc) -> None:
+    data = os.urandom(64 * 1024 * 1024)
+    seq = await client.save_artifact(USER, SESSION, "model.bin", data)
+    message, raw = await stored(nc, seq)
+    assert message.inline is None and len(raw.data) < 2048
+    ref = message.object
+    assert ref.bucket == ARTIFACT_BUCKET
+    assert ref.name == artifact_object_name(APP, USER, SESSION, message.id)
+    assert ref.size == len(data) and ref.sha256 == hashlib.sha256(data).hexdigest()
+    # writeinto: without it nats-py concatenates bytes per chunk (quadratic, ~10 s here).
+    buffer = io.BytesIO()
+    await (await nc.jetstream().object_store(ARTIFACT_BUCKET)).get(ref.name, writeinto=buffer)
+    assert hashlib.sha256(buffer.getvalue()).hexdigest() == ref.sha256
+
+
+async def test_oversize_raises_before_publishing(client: MemoryClient, nc) -> None:
+    await client.append_text(USER, SESSION, "user", "small")
+    with pytest.raises(Oversize, match="limit is 1047552"):  # 1 MiB minus room for the headers
+        await client.append_text(USER, SESSION, "user", "x" * (1024 * 1024))
+    # Payload + headers over the server's max_payload would cost the connection.
+    with pytest.raises(Oversize):
+        await client.append_text(USER, SESSION, "user", "x" * (1024 * 1024 - 600))
+    assert nc.is_connected
+    with pytest.raises(Oversize):  # one oversize event stops the whole batch before any publish
+        await client.append_many(USER, SESSION, [text_event("fine"), text_event("x" * (2 * 1024 * 1024))])
+    strict = MemoryClient(nc, APP, max_message_bytes=600, inline_artifact_limit=1024)
+    with pytest.raises(Oversize):
+        await strict.save_artifact(USER, SESSION, "a.bin", b"x" * 1024)
+    assert await message_count(nc) == 1
+
+
+async def test_missing_stream_is_a_clear_publish_failure(nc) -> None:
+    client = MemoryClient(nc, APP, timeout=2.0)  # no ensure_streams: nothing exists
+    for publish in (
+        client.append_text(USER, SESSION, "user", "hi"),
+        client.append_many(USER, SESSION, [text_event("a"), text_event("b")]),
+        client.set_state(USER, {"user:lang": "fr"}),
+        client.delete_user(USER),
+    ):
+        with pytest.raises(PublishFailed, match=r"stream MEMQ_EVENTS not found: run `memq init`"):
+            await publish
+    with pytest.raises(PublishFailed, match=f"bucket {ARTIFACT_BUCKET} not found"):
+        await client.save_artifact(USER, SESSION, "big.bin", b"x" * (client.inline_artifact_limit + 1))
+
+
+async def test_a_subject_captured_by_another_stream_is_refused(nc) -> None:
+    await nc.jetstream().add_stream(StreamConfig(name="SOMETHING_ELSE", subjects=["memq.>"]))
+    client = MemoryClient(nc, APP, timeout=2.0)
+    with pytest.raises(PublishFailed, match="not captured by stream MEMQ_EVENTS"):
+        await client.append_text(USER, SESSION, "user", "hi")
+    with pytest.raises(PublishFailed, match="not captured by stream MEMQ_EVENTS"):
+        await client.append_many(USER, SESSION, [text_event("a"), text_event("b")])
+
+
+async def test_every_write_lands_on_its_subject(client: MemoryClient, nc) -> None:
+    ref = await client.create_session(USER)
+    user_subject, session_subject = events_subject(APP, USER), events_subject(APP, USER, ref.session)
+    writes = [
+        (ref.seq, "session.create", session_subject),
+        (await client.set_state(USER, {"user:lang": "fr"}), "state.set", user_subject),
+        (await client.set_state(USER, {"topic": 1}, session=ref.session), "state.set", session_subject),
+        (await client.delete_session(USER, ref.session), "session.delete", session_subject),
+        (await client.delete_user(USER), "user.delete", user_subject),
+    ]
+    for seq, kind, subject in writes:
+        message, raw = await stored(nc, seq)
+        assert (message.kind, raw.subject) == (kind, subject)
+        assert raw.headers["Nats-Msg-Id"] == message.id
+
+
+async def test_bad_input_fails_before_any_io(nats_url: str) -> None:
+    conn = await nats.connect(nats_url)
+    await conn.close()  # any publish would now fail with a connection error
+    client = MemoryClient(conn, APP)
+    bad_ids = ["", "x" * 257, "\ud800", None]
+    for bad in bad_ids:
+        with pytest.raises(InvalidId):
+            await client.append_text(bad, SESSION, "user", "hi")
+        with pytest.raises(InvalidId):
+            await client.append_many(USER, bad, [text_event("a")])
+        with pytest.raises(InvalidId):
+            await client.save_artifact(USER, bad, "big.bin", b"x" * (client.inline_artifact_limit + 1))
+        with pytest.raises(InvalidId):
+            await client.create_session(bad, "session")
+        with pytest.raises(InvalidId):
+            await client.delete_user(bad)
+        with pytest.raises(InvalidId):
+            MemoryClient(conn, bad)
+    with pytest.raises(InvalidMessage, match="need a session"):
+        await client.set_state(USER, {"topic": 1})
+    with pytest.raises(InvalidMessage, match="filename"):
+        await client.save_artifact(USER, SESSION, "", b"x")
+    with pytest.raises(InvalidId):  # checked before connecting: nothing listens on port 1
+        await MemoryClient.connect("nats://127.0.0.1:1", app="x" * 300)
+    with pytest.raises(PublishFailed):  # and the same call with good ids does reach the connection
+        await client.append_text(USER, SESSION, "user", "hi")
+
+
+async def test_connect_owns_and_closes_its_connection(nats_url: str) -> None:
+    async with await MemoryClient.connect(nats_url, app=APP) as client:
+        assert client.nc.is_connected
+    assert client.nc.is_closed
