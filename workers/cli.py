@@ -80,7 +80,7 @@ async def _run_workers(settings: Settings, kinds: list[WorkerKind], stop: asynci
 
 @app.command()
 def up(
-    nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (a free one if taken)."),
+    nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0, or taken: a free one)."),
 ) -> None:
     """Run the whole stack in one process: embedded NATS, SQLite and every worker."""
     from workers.embedded import EmbeddedError, EmbeddedNats

@@ -98,7 +98,8 @@ class EmbeddedNats:
         self._check_not_running()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self.settings.run_dir.mkdir(parents=True, exist_ok=True)
-        port = self.preferred_port if _port_is_free(self.preferred_port) else _free_port()
+        preferred = self.preferred_port
+        port = preferred if preferred and _port_is_free(preferred) else _free_port()
         cmd = [
             str(nats_server_binary()),
             "--jetstream",

@@ -8,6 +8,7 @@ import nats
 import orjson
 import pytest
 from nats.js.api import StreamInfo
+from nats.js.errors import NotFoundError
 
 from contracts import codec
 from contracts.client import MemoryClient
@@ -217,3 +218,40 @@ def test_engine_for_inmemory_backend_is_shared(tmp_path):
     assert settings.database_url() == "sqlite+aiosqlite:///:memory:"
     engine = create_engine(settings.database_url())
     assert engine.pool.__class__.__name__ == "StaticPool"
+
+
+async def test_artifacts_are_versioned_and_large_ones_deleted_with_their_session(nats_url, pg_url, tmp_path):
+    import hashlib
+
+    from sqlalchemy import select
+
+    from contracts.subjects import ARTIFACT_BUCKET
+    from workers.sql import models
+
+    settings = make_settings(nats_url, pg_url, tmp_path)
+    big = bytes(range(256)) * (64 * 1024 * 4)  # 64 MiB
+    nc = await nats.connect(nats_url)
+    async with running_worker(settings) as worker:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.save_artifact("u", "s", "notes.txt", b"v0", "text/plain")
+            await client.save_artifact("u", "s", "notes.txt", b"v1", "text/plain")
+            last = await client.save_artifact("u", "s", "big.bin", big)
+            marker = await client.append("u", "s", text_event("marker"))
+            await wait_for(lambda: _has_seq(worker.engine, "u", "s", marker), timeout=120, what="artifacts committed")
+            t = models.Artifact.__table__
+            async with worker.engine.connect() as conn:
+                rows = (await conn.execute(select(t).order_by(t.c.seq))).all()
+            assert [(r.filename, r.inline) for r in rows[:2]] == [("notes.txt", b"v0"), ("notes.txt", b"v1")]
+            assert rows[2].seq == last and rows[2].inline is None and rows[2].size == len(big)
+            assert rows[2].sha256 == hashlib.sha256(big).hexdigest()
+            store = await nc.jetstream().object_store(ARTIFACT_BUCKET)
+            assert (await store.get_info(rows[2].object_name)).size == len(big)
+
+            await client.delete_session("u", "s")
+            marker = await client.append("u", "other", text_event("marker"))
+            await wait_for(lambda: _has_seq(worker.engine, "u", "other", marker), what="delete committed")
+        async with worker.engine.connect() as conn:
+            assert (await conn.execute(select(t))).all() == []
+        with pytest.raises(NotFoundError):  # nats-py's way of saying "no objects"
+            await store.list(ignore_deletes=True)
+    await nc.close()

@@ -10,8 +10,8 @@ adding processes scales out with no coordination. For each batch:
 4. ack, then announce ``memq.v1.changed.<app>.<user>.<session>``.
 
 A database outage naks the batch with a growing delay: nothing is acked before
-it is durable, and nothing is lost. FastStream's default policy would
-*terminate* a message whose handler raises, so acks are manual here.
+it is durable, and nothing is lost. Acks are explicit, per message (see
+:mod:`workers.consumer` for why this loop does not use FastStream's).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 import orjson
-from faststream import AckPolicy
-from faststream.nats import JStream, NatsBroker, PullSub
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy as JsAckPolicy
@@ -40,6 +39,7 @@ from contracts.subjects import (
     user_events_filter,
 )
 from workers import bus
+from workers.consumer import BatchConsumer
 from workers.memory.commit_plan import Incoming
 from workers.persistence.store import CommitResult, SqlStore
 from workers.settings import Settings
@@ -84,56 +84,53 @@ class PersistenceWorker:
             settings.database_url(), pool_size=settings.database.pool_size, echo=settings.database.echo
         )
         self.store = SqlStore(self.engine)
-        self.broker: NatsBroker | None = None
+        self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
+        self.consumer: BatchConsumer | None = None
         self.dlq: DeadLetters | None = None
         self.committed = 0  # messages committed by this process (for status and tests)
 
     # --- lifecycle ----------------------------------------------------------
 
-    def build_broker(self) -> NatsBroker:
-        s = self.settings
-        opts = bus.connect_options(s, WORKER)
-        # FastStream logs every handled batch: route that through our logger, at DEBUG.
-        broker = NatsBroker(
-            **opts, apply_types=False, graceful_timeout=30.0, logger=logging.getLogger("memq.faststream"), log_level=logging.DEBUG
+    def consumer_config(self) -> ConsumerConfig:
+        p = self.settings.persistence
+        return ConsumerConfig(
+            durable_name=p.durable,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_policy=JsAckPolicy.EXPLICIT,
+            ack_wait=p.ack_wait_s,
+            max_deliver=-1,  # never give up on a message while the database is down
+            max_ack_pending=max(1000, p.batch_size * 8),
         )
-        p = s.persistence
-        subscriber = broker.subscriber(
-            EVENTS_WILDCARD,
-            stream=JStream(s.streams.events, declare=False),
-            durable=p.durable,
-            pull_sub=PullSub(batch_size=p.batch_size, timeout=p.batch_wait_s, batch=True),
-            config=ConsumerConfig(
-                durable_name=p.durable,
-                deliver_policy=DeliverPolicy.ALL,
-                ack_policy=JsAckPolicy.EXPLICIT,
-                ack_wait=p.ack_wait_s,
-                max_deliver=-1,  # never give up on a message while the database is down
-                max_ack_pending=max(1000, p.batch_size * 8),
-            ),
-            ack_policy=AckPolicy.MANUAL,
-        )
-        # Hand the raw nats-py messages to the handler: it needs their sequence
-        # and subject, and must see undecodable payloads to dead-letter them.
-        subscriber(self.handle, decoder=lambda message: message.raw_message)
-        return broker
 
     async def start(self) -> None:
-        if self.settings.database.migrate_on_start:
+        s = self.settings
+        if s.database.migrate_on_start:
             await migrate(self.engine)
-        self.broker = self.build_broker()
-        await self.broker.connect()
-        self.js = self.broker.connection.jetstream()
-        await bus.ensure_streams(self.js, self.settings.streams)
+        self.nc = await bus.connect(s, WORKER)
+        self.js = self.nc.jetstream()
+        await bus.ensure_streams(self.js, s.streams)
         self.dlq = DeadLetters(self.js, WORKER)
-        await self.broker.start()
-        log.info("persistence worker started (durable %s)", self.settings.persistence.durable)
+        self.consumer = BatchConsumer(
+            self.js,
+            stream=s.streams.events,
+            subject=EVENTS_WILDCARD,
+            config=self.consumer_config(),
+            handler=self.handle,
+            batch_size=s.persistence.batch_size,
+            batch_wait_s=s.persistence.batch_wait_s,
+        )
+        await self.consumer.start()
+        log.info("persistence worker started (durable %s)", s.persistence.durable)
 
     async def stop(self) -> None:
-        if self.broker is not None:
-            await self.broker.stop()  # waits for the batch in hand (graceful_timeout)
-            self.broker = None
+        if self.consumer is not None:
+            await self.consumer.stop()  # the batch in hand finishes and is acked
+            self.consumer = None
+        if self.nc is not None:
+            await self.nc.flush()  # acks and change notices out before closing
+            await self.nc.close()
+            self.nc = None
         await self.engine.dispose()
 
     # --- one batch ------------------------------------------------------------
@@ -247,7 +244,7 @@ class PersistenceWorker:
                 await store.delete(info.name)
 
     async def _announce(self, result: CommitResult) -> None:
-        nc = self.broker.connection
+        nc = self.nc
         plan = result.plan
         for session_key, touch in plan.touched.items():
             s = result.scopes.sessions[session_key]

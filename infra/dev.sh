@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Developer entry point.
+#   infra/dev.sh setup              .venv with memq installed editable, with dev extras
+#   infra/dev.sh services           apt-install PostgreSQL, Redis, MariaDB if missing (not started)
+#   infra/dev.sh test [pytest args] setup + services, then pytest (default: the whole suite, -q)
+#   infra/dev.sh up [args]          setup, then `memq up`
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PY=.venv/bin/python
+
+setup() {
+  if [[ ! -x $PY ]]; then
+    python3 -m venv .venv
+  fi
+  # Reinstall only when pyproject.toml changed: a no-op run costs milliseconds.
+  local stamp=.venv/.memq-installed want
+  want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+  if [[ ! -f $stamp || $(<"$stamp") != "$want" ]]; then
+    "$PY" -m pip install -q --disable-pip-version-check --no-input -e '.[dev]'
+    echo "$want" >"$stamp"
+  fi
+}
+
+have_services() {
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null || return 1
+  command -v redis-server >/dev/null || return 1
+  # /usr/sbin is not on a normal user's PATH.
+  PATH=$PATH:/usr/sbin command -v mariadbd >/dev/null || PATH=$PATH:/usr/sbin command -v mysqld >/dev/null
+}
+
+services() {
+  have_services && return 0
+  if [[ $(id -u) != 0 ]]; then
+    echo "dev.sh: PostgreSQL, Redis or MariaDB is missing and we are not root; tests that need them skip." >&2
+    echo "        install: sudo apt-get install -y postgresql redis-server mariadb-server" >&2
+    return 0
+  fi
+  # Packages must not start their servers: the tests start their own.
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends postgresql redis-server mariadb-server
+}
+
+cmd=${1:-}
+[[ $# -gt 0 ]] && shift
+case $cmd in
+  setup) setup ;;
+  services) services ;;
+  test)
+    setup
+    services
+    [[ $# -gt 0 ]] || set -- -q
+    "$PY" -m pytest "$@"  # not exec: the EXIT trap above may still have to run
+    ;;
+  up)
+    setup
+    exec .venv/bin/memq up "$@"
+    ;;
+  *)
+    sed -n 2,6p infra/dev.sh >&2
+    exit 2
+    ;;
+esac

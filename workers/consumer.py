@@ -1,0 +1,112 @@
+"""A durable JetStream pull consumer that hands batches to a handler.
+
+Why not FastStream's ``PullSub(batch=True)`` here: its fetch loop catches
+nats-py's ``nats.errors.TimeoutError`` but nats-py also raises a bare
+``asyncio.TimeoutError`` when a top-up fetch runs out of time; the subscriber
+task then restarts and drops the messages it had gathered, which come back
+only after ``ack_wait`` (30 s by default). This loop is short enough to own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig
+
+log = logging.getLogger("memq.consumer")
+
+Handler = Callable[[list[Msg]], Awaitable[None]]
+TIMEOUTS = (asyncio.TimeoutError, TimeoutError)  # nats-py raises both kinds
+
+
+class BatchConsumer:
+    """Fetch up to ``batch_size`` messages, waiting at most ``batch_wait_s`` to
+    fill a batch once the first message is there, and await ``handler`` on each
+    batch in turn. The handler acks/naks; every replica runs the same loop on
+    the same durable, and JetStream spreads the messages between them."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        stream: str,
+        subject: str,
+        config: ConsumerConfig,
+        handler: Handler,
+        batch_size: int,
+        batch_wait_s: float,
+        idle_wait_s: float = 1.0,
+    ):
+        self.js = js
+        self.stream = stream
+        self.subject = subject
+        self.config = config
+        self.handler = handler
+        self.batch_size = batch_size
+        self.batch_wait_s = batch_wait_s
+        self.idle_wait_s = idle_wait_s
+        self._stopping = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self._sub = await self.js.pull_subscribe(
+            self.subject, durable=self.config.durable_name, stream=self.stream, config=self.config
+        )
+        self._task = asyncio.create_task(self._run(), name=f"consume {self.config.durable_name}")
+
+    async def stop(self) -> None:
+        """Finish the batch in hand, then stop fetching. Unacked messages stay
+        with the consumer and are redelivered to a replica."""
+        self._stopping.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+            await self._sub.unsubscribe()  # else draining the connection waits on it
+
+    async def _fetch(self, n: int, timeout: float) -> list[Msg]:
+        try:
+            return await self._sub.fetch(n, timeout=timeout)
+        except TIMEOUTS:
+            return []
+
+    async def _next_batch(self) -> list[Msg]:
+        # Returns as soon as anything is there (or after idle_wait_s with nothing).
+        msgs = await self._fetch(self.batch_size, self.idle_wait_s)
+        deadline = time.monotonic() + self.batch_wait_s
+        while msgs and len(msgs) < self.batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining < 0.001:
+                break
+            more = await self._fetch(self.batch_size - len(msgs), remaining)
+            if not more:
+                break
+            msgs += more
+        return msgs
+
+    async def _run(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                msgs = await self._next_batch()
+            except NatsError as exc:  # disconnected, reconnecting, no responders
+                log.warning("fetch failed (%s); retrying", exc or type(exc).__name__)
+                await asyncio.sleep(0.5)
+                continue
+            if msgs:
+                await self._handle(msgs)
+
+    async def _handle(self, msgs: list[Msg]) -> None:
+        try:
+            await self.handler(msgs)
+        except Exception:  # a bug, not bad input: never drop the batch
+            log.exception("handler failed on a batch of %d; redelivering later", len(msgs))
+            for msg in msgs:
+                try:
+                    await msg.nak(delay=5.0)
+                except NatsError:
+                    pass  # redelivered after ack_wait anyway
