@@ -34,8 +34,6 @@ def _setup_logging(settings: Settings) -> None:
         force=True,
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    # FastStream reports each handled batch and task; our own logs say what matters.
-    logging.getLogger("memq.faststream").setLevel(logging.WARNING)
 
 
 def _settings() -> Settings:

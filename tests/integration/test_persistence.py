@@ -255,3 +255,25 @@ async def test_artifacts_are_versioned_and_large_ones_deleted_with_their_session
         with pytest.raises(NotFoundError):  # nats-py's way of saying "no objects"
             await store.list(ignore_deletes=True)
     await nc.close()
+
+
+async def test_a_message_the_database_rejects_is_dead_lettered_not_retried_forever(nats_url, pg_url, tmp_path):
+    # NUL is valid UTF-8, so a valid id, but PostgreSQL text cannot hold it.
+    settings = make_settings(nats_url, pg_url, tmp_path)
+    async with running_worker(settings) as worker:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            bad = await client.append("nul\x00user", "s", text_event("rejected"))
+            good = await client.append("u", "s", text_event("stored"))
+        await wait_for(lambda: _has_seq(worker.engine, "u", "s", good), what="the good event")
+        nc = await nats.connect(nats_url)
+        js = nc.jetstream()
+
+        async def dead_lettered() -> bool:
+            return (await js.stream_info("MEMQ_DLQ")).state.messages == 1
+
+        await wait_for(dead_lettered, what="the rejected event in the DLQ")
+        entry = await js.get_msg("MEMQ_DLQ", 1)
+        assert entry.headers["Memq-Error-Code"] == "storage_rejected"
+        assert entry.headers["Memq-Original-Seq"] == str(bad)
+        assert "0x00" in entry.headers["Memq-Error"]
+        await nc.close()

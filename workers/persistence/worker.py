@@ -19,14 +19,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+
 import orjson
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy as JsAckPolicy
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from sqlalchemy import exc as sa_exc
+from sqlalchemy import text
 
 from contracts.codec import decode_from_subject
 from contracts.errors import MemqError
@@ -48,8 +49,6 @@ from workers.sql.engine import create_engine, migrate
 log = logging.getLogger("memq.persistence")
 
 WORKER = "persistence"
-# Errors that a message's own content causes; retrying the batch cannot help.
-DATA_ERRORS = (sa_exc.IntegrityError, sa_exc.DataError, sa_exc.ProgrammingError, ValueError, TypeError)
 MAX_CONFLICT_RETRIES = 5
 
 
@@ -97,7 +96,7 @@ class PersistenceWorker:
         return ConsumerConfig(
             durable_name=p.durable,
             deliver_policy=DeliverPolicy.ALL,
-            ack_policy=JsAckPolicy.EXPLICIT,
+            ack_policy=AckPolicy.EXPLICIT,
             ack_wait=p.ack_wait_s,
             max_deliver=-1,  # never give up on a message while the database is down
             max_ack_pending=max(1000, p.batch_size * 8),
@@ -152,12 +151,13 @@ class PersistenceWorker:
     async def _commit_and_ack(self, items: list[Incoming], raw: list[Msg]) -> None:
         try:
             result = await self._commit(items)
-        except DATA_ERRORS as exc:
-            log.warning("batch of %d failed on data (%s); committing one by one", len(items), exc)
+        except Exception as exc:
+            if not await self._database_ok():  # outage: retry later, lose nothing
+                await self._retry_later(raw, exc)
+                return
+            # The database is up, so some message in the batch is at fault.
+            log.warning("batch of %d rejected (%s); committing one by one", len(items), _reason(exc))
             await self._commit_one_by_one(items, raw)
-            return
-        except Exception as exc:  # database down, network: retry later, lose nothing
-            await self._retry_later(raw, exc)
             return
         await self._finish(result, raw)
 
@@ -177,13 +177,21 @@ class PersistenceWorker:
         for item, msg in zip(items, raw):
             try:
                 result = await self._commit([item])
-            except DATA_ERRORS as exc:
-                await self._dead_letter(msg, "storage_rejected", f"{type(exc).__name__}: {exc}")
-                continue
             except Exception as exc:
-                await self._retry_later([msg], exc)
+                if await self._database_ok():
+                    await self._dead_letter(msg, "storage_rejected", _reason(exc))
+                else:
+                    await self._retry_later([msg], exc)
                 continue
             await self._finish(result, [msg])
+
+    async def _database_ok(self) -> bool:
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            return True
+        except Exception:
+            return False
 
     async def _finish(self, result: CommitResult, raw: list[Msg]) -> None:
         await self._purge_deleted(result)
@@ -258,6 +266,12 @@ class PersistenceWorker:
             u = result.scopes.users[user_key]
             body = {"app": u.app, "user": u.user, "seq": seq, "deleted": True}
             await nc.publish(changed_subject(u.app, u.user), orjson.dumps(body))
+
+
+def _reason(exc: Exception) -> str:
+    """The driver's own message, without SQLAlchemy's statement and parameters."""
+    orig = getattr(exc, "orig", None)
+    return f"{type(orig or exc).__name__}: {orig or exc}"
 
 
 def _is_conflict(exc: sa_exc.OperationalError) -> bool:
