@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from functools import lru_cache
 
 from contracts.errors import InvalidId
 
@@ -69,6 +70,7 @@ def decode_token(token: str, what: str = "token") -> str:
     return value
 
 
+@lru_cache(maxsize=65536)  # hot: every message of a batch asks, for few scopes
 def scope_key(*ids: str) -> str:
     """A fixed-length key for a tuple of ids (e.g. app, user, session).
 

@@ -43,6 +43,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
         MEMQ_PERSISTENCE__BATCH_SIZE=str(settings.persistence.batch_size),
         MEMQ_PERSISTENCE__ACK_WAIT_S=str(settings.persistence.ack_wait_s),
         MEMQ_PERSISTENCE__RETRY_DELAYS_S="[0.2, 0.5, 1.0]",
+        MEMQ_DATABASE__MIGRATE_ON_START=str(settings.database.migrate_on_start).lower(),
         MEMQ_LOG_LEVEL="WARNING",
     )
     return env
@@ -67,8 +68,8 @@ class WorkerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "WorkerProcess":
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([str(MEMQ), "worker", "persistence"], env=self.env, stdout=log, stderr=log)
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen([str(MEMQ), "worker", "persistence"], env=self.env, stdout=log, stderr=log)
         return self
 
     def kill(self) -> None:

@@ -158,7 +158,25 @@ def machine_info() -> dict:
         "platform": platform.platform(),
         "nats_server": nats_version,
         "sqlite": sqlite3.sqlite_version,
+        "cpu_busy_at_start": cpu_busy(),
     }
+
+
+def cpu_busy(seconds: float = 1.0) -> float:
+    """Share of all cores busy over ``seconds`` (/proc/stat), before we start
+    anything: other processes on the machine make the numbers noisy."""
+
+    def sample() -> tuple[int, int]:
+        values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(values), values[3] + values[4]  # total, idle + iowait
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except OSError:
+        return float("nan")
+    return round(1 - (idle1 - idle0) / max(total1 - total0, 1), 3)
 
 
 def git_revision() -> str:
@@ -490,6 +508,12 @@ def status(text: str) -> None:
     console.print(text, highlight=False)
 
 
+def warn_if_busy(machine: dict) -> None:
+    busy = machine["cpu_busy_at_start"]
+    if busy >= 0.15:
+        status(f"[yellow]the CPU was {busy:.0%} busy before the run: other processes share it; expect noise[/]")
+
+
 def print_results(machine: dict, cfg: Config, quick: bool, baselines: list[dict], rows: list[Row]) -> None:
     raw_async = baselines[0]["per_s"]
     console.print()
@@ -497,7 +521,8 @@ def print_results(machine: dict, cfg: Config, quick: bool, baselines: list[dict]
         f"[bold]memq ingest benchmark[/] ({'quick' if quick else 'full'}) — "
         f"{machine['date']}, memq {machine['git']}\n"
         f"{machine['nproc']} cores, {machine['cpu']}, Python {machine['python']}, {machine['nats_server']}, "
-        f"PostgreSQL {machine.get('postgres', '?')}, SQLite {machine['sqlite']}"
+        f"PostgreSQL {machine.get('postgres', '?')}, SQLite {machine['sqlite']}, "
+        f"CPU {machine['cpu_busy_at_start']:.0%} busy before the run"
     )
     table = Table(title="publish → commit (memq worker persistence processes)")
     cols = ("database", "replicas", "events", "commit ev/s", "÷ raw async", "publish ev/s")
@@ -558,6 +583,7 @@ async def main(quick: bool, json_path: Path | None) -> int:
     machine = machine_info()
     started = now()
     status(f"[bold]memq ingest benchmark[/] — {'quick' if quick else 'full'} run")
+    warn_if_busy(machine)
     status("baselines (no workers) …")
     baselines = await run_baselines(cfg)
 

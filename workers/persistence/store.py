@@ -33,7 +33,6 @@ USER_STATE = models.UserState.__table__
 SESSION_STATE = models.SessionState.__table__
 SESSION_DATA = (EVENTS, SESSION_STATE, ARTIFACTS)  # rows that belong to one session
 
-CHUNK = 500  # rows per multi-row INSERT: well under SQLite's 32766 parameters
 
 
 @dataclass
@@ -42,7 +41,7 @@ class CommitResult:
     scopes: Scopes
 
 
-def _chunks(rows: Sequence[dict], size: int = CHUNK):
+def _chunks(rows: Sequence[dict], size: int):
     for i in range(0, len(rows), size):
         yield rows[i : i + size]
 
@@ -72,7 +71,7 @@ class SqlStore:
         sessions = sorted(scopes.sessions.items())
         if users:
             rows = [{"key": k, "app": u.app, "user_id": u.user, "deleted_seq": 0} for k, u in users]
-            await conn.execute(insert_ignore(d, USERS, rows))
+            await conn.execute(insert_ignore(d, USERS), rows)
         if sessions:
             rows = [
                 {
@@ -88,7 +87,7 @@ class SqlStore:
                 }
                 for k, s in sessions
             ]
-            await conn.execute(insert_ignore(d, SESSIONS, rows))
+            await conn.execute(insert_ignore(d, SESSIONS), rows)
         user_tombs: dict[str, int] = {}
         session_tombs: dict[str, int] = {}
         if users:
@@ -139,17 +138,17 @@ class SqlStore:
 
     async def _insert(self, conn: AsyncConnection, plan: CommitPlan) -> None:
         d = self.dialect
-        for chunk in _chunks(plan.events):
-            await conn.execute(insert_ignore(d, EVENTS, chunk))
+        if plan.events:
+            await conn.execute(insert_ignore(d, EVENTS), plan.events)
         for chunk in _chunks(plan.artifacts, 50):  # inline blobs can be large
-            await conn.execute(insert_ignore(d, ARTIFACTS, chunk))
+            await conn.execute(insert_ignore(d, ARTIFACTS), chunk)
         for table, writes, column in (
             (APP_STATE, plan.app_state, "app"),
             (USER_STATE, plan.user_state, "user_key"),
             (SESSION_STATE, plan.session_state, "session_key"),
         ):
-            for chunk in _chunks(state_rows(writes, column)):
-                await conn.execute(upsert_if_newer(d, table, chunk))
+            if rows := state_rows(writes, column):
+                await conn.execute(upsert_if_newer(d, table), rows)
 
     async def _touch_sessions(self, conn: AsyncConnection, plan: CommitPlan) -> None:
         if not plan.touched:

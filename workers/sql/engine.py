@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +98,16 @@ def _insert(dialect: str, table: Table):
     return {"postgresql": postgresql.insert, "sqlite": sqlite.insert, "mysql": mysql.insert}[dialect](table)
 
 
-def insert_ignore(dialect: str, table: Table, rows: Sequence[dict]):
+# The statements take their rows at execute time (``conn.execute(stmt, rows)``):
+# SQLAlchemy then compiles each once and batches the rows itself
+# ("insertmanyvalues"), instead of compiling a new multi-row VALUES per batch,
+# which cost ~40 % of the worker's CPU.
+
+
+@lru_cache(maxsize=None)
+def insert_ignore(dialect: str, table: Table):
     """INSERT that skips rows whose primary key exists (idempotent inserts)."""
-    stmt = _insert(dialect, table).values(list(rows))
+    stmt = _insert(dialect, table)
     if dialect == "mysql":
         # A no-op update rather than INSERT IGNORE, which would also hide data errors.
         first_pk = next(iter(table.primary_key.columns))
@@ -108,13 +115,14 @@ def insert_ignore(dialect: str, table: Table, rows: Sequence[dict]):
     return stmt.on_conflict_do_nothing()
 
 
-def upsert_if_newer(dialect: str, table: Table, rows: Sequence[dict], *, value: str = "value"):
+@lru_cache(maxsize=None)
+def upsert_if_newer(dialect: str, table: Table, value: str = "value"):
     """INSERT, or UPDATE ``value`` and ``seq`` only where the incoming seq is newer.
 
     This makes state writes commute: whatever order replicas commit in, each
     key ends with the value of the highest stream sequence (= stream order).
     """
-    stmt = _insert(dialect, table).values(list(rows))
+    stmt = _insert(dialect, table)
     if dialect == "mysql":
         new = stmt.inserted
         # Order matters in MySQL: ``value`` must be compared before ``seq`` changes.
