@@ -56,6 +56,38 @@ class PublishFailed(MemqError):
     code = "publish_failed"
 
 
+class NotFound(MemqError):
+    code = "not_found"
+
+
+class Forbidden(MemqError):
+    """A request names another app than the subject it was sent on."""
+
+    code = "forbidden"
+
+
+class NotCommitted(MemqError):
+    """A request's ``min_seq`` was not committed within its ``wait_ms``."""
+
+    code = "not_committed"
+
+
+class InvalidRequest(MemqError):
+    code = "invalid_request"
+
+
+class Unavailable(MemqError):
+    """The service could not answer (e.g. its database is down); retry later."""
+
+    code = "unavailable"
+
+
+class TemplateKeyMissing(MemqError):
+    """An instruction template names a state key that is not set (and no ``?``)."""
+
+    code = "template_key_missing"
+
+
 ERRORS_BY_CODE: dict[str, type[MemqError]] = {
     cls.code: cls
     for cls in (
@@ -66,6 +98,12 @@ ERRORS_BY_CODE: dict[str, type[MemqError]] = {
         Oversize,
         SubjectMismatch,
         PublishFailed,
+        NotFound,
+        Forbidden,
+        NotCommitted,
+        InvalidRequest,
+        Unavailable,
+        TemplateKeyMissing,
     )
 }
 

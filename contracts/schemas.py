@@ -218,9 +218,23 @@ class ArtifactSaved(_SessionEnvelope):
         return self
 
 
+class CheckpointSaved(_SessionEnvelope):
+    """A summary of a session's events up to ``up_to_seq`` (the summarizer's
+    output). Working memory starts from the latest checkpoint and keeps every
+    event after it."""
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    id: EventId = Field(default_factory=new_id)
+    summary: str
+    up_to_seq: int = Field(ge=1, description="stream seq of the last event folded into the summary")
+    author: str = "summarizer"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    timestamp: float = Field(default_factory=time.time)
+
+
 StreamMessage = Annotated[
-    Union[EventAppended, SessionCreated, SessionDeleted, UserDeleted, StateSet, ArtifactSaved],
+    Union[EventAppended, SessionCreated, SessionDeleted, UserDeleted, StateSet, ArtifactSaved, CheckpointSaved],
     Field(discriminator="kind"),
 ]
 
-KINDS = ("event", "session.create", "session.delete", "user.delete", "state.set", "artifact.save")
+KINDS = ("event", "session.create", "session.delete", "user.delete", "state.set", "artifact.save", "checkpoint")

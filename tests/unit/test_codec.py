@@ -11,6 +11,7 @@ from contracts.schemas import (
     KINDS,
     Actions,
     ArtifactSaved,
+    CheckpointSaved,
     DataPart,
     Event,
     EventAppended,
@@ -57,6 +58,7 @@ MESSAGES = [
     StateSet(**SCOPE, delta={"topic": None}),
     ArtifactSaved(**SCOPE, filename="a.bin", inline=bytes(range(256)) * 3),
     ArtifactSaved(**SCOPE, filename="big.bin", object=ObjectRef(bucket="B", name="k/n", size=9, sha256="0" * 64)),
+    CheckpointSaved(**SCOPE, summary="they talked about x", up_to_seq=42),
 ]
 
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from contracts.schemas import (
     Actions,
+    CheckpointSaved,
     Event,
     EventAppended,
     SessionCreated,
@@ -35,11 +36,15 @@ deltas = st.dictionaries(st.sampled_from(KEYS), st.integers(0, 5), max_size=3)
 def messages(draw):
     user = draw(st.sampled_from(USERS))
     session = draw(st.sampled_from(SESSIONS))
-    kind = draw(st.sampled_from(["event", "event", "event", "create", "state", "delete_session", "delete_user"]))
+    kind = draw(
+        st.sampled_from(["event", "event", "event", "create", "state", "checkpoint", "delete_session", "delete_user"])
+    )
     if kind == "event":
         return EventAppended(app=APP, user=user, session=session, event=Event(actions=Actions(state_delta=draw(deltas))))
     if kind == "create":
         return SessionCreated(app=APP, user=user, session=session, state=draw(deltas))
+    if kind == "checkpoint":
+        return CheckpointSaved(app=APP, user=user, session=session, summary="s", up_to_seq=draw(st.integers(1, 9)))
     if kind == "state":
         return StateSet(app=APP, user=user, session=session, delta=draw(deltas))
     if kind == "delete_session":
@@ -64,6 +69,8 @@ def expected(stream: list) -> dict:
             state.pop(sk, None)
             continue
         delta = {}
+        if isinstance(m, CheckpointSaved):
+            events.setdefault(sk, []).append(m.id)
         if isinstance(m, EventAppended):
             events.setdefault(sk, []).append(m.event.id)
             delta = m.event.actions.state_delta
@@ -83,11 +90,28 @@ def expected(stream: list) -> dict:
     return {"events": events, "state": state}
 
 
+async def stored_ids(engine, user: str, session: str) -> list[str]:
+    """Event and checkpoint ids of a session, in stream order."""
+    from sqlalchemy import select, union_all
+
+    from contracts.ids import scope_key
+    from workers.sql import models
+
+    e, c = models.Event.__table__, models.Checkpoint.__table__
+    key = scope_key(APP, user, session)
+    q = union_all(
+        select(e.c.seq, e.c.event_id.label("id")).where(e.c.session_key == key),
+        select(c.c.seq, c.c.checkpoint_id.label("id")).where(c.c.session_key == key),
+    ).order_by("seq")
+    async with engine.connect() as conn:
+        return [r.id for r in await conn.execute(q)]
+
+
 async def observed(engine) -> dict:
     events, state = {}, {}
     for user in USERS:
         for session in SESSIONS:
-            ids = [e.event_id for e in await reads.events(engine, APP, user, session)]
+            ids = await stored_ids(engine, user, session)
             if ids:
                 events[(APP, user, session)] = ids
             merged = await reads.state(engine, APP, user, session)
@@ -144,3 +168,17 @@ def test_temp_keys_are_never_stored_and_scopes_are_shared():
         (APP, "u1", None, "user"): {"user:u": 1},
         (APP,): {"app:a": 2},  # shared across users: the later write wins
     }
+
+
+def test_a_later_delete_removes_every_kind_of_row_committed_before():
+    stream = [
+        SessionCreated(app=APP, user="u1", session="s1", state={"k": 1, "user:u": 1}),
+        EventAppended(app=APP, user="u1", session="s1", event=Event()),
+        CheckpointSaved(app=APP, user="u1", session="s1", summary="s", up_to_seq=2),
+        EventAppended(app=APP, user="u1", session="s2", event=Event()),
+        SessionDeleted(app=APP, user="u1", session="s1"),
+        UserDeleted(app=APP, user="u1"),
+    ]
+    items = [Incoming(i, m) for i, m in enumerate(stream, 1)]
+    for cut in (4, 5):  # the deletes arrive in a batch of their own
+        assert asyncio.run(commit_all([items[:cut], items[cut:]])) == expected(stream) == {"events": {}, "state": {}}

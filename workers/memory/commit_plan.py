@@ -23,6 +23,7 @@ import orjson
 from contracts.ids import scope_key
 from contracts.schemas import (
     ArtifactSaved,
+    CheckpointSaved,
     EventAppended,
     SessionCreated,
     SessionDeleted,
@@ -80,6 +81,7 @@ class CommitPlan:
     session_deletes: dict[str, int] = field(default_factory=dict)  # session_key -> seq
     events: list[dict[str, Any]] = field(default_factory=list)
     artifacts: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
     app_state: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
     user_state: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
     session_state: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
@@ -165,6 +167,8 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
             plan.events.append(_event_row(seq, session_key, m))
         elif isinstance(m, ArtifactSaved):
             plan.artifacts.append(_artifact_row(seq, session_key, m))
+        elif isinstance(m, CheckpointSaved):
+            plan.checkpoints.append(_checkpoint_row(seq, session_key, m))
         timestamp = m.event.timestamp if isinstance(m, EventAppended) else m.timestamp
         touch = plan.touched.get(session_key)
         if touch is None:
@@ -207,6 +211,19 @@ def _artifact_row(seq: int, session_key: str, m: ArtifactSaved) -> dict[str, Any
         "inline": m.inline,
         "object_bucket": bucket,
         "object_name": name,
+        "created_at": m.timestamp,
+    }
+
+
+def _checkpoint_row(seq: int, session_key: str, m: CheckpointSaved) -> dict[str, Any]:
+    return {
+        "session_key": session_key,
+        "checkpoint_id": m.id,
+        "seq": seq,
+        "up_to_seq": m.up_to_seq,
+        "summary": m.summary,
+        "tokens": 0,
+        "author": m.author[:256],
         "created_at": m.timestamp,
     }
 

@@ -31,7 +31,8 @@ ARTIFACTS = models.Artifact.__table__
 APP_STATE = models.AppState.__table__
 USER_STATE = models.UserState.__table__
 SESSION_STATE = models.SessionState.__table__
-SESSION_DATA = (EVENTS, SESSION_STATE, ARTIFACTS)  # rows that belong to one session
+CHECKPOINTS = models.Checkpoint.__table__
+SESSION_DATA = (EVENTS, SESSION_STATE, ARTIFACTS, CHECKPOINTS)  # rows that belong to one session
 
 
 
@@ -142,6 +143,8 @@ class SqlStore:
             await conn.execute(insert_ignore(d, EVENTS), plan.events)
         for chunk in _chunks(plan.artifacts, 50):  # inline blobs can be large
             await conn.execute(insert_ignore(d, ARTIFACTS), chunk)
+        if plan.checkpoints:
+            await conn.execute(insert_ignore(d, CHECKPOINTS), plan.checkpoints)
         for table, writes, column in (
             (APP_STATE, plan.app_state, "app"),
             (USER_STATE, plan.user_state, "user_key"),

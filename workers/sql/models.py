@@ -50,7 +50,12 @@ class User(SQLModel, table=True):
 
 class Session(SQLModel, table=True):
     __tablename__ = "memq_sessions"
-    __table_args__ = (Index("ix_memq_sessions_user", "user_key", "last_seq"),)
+    # Keyset pages, newest update first, per app or per user: an index range
+    # scan whatever the number of sessions.
+    __table_args__ = (
+        Index("ix_memq_sessions_app_updated", "app", "updated_at", "key"),
+        Index("ix_memq_sessions_user_updated", "user_key", "updated_at", "key"),
+    )
 
     key: str = Field(sa_column=Column(Digest(), primary_key=True))
     user_key: str = Field(sa_column=Column(Digest(), nullable=False))
@@ -76,6 +81,8 @@ class Event(SQLModel, table=True):
     branch: str = Field(default="", sa_column=Column(Text(), nullable=False, default=""))
     role: str | None = Field(default=None, max_length=16)
     timestamp: float = Field(default=0.0)
+    # Tokens as one chat message (tiktoken, counted once at persist time).
+    tokens: int = Field(default=0)
     # The whole event as JSON, exactly as published.
     data: str = Field(sa_column=Column(LongText(), nullable=False))
 
@@ -126,5 +133,22 @@ class Artifact(SQLModel, table=True):
     created_at: float = Field(default=0.0)
 
 
+class Checkpoint(SQLModel, table=True):
+    """A summary of a session up to ``up_to_seq``; the latest one is found by
+    an index seek on (session_key, up_to_seq), never by scanning the session."""
+
+    __tablename__ = "memq_checkpoints"
+    __table_args__ = (Index("ix_memq_checkpoints_latest", "session_key", "up_to_seq", "seq"),)
+
+    session_key: str = Field(sa_column=Column(Digest(), primary_key=True))
+    checkpoint_id: str = Field(sa_column=Column(Id(), primary_key=True))
+    seq: int = Field(sa_column=Seq())
+    up_to_seq: int = Field(sa_column=Seq())
+    summary: str = Field(sa_column=Column(LongText(), nullable=False))
+    tokens: int = Field(default=0)
+    author: str = Field(default="", sa_column=Column(Id(), nullable=False, default=""))
+    created_at: float = Field(default=0.0)
+
+
 metadata = SQLModel.metadata
-TABLES = (User, Session, Event, AppState, UserState, SessionState, Artifact)
+TABLES = (User, Session, Event, AppState, UserState, SessionState, Artifact, Checkpoint)

@@ -1,0 +1,197 @@
+"""Request/reply schemas of the query service (core NATS, in no stream).
+
+A request goes to ``memq.v1.q.<app>.<op>`` (:func:`contracts.subjects.request_subject`)
+with a JSON body naming the same app; the reply is ``{"ok": true, "result": …}``
+or ``{"ok": false, "error": {"code": …, "message": …}}``. Every request may
+carry ``min_seq`` (the sequence of the caller's last publish): it is answered
+only once that sequence is committed (read-your-writes), or fails with
+``not_committed`` after ``wait_ms``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFound, Unavailable  # noqa: F401 - re-exported
+from contracts.schemas import AppId, SessionId, UserId
+
+QUERY_VERSION = 1
+OPS = (
+    "session.get",
+    "sessions.list",
+    "state.get",
+    "history",
+    "context",
+    "artifacts.list",
+    "artifacts.get",
+)
+MAX_PAGE = 500
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = QUERY_VERSION
+    app: AppId
+    user: UserId
+    min_seq: int | None = Field(default=None, ge=1, description="answer only once this sequence is committed")
+    wait_ms: int = Field(default=2000, ge=0, le=30_000, description="longest wait for min_seq")
+
+
+class StrategySpec(BaseModel):
+    """A working-memory strategy, or an override of the app's default.
+    Unset fields take the app's settings (defaults as in Hector's docs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: Literal["all", "buffer_window", "token_window", "summary_buffer"] | None = None
+    window: int | None = Field(default=None, ge=1, le=100_000)
+    turns: int | None = Field(default=None, ge=1, le=100_000)
+    budget: int | None = Field(default=None, ge=1, le=10_000_000)
+    preserve_recent: int | None = Field(default=None, ge=0, le=10_000)
+    threshold: float | None = Field(default=None, gt=0, le=1)
+    target: float | None = Field(default=None, gt=0, le=1)
+    min_recent: int | None = Field(default=None, ge=0, le=10_000)
+
+
+class SessionGet(_Request):
+    session: SessionId
+    events: bool = False
+    num_recent_events: int | None = Field(default=None, ge=0, le=100_000)
+    after_seq: int | None = Field(default=None, ge=0)
+
+
+class SessionsList(_Request):
+    user: UserId | None = None  # type: ignore[assignment]  # filter: any user of the app when unset
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE)
+    cursor: str | None = Field(default=None, max_length=512)
+
+
+class StateGet(_Request):
+    session: SessionId | None = None
+
+
+class HistoryGet(_Request):
+    session: SessionId
+    strategy: StrategySpec | None = None
+    model: str | None = Field(default=None, max_length=128)
+
+
+class ContextGet(_Request):
+    session: SessionId
+    strategy: StrategySpec | None = None
+    model: str | None = Field(default=None, max_length=128)
+    format: Literal["memq", "openai"] = "memq"
+    instruction: str | None = Field(default=None, max_length=200_000, description="template rendered from state")
+    recall_limit: int = Field(default=5, ge=0, le=100)
+
+
+class ArtifactsList(_Request):
+    session: SessionId
+
+
+class ArtifactGet(_Request):
+    session: SessionId
+    filename: str = Field(min_length=1, max_length=1024)
+    version: int | None = Field(default=None, ge=0, description="default: the latest")
+
+
+REQUESTS: dict[str, type[_Request]] = {
+    "session.get": SessionGet,
+    "sessions.list": SessionsList,
+    "state.get": StateGet,
+    "history": HistoryGet,
+    "context": ContextGet,
+    "artifacts.list": ArtifactsList,
+    "artifacts.get": ArtifactGet,
+}
+
+
+# --- replies -------------------------------------------------------------------
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class StoredEvent(_Reply):
+    seq: int
+    tokens: int = 0
+    event: dict[str, Any]
+
+
+class SessionInfo(_Reply):
+    app: str
+    user: str
+    session: str
+    created_at: float
+    updated_at: float
+    last_seq: int
+
+
+class SessionView(SessionInfo):
+    state: dict[str, Any]
+    events: list[StoredEvent] | None = None
+
+
+class SessionsPage(_Reply):
+    sessions: list[SessionInfo]
+    next_cursor: str | None = None
+
+
+class StateView(_Reply):
+    state: dict[str, Any]
+
+
+class HistoryView(_Reply):
+    strategy: dict[str, Any]
+    summary: str | None = None
+    checkpoint_seq: int | None = None
+    events: list[StoredEvent]
+    tokens: int
+    needs_summary: bool = False
+
+
+class ContextView(_Reply):
+    format: Literal["memq", "openai"]
+    tokens: dict[str, int]  # per part: instruction, recalled, summary, window, total
+    messages: list[dict[str, Any]]
+    context: dict[str, Any] | None = None  # memq's own format
+
+
+class ArtifactInfo(_Reply):
+    filename: str
+    versions: int
+    latest_seq: int
+    mime_type: str
+    size: int
+
+
+class ArtifactsView(_Reply):
+    artifacts: list[ArtifactInfo]
+
+
+class ArtifactView(_Reply):
+    filename: str
+    version: int
+    seq: int
+    mime_type: str
+    size: int
+    sha256: str
+    inline: bytes | None = None
+    object: dict[str, Any] | None = None
+
+    model_config = ConfigDict(extra="ignore", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
+
+
+REPLIES: dict[str, type[_Reply]] = {
+    "session.get": SessionView,
+    "sessions.list": SessionsPage,
+    "state.get": StateView,
+    "history": HistoryView,
+    "context": ContextView,
+    "artifacts.list": ArtifactsView,
+    "artifacts.get": ArtifactView,
+}
