@@ -9,26 +9,58 @@ stream's duplicate window gets the original sequence back instead of a copy.
 Bad input fails before any I/O: :class:`~contracts.errors.InvalidId`,
 :class:`~contracts.errors.InvalidMessage` or :class:`~contracts.errors.Oversize`.
 NATS failures become :class:`~contracts.errors.PublishFailed`.
+
+Reads (:meth:`MemoryClient.get_session`, :meth:`~MemoryClient.history`,
+:meth:`~MemoryClient.context`, …) are core-NATS requests to the query service
+(:mod:`contracts.queries`) with typed replies; a refused request raises the
+service's typed error (:class:`~contracts.errors.NotFound`,
+:class:`~contracts.errors.Forbidden`, …) and no answer at all raises
+:class:`~contracts.errors.Unavailable`. By default every read carries the
+sequence of this client's last publish, so it sees the client's own writes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Sequence
+import inspect
+import io
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.js.object_store import ObjectStore
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from contracts.codec import DEFAULT_MAX_BYTES, encode, subject_for
-from contracts.errors import InvalidMessage, MemqError, Oversize, PublishFailed
+from contracts.errors import (
+    InvalidMessage,
+    InvalidRequest,
+    MemqError,
+    NotFound,
+    Oversize,
+    PublishFailed,
+    Unavailable,
+    error_from_dict,
+)
 from contracts.ids import validate_id
+from contracts.queries import (
+    REPLIES,
+    REQUESTS,
+    ArtifactsView,
+    ArtifactView,
+    ContextView,
+    HistoryView,
+    SessionInfo,
+    SessionsPage,
+    SessionView,
+    StateView,
+    StrategySpec,
+)
 from contracts.schemas import (
     ArtifactSaved,
     Event,
@@ -42,7 +74,7 @@ from contracts.schemas import (
     UserDeleted,
     new_id,
 )
-from contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name
+from contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, request_subject
 
 MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
 # The server counts headers in max_payload and drops the connection of a client
@@ -50,7 +82,11 @@ MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
 HEADER_ROOM = 1024
 EXPECTED_STREAM_MISMATCH = 10060  # JetStream err_code: the subject is in another stream
 Role = Literal["user", "assistant", "system", "tool"]
+Strategy = StrategySpec | dict[str, Any] | None
+ContextFormat = Literal["memq", "openai"]
+ModelFn = Callable[[list[dict[str, Any]]], Any]  # messages -> str | obj with .content (or an awaitable of it)
 _Prepared = tuple[str, bytes, dict[str, str]]  # subject, payload, headers
+R = TypeVar("R", bound=BaseModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +99,65 @@ class SessionRef:
     seq: int
 
 
+# --- the query wire format (pure: no I/O) ---------------------------------------
+
+
+class Reply(BaseModel, Generic[R]):
+    """A query reply: ``{"ok": true, "result": …}`` or ``{"ok": false, "error": {"code", "message"}}``."""
+
+    ok: bool
+    result: R | None = None
+    error: dict[str, Any] | None = None
+
+
+_REPLY_TYPES: dict[str, type[Reply]] = {op: Reply[cls] for op, cls in REPLIES.items()}
+
+
+def build_request(app: str, op: str, **fields: Any) -> Any:
+    """Validate one request of ``op`` (a key of :data:`contracts.queries.REQUESTS`).
+
+    Raises :class:`~contracts.errors.InvalidId` for a bad app, user or session
+    id, :class:`~contracts.errors.InvalidRequest` for anything else.
+    """
+    if op not in REQUESTS:
+        raise InvalidRequest(f"unknown query {op!r}; known: {', '.join(REQUESTS)}")
+    validate_id(app, "app")
+    for what in ("user", "session"):
+        if fields.get(what) is not None:
+            validate_id(fields[what], what)
+    try:
+        return REQUESTS[op](app=app, **fields)
+    except ValidationError as exc:
+        raise InvalidRequest(f"invalid {op} request: {_details(exc)}") from None
+
+
+def encode_request(request: BaseModel) -> bytes:
+    """The wire body of a request: its JSON without unset (``None``) fields."""
+    return request.model_dump_json(exclude_none=True).encode()
+
+
+def parse_reply(op: str, data: bytes) -> Any:
+    """Decode a reply to ``op`` into its typed model (:data:`contracts.queries.REPLIES`),
+    or raise the typed error the service sent back."""
+    try:
+        # validate_json (not orjson + validate_python) so that bytes fields decode from base64.
+        reply = _REPLY_TYPES[op].model_validate_json(data)
+    except ValidationError as exc:
+        raise MemqError(f"malformed {op} reply from the query service: {_details(exc)}") from None
+    if not reply.ok:
+        raise error_from_dict(reply.error or {"message": f"{op} failed without an error"})
+    if reply.result is None:
+        raise MemqError(f"malformed {op} reply from the query service: ok without a result")
+    return reply.result
+
+
+def _details(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:3])
+
+
 class MemoryClient:
-    """Publishes session events, state, artifacts and deletes for one app.
+    """Publishes session events, state, artifacts and deletes for one app, and
+    reads sessions, history and model context back from the query service.
 
     :param nc: a connected nats-py client; the caller keeps ownership of it
         (use :meth:`connect` for a client that owns its connection).
@@ -78,6 +171,16 @@ class MemoryClient:
         limit), capped by the server's ``max_payload`` minus ``HEADER_ROOM``.
     :param stream: the stream expected to capture the events. Default
         ``MEMQ_EVENTS``.
+    :param consistent: read-your-writes by default. Default True: every read
+        without an explicit ``min_seq`` carries :attr:`last_seq`, so the query
+        service answers only once this client's own writes are committed (or
+        fails with :class:`~contracts.errors.NotCommitted`). False: reads do
+        not wait.
+    :param wait_ms: how long the service may wait for ``min_seq`` to be
+        committed. Default 2000. A read times out after ``timeout + wait_ms``.
+
+    :attr:`last_seq` is the stream sequence of this client's latest publish
+    (``None`` before the first).
     """
 
     def __init__(
@@ -89,6 +192,8 @@ class MemoryClient:
         inline_artifact_limit: int = 256 * 1024,
         max_message_bytes: int = DEFAULT_MAX_BYTES,
         stream: str = EVENTS_STREAM,
+        consistent: bool = True,
+        wait_ms: int = 2000,
     ):
         self.app = validate_id(app, "app")
         self.nc = nc
@@ -96,6 +201,9 @@ class MemoryClient:
         self.inline_artifact_limit = inline_artifact_limit
         self.max_message_bytes = max_message_bytes
         self.stream = stream
+        self.consistent = consistent
+        self.wait_ms = wait_ms
+        self.last_seq: int | None = None
         self._js = nc.jetstream(timeout=timeout)
         self._objects: ObjectStore | None = None
         self._owns_connection = False
@@ -110,6 +218,8 @@ class MemoryClient:
         inline_artifact_limit: int = 256 * 1024,
         max_message_bytes: int = DEFAULT_MAX_BYTES,
         stream: str = EVENTS_STREAM,
+        consistent: bool = True,
+        wait_ms: int = 2000,
         **nats_options: Any,
     ) -> MemoryClient:
         """Connect to NATS and return a client that closes the connection on
@@ -125,6 +235,8 @@ class MemoryClient:
             inline_artifact_limit=inline_artifact_limit,
             max_message_bytes=max_message_bytes,
             stream=stream,
+            consistent=consistent,
+            wait_ms=wait_ms,
         )
         client._owns_connection = True
         return client
@@ -226,6 +338,204 @@ class MemoryClient:
         """Delete a user of this app, with all their sessions, everywhere."""
         return await self._publish(self._build(UserDeleted, user=user))
 
+    # --- reads (the query service) ----------------------------------------------
+    #
+    # Every read takes ``min_seq``: the service answers once that stream sequence
+    # is committed. Default ``None`` means this client's :attr:`last_seq` (unless
+    # the client was made with ``consistent=False``); ``0`` means do not wait.
+
+    async def get_session(
+        self,
+        user: str,
+        session: str,
+        *,
+        events: bool = False,
+        num_recent_events: int | None = None,
+        after_seq: int | None = None,
+        min_seq: int | None = None,
+    ) -> SessionView:
+        """A session with its merged state (``app:`` and ``user:`` keys prefixed,
+        as ADK shows them). Raises :class:`~contracts.errors.NotFound`.
+
+        :param events: include the events. Default False; implied by the two
+            filters below.
+        :param num_recent_events: only the last N events. Default: all.
+        :param after_seq: only events after this sequence. Default: all.
+        :param min_seq: see the note above. Default: :attr:`last_seq`.
+        """
+        events = events or num_recent_events is not None or after_seq is not None
+        return await self._query(
+            "session.get", min_seq, user=user, session=session,
+            events=events, num_recent_events=num_recent_events, after_seq=after_seq,
+        )  # fmt: skip
+
+    async def list_sessions(
+        self, user: str | None = None, *, limit: int = 50, cursor: str | None = None, min_seq: int | None = None
+    ) -> SessionsPage:
+        """One page of sessions, most recently updated first.
+
+        :param user: only this user's sessions. Default: every user of the app.
+        :param limit: page size, 1..500. Default 50.
+        :param cursor: ``next_cursor`` of the previous page. Default: the first page.
+        :param min_seq: see the note above. Default: :attr:`last_seq`.
+        """
+        return await self._query("sessions.list", min_seq, user=user, limit=limit, cursor=cursor)
+
+    async def iter_sessions(self, user: str | None = None, page_size: int = 100) -> AsyncIterator[SessionInfo]:
+        """Every session (of ``user``, default all users), most recently updated
+        first, fetched ``page_size`` (default 100) at a time by following cursors."""
+        cursor = None
+        while True:
+            page = await self.list_sessions(user, limit=page_size, cursor=cursor)
+            for info in page.sessions:
+                yield info
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def get_state(self, user: str, session: str | None = None, *, min_seq: int | None = None) -> dict[str, Any]:
+        """The merged state a session sees, or without ``session`` (the default)
+        the user's and the app's state (``user:`` and ``app:`` keys)."""
+        view: StateView = await self._query("state.get", min_seq, user=user, session=session)
+        return view.state
+
+    async def history(
+        self,
+        user: str,
+        session: str,
+        *,
+        strategy: Strategy = None,
+        model: str | None = None,
+        min_seq: int | None = None,
+    ) -> HistoryView:
+        """A session's events through a working-memory strategy, with token counts.
+
+        :param strategy: a :class:`~contracts.queries.StrategySpec` or a dict of
+            its fields (``{"kind": "token_window", "budget": 4000}``). Unset
+            fields take the app's settings. Default: the app's strategy.
+        :param model: count tokens as this model does. Default: the app's model.
+        :param min_seq: see the note above. Default: :attr:`last_seq`.
+        """
+        return await self._query("history", min_seq, user=user, session=session, strategy=strategy, model=model)
+
+    async def context(
+        self,
+        user: str,
+        session: str,
+        *,
+        strategy: Strategy = None,
+        model: str | None = None,
+        format: ContextFormat = "memq",
+        instruction: str | None = None,
+        recall_limit: int = 5,
+        min_seq: int | None = None,
+    ) -> ContextView:
+        """What to send to the model: recalled memories, the latest summary and
+        the recent window within the budget, with the token count of each part.
+
+        :param strategy: as in :meth:`history`. Default: the app's strategy.
+        :param model: as in :meth:`history`. Default: the app's model.
+        :param format: ``"memq"`` (default) or ``"openai"`` (chat messages).
+        :param instruction: a system instruction template rendered from state:
+            ``{key}``, ``{user:key}``, ``{key?}`` (empty if unset; without ``?``
+            an unset key raises :class:`~contracts.errors.TemplateKeyMissing`).
+            Default: none.
+        :param recall_limit: long-term memories to recall, 0..100. Default 5.
+        :param min_seq: see the note above. Default: :attr:`last_seq`.
+        """
+        return await self._query(
+            "context", min_seq, user=user, session=session, strategy=strategy, model=model,
+            format=format, instruction=instruction, recall_limit=recall_limit,
+        )  # fmt: skip
+
+    async def list_artifacts(self, user: str, session: str, *, min_seq: int | None = None) -> ArtifactsView:
+        """The artifacts of a session, with their number of versions."""
+        return await self._query("artifacts.list", min_seq, user=user, session=session)
+
+    async def get_artifact(
+        self, user: str, session: str, filename: str, version: int | None = None, *, min_seq: int | None = None
+    ) -> bytes:
+        """The content of an artifact, checked against its SHA-256.
+
+        :param version: 0-based version. Default: the latest.
+        Large artifacts are read from the object store.
+        """
+        view: ArtifactView = await self._query(
+            "artifacts.get", min_seq, user=user, session=session, filename=filename, version=version
+        )
+        data = view.inline if view.object is None else await self._get_object(view.object["name"])
+        if data is None:
+            raise MemqError(f"artifact {filename!r} v{view.version}: the reply has neither content nor object")
+        digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
+        if digest != view.sha256 or len(data) != view.size:
+            raise MemqError(f"artifact {filename!r} v{view.version} is corrupt: size or sha256 does not match")
+        return data
+
+    def with_history(
+        self,
+        model_fn: ModelFn,
+        *,
+        user: str,
+        session: str,
+        strategy: Strategy = None,
+        format: ContextFormat = "openai",
+        instruction: str | None = None,
+    ) -> Callable[[str], Awaitable[str]]:
+        """Wrap a model call with this session's memory (after LangChain's
+        ``RunnableWithMessageHistory``). ``await chat(text)``:
+
+        1. appends ``text`` as a user event;
+        2. loads :meth:`context` (``format`` default ``"openai"``), waiting for
+           that event to be committed, so the context ends with it;
+        3. calls ``model_fn(messages)`` (sync or async; it returns a ``str`` or
+           an object with ``.content``, like a chat completion message);
+        4. appends the reply as an assistant event and returns its text.
+        """
+
+        async def chat(text: str) -> str:
+            seq = await self.append_text(user, session, "user", text)
+            ctx = await self.context(
+                user, session, strategy=strategy, format=format, instruction=instruction, min_seq=seq
+            )
+            reply = model_fn(ctx.messages)
+            if inspect.isawaitable(reply):
+                reply = await reply
+            answer = reply if isinstance(reply, str) else reply.content
+            await self.append_text(user, session, "assistant", answer)
+            return answer
+
+        return chat
+
+    async def _query(self, op: str, min_seq: int | None, **fields: Any) -> Any:
+        if min_seq is None:
+            min_seq = self.last_seq if self.consistent else None
+        request = build_request(self.app, op, min_seq=min_seq or None, wait_ms=self.wait_ms, **fields)
+        subject = request_subject(self.app, op)
+        timeout = self.timeout + request.wait_ms / 1000
+        try:
+            msg = await self.nc.request(subject, encode_request(request), timeout=timeout)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+            late = f" within {timeout:g}s" if isinstance(exc, nats.errors.TimeoutError) else ""
+            raise Unavailable(
+                f"no query service is answering{late} on {subject}: is `memq up` or `memq worker query` running?"
+            ) from None
+        except nats.errors.Error as exc:  # connection closed or draining
+            raise Unavailable(f"request to {subject} failed: {type(exc).__name__}: {exc}") from exc
+        return parse_reply(op, msg.data)
+
+    async def _get_object(self, name: str) -> bytes:
+        buffer = io.BytesIO()
+        try:
+            if self._objects is None:
+                self._objects = await self._js.object_store(ARTIFACT_BUCKET)
+            # writeinto: plain get() grows one bytes object chunk by chunk (quadratic).
+            await self._objects.get(name, writeinto=buffer)
+        except nats.js.errors.NotFoundError:  # no bucket, no object, or a deleted one
+            raise NotFound(f"artifact object {name!r} is not in the object store {ARTIFACT_BUCKET}") from None
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise Unavailable(f"reading artifact object {name!r} failed: {type(exc).__name__}: {exc}") from exc
+        return buffer.getvalue()
+
     # --- building and publishing ----------------------------------------------
 
     def _build(self, cls: type, **fields: Any) -> Any:
@@ -236,8 +546,7 @@ class MemoryClient:
         try:
             return cls(app=self.app, **fields)
         except ValidationError as exc:
-            details = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:3])
-            raise InvalidMessage(f"invalid {cls.__name__}: {details}") from None
+            raise InvalidMessage(f"invalid {cls.__name__}: {_details(exc)}") from None
 
     def _prepare(self, message: Any) -> _Prepared:
         data = encode(message)
@@ -255,6 +564,7 @@ class MemoryClient:
             ack = await self._js.publish(subject, data, timeout=self.timeout, stream=self.stream, headers=headers)
         except (nats.errors.Error, TimeoutError) as exc:
             raise self._failed(exc, subject) from exc
+        self._published(ack.seq)
         return ack.seq
 
     async def _publish_chunk(self, chunk: list[_Prepared]) -> list[int]:
@@ -272,7 +582,13 @@ class MemoryClient:
         for ack in acks:
             if isinstance(ack, BaseException):
                 raise self._failed(ack, chunk[0][0]) from ack
+        self._published(max(ack.seq for ack in acks))
         return [ack.seq for ack in acks]
+
+    def _published(self, seq: int) -> None:
+        # max: concurrent publishes may be acked out of order, and a duplicate
+        # gets its original (older) sequence back.
+        self.last_seq = seq if self.last_seq is None else max(self.last_seq, seq)
 
     async def _put_object(self, name: str, data: bytes) -> None:
         try:

@@ -7,15 +7,26 @@ import json
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from enum import Enum
+from typing import Annotated, Any, TypeVar
 
+import nats
+import nats.errors
 import typer
+from nats.aio.client import Client as NATS
 from rich.console import Console
+from rich.json import JSON
 from rich.logging import RichHandler
+from rich.markup import escape
 from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
 
+from contracts.client import MemoryClient
+from contracts.errors import MemqError
 from workers import bus
-from workers.settings import Settings, load_settings
+from workers.settings import Settings, load_settings, mask_url
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, help="memq: session and memory layer for LLM agents.")
 console = Console()
@@ -24,6 +35,7 @@ err = Console(stderr=True)
 
 class WorkerKind(str, Enum):
     persistence = "persistence"
+    query = "query"
 
 
 def _setup_logging(settings: Settings) -> None:
@@ -61,8 +73,9 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 
 async def _run_workers(settings: Settings, kinds: list[WorkerKind], stop: asyncio.Event) -> None:
     from workers.persistence.worker import PersistenceWorker
+    from workers.query.service import QueryWorker
 
-    factories = {WorkerKind.persistence: PersistenceWorker}
+    factories = {WorkerKind.persistence: PersistenceWorker, WorkerKind.query: QueryWorker}
     workers = [factories[k](settings) for k in kinds]
     started = []
     try:
@@ -172,6 +185,262 @@ def show_config() -> None:
     """Print the effective settings (secrets masked)."""
     settings = _settings()
     console.print_json(json.dumps(settings.public_dict()))
+
+
+# --- reading sessions back: a thin layer over MemoryClient and workers.status ----
+
+T = TypeVar("T")
+DEFAULT_APP = "memq-demo"  # the app `memq demo` writes to, so the demo can be browsed without flags
+AppOpt = Annotated[
+    str, typer.Option("--app", "-a", envvar="MEMQ_APP", help="App id (memq-demo is the one `memq demo` writes to).")
+]
+UserOpt = Annotated[str, typer.Option("--user", "-u", help="User id.")]
+SessionArg = Annotated[str, typer.Argument(help="Session id.")]
+BudgetOpt = Annotated[int | None, typer.Option(min=1, help="Token budget. Default: the app's setting (8000).")]
+
+sessions_app = typer.Typer(no_args_is_help=True, help="List, show and delete sessions.")
+app.add_typer(sessions_app, name="sessions")
+
+
+class StrategyKind(str, Enum):
+    all = "all"
+    buffer_window = "buffer_window"
+    token_window = "token_window"
+    summary_buffer = "summary_buffer"
+
+
+# What each strategy's result depends on (for captions).
+STRATEGY_PARAMS = {
+    "buffer_window": ("window", "turns"),
+    "token_window": ("budget", "preserve_recent"),
+    "summary_buffer": ("budget", "threshold", "target", "min_recent"),
+}
+
+
+class ContextFormat(str, Enum):
+    memq = "memq"
+    openai = "openai"
+
+
+def _with_nats(work: Callable[[NATS], Awaitable[T]]) -> T:
+    """Run ``work`` on a fresh NATS connection; print a clear error and exit 1 on failure."""
+    settings = _settings()
+
+    async def quiet(exc: Exception) -> None:  # nats-py would log a traceback per attempt
+        pass
+
+    async def main() -> T:
+        # A command should fail fast, not wait for NATS forever like a worker.
+        options = {**bus.connect_options(settings, "cli"), "max_reconnect_attempts": 1, "reconnect_time_wait": 0.2}
+        nc = await nats.connect(**options, error_cb=quiet)
+        try:
+            return await work(nc)
+        finally:
+            await nc.close()
+
+    try:
+        return asyncio.run(main())
+    except bus.NatsNotFound as exc:
+        err.print(f"[red]{exc}[/]")
+    except nats.errors.NoServersError:
+        url = ",".join(mask_url(u) for u in bus.nats_url(settings).split(","))
+        err.print(f"[red]cannot reach NATS at {url}[/]: is `memq up` running, or MEMQ_NATS__URL right?")
+    except MemqError as exc:
+        err.print(f"[red]{exc.code}:[/] {escape(exc.message)}")
+    raise typer.Exit(1)
+
+
+def _with_client(app_id: str, work: Callable[[MemoryClient], Awaitable[T]]) -> T:
+    return _with_nats(lambda nc: work(MemoryClient(nc, app_id)))
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _short(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    """One line per part: text as is, tool calls and results as arrows."""
+    lines = []
+    for part in (event.get("message") or {}).get("parts", []):
+        kind = part.get("type")
+        if kind == "text":
+            lines.append(part.get("text", ""))
+        elif kind == "tool_call":
+            lines.append(f"→ {part.get('name')}({json.dumps(part.get('args', {}), ensure_ascii=False)})")
+        elif kind == "tool_result":
+            lines.append(f"← {part.get('name', '')}: {json.dumps(part.get('result'), ensure_ascii=False)}")
+        else:
+            lines.append(json.dumps(part, ensure_ascii=False))
+    if delta := (event.get("actions") or {}).get("state_delta"):
+        lines.append(f"state {json.dumps(delta, ensure_ascii=False)}")
+    return _short("\n".join(lines))
+
+
+def _events_table(title: str, events: list, caption: str | None = None) -> Table:
+    table = Table(title=title, caption=caption)
+    table.add_column("seq", justify="right")
+    table.add_column("role")
+    table.add_column("author")
+    table.add_column("message", overflow="fold")
+    table.add_column("tokens", justify="right")
+    for stored in events:
+        message = stored.event.get("message") or {}
+        table.add_row(
+            str(stored.seq),
+            message.get("role", "-"),
+            Text(stored.event.get("author", "")),
+            Text(_event_text(stored.event)),
+            str(stored.tokens),
+        )
+    return table
+
+
+@sessions_app.command("list")
+def sessions_list(
+    app_id: AppOpt = DEFAULT_APP,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's sessions.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=500, help="Sessions per page.")] = 50,
+    every: Annotated[bool, typer.Option("--all", help="Follow the cursors through every page.")] = False,
+) -> None:
+    """List sessions, most recently updated first (one page unless --all)."""
+
+    async def fetch(client: MemoryClient) -> tuple[list, bool]:
+        if not every:
+            page = await client.list_sessions(user, limit=limit)
+            return page.sessions, page.next_cursor is not None
+        found = []
+        with err.status("fetching sessions…") as progress:
+            async for info in client.iter_sessions(user, page_size=limit):
+                found.append(info)
+                if len(found) % limit == 0:
+                    progress.update(f"fetching sessions… {len(found)}")
+        return found, False
+
+    found, more = _with_client(app_id, fetch)
+    table = Table(title=f"sessions of {app_id}" + (f", user {user}" if user else ""))
+    for column in ("user", "session", "updated", "created", "last seq"):
+        table.add_column(column, justify="right" if column == "last seq" else "left")
+    for s in found:
+        table.add_row(Text(s.user), Text(s.session), _when(s.updated_at), _when(s.created_at), str(s.last_seq))
+    table.caption = f"{len(found)} session{'' if len(found) == 1 else 's'}" + (": more with --all" if more else "")
+    console.print(table)
+
+
+@sessions_app.command("show")
+def sessions_show(
+    session: SessionArg,
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    events: Annotated[int, typer.Option("--events", "-e", min=0, help="Show the last N events.")] = 0,
+) -> None:
+    """Show a session: its ids, times and merged state (app: and user: keys prefixed)."""
+    view = _with_client(app_id, lambda c: c.get_session(user, session, num_recent_events=events or None))
+    console.print(
+        Panel.fit(
+            Text(
+                f"app       {view.app}\nuser      {view.user}\nsession   {view.session}\n"
+                f"created   {_when(view.created_at)}\nupdated   {_when(view.updated_at)}\nlast seq  {view.last_seq}"
+            ),
+            title="session",
+        )
+    )
+    console.print(Panel.fit(JSON.from_data(view.state), title="state"))
+    if view.events:
+        console.print(_events_table(f"last {len(view.events)} events", view.events))
+
+
+@sessions_app.command("delete")
+def sessions_delete(
+    session: SessionArg,
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete a session everywhere: SQL, index, cache and the stream itself."""
+    if not yes:
+        typer.confirm(f"Delete session {session!r} of user {user!r} in app {app_id!r} for good?", abort=True)
+    seq = _with_client(app_id, lambda c: c.delete_session(user, session))
+    console.print(f"delete published at seq {seq}: the workers remove the session everywhere.")
+
+
+@app.command()
+def history(
+    session: SessionArg,
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    strategy: Annotated[StrategyKind | None, typer.Option(help="Working-memory strategy. Default: the app's.")] = None,
+    budget: BudgetOpt = None,
+    window: Annotated[int | None, typer.Option(min=1, help="buffer_window: last N messages (default 20).")] = None,
+) -> None:
+    """Show a session's history through a working-memory strategy, with token counts."""
+    spec = {"kind": strategy.value if strategy else None, "budget": budget, "window": window}
+    spec = {k: v for k, v in spec.items() if v is not None}
+    view = _with_client(app_id, lambda c: c.history(user, session, strategy=spec or None))
+    if view.summary:
+        console.print(Panel(Text(view.summary), title=f"summary up to seq {view.checkpoint_seq}"))
+    kind = view.strategy.get("kind")
+    params = ", ".join(f"{k} {view.strategy[k]}" for k in STRATEGY_PARAMS.get(kind, ()) if view.strategy.get(k))
+    caption = f"strategy {kind}{f' ({params})' if params else ''}: {view.tokens} tokens"
+    if view.needs_summary:
+        caption += ", over the summary threshold"
+    console.print(_events_table(f"history of {session}", view.events, caption))
+
+
+@app.command()
+def context(
+    session: SessionArg,
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    format: Annotated[ContextFormat, typer.Option(help="memq (with per-part details) or openai.")] = ContextFormat.memq,
+    budget: BudgetOpt = None,
+    instruction: Annotated[
+        str | None, typer.Option(help="Instruction template rendered from state, e.g. 'Answer in {user:language}.'")
+    ] = None,
+) -> None:
+    """Show the context an agent would send to its model: token counts per part, then the messages."""
+    strategy = {"budget": budget} if budget else None
+    view = _with_client(
+        app_id, lambda c: c.context(user, session, strategy=strategy, format=format.value, instruction=instruction)
+    )
+    tokens = Table(title=f"context of {session}")
+    tokens.add_column("part")
+    tokens.add_column("tokens", justify="right")
+    for part, count in view.tokens.items():
+        tokens.add_row(part, str(count), style="bold" if part == "total" else None)
+    console.print(tokens)
+    if view.context:  # memq format: how it was counted
+        over = " [red]over budget[/]" if view.context.get("over_budget") else ""
+        console.print(f"encoding {view.context.get('encoding')}, budget {view.context.get('budget')}{over}")
+    messages = Table(title="messages")
+    messages.add_column("#", justify="right")
+    messages.add_column("role")
+    messages.add_column("content", overflow="fold")
+    for i, message in enumerate(view.messages, 1):
+        rest = {k: v for k, v in message.items() if k not in ("role", "content")}
+        content = message.get("content") or ""
+        if rest:  # tool calls, tool_call_id
+            content = f"{content}\n{json.dumps(rest, ensure_ascii=False)}".strip()
+        messages.add_row(str(i), message.get("role", ""), Text(_short(content, 2000)))
+    console.print(messages)
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """Show consumer lag per worker kind, live worker instances and dead letters."""
+    from workers.status import collect_status, render
+
+    settings = _settings()
+    report = _with_nats(lambda nc: collect_status(nc, settings.streams))
+    if as_json:
+        console.print_json(json.dumps(report.to_dict()))
+    else:
+        render(report, console)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,39 @@ class PersistenceSettings(BaseModel):
     publish_changed: bool = True
 
 
+class MemorySettings(BaseModel):
+    """Working-memory defaults (as in Hector's docs); per app in ``query.apps``
+    and per request (``strategy`` of a history/context request)."""
+
+    strategy: Literal["all", "buffer_window", "token_window", "summary_buffer"] = "all"  # Hector: "none"
+    window: int = Field(default=20, ge=1, description="buffer_window: last N messages")
+    turns: int | None = Field(default=None, ge=1, description="buffer_window by user turns (Synapse)")
+    budget: int = Field(default=8000, ge=1, description="token budget")
+    preserve_recent: int = Field(default=5, ge=0, description="token_window: newest messages always kept")
+    threshold: float = Field(default=0.85, gt=0, le=1, description="summary_buffer: summarize above this share")
+    target: float = Field(default=0.7, gt=0, le=1, description="summary_buffer: summarize down to this share")
+    min_recent: int = Field(default=3, ge=0, description="summary_buffer: newest messages kept verbatim")
+    model: str | None = Field(default=None, description="model whose tokenizer counts (default cl100k_base)")
+
+
+class CacheSettings(BaseModel):
+    backend: Literal["auto", "redis", "memory", "none"] = Field(
+        default="auto", description="auto: Redis when redis_url is set, else in-process"
+    )
+    redis_url: SecretStr | None = None
+    ttl_s: float = Field(default=300.0, gt=0, description="bounds staleness if a change notice is lost")
+    max_entries: int = Field(default=10_000, ge=1, description="in-process cache size")
+
+
+class QuerySettings(BaseModel):
+    queue_group: str = "memq-query"
+    max_inflight: int = Field(default=256, ge=1, description="requests handled at once per replica")
+    floor_refresh_s: float = Field(default=0.2, gt=0, description="how often the commit floor is re-read")
+    apps: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="per-app working-memory overrides, e.g. {'my-agent': {'budget': 4000}}"
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMQ_",
@@ -97,6 +130,9 @@ class Settings(BaseSettings):
     streams: StreamSettings = StreamSettings()
     database: DatabaseSettings = DatabaseSettings()
     persistence: PersistenceSettings = PersistenceSettings()
+    memory: MemorySettings = MemorySettings()
+    cache: CacheSettings = CacheSettings()
+    query: QuerySettings = QuerySettings()
 
     @classmethod
     def settings_customise_sources(
@@ -134,6 +170,8 @@ class Settings(BaseSettings):
         data = self.model_dump(mode="json")
         if self.database.url is not None:
             data["database"]["url"] = mask_url(self.database.url.get_secret_value())
+        if self.cache.redis_url is not None:
+            data["cache"]["redis_url"] = mask_url(self.cache.redis_url.get_secret_value())
         if self.nats.url:
             data["nats"]["url"] = ",".join(mask_url(u) for u in self.nats.url.split(","))
         return data

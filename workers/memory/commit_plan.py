@@ -31,7 +31,9 @@ from contracts.schemas import (
     StreamMessage,
     UserDeleted,
 )
+from workers.memory.context import summary_message
 from workers.memory.state import split_delta
+from workers.memory.tokens import count_event, message_tokens
 
 
 class UserRef(NamedTuple):
@@ -181,6 +183,7 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
 
 def _event_row(seq: int, session_key: str, m: EventAppended) -> dict[str, Any]:
     e = m.event
+    data = e.model_dump(mode="json", exclude_none=True)
     return {
         "session_key": session_key,
         "event_id": e.id,
@@ -190,7 +193,9 @@ def _event_row(seq: int, session_key: str, m: EventAppended) -> dict[str, Any]:
         "branch": e.branch,
         "role": e.message.role if e.message else None,
         "timestamp": e.timestamp,
-        "data": e.model_dump_json(exclude_none=True),
+        # Counted once, here, for the default encoding; never again per request.
+        "tokens": count_event(data),
+        "data": orjson.dumps(data).decode(),
     }
 
 
@@ -222,7 +227,7 @@ def _checkpoint_row(seq: int, session_key: str, m: CheckpointSaved) -> dict[str,
         "seq": seq,
         "up_to_seq": m.up_to_seq,
         "summary": m.summary,
-        "tokens": 0,
+        "tokens": message_tokens(summary_message(m.summary)),
         "author": m.author[:256],
         "created_at": m.timestamp,
     }

@@ -25,6 +25,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.micro import add_service
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
@@ -86,6 +87,7 @@ class PersistenceWorker:
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
         self.consumer: BatchConsumer | None = None
+        self.service = None
         self.dlq: DeadLetters | None = None
         self.committed = 0  # messages committed by this process (for status and tests)
 
@@ -120,9 +122,17 @@ class PersistenceWorker:
             batch_wait_s=s.persistence.batch_wait_s,
         )
         await self.consumer.start()
+        # No endpoints: registering makes the replica visible to `memq status`
+        # (NATS micro ping/info/stats).
+        self.service = await add_service(
+            self.nc, name="memq-persistence", version="0.1.0", description="memq: commits the event log to SQL"
+        )
         log.info("persistence worker started (durable %s)", s.persistence.durable)
 
     async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+            self.service = None
         if self.consumer is not None:
             await self.consumer.stop()  # the batch in hand finishes and is acked
             self.consumer = None
@@ -252,21 +262,29 @@ class PersistenceWorker:
                 await store.delete(info.name)
 
     async def _announce(self, result: CommitResult) -> None:
-        nc = self.nc
-        plan = result.plan
-        for session_key, touch in plan.touched.items():
-            s = result.scopes.sessions[session_key]
-            body = {"app": s.app, "user": s.user, "session": s.session, "seq": touch.last_seq}
-            await nc.publish(changed_subject(s.app, s.user, s.session), orjson.dumps(body))
-        for session_key, seq in plan.session_deletes.items():
-            s = result.scopes.sessions[session_key]
-            body = {"app": s.app, "user": s.user, "session": s.session, "seq": seq, "deleted": True}
-            await nc.publish(changed_subject(s.app, s.user, s.session), orjson.dumps(body))
-        for user_key, seq in plan.user_deletes.items():
-            u = result.scopes.users[user_key]
-            body = {"app": u.app, "user": u.user, "seq": seq, "deleted": True}
-            await nc.publish(changed_subject(u.app, u.user), orjson.dumps(body))
+        """Tell caches and the summarizer what changed: one notice per session
+        touched or deleted, one per user whose user or app state changed."""
+        plan, scopes = result.plan, result.scopes
+        apps_changed = {app for app, _ in plan.app_state}
+        users_changed = {user_key for user_key, _ in plan.user_state}
 
+        async def notice(app: str, user: str, session: str | None, user_key: str, **body) -> None:
+            body.update(app=app, user=user, app_state=app in apps_changed, user_state=user_key in users_changed)
+            if session is not None:
+                body["session"] = session
+            await self.nc.publish(changed_subject(app, user, session), orjson.dumps(body))
+
+        for session_key, touch in plan.touched.items():
+            s = scopes.sessions[session_key]
+            await notice(s.app, s.user, s.session, s.user_key, seq=touch.last_seq)
+        for session_key, seq in plan.session_deletes.items():
+            s = scopes.sessions[session_key]
+            await notice(s.app, s.user, s.session, s.user_key, seq=seq, deleted=True)
+        for user_key, u in scopes.users.items():
+            if user_key in plan.user_deletes:
+                await notice(u.app, u.user, None, user_key, seq=plan.user_deletes[user_key], deleted=True)
+            elif user_key in users_changed or u.app in apps_changed:
+                await notice(u.app, u.user, None, user_key)
 
 def _reason(exc: Exception) -> str:
     """The driver's own message, without SQLAlchemy's statement and parameters."""

@@ -1,12 +1,19 @@
-"""Read side of the SQL store: what a session holds, in stream order."""
+"""Read side of the SQL store: what a session holds, in stream order.
+
+Every query here is an index seek or a bounded range scan: sessions by key,
+pages of sessions by (app|user, updated_at, key), events by (session, seq),
+the latest checkpoint by (session, up_to_seq). None reads a whole session.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import base64
+
 import orjson
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.ids import scope_key
@@ -15,6 +22,8 @@ from workers.sql import models
 
 SESSIONS = models.Session.__table__
 EVENTS = models.Event.__table__
+CHECKPOINTS = models.Checkpoint.__table__
+ARTIFACTS = models.Artifact.__table__
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,7 @@ class StoredEvent:
     role: str | None
     timestamp: float
     data: dict[str, Any]
+    tokens: int = 0
 
 
 async def session_exists(engine: AsyncEngine, app: str, user: str, session: str) -> bool:
@@ -40,33 +50,197 @@ async def count_events(engine: AsyncEngine, app: str, user: str, session: str) -
 
 
 async def events(engine: AsyncEngine, app: str, user: str, session: str) -> list[StoredEvent]:
-    q = (
-        select(EVENTS.c.seq, EVENTS.c.event_id, EVENTS.c.author, EVENTS.c.role, EVENTS.c.timestamp, EVENTS.c.data)
-        .where(EVENTS.c.session_key == scope_key(app, user, session))
-        .order_by(EVENTS.c.seq)
-    )
+    q = select(*EVENT_COLUMNS).where(EVENTS.c.session_key == scope_key(app, user, session)).order_by(EVENTS.c.seq)
     async with engine.connect() as conn:
         rows = (await conn.execute(q)).all()
-    return [StoredEvent(r.seq, r.event_id, r.author, r.role, r.timestamp, orjson.loads(r.data)) for r in rows]
+    return [_event(r) for r in rows]
+
+
+EVENT_COLUMNS = (
+    EVENTS.c.seq,
+    EVENTS.c.event_id,
+    EVENTS.c.author,
+    EVENTS.c.role,
+    EVENTS.c.timestamp,
+    EVENTS.c.data,
+    EVENTS.c.tokens,
+)
+
+
+def _event(r) -> StoredEvent:
+    return StoredEvent(r.seq, r.event_id, r.author, r.role, r.timestamp, orjson.loads(r.data), r.tokens)
 
 
 async def state(engine: AsyncEngine, app: str, user: str, session: str | None = None) -> dict[str, Any]:
     """Merged state as ADK shows it (``app:`` and ``user:`` keys prefixed)."""
     async with engine.connect() as conn:
-        app_rows = await conn.execute(
-            select(models.AppState.key, models.AppState.value).where(models.AppState.app == app)
-        )
-        user_rows = await conn.execute(
-            select(models.UserState.key, models.UserState.value).where(
-                models.UserState.user_key == scope_key(app, user)
+        return await merged_state(conn, app, user, session)
+
+
+# --- for the query service ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    app: str
+    user: str
+    session: str
+    created_at: float
+    updated_at: float
+    last_seq: int
+
+
+@dataclass(frozen=True)
+class CheckpointRow:
+    seq: int
+    up_to_seq: int
+    summary: str
+    tokens: int
+
+
+_VISIBLE = SESSIONS.c.last_seq > SESSIONS.c.deleted_seq
+_SESSION_COLUMNS = (
+    SESSIONS.c.app,
+    SESSIONS.c.user_id,
+    SESSIONS.c.session_id,
+    SESSIONS.c.created_at,
+    SESSIONS.c.updated_at,
+    SESSIONS.c.last_seq,
+    SESSIONS.c.key,
+)
+
+
+def _session(r) -> SessionRow:
+    return SessionRow(r.app, r.user_id, r.session_id, r.created_at, r.updated_at, r.last_seq)
+
+
+async def session_row(conn, session_key: str) -> SessionRow | None:
+    q = select(*_SESSION_COLUMNS).where(SESSIONS.c.key == session_key, _VISIBLE)
+    row = (await conn.execute(q)).first()
+    return _session(row) if row else None
+
+
+def encode_cursor(updated_at: float, key: str) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([updated_at, key])).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    """Raise ValueError on anything but a cursor this module made."""
+    try:
+        updated_at, key = orjson.loads(base64.urlsafe_b64decode(cursor.encode()))
+    except Exception as exc:
+        raise ValueError(f"malformed cursor: {exc}") from None
+    if not isinstance(updated_at, (int, float)) or not isinstance(key, str) or len(key) != 64:
+        raise ValueError("malformed cursor")
+    return float(updated_at), key
+
+
+async def session_page(
+    conn, app: str, user: str | None, limit: int, cursor: str | None
+) -> tuple[list[SessionRow], str | None]:
+    """Newest update first, keyset-paginated: page N costs what page 1 costs."""
+    scope = SESSIONS.c.user_key == scope_key(app, user) if user is not None else SESSIONS.c.app == app
+    q = select(*_SESSION_COLUMNS).where(scope, _VISIBLE)
+    if cursor is not None:
+        updated_at, key = decode_cursor(cursor)
+        q = q.where(
+            or_(
+                SESSIONS.c.updated_at < updated_at,
+                and_(SESSIONS.c.updated_at == updated_at, SESSIONS.c.key < key),
             )
         )
-        session_rows = []
-        if session is not None:
-            session_rows = await conn.execute(
-                select(models.SessionState.key, models.SessionState.value).where(
-                    models.SessionState.session_key == scope_key(app, user, session)
-                )
+    q = q.order_by(SESSIONS.c.updated_at.desc(), SESSIONS.c.key.desc()).limit(limit + 1)
+    rows = (await conn.execute(q)).all()
+    next_cursor = encode_cursor(rows[limit - 1].updated_at, rows[limit - 1].key) if len(rows) > limit else None
+    return [_session(r) for r in rows[:limit]], next_cursor
+
+
+async def latest_checkpoint(conn, session_key: str) -> CheckpointRow | None:
+    """Index seek on (session_key, up_to_seq, seq)."""
+    q = (
+        select(CHECKPOINTS.c.seq, CHECKPOINTS.c.up_to_seq, CHECKPOINTS.c.summary, CHECKPOINTS.c.tokens)
+        .where(CHECKPOINTS.c.session_key == session_key)
+        .order_by(CHECKPOINTS.c.up_to_seq.desc(), CHECKPOINTS.c.seq.desc())
+        .limit(1)
+    )
+    row = (await conn.execute(q)).first()
+    return CheckpointRow(row.seq, row.up_to_seq, row.summary, row.tokens) if row else None
+
+
+async def newest_events(
+    conn, session_key: str, *, after_seq: int = 0, before_seq: int | None = None, limit: int
+) -> list[StoredEvent]:
+    """Up to ``limit`` events with after_seq < seq < before_seq, newest first."""
+    q = select(*EVENT_COLUMNS).where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
+    if before_seq is not None:
+        q = q.where(EVENTS.c.seq < before_seq)
+    q = q.order_by(EVENTS.c.seq.desc()).limit(limit)
+    return [_event(r) for r in (await conn.execute(q)).all()]
+
+
+async def events_after(conn, session_key: str, after_seq: int, limit: int) -> list[StoredEvent]:
+    """Up to ``limit`` events after ``after_seq``, oldest first."""
+    q = (
+        select(*EVENT_COLUMNS)
+        .where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
+        .order_by(EVENTS.c.seq)
+        .limit(limit)
+    )
+    return [_event(r) for r in (await conn.execute(q)).all()]
+
+
+async def artifact_list(conn, session_key: str) -> list[dict[str, Any]]:
+    a = ARTIFACTS.c
+    q = (
+        select(a.filename, func.count().label("versions"), func.max(a.seq).label("latest_seq"))
+        .where(a.session_key == session_key)
+        .group_by(a.filename)
+        .order_by(a.filename)
+    )
+    listing = (await conn.execute(q)).all()
+    out = []
+    for r in listing:
+        latest = (
+            await conn.execute(
+                select(a.mime_type, a.size).where(a.session_key == session_key, a.filename == r.filename, a.seq == r.latest_seq)
             )
-        decode = lambda rows: {k: orjson.loads(v) for k, v in rows}  # noqa: E731
-        return merge_state(decode(app_rows), decode(user_rows), decode(session_rows))
+        ).first()
+        out.append(
+            {"filename": r.filename, "versions": r.versions, "latest_seq": r.latest_seq, "mime_type": latest.mime_type, "size": latest.size}
+        )
+    return out
+
+
+async def artifact_version(conn, session_key: str, filename: str, version: int | None):
+    """Version n is the n-th save of the file in stream order (0-based); None = latest."""
+    a = ARTIFACTS.c
+    q = select(ARTIFACTS).where(a.session_key == session_key, a.filename == filename)
+    if version is None:
+        q = q.order_by(a.seq.desc()).limit(1)
+    else:
+        q = q.order_by(a.seq).offset(version).limit(1)
+    row = (await conn.execute(q)).first()
+    if row is None:
+        return None, None
+    if version is None:
+        count = await conn.execute(select(func.count()).where(a.session_key == session_key, a.filename == filename))
+        version = int(count.scalar_one()) - 1
+    return row, version
+
+
+async def merged_state(conn, app: str, user: str, session: str | None) -> dict[str, Any]:
+    rows = await conn.execute(select(models.AppState.key, models.AppState.value).where(models.AppState.app == app))
+    app_state = {k: orjson.loads(v) for k, v in rows}
+    rows = await conn.execute(
+        select(models.UserState.key, models.UserState.value).where(models.UserState.user_key == scope_key(app, user))
+    )
+    user_state = {k: orjson.loads(v) for k, v in rows}
+    session_state: dict[str, Any] = {}
+    if session is not None:
+        rows = await conn.execute(
+            select(models.SessionState.key, models.SessionState.value).where(
+                models.SessionState.session_key == scope_key(app, user, session)
+            )
+        )
+        session_state = {k: orjson.loads(v) for k, v in rows}
+    return merge_state(app_state, user_state, session_state)

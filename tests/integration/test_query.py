@@ -1,0 +1,201 @@
+"""The query worker over real NATS, SQL and Redis: read-your-writes, the cache,
+isolation between apps and users, and typed errors for bad requests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+
+import nats
+import orjson
+import pytest
+
+from contracts.client import MemoryClient
+from contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
+from contracts.subjects import request_subject
+from helpers import make_settings, running_worker
+from workers.memory.tokens import count_event
+from workers.query.service import QueryWorker
+
+APP = "q-app"
+
+
+@asynccontextmanager
+async def running_query(settings):
+    worker = QueryWorker(settings)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+
+
+@asynccontextmanager
+async def stack(nats_url, db_url, tmp_path, **settings):
+    s = make_settings(nats_url, db_url, tmp_path)
+    for section, values in settings.items():
+        current = getattr(s, section)
+        setattr(s, section, type(current).model_validate({**current.model_dump(), **values}))
+    async with running_worker(s), running_query(s) as query:
+        nc = await nats.connect(nats_url)
+        try:
+            yield s, query, nc
+        finally:
+            await nc.close()
+
+
+def text(role: str, body: str) -> Event:
+    return Event(author=role, message=Message(role=role, parts=[TextPart(text=body)]))
+
+
+async def ask(nc, op: str, app: str = APP, timeout: float = 10, **body) -> dict:
+    request = {"v": 1, "app": app, "user": "u", **body}
+    reply = await nc.request(request_subject(app, op), orjson.dumps(request), timeout=timeout)
+    return orjson.loads(reply.data)
+
+
+async def test_read_your_writes_under_load(nats_url, pg_url, tmp_path):
+    async with stack(nats_url, pg_url, tmp_path) as (_, _, nc):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            stop = asyncio.Event()
+
+            async def flood() -> None:  # other sessions keep the worker busy
+                i = 0
+                while not stop.is_set():
+                    await client.append_many("u", f"noise-{i % 7}", [text("user", "noise")] * 200)
+                    i += 1
+
+            async def writer(w: int) -> None:
+                session = f"rw-{w}"
+                for i in range(30):
+                    event = text("user", f"writer {w} message {i}")
+                    seq = await client.append("u", session, event)
+                    reply = await ask(nc, "history", session=session, min_seq=seq, wait_ms=10_000)
+                    assert reply["ok"], reply
+                    assert reply["result"]["events"][-1]["event"]["id"] == event.id
+
+            noise = asyncio.create_task(flood())
+            try:
+                await asyncio.gather(*(writer(w) for w in range(5)))
+            finally:
+                stop.set()
+                await noise
+
+
+async def test_min_seq_not_committed_is_a_typed_timeout(nats_url, sqlite_url, tmp_path):
+    async with stack(nats_url, sqlite_url, tmp_path) as (_, _, nc):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seq = await client.append("u", "s", text("user", "hi"))
+        started = time.monotonic()
+        reply = await ask(nc, "history", session="s", min_seq=seq + 1000, wait_ms=300)
+        assert reply["error"]["code"] == "not_committed"
+        assert time.monotonic() - started < 3
+
+
+async def test_cache_never_serves_a_stale_read_and_survives_redis_dying(nats_url, pg_url, redis_server, tmp_path):
+    async with stack(nats_url, pg_url, tmp_path, cache={"redis_url": redis_server.url}) as (_, query, nc):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seen: list[str] = []
+            for i in range(40):
+                event = text("user", f"m{i}")
+                seq = await client.append("u", "s", event)
+                seen.append(event.id)
+                # Twice: the second is a cache hit, and must be as fresh.
+                for _ in range(2):
+                    reply = await ask(nc, "history", session="s", min_seq=seq)
+                    assert [e["event"]["id"] for e in reply["result"]["events"]] == seen
+                if i == 15:
+                    redis_server.kill()
+                if i == 30:
+                    redis_server.restart()
+            assert query.cache.hits > 0 and query.cache.errors > 0
+
+
+async def test_cache_is_invalidated_by_commits_without_min_seq(nats_url, sqlite_url, tmp_path):
+    async with stack(nats_url, sqlite_url, tmp_path) as (_, query, nc):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seq = await client.create_session("u", "s", state={"k": 1})
+            first = await ask(nc, "state.get", session="s", min_seq=seq.seq)
+            assert first["result"]["state"] == {"k": 1}
+            await client.set_state("u", {"app:model": "m2"})  # app state: another scope
+            deadline = time.monotonic() + 10
+            while (await ask(nc, "state.get", session="s"))["result"]["state"] != {"k": 1, "app:model": "m2"}:
+                assert time.monotonic() < deadline, "the commit notice never invalidated the cached state"
+                await asyncio.sleep(0.05)
+            assert query.cache.hits >= 0
+
+
+async def test_isolation_between_apps_and_users(nats_url, sqlite_url, tmp_path):
+    async with stack(nats_url, sqlite_url, tmp_path) as (_, _, nc):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            ref = await client.create_session("victim", "secret-session", state={"secret": 42})
+        # App A's session asked for through app B's subject.
+        request = {"v": 1, "app": APP, "user": "victim", "session": "secret-session", "min_seq": ref.seq}
+        reply = orjson.loads((await nc.request(request_subject("other-app", "session.get"), orjson.dumps(request))).data)
+        assert reply["error"]["code"] == "forbidden"
+        # Another user who guessed the session id.
+        reply = await ask(nc, "session.get", session="secret-session", min_seq=ref.seq)
+        assert reply["error"]["code"] == "not_found"
+        reply = await ask(nc, "sessions.list")
+        assert reply["result"]["sessions"] == []
+        # The owner sees it.
+        reply = await ask(nc, "session.get", session="secret-session", min_seq=ref.seq, **{"user": "victim"})
+        assert reply["result"]["state"] == {"secret": 42}
+
+
+@pytest.mark.parametrize(
+    ("subject_app", "payload", "code"),
+    [
+        (APP, b"{not json", "invalid_request"),
+        (APP, b"[1, 2]", "invalid_request"),
+        (APP, orjson.dumps({"v": 2, "app": APP, "user": "u", "session": "s"}), "invalid_request"),
+        (APP, orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "bogus": 1}), "invalid_request"),
+        (APP, orjson.dumps({"v": 1, "app": APP, "user": "u" * 300, "session": "s"}), "invalid_id"),
+        (APP, orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "strategy": {"kind": "magic"}}), "invalid_request"),
+        (APP, orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "strategy": {"window": -1}}), "invalid_request"),
+        (APP, orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "min_seq": "soon"}), "invalid_request"),
+        ("bad~ZZapp", orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s"}), "invalid_id"),
+    ],
+)
+async def test_bad_requests_get_typed_errors_not_hangs(nats_url, sqlite_url, tmp_path, subject_app, payload, code):
+    async with stack(nats_url, sqlite_url, tmp_path) as (_, _, nc):
+        subject = f"memq.v1.q.{subject_app}.history"
+        reply = orjson.loads((await nc.request(subject, payload, timeout=5)).data)
+        assert reply["ok"] is False and reply["error"]["code"] == code, reply
+        bad_cursor = {"v": 1, "app": APP, "user": "u", "cursor": "not-a-cursor"}
+        reply = orjson.loads((await nc.request(request_subject(APP, "sessions.list"), orjson.dumps(bad_cursor))).data)
+        assert reply["error"]["code"] == "invalid_request"
+
+
+async def test_history_counts_exactly_and_summary_buffer_keeps_everything_after_the_checkpoint(
+    nats_url, sqlite_url, tmp_path
+):
+    events = [text("user" if i % 2 == 0 else "assistant", f"turn {i}: " + "word " * i) for i in range(12)]
+    call = Event(author="assistant", message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="f", args={"x": 1})]))
+    result = Event(author="tool", message=Message(role="tool", parts=[ToolResultPart(id="c1", name="f", result={"y": 2})]))
+    events += [call, result, text("assistant", "done")]
+    async with stack(nats_url, sqlite_url, tmp_path) as (_, _, nc):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seqs = await client.append_many("u", "s", events)
+            reply = await ask(nc, "history", session="s", min_seq=seqs[-1], strategy={"kind": "all"})
+            got = reply["result"]["events"]
+            assert [e["tokens"] for e in got] == [count_event(e.model_dump(mode="json", exclude_none=True)) for e in events]
+            assert reply["result"]["tokens"] == sum(e["tokens"] for e in got)
+
+            # A summary of the first 10 events; Hector's summary_buffer would
+            # keep only the summary here, ours keeps every later event.
+            nc_js = nc.jetstream()
+            checkpoint = CheckpointSaved(app=APP, user="u", session="s", summary="They counted words.", up_to_seq=seqs[9])
+            from contracts import codec
+
+            ack = await nc_js.publish(codec.subject_for(checkpoint), codec.encode(checkpoint))
+            reply = await ask(nc, "history", session="s", min_seq=ack.seq, strategy={"kind": "summary_buffer"})
+            r = reply["result"]
+            assert r["summary"] == "They counted words." and r["checkpoint_seq"] == seqs[9]
+            assert [e["seq"] for e in r["events"]] == seqs[10:]
+
+            # The last two messages are the tool result and "done": a window of
+            # 2 would cut the result from its call, so both go or both stay.
+            reply = await ask(nc, "history", session="s", strategy={"kind": "buffer_window", "window": 2})
+            assert [e["seq"] for e in reply["result"]["events"]] in (seqs[-3:], seqs[-1:])

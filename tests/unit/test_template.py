@@ -1,0 +1,87 @@
+"""Instruction templates, after Hector's pkg/instruction/template.go."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contracts.errors import MemqError
+from workers.memory.state import merge_state
+from workers.memory.template import TemplateKeyError, placeholders, render
+
+
+def test_hector_doc_example():
+    # pkg/instruction/doc.go: "Hello {user_name}, you are working on {app:project_name}."
+    state = {"user_name": "Alice", "app:project_name": "MyProject"}
+    out = render("Hello {user_name}, you are working on {app:project_name}.", state)
+    assert out == "Hello Alice, you are working on MyProject."
+
+
+def test_scopes_from_merged_state():
+    state = merge_state(app={"tone": "formal"}, user={"language": "Portuguese"}, session={"topic": "taxes"})
+    state["temp:step"] = 2
+    tpl = "Reply in {user:language}, {app:tone} tone, about {topic}; step {temp:step}."
+    assert render(tpl, state) == "Reply in Portuguese, formal tone, about taxes; step 2."
+
+
+def test_optional_keys_render_empty():
+    assert render("Topic: {topic?}.", {}) == "Topic: ."
+    assert render("Topic: {topic?}.", {"topic": "cats"}) == "Topic: cats."
+    assert render("[{ user:nick ? }]", {}) == "[]"  # spaces inside braces are ignored
+
+
+def test_a_missing_key_is_a_typed_error():
+    with pytest.raises(TemplateKeyError) as err:
+        render("Reply in {user:language}.", {"language": "fr"})  # session key, not user:
+    assert err.value.key == "user:language"
+    assert err.value.code == "template_key_missing"
+    assert isinstance(err.value, MemqError)
+    assert err.value.to_dict()["code"] == "template_key_missing"
+    assert "{user:language?}" in err.value.message
+
+
+def test_values_render_as_compact_json():
+    state = {"n": 3, "f": 1.5, "ok": True, "none": None, "obj": {"b": [1, 2], "a": "x"}, "s": "plain"}
+    out = render("{n} {f} {ok} [{none}] {obj} {s}", state)
+    assert out == '3 1.5 true [] {"a":"x","b":[1,2]} plain'
+
+
+def test_literal_braces():
+    assert render("Use {{user:name}} to insert a name.", {}) == "Use {user:name} to insert a name."
+    assert render("{{{x}}}", {"x": 1}) == "{1}"
+    assert render("a }} b {{ c", {}) == "a } b { c"
+
+
+def test_text_that_is_not_a_placeholder_stays():
+    # Hector: invalid placeholder names are left as-is
+    tpl = 'Return {"status": "ok"} or {not valid} or {1abc} or {other:x} or {} or {a b} or { - }'
+    assert render(tpl, {}) == tpl
+
+
+def test_unicode_names():
+    assert render("{名前} {café_2}", {"名前": "Kenji", "café_2": "ok"}) == "Kenji ok"
+
+
+def test_artifacts():
+    assert render("Context: {artifact.notes.md}", {}, artifacts={"notes.md": "be nice"}) == "Context: be nice"
+    assert render("Context: {artifact.missing.txt?}", {}) == "Context: "
+    with pytest.raises(TemplateKeyError) as err:
+        render("{artifact.report.pdf}", {}, artifacts={})
+    assert err.value.key == "artifact.report.pdf"
+
+
+def test_placeholders():
+    tpl = "{a} {user:b?} {a} {{c}} {artifact.f.txt} {not valid}"
+    assert placeholders(tpl) == ["a", "user:b", "artifact.f.txt"]
+
+
+@given(st.text())
+def test_escaped_text_renders_back_unchanged(text):
+    escaped = text.replace("{", "{{").replace("}", "}}")
+    assert render(escaped, {}) == text
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="{}")))
+def test_text_without_braces_is_unchanged(text):
+    assert render(text, {"x": 1}) == text

@@ -1,0 +1,280 @@
+"""What an agent sends to its model (DESIGN §6): instruction, recalled
+long-term memories, the latest summary and the recent window, within one
+token budget, with the exact count of each part.
+
+Pure: the caller loads events, counts and the summary; :func:`assemble`
+decides and :class:`Context` renders, as memq's JSON or as OpenAI chat
+messages. ``Context.tokens.total == count_messages(context.to_openai())``
+exactly, provided each history :class:`Item` was counted with the same model
+(:func:`item_from_event` does that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from workers.memory import tokens as tk
+from workers.memory.strategies import Item, Selection, Strategy, preserved, select
+
+RECALL_HEADER = "Memories recalled from earlier conversations (may be relevant):"
+SUMMARY_HEADER = "Summary of the conversation so far:"
+
+
+def item_from_event(seq: int, event: Mapping[str, Any], *, model: str | None = None, tokens: int | None = None) -> Item:
+    """The :class:`Item` of one event.
+
+    Parameters:
+        seq: the event's stream sequence.
+        event: the event as a dict (``Event.model_dump()``).
+        model: the model to count for (default None: ``cl100k_base``).
+        tokens: the stored count, if the event was counted at persist time;
+            counted here otherwise.
+    """
+    message = event.get("message") or {}
+    return Item(
+        seq=seq,
+        role=message.get("role", ""),
+        tokens=tk.count_event(event, model) if tokens is None else tokens,
+        call_ids=tk.call_ids(event),
+        result_ids=tk.result_ids(event),
+    )
+
+
+def summary_message(summary: str) -> dict[str, str]:
+    """The system message that carries a checkpoint summary."""
+    return {"role": "system", "content": f"{SUMMARY_HEADER}\n{summary}"}
+
+
+def recall_message(recalled: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, str]:
+    """One system message listing recalled events, each as
+    ``- [date, role] text`` (the date helps with "when did..." questions)."""
+    lines = [RECALL_HEADER]
+    for _seq, event in recalled:
+        role = (event.get("message") or {}).get("role", "")
+        date = tk.event_time(event)
+        label = f"{date}, {role}" if date else role
+        lines.append(f"- [{label}] {tk.event_text(event)}")
+    return {"role": "system", "content": "\n".join(lines)}
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """Exact tokens of each part; ``total`` adds OpenAI's 3 reply-priming tokens."""
+
+    instruction: int = 0
+    recalled: int = 0
+    summary: int = 0
+    window: int = 0
+    total: int = tk.REPLY_PRIMING
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "instruction": self.instruction,
+            "recalled": self.recalled,
+            "summary": self.summary,
+            "window": self.window,
+            "total": self.total,
+        }
+
+
+@dataclass(frozen=True)
+class Context:
+    """An assembled model context. Build with :func:`assemble`.
+
+    Attributes:
+        instruction: the (rendered) system instruction, or None.
+        recalled: ``(seq, event)`` of the recalled memories shown.
+        summary: the checkpoint summary, or None.
+        window: the kept history items, in order.
+        events: the events by seq (at least those in ``window``).
+        tokens: per-part :class:`TokenCounts`.
+        strategy: the strategy applied.
+        model: the model counted for.
+        needs_summary / summarize_up_to: summary_buffer's request to the
+            summarizer (see :class:`~workers.memory.strategies.Selection`),
+            judged without recalled memories, which vary per query.
+    """
+
+    instruction: str | None
+    recalled: tuple[tuple[int, Mapping[str, Any]], ...]
+    summary: str | None
+    window: tuple[Item, ...]
+    events: Mapping[int, Mapping[str, Any]]
+    tokens: TokenCounts
+    strategy: Strategy
+    model: str | None = None
+    needs_summary: bool = False
+    summarize_up_to: int | None = None
+
+    @property
+    def over_budget(self) -> bool:
+        """True when ``total`` exceeds the budget: possible for ``all`` and
+        ``buffer_window`` (not token-bounded), or when instruction and summary
+        alone do not fit."""
+        return self.tokens.total > self.strategy.budget
+
+    def to_openai(self) -> list[dict[str, Any]]:
+        """OpenAI chat messages: system instruction, system recall block,
+        system summary, then the window's events (see
+        :func:`~workers.memory.tokens.event_messages`)."""
+        out: list[dict[str, Any]] = []
+        if self.instruction:
+            out.append({"role": "system", "content": self.instruction})
+        if self.recalled:
+            out.append(recall_message(self.recalled))
+        if self.summary:
+            out.append(summary_message(self.summary))
+        for item in self.window:
+            out.extend(tk.event_messages(self.events[item.seq]))
+        return out
+
+    def to_memq(self) -> dict[str, Any]:
+        """memq's own JSON-able form: each part with its events and counts."""
+        choice = tk.choose_encoding(self.model)
+        return {
+            "model": self.model,
+            "encoding": choice.used,
+            "approximate": choice.approximate,
+            "strategy": self.strategy.to_dict(),
+            "budget": self.strategy.budget,
+            "over_budget": self.over_budget,
+            "tokens": self.tokens.to_dict(),
+            "instruction": self.instruction,
+            "recalled": [{"seq": seq, "event": dict(event)} for seq, event in self.recalled],
+            "summary": self.summary,
+            "window": [{"seq": it.seq, "tokens": it.tokens, "event": dict(self.events[it.seq])} for it in self.window],
+            "needs_summary": self.needs_summary,
+            "summarize_up_to": self.summarize_up_to,
+        }
+
+
+def _pick_recalled(
+    recalled: Sequence[tuple[int, Mapping[str, Any], int]],
+    *,
+    exclude: set[int],
+    limit: int,
+    room: int,
+    model: str | None,
+) -> tuple[tuple[tuple[int, Mapping[str, Any]], ...], int]:
+    """Recalled memories in the given (relevance) order, skipping ``exclude``
+    and repeats, at most ``limit``, while the block fits ``room`` tokens."""
+    chosen: list[tuple[int, Mapping[str, Any]]] = []
+    used = 0
+    seen: set[int] = set()
+    for seq, event, _stored in recalled:
+        if len(chosen) >= limit:
+            break
+        if seq in exclude or seq in seen:
+            continue
+        seen.add(seq)
+        # The block is one message with a header, so it is re-counted whole
+        # rather than summed from the events' stored counts.
+        trial = [*chosen, (seq, event)]
+        cost = tk.message_tokens(recall_message(trial), model)
+        if cost <= room:
+            chosen, used = trial, cost
+    return tuple(chosen), used
+
+
+def assemble(
+    *,
+    history: Sequence[Item],
+    events: Mapping[int, Mapping[str, Any]],
+    strategy: Strategy,
+    summary: str | None = None,
+    summary_tokens: int = 0,
+    recalled: Sequence[tuple[int, Mapping[str, Any], int]] = (),
+    recall_limit: int = 5,
+    instruction: str | None = None,
+    model: str | None = None,
+) -> Context:
+    """Assemble a model context.
+
+    Parameters:
+        history: the session's items in stream order (for ``summary_buffer``,
+            only those after the latest checkpoint), counted for ``model``.
+        events: events by seq, covering ``history``.
+        strategy: the working-memory :class:`Strategy`.
+        summary: the latest checkpoint summary (default None).
+        summary_tokens: the summary's stored count (default 0). Not needed:
+            the summary is rendered under a header and counted exactly here.
+        recalled: ``(seq, event, tokens)`` from long-term recall, most
+            relevant first (default none). ``tokens`` is not needed either:
+            the recall block is re-counted as rendered.
+        recall_limit: at most this many memories (default 5).
+        instruction: the rendered system instruction (default None).
+        model: the model to count for (default None: ``cl100k_base``).
+
+    Order and budget: instruction, recalled memories, summary, recent window.
+    Instruction, summary and the 3 reply-priming tokens come first. Then:
+
+    - ``summary_buffer`` keeps every event after the checkpoint that fits
+      (DESIGN §6); recalled memories get what is left.
+    - ``token_window`` reserves recalled memories before choosing the window
+      (the window is selected with ``reserved`` = instruction + summary +
+      recalled + priming), but never lets them crowd out ``preserve_recent``.
+    - ``all`` and ``buffer_window`` do not trim by tokens; recalled
+      memories get what is left of the budget.
+
+    Recalled memories whose seq is in the final window are skipped.
+    """
+    del summary_tokens  # accepted for callers that have it; see docstring
+    instruction = instruction or None
+    summary = summary or None
+    instruction_tokens = tk.message_tokens({"role": "system", "content": instruction}, model) if instruction else 0
+    summary_tokens_exact = tk.message_tokens(summary_message(summary), model) if summary else 0
+    base = instruction_tokens + summary_tokens_exact + tk.REPLY_PRIMING
+    budget = strategy.budget
+
+    # Summarizer trigger, judged on what every query of this session carries.
+    base_selection = select(history, strategy, reserved=base)
+
+    window: Selection = base_selection
+    chosen: tuple[tuple[int, Mapping[str, Any]], ...] = ()
+    recall_tokens = 0
+    if strategy.kind == "token_window":
+        # Recall may displace older messages but not preserve_recent; if even
+        # those do not fit, there is no room for recall at all.
+        keep_tokens = sum(it.tokens for it in preserved(history, strategy))
+        room = max(0, budget - base - keep_tokens)
+        # The window shrinks as recall grows, which may un-keep an item that
+        # recall skipped as "already in the window": iterate a few times.
+        for _ in range(3):
+            exclude = {it.seq for it in window.items}
+            chosen, recall_tokens = _pick_recalled(
+                recalled, exclude=exclude, limit=recall_limit, room=room, model=model
+            )
+            nxt = select(history, strategy, reserved=base + recall_tokens)
+            if nxt.items == window.items:
+                break
+            window = nxt
+        in_window = {it.seq for it in window.items}
+        if any(seq in in_window for seq, _ in chosen):
+            chosen = tuple((s, e) for s, e in chosen if s not in in_window)
+            recall_tokens = tk.message_tokens(recall_message(chosen), model) if chosen else 0
+    else:
+        room = max(0, budget - base - window.tokens)
+        exclude = {it.seq for it in window.items}
+        chosen, recall_tokens = _pick_recalled(recalled, exclude=exclude, limit=recall_limit, room=room, model=model)
+
+    counts = TokenCounts(
+        instruction=instruction_tokens,
+        recalled=recall_tokens,
+        summary=summary_tokens_exact,
+        window=window.tokens,
+        total=base + recall_tokens + window.tokens,
+    )
+    return Context(
+        instruction=instruction,
+        recalled=chosen,
+        summary=summary,
+        window=window.items,
+        events=events,
+        tokens=counts,
+        strategy=strategy,
+        model=model,
+        needs_summary=base_selection.needs_summary,
+        summarize_up_to=base_selection.summarize_up_to,
+    )

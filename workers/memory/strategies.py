@@ -1,0 +1,308 @@
+"""Working-memory strategies (DESIGN §6): which recent events a model sees.
+
+Pure functions over already-counted :class:`Item` s (one per event, counted
+once at persist time with :func:`workers.memory.tokens.count_event`).
+
+Strategies, after Hector (``pkg/memory``, ``pkg/config/agent.go``
+``ContextConfig``, ``docs/guides/agents.md``) and Synapse
+(``synaptic-memory``):
+
+``all``
+    Everything. Hector's default (``strategy: none``, "include all history").
+``buffer_window``
+    The last ``window`` messages (Hector default 20), or with ``turns`` set,
+    the last ``turns`` user turns with everything after each (Synapse's
+    window, whose concept docs speak of "last K turns").
+``token_window``
+    The newest messages within ``budget`` (Hector default 8000) tokens;
+    Hector's ``preserve_recent`` (default 5) is kept when it fits.
+``summary_buffer``
+    Given only the events *after* the latest summary checkpoint, keeps them
+    all when they fit, and asks for a new summary once they pass
+    ``threshold`` x ``budget`` (Hector 0.85), telling the summarizer how far
+    to fold so that ``target`` x ``budget`` (Hector 0.7) remains, with at
+    least ``min_recent`` (3, as Hector's docs promise) messages verbatim.
+
+Rules that hold for every strategy (property-tested):
+
+- Every selection is a suffix of the items, so order is kept and the window
+  is contiguous.
+- A tool call and its results are one unit: a cut never falls between an
+  item that makes a call and the last item that answers it.
+- Token-bounded strategies never exceed the budget: kept tokens + ``reserved``
+  <= ``budget``. Unlike Hector, which keeps ``preserve_recent`` messages "even
+  if they exceed the budget slightly", when even the preserved messages do not
+  fit, the longest newest suffix that fits is kept (possibly nothing).
+- Deterministic: the same input gives the same output.
+
+Where memq differs from Hector on purpose: Hector's ``summary_buffer``
+appends its summary event *after* the recent messages it meant to keep and
+then starts the window at that summary event, so the recent window is lost
+after every summary (``pkg/memory/summary_buffer.go``: ``summarize`` keeps
+``recentEvents`` out of the summary, ``FilterEvents`` then slices
+``events[summaryIdx:]``). memq's checkpoint records the seq it covers
+(:attr:`Selection.summarize_up_to`), and everything after it stays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+Kind = Literal["all", "buffer_window", "token_window", "summary_buffer"]
+KINDS: tuple[str, ...] = ("all", "buffer_window", "token_window", "summary_buffer")
+TOKEN_BOUNDED: frozenset[str] = frozenset({"token_window", "summary_buffer"})
+
+
+@dataclass(frozen=True)
+class Item:
+    """One event as the strategies see it.
+
+    Attributes:
+        seq: the event's stream sequence (its position in the session).
+        role: ``user``, ``assistant``, ``system`` or ``tool``.
+        tokens: :func:`~workers.memory.tokens.count_event` of the event.
+        call_ids: ids of the tool calls made in this event.
+        result_ids: ids of the tool calls answered in this event.
+    """
+
+    seq: int
+    role: str
+    tokens: int
+    call_ids: frozenset[str] = frozenset()
+    result_ids: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A working-memory strategy and its settings.
+
+    Parameters (defaults as in Hector's current docs and ``ContextConfig``):
+        kind: ``"all"`` (default: Hector's default is ``none``, "include all
+            history"), ``"buffer_window"``, ``"token_window"`` or
+            ``"summary_buffer"``.
+        window: buffer_window: the last N messages (default 20).
+        turns: buffer_window: if set, the last K user turns with everything
+            after each, instead of ``window`` (default None).
+        budget: token_window / summary_buffer: token budget (default 8000).
+        preserve_recent: token_window: recent messages kept whenever they fit
+            (default 5).
+        threshold: summary_buffer: ask for a summary when history + reserved
+            passes ``threshold * budget`` (default 0.85).
+        target: summary_buffer: after summarizing, aim at ``target * budget``
+            (default 0.7); must not exceed ``threshold``.
+        min_recent: summary_buffer: recent messages never folded into a
+            summary and kept whenever they fit (default 3).
+    """
+
+    kind: Kind = "all"
+    window: int = 20
+    turns: int | None = None
+    budget: int = 8000
+    preserve_recent: int = 5
+    threshold: float = 0.85
+    target: float = 0.7
+    min_recent: int = 3
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown strategy {self.kind!r} (one of {', '.join(KINDS)})")
+        if self.window < 1:
+            raise ValueError("window must be at least 1")
+        if self.turns is not None and self.turns < 1:
+            raise ValueError("turns must be at least 1")
+        if self.budget < 0:
+            raise ValueError("budget must not be negative")
+        if self.preserve_recent < 0 or self.min_recent < 0:
+            raise ValueError("preserve_recent and min_recent must not be negative")
+        if not (0 < self.threshold <= 1) or not (0 < self.target <= 1):
+            raise ValueError("threshold and target must be in (0, 1]")
+        if self.target > self.threshold:
+            # else a fresh summary could leave history above the threshold
+            # and the summarizer would run again at once
+            raise ValueError("target must not exceed threshold")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Strategy:
+        """Build from settings (e.g. per-app config merged with a request);
+        unknown keys raise ``ValueError`` rather than being ignored."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown strategy settings: {', '.join(unknown)}")
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def token_bounded(self) -> bool:
+        return self.kind in TOKEN_BOUNDED
+
+    @property
+    def keep_recent(self) -> int:
+        """How many recent messages this strategy keeps whenever they fit."""
+        if self.kind == "token_window":
+            return self.preserve_recent
+        if self.kind == "summary_buffer":
+            return self.min_recent
+        return 0
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The result of :func:`select`.
+
+    Attributes:
+        items: the kept items, in order (a suffix of the input).
+        tokens: the sum of their tokens.
+        needs_summary: summary_buffer only: history after the checkpoint plus
+            ``reserved`` passes ``threshold * budget`` and there is something
+            to fold.
+        summarize_up_to: with ``needs_summary``, the seq of the last item a
+            summarizer should fold in (the new checkpoint's ``up_to_seq``) so
+            that ``target * budget`` remains, keeping ``min_recent`` messages
+            and tool call/result units whole; else None.
+    """
+
+    items: tuple[Item, ...]
+    tokens: int
+    needs_summary: bool = False
+    summarize_up_to: int | None = None
+
+
+def _fraction(budget: int, f: float) -> int:
+    # Integer limits, like Hector's int(budget * threshold); the epsilon keeps
+    # 0.85 * 8000 at 6800 despite binary floating point.
+    return math.floor(budget * f + 1e-9)
+
+
+def valid_cuts(items: Sequence[Item]) -> list[bool]:
+    """``valid[c]`` for ``c`` in ``0..len(items)``: may a window start at
+    ``items[c]`` (keeping ``items[c:]``) without separating a tool call from
+    a result? Cut 0 (keep all) and ``len(items)`` (keep none) are always
+    valid. A result whose call is not in ``items`` constrains nothing."""
+    n = len(items)
+    first_call: dict[str, int] = {}
+    for i, item in enumerate(items):
+        for cid in item.call_ids:
+            first_call.setdefault(cid, i)
+    last_result: dict[str, int] = {}
+    for i, item in enumerate(items):
+        for rid in item.result_ids:
+            start = first_call.get(rid)
+            if start is not None and start < i:
+                last_result[rid] = i
+    # cuts start+1 .. end would leave the call out and a result in
+    diff = [0] * (n + 2)
+    for rid, end in last_result.items():
+        diff[first_call[rid] + 1] += 1
+        diff[end + 1] -= 1
+    valid: list[bool] = []
+    open_spans = 0
+    for c in range(n + 1):
+        open_spans += diff[c]
+        valid.append(open_spans == 0)
+    return valid
+
+
+def _suffix_tokens(items: Sequence[Item]) -> list[int]:
+    sums = [0] * (len(items) + 1)
+    for i in range(len(items) - 1, -1, -1):
+        sums[i] = sums[i + 1] + items[i].tokens
+    return sums
+
+
+def _floor_valid(valid: Sequence[bool], c: int) -> int:
+    """The largest valid cut <= c (extends a window to keep a unit whole)."""
+    while not valid[c]:
+        c -= 1
+    return c
+
+
+def _longest_fitting(valid: Sequence[bool], sums: Sequence[int], limit: int, lo: int = 0) -> int | None:
+    """The smallest valid cut >= lo whose suffix fits ``limit``, or None."""
+    for c in range(lo, len(sums)):
+        if valid[c] and sums[c] <= limit:
+            return c
+    return None
+
+
+def recent_cut(items: Sequence[Item], count: int, valid: Sequence[bool] | None = None) -> int:
+    """Where the shortest whole-unit suffix holding the last ``count`` items starts."""
+    valid = valid_cuts(items) if valid is None else valid
+    return _floor_valid(valid, max(0, len(items) - count))
+
+
+def _turn_starts(items: Sequence[Item]) -> list[int]:
+    # A turn starts at a user message; a user-role event that carries tool
+    # results (ADK sends function responses as role "user") is not a turn.
+    return [i for i, it in enumerate(items) if it.role == "user" and not it.result_ids and not it.call_ids]
+
+
+def select(items: Sequence[Item], strategy: Strategy, *, reserved: int = 0) -> Selection:
+    """Apply ``strategy`` to ``items`` (in stream order).
+
+    Parameters:
+        items: the session's events as :class:`Item` s; for
+            ``summary_buffer``, only those after the latest checkpoint.
+        strategy: the :class:`Strategy`.
+        reserved: tokens already spent elsewhere in the same budget (default
+            0), e.g. instruction, summary, recalled memories and reply priming.
+
+    Semantics: ``all`` keeps everything. ``buffer_window`` keeps the last
+    ``window`` items, or everything from the ``turns``-th last user turn on;
+    when that cut would separate a tool call from its result it moves earlier
+    to keep the unit (so a window may exceed ``window`` by the rest of a
+    unit). ``token_window`` and ``summary_buffer`` keep the longest whole-unit
+    suffix with ``tokens + reserved <= budget``; any shorter suffix that fits,
+    ``preserve_recent``/``min_recent`` included, is therefore kept too; when
+    not even those fit, fewer are kept (never over budget).
+    """
+    n = len(items)
+    valid = valid_cuts(items)
+    if strategy.kind == "all":
+        cut = 0
+    elif strategy.kind == "buffer_window":
+        if strategy.turns is not None:
+            starts = _turn_starts(items)
+            target = starts[-strategy.turns] if len(starts) >= strategy.turns else 0
+        else:
+            target = max(0, n - strategy.window)
+        cut = _floor_valid(valid, target)
+    else:
+        sums = _suffix_tokens(items)
+        found = _longest_fitting(valid, sums, strategy.budget - reserved)
+        cut = n if found is None else found
+    kept = tuple(items[cut:])
+    tokens = sum(it.tokens for it in kept)
+    if strategy.kind != "summary_buffer":
+        return Selection(items=kept, tokens=tokens)
+    up_to = _summarize_up_to(items, strategy, reserved, valid)
+    return Selection(items=kept, tokens=tokens, needs_summary=up_to is not None, summarize_up_to=up_to)
+
+
+def _summarize_up_to(items: Sequence[Item], strategy: Strategy, reserved: int, valid: Sequence[bool]) -> int | None:
+    sums = _suffix_tokens(items)
+    if sums[0] + reserved <= _fraction(strategy.budget, strategy.threshold):
+        return None
+    # Never fold the last min_recent messages (nor split a unit to do so).
+    last_cut = recent_cut(items, strategy.min_recent, valid)
+    goal = _fraction(strategy.budget, strategy.target) - reserved
+    cut = _longest_fitting(valid, sums, goal)
+    if cut is None or cut > last_cut:
+        cut = last_cut  # min_recent outweighs the target
+    if cut == 0:
+        return None  # nothing can be folded
+    return items[cut - 1].seq
+
+
+def preserved(items: Sequence[Item], strategy: Strategy) -> tuple[Item, ...]:
+    """The recent items ``strategy`` keeps whenever they fit (``preserve_recent``
+    or ``min_recent``, widened to whole tool units); empty for other kinds.
+    Context assembly uses this to keep recalled memories from crowding them out."""
+    if not strategy.keep_recent:
+        return ()
+    return tuple(items[recent_cut(items, strategy.keep_recent) :])

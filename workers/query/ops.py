@@ -1,0 +1,247 @@
+"""The query operations: read SQL, apply working-memory policy, build replies.
+
+Each op takes a validated request and a connection and returns a reply model.
+The policy (strategies, context assembly, templates) is pure and lives in
+:mod:`workers.memory`; this module only decides what to read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from contracts import queries as q
+from contracts.errors import InvalidRequest, NotFound
+from contracts.ids import scope_key
+from workers.memory.context import assemble, item_from_event
+from workers.memory.strategies import Item, Strategy, select
+from workers.memory.template import render
+from workers.settings import MemorySettings
+from workers.sql import reads
+
+PAGE = 256  # events read per round trip when walking a session backwards
+
+
+@dataclass(frozen=True)
+class Window:
+    """Events a strategy may need, oldest first, plus the checkpoint they follow."""
+
+    items: list[Item]
+    events: dict[int, dict[str, Any]]
+    stored: dict[int, reads.StoredEvent]
+    checkpoint: reads.CheckpointRow | None
+
+
+def strategy_for(defaults: MemorySettings, app_overrides: Mapping[str, Any], spec: q.StrategySpec | None) -> Strategy:
+    """App defaults, then per-app settings, then the request's override."""
+    merged = defaults.model_dump(exclude={"model"})
+    merged["kind"] = merged.pop("strategy")
+    overrides = dict(app_overrides)
+    if "strategy" in overrides:
+        overrides["kind"] = overrides.pop("strategy")
+    overrides.pop("model", None)
+    merged.update(overrides)
+    if spec is not None:
+        merged.update(spec.model_dump(exclude_none=True))
+    try:
+        return Strategy.from_dict(merged)
+    except ValueError as exc:
+        raise InvalidRequest(f"strategy: {exc}") from None
+
+
+def _enough(strategy: Strategy, items: list[Item], reserved: int) -> bool:
+    """Has the backward walk read everything this strategy can keep? One page
+    of margin covers a tool call whose result opens the window."""
+    if strategy.kind == "all":
+        return False
+    if strategy.kind == "buffer_window":
+        if strategy.turns is not None:
+            return sum(1 for it in items if it.role == "user") > strategy.turns + 1
+        return len(items) > strategy.window + PAGE // 2
+    return sum(it.tokens for it in items) + reserved > strategy.budget + 2048
+
+
+async def load_window(
+    conn: AsyncConnection, session_key: str, strategy: Strategy, model: str | None, reserved: int = 0
+) -> Window:
+    """Walk the session backwards from its newest event (index range scans on
+    (session_key, seq)), stopping at the latest checkpoint for summary_buffer
+    and as soon as the strategy has all it can keep: a 10,000-event session
+    costs what its window costs, not what its history costs."""
+    checkpoint = await reads.latest_checkpoint(conn, session_key) if strategy.kind == "summary_buffer" else None
+    after = checkpoint.up_to_seq if checkpoint else 0
+    newest_first: list[reads.StoredEvent] = []
+    items_newest_first: list[Item] = []
+    before: int | None = None
+    while True:
+        page = await reads.newest_events(conn, session_key, after_seq=after, before_seq=before, limit=PAGE)
+        newest_first += page
+        items_newest_first += [_item(e, model) for e in page]
+        if len(page) < PAGE or _enough(strategy, items_newest_first, reserved):
+            break
+        before = page[-1].seq
+    stored = list(reversed(newest_first))
+    return Window(
+        items=list(reversed(items_newest_first)),
+        events={e.seq: e.data for e in stored},
+        stored={e.seq: e for e in stored},
+        checkpoint=checkpoint,
+    )
+
+
+def _item(e: reads.StoredEvent, model: str | None) -> Item:
+    # Stored counts are for cl100k_base; another model is counted here.
+    return item_from_event(e.seq, e.data, model=model, tokens=e.tokens if model is None and e.tokens else None)
+
+
+def _stored(e: reads.StoredEvent) -> q.StoredEvent:
+    return q.StoredEvent(seq=e.seq, tokens=e.tokens, event=e.data)
+
+
+async def _session(conn: AsyncConnection, app: str, user: str, session: str) -> reads.SessionRow:
+    row = await reads.session_row(conn, scope_key(app, user, session))
+    if row is None:
+        # Same answer whether the session is missing or another user's.
+        raise NotFound(f"no session {session!r} of user {user!r} in app {app!r}")
+    return row
+
+
+def _info(row: reads.SessionRow) -> dict[str, Any]:
+    return dict(
+        app=row.app,
+        user=row.user,
+        session=row.session,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        last_seq=row.last_seq,
+    )
+
+
+# --- operations -------------------------------------------------------------------
+
+
+async def session_get(conn: AsyncConnection, req: q.SessionGet, ctx: "OpContext") -> q.SessionView:
+    row = await _session(conn, req.app, req.user, req.session)
+    state = await reads.merged_state(conn, req.app, req.user, req.session)
+    events = None
+    key = scope_key(req.app, req.user, req.session)
+    if req.events or req.num_recent_events is not None or req.after_seq is not None:
+        if req.num_recent_events is not None:
+            newest = await reads.newest_events(
+                conn, key, after_seq=req.after_seq or 0, limit=req.num_recent_events
+            )
+            events = [_stored(e) for e in reversed(newest)]
+        else:
+            events = [_stored(e) for e in await reads.events_after(conn, key, req.after_seq or 0, ctx.max_events)]
+    return q.SessionView(**_info(row), state=state, events=events)
+
+
+async def sessions_list(conn: AsyncConnection, req: q.SessionsList, ctx: "OpContext") -> q.SessionsPage:
+    try:
+        rows, cursor = await reads.session_page(conn, req.app, req.user, req.limit, req.cursor)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    return q.SessionsPage(sessions=[q.SessionInfo(**_info(r)) for r in rows], next_cursor=cursor)
+
+
+async def state_get(conn: AsyncConnection, req: q.StateGet, ctx: "OpContext") -> q.StateView:
+    if req.session is not None:
+        await _session(conn, req.app, req.user, req.session)
+    return q.StateView(state=await reads.merged_state(conn, req.app, req.user, req.session))
+
+
+async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: "OpContext") -> q.HistoryView:
+    await _session(conn, req.app, req.user, req.session)
+    strategy = ctx.strategy(req.app, req.strategy)
+    model = req.model or ctx.memory.model
+    window = await load_window(conn, scope_key(req.app, req.user, req.session), strategy, model)
+    reserved = window.checkpoint.tokens if window.checkpoint else 0
+    selection = select(window.items, strategy, reserved=reserved)
+    return q.HistoryView(
+        strategy=strategy.to_dict(),
+        summary=window.checkpoint.summary if window.checkpoint else None,
+        checkpoint_seq=window.checkpoint.up_to_seq if window.checkpoint else None,
+        events=[_stored(window.stored[it.seq]) for it in selection.items],
+        tokens=selection.tokens + reserved,
+        needs_summary=selection.needs_summary,
+    )
+
+
+async def context(conn: AsyncConnection, req: q.ContextGet, ctx: "OpContext") -> q.ContextView:
+    await _session(conn, req.app, req.user, req.session)
+    strategy = ctx.strategy(req.app, req.strategy)
+    model = req.model or ctx.memory.model
+    instruction = None
+    if req.instruction:
+        state = await reads.merged_state(conn, req.app, req.user, req.session)
+        instruction = render(req.instruction, state)
+    window = await load_window(conn, scope_key(req.app, req.user, req.session), strategy, model)
+    built = assemble(
+        history=window.items,
+        events=window.events,
+        strategy=strategy,
+        summary=window.checkpoint.summary if window.checkpoint else None,
+        recall_limit=req.recall_limit,
+        instruction=instruction,
+        model=model,
+    )
+    return q.ContextView(
+        format=req.format,
+        tokens=built.tokens.to_dict(),
+        messages=built.to_openai(),
+        context=built.to_memq() if req.format == "memq" else None,
+    )
+
+
+async def artifacts_list(conn: AsyncConnection, req: q.ArtifactsList, ctx: "OpContext") -> q.ArtifactsView:
+    await _session(conn, req.app, req.user, req.session)
+    listing = await reads.artifact_list(conn, scope_key(req.app, req.user, req.session))
+    return q.ArtifactsView(artifacts=[q.ArtifactInfo(**a) for a in listing])
+
+
+async def artifact_get(conn: AsyncConnection, req: q.ArtifactGet, ctx: "OpContext") -> q.ArtifactView:
+    await _session(conn, req.app, req.user, req.session)
+    row, version = await reads.artifact_version(conn, scope_key(req.app, req.user, req.session), req.filename, req.version)
+    if row is None:
+        which = "latest version" if req.version is None else f"version {req.version}"
+        raise NotFound(f"no {which} of artifact {req.filename!r}")
+    obj = None
+    if row.object_name is not None:
+        obj = {"bucket": row.object_bucket, "name": row.object_name, "size": row.size, "sha256": row.sha256}
+    return q.ArtifactView(
+        filename=row.filename,
+        version=version,
+        seq=row.seq,
+        mime_type=row.mime_type,
+        size=row.size,
+        sha256=row.sha256,
+        inline=row.inline,
+        object=obj,
+    )
+
+
+@dataclass(frozen=True)
+class OpContext:
+    memory: MemorySettings
+    apps: Mapping[str, Mapping[str, Any]]
+    max_events: int = 10_000
+
+    def strategy(self, app: str, spec: q.StrategySpec | None) -> Strategy:
+        return strategy_for(self.memory, self.apps.get(app, {}), spec)
+
+
+OPS = {
+    "session.get": session_get,
+    "sessions.list": sessions_list,
+    "state.get": state_get,
+    "history": history,
+    "context": context,
+    "artifacts.list": artifacts_list,
+    "artifacts.get": artifact_get,
+}
+# Answers of these depend on one session (or one user's state) and are cached;
+# a page of sessions changes with every commit in the app and is not.
+CACHED = frozenset({"session.get", "state.get", "history", "context", "artifacts.list", "artifacts.get"})

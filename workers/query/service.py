@@ -1,0 +1,215 @@
+"""The query worker: sessions, history and model context over request/reply.
+
+Requests arrive on ``memq.v1.q.<app>.<op>`` (core NATS, outside every stream),
+in one queue group, so replicas share them. The worker registers as a NATS
+micro service (``memq-query``: ping, info and stats for `memq status`). For
+each request it:
+
+1. validates the body and refuses one that names another app than its subject;
+2. waits, bounded, until the caller's ``min_seq`` is committed (read-your-writes);
+3. answers from the cache, or from SQL through the op in :mod:`workers.query.ops`
+   and fills the cache;
+4. always replies: a typed error rather than silence or a hang.
+
+Commit notices (``memq.v1.changed.>``) invalidate the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+
+import orjson
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import Service
+from pydantic import ValidationError
+from sqlalchemy import exc as sa_exc
+
+from contracts import queries as q
+from contracts.errors import Forbidden, InvalidRequest, MemqError, Unavailable
+from contracts.ids import decode_token
+from contracts.subjects import CHANGED_WILDCARD, PREFIX
+from workers import bus
+from workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
+from workers.query.floor import CommitFloor
+from workers.query.ops import CACHED, OPS, OpContext
+from workers.settings import Settings
+from workers.sql.engine import create_engine, migrate
+
+log = logging.getLogger("memq.query")
+
+SERVICE_NAME = "memq-query"
+SERVICE_VERSION = "0.1.0"
+# Fields that change when an answer may be served, not what the answer is.
+_NOT_IN_CACHE_KEY = {"min_seq", "wait_ms", "v"}
+
+
+def build_cache(settings: Settings) -> QueryCache:
+    c = settings.cache
+    backend = c.backend
+    if backend == "auto":
+        backend = "redis" if c.redis_url is not None else "memory"
+    if backend == "none":
+        return QueryCache(None, c.ttl_s)
+    if backend == "redis":
+        if c.redis_url is None:
+            raise ValueError("cache.backend is redis but MEMQ_CACHE__REDIS_URL is not set")
+        return QueryCache(RedisBackend(c.redis_url.get_secret_value()), c.ttl_s)
+    return QueryCache(MemoryBackend(c.max_entries), c.ttl_s)
+
+
+def error_body(exc: MemqError) -> bytes:
+    return orjson.dumps({"ok": False, "error": exc.to_dict()})
+
+
+def ok_body(reply: q._Reply) -> bytes:
+    return b'{"ok":true,"result":' + reply.model_dump_json().encode() + b"}"
+
+
+class QueryWorker:
+    def __init__(self, settings: Settings, *, engine=None):
+        self.settings = settings
+        self.engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)
+        self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps)
+        self.cache = build_cache(settings)
+        self.nc: NATS | None = None
+        self.service: Service | None = None
+        self.floor: CommitFloor | None = None
+        self._slots = asyncio.Semaphore(settings.query.max_inflight)
+        self._tasks: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        s = self.settings
+        if s.database.migrate_on_start:
+            await migrate(self.engine)
+        self.nc = await bus.connect(s, "query")
+        js = self.nc.jetstream()
+        await bus.ensure_streams(js, s.streams)
+        self.floor = CommitFloor(js, s.streams.events, s.persistence.durable, s.query.floor_refresh_s)
+        self.service = await add_service(
+            self.nc,
+            name=SERVICE_NAME,
+            version=SERVICE_VERSION,
+            description="memq sessions, history and context",
+            queue_group=s.query.queue_group,
+        )
+        for op in OPS:
+            await self.service.add_endpoint(
+                name=op.replace(".", "-"), subject=f"{PREFIX}.q.*.{op}", handler=self._handler(op)
+            )
+        # A shared (Redis) cache needs each notice once; a per-process cache
+        # needs every notice in every replica.
+        shared = isinstance(self.cache.backend, RedisBackend)
+        self._changes = await self.nc.subscribe(
+            CHANGED_WILDCARD, queue=f"{s.query.queue_group}-cache" if shared else "", cb=self._on_change
+        )
+        log.info("query worker started (%d ops, cache %s)", len(OPS), type(self.cache.backend).__name__)
+
+    async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+            self.service = None
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.nc is not None:
+            await self._changes.unsubscribe()
+            await self.nc.flush()
+            await self.nc.close()
+            self.nc = None
+        await self.cache.close()
+        await self.engine.dispose()
+
+    # --- requests ---------------------------------------------------------------
+
+    def _handler(self, op: str):
+        async def handle(request: Request) -> None:
+            # nats-py runs a subscription's callbacks one at a time: answer in
+            # a task so that one slow query does not queue the others.
+            await self._slots.acquire()
+            task = asyncio.create_task(self._respond(op, request))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
+
+        return handle
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _respond(self, op: str, request: Request) -> None:
+        body = await self.answer(op, request.subject, request.data)
+        try:
+            await request.respond(body)
+        except Exception as exc:  # the requester is gone; nothing to tell
+            log.debug("reply to %s failed: %s", request.subject, exc)
+
+    async def answer(self, op: str, subject: str, data: bytes) -> bytes:
+        try:
+            req = self._parse(op, subject, data)
+            if req.min_seq is not None:
+                await self.floor.wait_for(req.min_seq, req.wait_ms / 1000)
+            if op in CACHED and self.cache.enabled:
+                return await self._cached(op, req)
+            return ok_body(await self._run(op, req))
+        except MemqError as exc:
+            return error_body(exc)
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, OSError, asyncio.TimeoutError) as exc:
+            log.warning("%s failed: %s", op, exc)
+            return error_body(Unavailable(f"{op}: the database is unavailable, retry later"))
+        except Exception:
+            log.exception("%s failed", op)
+            return orjson.dumps({"ok": False, "error": {"code": "internal", "message": f"{op} failed; see the worker log"}})
+
+    def _parse(self, op: str, subject: str, data: bytes) -> q._Request:
+        try:
+            app = decode_token(subject.split(".")[3], "app")
+            raw = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidRequest(f"request body is not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise InvalidRequest("request body must be a JSON object")
+        if raw.get("v") != q.QUERY_VERSION:
+            raise InvalidRequest(f"query version {raw.get('v')!r} is not supported (supported: {q.QUERY_VERSION})")
+        try:
+            req = q.REQUESTS[op].model_validate(raw)
+        except ValidationError as exc:
+            details = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:3])
+            raise InvalidRequest(f"invalid {op} request: {details}") from None
+        if req.app != app:
+            raise Forbidden(f"request for app {req.app!r} sent on app {app!r}'s subject")
+        return req
+
+    async def _run(self, op: str, req: q._Request) -> q._Reply:
+        async with self.engine.connect() as conn:
+            return await OPS[op](conn, req, self.ctx)
+
+    async def _cached(self, op: str, req: q._Request) -> bytes:
+        key_fields = req.model_dump(mode="json", exclude=_NOT_IN_CACHE_KEY, exclude_none=True)
+        request_key = hashlib.sha1(orjson.dumps([op, key_fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
+        session = getattr(req, "session", None)
+        ticket, entry = await self.cache.get(req.app, req.user, session, request_key)
+        if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
+            return entry.body
+        as_of = await self.floor.current()  # read before SQL: the answer holds at least this
+        body = ok_body(await self._run(op, req))
+        await self.cache.put(ticket, Entry(as_of, body))
+        return body
+
+    # --- invalidation -------------------------------------------------------------
+
+    async def _on_change(self, msg: Msg) -> None:
+        try:
+            notice = orjson.loads(msg.data)
+            await self.cache.invalidate(
+                notice["app"],
+                notice.get("user"),
+                notice.get("session"),
+                app_state=bool(notice.get("app_state")),
+                user_state=bool(notice.get("user_state")),
+            )
+        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+            log.warning("ignoring a malformed change notice on %s: %s", msg.subject, exc)

@@ -1,0 +1,197 @@
+"""`memq status`: how far behind each worker kind is, which worker instances are
+alive, and how many messages wait in the dead-letter stream.
+
+- **Consumers**: every durable consumer of ``MEMQ_EVENTS`` (one per worker
+  kind, shared by its replicas) with its lag (``num_pending``: not yet
+  delivered), acks pending, redeliveries and ack floor (everything up to it is
+  done), beside the stream's last sequence.
+- **Instances**: workers register as NATS micro services; every instance
+  answers ``$SRV.INFO`` and ``$SRV.STATS``. A core request returns only the
+  first answer, so :func:`gather` listens on its own inbox for a short while
+  and keeps them all.
+- **Dead letters**: messages in ``MEMQ_DLQ``, per worker subject.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
+from rich.console import Console
+from rich.table import Table
+
+from workers.settings import StreamSettings
+
+DISCOVERY_WAIT_S = 0.3
+
+
+@dataclass
+class ConsumerStatus:
+    name: str
+    pending: int  # lag: in the stream, not yet delivered to any replica
+    ack_pending: int  # delivered, not yet acknowledged
+    redelivered: int
+    ack_floor: int  # stream sequence up to which every message is acknowledged
+
+
+@dataclass
+class Instance:
+    name: str
+    id: str
+    version: str
+    description: str = ""
+    started: str = ""
+    endpoints: int = 0
+    requests: int = 0
+    errors: int = 0
+    avg_ms: float = 0.0  # mean processing time over all requests
+    last_error: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Status:
+    stream: str
+    last_seq: int | None  # None: the stream does not exist yet
+    messages: int | None
+    consumers: list[ConsumerStatus]
+    instances: list[Instance]
+    dlq: str
+    dlq_messages: int | None
+    dlq_by_subject: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+async def gather(nc: NATS, subject: str, wait_s: float = DISCOVERY_WAIT_S) -> list[dict[str, Any]]:
+    """Publish an empty request on ``subject`` and collect every JSON reply
+    that arrives within ``wait_s`` (malformed ones are skipped)."""
+    replies: list[dict[str, Any]] = []
+
+    async def collect(msg: Msg) -> None:
+        try:
+            replies.append(orjson.loads(msg.data))
+        except orjson.JSONDecodeError:
+            pass
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox, cb=collect)
+    try:
+        await nc.publish(subject, b"", reply=inbox)
+        await asyncio.sleep(wait_s)
+    finally:
+        await sub.unsubscribe()
+    return replies
+
+
+async def discover_instances(nc: NATS, wait_s: float = DISCOVERY_WAIT_S) -> list[Instance]:
+    """Every live micro-service instance, merged from its INFO and STATS answers."""
+    infos, stats = await asyncio.gather(gather(nc, "$SRV.INFO", wait_s), gather(nc, "$SRV.STATS", wait_s))
+    instances: dict[str, Instance] = {}
+    for info in infos:
+        if "id" in info:
+            instances[info["id"]] = Instance(
+                name=info.get("name", ""),
+                id=info["id"],
+                version=info.get("version", ""),
+                description=info.get("description") or "",
+                endpoints=len(info.get("endpoints") or []),
+                metadata=info.get("metadata") or {},
+            )
+    for stat in stats:
+        if "id" not in stat:
+            continue
+        inst = instances.setdefault(stat["id"], Instance(stat.get("name", ""), stat["id"], stat.get("version", "")))
+        endpoints = stat.get("endpoints") or []
+        inst.started = stat.get("started", "")
+        inst.requests = sum(e.get("num_requests", 0) for e in endpoints)
+        inst.errors = sum(e.get("num_errors", 0) for e in endpoints)
+        busy_ns = sum(e.get("processing_time", 0) for e in endpoints)
+        inst.avg_ms = busy_ns / inst.requests / 1e6 if inst.requests else 0.0
+        inst.last_error = next((e["last_error"] for e in endpoints if e.get("last_error")), "")
+    return sorted(instances.values(), key=lambda i: (i.name, i.started, i.id))
+
+
+async def collect_status(nc: NATS, streams: StreamSettings, wait_s: float = DISCOVERY_WAIT_S) -> Status:
+    js = nc.jetstream()
+    # Discovery waits anyway: let it run while JetStream is asked.
+    discovery = asyncio.create_task(discover_instances(nc, wait_s))
+    last_seq = messages = None
+    consumers: list[ConsumerStatus] = []
+    try:
+        state = (await js.stream_info(streams.events)).state
+        last_seq, messages = state.last_seq, state.messages
+        for c in await js.consumers_info(streams.events):
+            if c.config.durable_name:  # ephemeral consumers (replays, tools) come and go
+                consumers.append(
+                    ConsumerStatus(
+                        name=c.name,
+                        pending=c.num_pending or 0,
+                        ack_pending=c.num_ack_pending or 0,
+                        redelivered=c.num_redelivered or 0,
+                        ack_floor=c.ack_floor.stream_seq if c.ack_floor else 0,
+                    )
+                )
+    except NotFoundError:
+        pass
+    dlq_messages, by_subject = None, {}
+    try:
+        dlq = await js.stream_info(streams.dlq, subjects_filter=">")
+        dlq_messages, by_subject = dlq.state.messages, dict(dlq.state.subjects or {})
+    except NotFoundError:
+        pass
+    return Status(
+        stream=streams.events,
+        last_seq=last_seq,
+        messages=messages,
+        consumers=sorted(consumers, key=lambda c: c.name),
+        instances=await discovery,
+        dlq=streams.dlq,
+        dlq_messages=dlq_messages,
+        dlq_by_subject=by_subject,
+    )
+
+
+def render(status: Status, console: Console) -> None:
+    """Print one rich table per section."""
+    if status.last_seq is None:
+        console.print(f"[yellow]stream {status.stream} does not exist yet:[/] run `memq init` or start a worker")
+    else:
+        consumers = Table(title=f"{status.stream}: last seq {status.last_seq}, {status.messages} messages")
+        for column in ("consumer", "lag (pending)", "ack pending", "redelivered", "ack floor"):
+            consumers.add_column(column, justify="left" if column == "consumer" else "right")
+        for c in status.consumers:
+            lag = f"[yellow]{c.pending}[/]" if c.pending else "0"
+            consumers.add_row(c.name, lag, str(c.ack_pending), str(c.redelivered), str(c.ack_floor))
+        if not status.consumers:
+            consumers.caption = "no durable consumer yet: no worker has started"
+        console.print(consumers)
+
+    instances = Table(title="worker instances (NATS micro services)")
+    for column in ("service", "id", "version", "started"):
+        instances.add_column(column)
+    for column in ("endpoints", "requests", "errors", "avg ms"):
+        instances.add_column(column, justify="right")
+    for i in status.instances:
+        errors = f"[red]{i.errors}[/]" if i.errors else "0"
+        instances.add_row(
+            i.name, i.id, i.version, i.started, str(i.endpoints), str(i.requests), errors, f"{i.avg_ms:.2f}"
+        )
+    if not status.instances:
+        instances.caption = "no instance answered $SRV.INFO"
+    console.print(instances)
+
+    if status.dlq_messages is None:
+        console.print(f"dead letters: stream {status.dlq} does not exist yet")
+        return
+    style = "red" if status.dlq_messages else "green"
+    console.print(f"dead letters in {status.dlq}: [{style}]{status.dlq_messages}[/]")
+    for subject, count in sorted(status.dlq_by_subject.items()):
+        console.print(f"  {subject}: {count}")
