@@ -116,3 +116,24 @@ async def migrated_engine(url: str):
     engine = create_engine(url)
     await migrate(engine)
     return engine
+
+
+async def wait_for_consumer(nats_url: str, durable: str = "memq-persistence", timeout: float = 60.0) -> None:
+    """Until worker processes have set up the streams and their durable consumer."""
+    import nats
+    from nats.js.errors import NotFoundError
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+
+    async def exists() -> bool:
+        try:
+            await js.consumer_info("MEMQ_EVENTS", durable)
+            return True
+        except NotFoundError:
+            return False
+
+    try:
+        await wait_for(exists, timeout=timeout, what=f"consumer {durable}")
+    finally:
+        await nc.close()

@@ -6,7 +6,15 @@ import asyncio
 
 from contracts.client import MemoryClient
 from contracts.schemas import Event, Message, TextPart
-from helpers import WorkerProcess, event_counts, make_settings, migrated_engine, running_worker, wait_for
+from helpers import (
+    WorkerProcess,
+    event_counts,
+    make_settings,
+    migrated_engine,
+    running_worker,
+    wait_for,
+    wait_for_consumer,
+)
 from workers.sql import reads
 
 APP = "faults"
@@ -30,6 +38,7 @@ async def test_sigkill_one_of_three_replicas_mid_batch(nats_url, pg_url, tmp_pat
     sessions = {f"s{i}": events(1000, f"s{i}") for i in range(20)}
     total = sum(len(v) for v in sessions.values())
     try:
+        await wait_for_consumer(nats_url)  # the processes create the stream as they start
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             await asyncio.gather(*(client.append_many("u", s, evs) for s, evs in sessions.items()))
 
