@@ -73,8 +73,9 @@ def connect_options(settings: Settings, name: str) -> dict[str, Any]:
     return opts
 
 
-async def connect(settings: Settings, name: str) -> NATS:
-    return await nats.connect(**connect_options(settings, name))
+async def connect(settings: Settings, name: str, **callbacks: Any) -> NATS:
+    """Connect with the settings' options (plus nats-py callbacks, e.g. reconnected_cb)."""
+    return await nats.connect(**connect_options(settings, name), **callbacks)
 
 
 def events_stream_config(s: StreamSettings) -> StreamConfig:

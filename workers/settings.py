@@ -104,6 +104,7 @@ class CacheSettings(BaseModel):
         default="auto", description="auto: Redis when redis_url is set, else in-process"
     )
     redis_url: SecretStr | None = None
+    local: bool = Field(default=True, description="an in-process tier in front of Redis (hits without a round trip)")
     ttl_s: float = Field(default=300.0, gt=0, description="bounds staleness if a change notice is lost")
     max_entries: int = Field(default=10_000, ge=1, description="in-process cache size")
 

@@ -38,16 +38,28 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
+def _fresh_generation() -> int:
+    """A new counter starts at the clock (µs), above any value an earlier
+    counter of the same scope reached: entries stored under generations of a
+    lost counter (Redis restart, expiry, reconnect) can never match again."""
+    return time.time_ns() // 1000
+
+
 class MemoryBackend:
-    """In-process, for one process (`memq up`). LRU-bounded."""
+    """In-process, per replica. LRU-bounded."""
 
     def __init__(self, max_entries: int = 10_000):
         self.max_entries = max_entries
         self.gens: dict[str, int] = {}
         self.entries: OrderedDict[str, tuple[float, bytes]] = OrderedDict()
 
+    def _gen(self, key: str) -> int:
+        if key not in self.gens:
+            self.gens[key] = _fresh_generation()
+        return self.gens[key]
+
     async def lookup(self, gen_keys: Sequence[str], entry_prefix: str) -> tuple[str, bytes | None]:
-        suffix = "".join(f":{self.gens.get(k, 0)}" for k in gen_keys)
+        suffix = "".join(f":{self._gen(k)}" for k in gen_keys)
         key = entry_prefix + suffix
         hit = self.entries.get(key)
         if hit is None or hit[0] < time.monotonic():
@@ -63,42 +75,59 @@ class MemoryBackend:
 
     async def bump(self, gen_keys: Sequence[str]) -> None:
         for k in gen_keys:
-            self.gens[k] = self.gens.get(k, 0) + 1
+            self.gens[k] = self._gen(k) + 1
 
     async def close(self) -> None:
         pass
 
 
-# Reads the generations and the entry they name in one round trip.
+# Reads the generations (starting missing ones at ARGV[2], see
+# _fresh_generation) and the entry they name, in one round trip.
 _LOOKUP = """
-local gens = redis.call('MGET', unpack(KEYS))
 local suffix = ''
-for _, g in ipairs(gens) do suffix = suffix .. ':' .. (g or '0') end
+for _, k in ipairs(KEYS) do
+  local g = redis.call('GET', k)
+  if not g then
+    g = ARGV[2]
+    redis.call('SET', k, g, 'PX', ARGV[3])
+  end
+  suffix = suffix .. ':' .. g
+end
 return {suffix, redis.call('GET', ARGV[1] .. suffix)}
+"""
+
+_BUMP = """
+for _, k in ipairs(KEYS) do
+  if redis.call('EXISTS', k) == 0 then redis.call('SET', k, ARGV[1]) end
+  redis.call('INCR', k)
+  redis.call('PEXPIRE', k, ARGV[2])
+end
 """
 
 
 class RedisBackend:
-    """Shared by every query replica. (The lookup script computes a key, so
-    it needs a single Redis or a cluster with the keys in one slot.)"""
+    """Shared by every query replica. (The scripts compute keys, so they need
+    a single Redis, or a cluster with the keys in one slot.)"""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, ttl_s: float):
         # A small pool: redis-py 8 raises when its pool (default 100) runs dry.
         self.redis = aioredis.from_url(url, max_connections=64, socket_timeout=0.5, socket_connect_timeout=0.5)
+        # Counters outlive their entries; an expired one restarts above them.
+        self.gen_ttl_ms = int(ttl_s * 2000)
         self._lookup = self.redis.register_script(_LOOKUP)
+        self._bump = self.redis.register_script(_BUMP)
 
     async def lookup(self, gen_keys: Sequence[str], entry_prefix: str) -> tuple[str, bytes | None]:
-        suffix, value = await self._lookup(keys=list(gen_keys), args=[entry_prefix])
+        suffix, value = await self._lookup(
+            keys=list(gen_keys), args=[entry_prefix, _fresh_generation(), self.gen_ttl_ms]
+        )
         return suffix.decode(), value
 
     async def store(self, key: str, value: bytes, ttl_s: float) -> None:
         await self.redis.set(key, value, px=int(ttl_s * 1000))
 
     async def bump(self, gen_keys: Sequence[str]) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for k in gen_keys:
-                pipe.incr(k)
-            await pipe.execute()
+        await self._bump(keys=list(gen_keys), args=[_fresh_generation(), self.gen_ttl_ms])
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -112,9 +141,10 @@ class Entry:
 
 @dataclass(frozen=True)
 class Ticket:
-    """What a miss needs to store its answer under the generations it read."""
+    """Where a miss stores its answer: one key per tier, under the
+    generations that tier had when the lookup was made."""
 
-    key: str
+    keys: tuple[tuple[Backend, str], ...]
 
 
 def gen_keys(app: str, user: str | None, session: str | None) -> list[str]:
@@ -126,62 +156,87 @@ def gen_keys(app: str, user: str | None, session: str | None) -> list[str]:
     return keys
 
 
+def _to_bump(app: str, user: str | None, session: str | None, app_state: bool, user_state: bool) -> list[str]:
+    """The narrowest counter that covers what a commit changed."""
+    keys = gen_keys(app, user, session)
+    if app_state:
+        return keys[:1]
+    if user_state or session is None:
+        return keys[1:2]
+    return keys[2:3]
+
+
 class QueryCache:
-    def __init__(self, backend: Backend | None, ttl_s: float):
-        self.backend = backend
+    """Two tiers, both optional: ``local`` in every replica (a hit costs no
+    round trip; every replica hears every commit notice) in front of
+    ``shared`` (Redis, one for all replicas; one replica bumps it per notice)."""
+
+    def __init__(self, local: MemoryBackend | None, shared: Backend | None, ttl_s: float):
+        self.local = local
+        self.shared = shared
+        self.tiers: tuple[Backend, ...] = tuple(t for t in (local, shared) if t is not None)
         self.ttl_s = ttl_s
-        self._pending: set[str] = set()  # generation bumps Redis missed
+        self._pending: set[str] = set()  # shared-tier bumps that failed
         self.hits = self.misses = self.errors = 0
 
     @property
     def enabled(self) -> bool:
-        return self.backend is not None
+        return bool(self.tiers)
 
     async def get(
         self, app: str, user: str | None, session: str | None, request_key: str
-    ) -> tuple[Ticket | None, Entry | None]:
-        if self.backend is None:
-            return None, None
-        try:
-            if self._pending:  # never trust entries while an invalidation is unwritten
-                await self.backend.bump(sorted(self._pending))
-                self._pending.clear()
-            prefix = f"{PREFIX}:e:{request_key}"
-            suffix, value = await self.backend.lookup(gen_keys(app, user, session), prefix)
-        except (RedisError, OSError) as exc:
-            self._failed("lookup", exc)
-            return None, None
-        if value is None:
-            self.misses += 1
-            return Ticket(prefix + suffix), None
-        self.hits += 1
-        as_of, _, body = value.partition(b"\n")
-        return Ticket(prefix + suffix), Entry(int(as_of), body)
+    ) -> tuple[Ticket, Entry | None]:
+        prefix = f"{PREFIX}:e:{request_key}"
+        gens = gen_keys(app, user, session)
+        keys: list[tuple[Backend, str]] = []
+        for tier in self.tiers:
+            try:
+                if tier is self.shared and self._pending:
+                    # Never trust shared entries while an invalidation is unwritten.
+                    await tier.bump(sorted(self._pending))
+                    self._pending.clear()
+                suffix, value = await tier.lookup(gens, prefix)
+            except (RedisError, OSError) as exc:
+                self._failed("lookup", exc)
+                break
+            if value is not None:
+                self.hits += 1
+                for earlier, key in keys:  # fill the faster tiers
+                    await earlier.store(key, value, self.ttl_s)
+                as_of, _, body = value.partition(b"\n")
+                return Ticket(tuple(keys)), Entry(int(as_of), body)
+            keys.append((tier, prefix + suffix))
+        self.misses += 1
+        return Ticket(tuple(keys)), None
 
-    async def put(self, ticket: Ticket | None, entry: Entry) -> None:
-        if self.backend is None or ticket is None:
-            return
-        try:
-            await self.backend.store(ticket.key, b"%d\n%s" % (entry.as_of, entry.body), self.ttl_s)
-        except (RedisError, OSError) as exc:
-            self._failed("store", exc)
+    async def put(self, ticket: Ticket, entry: Entry) -> None:
+        value = b"%d\n%s" % (entry.as_of, entry.body)
+        for tier, key in ticket.keys:
+            try:
+                await tier.store(key, value, self.ttl_s)
+            except (RedisError, OSError) as exc:
+                self._failed("store", exc)
 
-    async def invalidate(self, app: str, user: str | None, session: str | None, *, app_state: bool, user_state: bool) -> None:
-        """A commit changed these scopes: bump the narrowest counter that covers them."""
-        if self.backend is None:
+    async def invalidate_local(self, app: str, user: str | None, session: str | None, *, app_state: bool, user_state: bool) -> None:
+        if self.local is not None:
+            await self.local.bump(_to_bump(app, user, session, app_state, user_state))
+
+    async def invalidate_shared(self, app: str, user: str | None, session: str | None, *, app_state: bool, user_state: bool) -> None:
+        if self.shared is None:
             return
-        keys = gen_keys(app, user, session)
-        if app_state:
-            bump = keys[:1]
-        elif user_state or session is None:
-            bump = keys[1:2]
-        else:
-            bump = keys[2:3]
+        bump = _to_bump(app, user, session, app_state, user_state)
         try:
-            await self.backend.bump(bump)
+            await self.shared.bump(bump)
         except (RedisError, OSError) as exc:
             self._pending.update(bump)
             self._failed("invalidate", exc)
+
+    def clear_local(self) -> None:
+        """After a NATS reconnect notices may have been missed: start afresh
+        (new counters start above the old ones)."""
+        if self.local is not None:
+            self.local.gens.clear()
+            self.local.entries.clear()
 
     def _failed(self, what: str, exc: Exception) -> None:
         self.errors += 1
@@ -189,5 +244,5 @@ class QueryCache:
             log.warning("cache %s failed (%s: %s); answering from SQL", what, type(exc).__name__, exc)
 
     async def close(self) -> None:
-        if self.backend is not None:
-            await self.backend.close()
+        for tier in self.tiers:
+            await tier.close()

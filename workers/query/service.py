@@ -54,12 +54,13 @@ def build_cache(settings: Settings) -> QueryCache:
     if backend == "auto":
         backend = "redis" if c.redis_url is not None else "memory"
     if backend == "none":
-        return QueryCache(None, c.ttl_s)
+        return QueryCache(None, None, c.ttl_s)
+    local = MemoryBackend(c.max_entries) if (backend == "memory" or c.local) else None
     if backend == "redis":
         if c.redis_url is None:
             raise ValueError("cache.backend is redis but MEMQ_CACHE__REDIS_URL is not set")
-        return QueryCache(RedisBackend(c.redis_url.get_secret_value()), c.ttl_s)
-    return QueryCache(MemoryBackend(c.max_entries), c.ttl_s)
+        return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s), c.ttl_s)
+    return QueryCache(local, None, c.ttl_s)
 
 
 def error_body(exc: MemqError) -> bytes:
@@ -86,7 +87,8 @@ class QueryWorker:
         s = self.settings
         if s.database.migrate_on_start:
             await migrate(self.engine)
-        self.nc = await bus.connect(s, "query")
+        # Notices may be lost while disconnected: forget the local tier then.
+        self.nc = await bus.connect(s, "query", reconnected_cb=self._reconnected)
         js = self.nc.jetstream()
         await bus.ensure_streams(js, s.streams)
         self.floor = CommitFloor(js, s.streams.events, s.persistence.durable, s.query.floor_refresh_s)
@@ -101,13 +103,17 @@ class QueryWorker:
             await self.service.add_endpoint(
                 name=op.replace(".", "-"), subject=f"{PREFIX}.q.*.{op}", handler=self._handler(op)
             )
-        # A shared (Redis) cache needs each notice once; a per-process cache
-        # needs every notice in every replica.
-        shared = isinstance(self.cache.backend, RedisBackend)
-        self._changes = await self.nc.subscribe(
-            CHANGED_WILDCARD, queue=f"{s.query.queue_group}-cache" if shared else "", cb=self._on_change
-        )
-        log.info("query worker started (%d ops, cache %s)", len(OPS), type(self.cache.backend).__name__)
+        # Every replica must hear every notice for its own (local) tier; the
+        # shared (Redis) tier needs each notice once, from one replica.
+        self._subscriptions = [await self.nc.subscribe(CHANGED_WILDCARD, cb=self._on_change_local)]
+        if self.cache.shared is not None:
+            self._subscriptions.append(
+                await self.nc.subscribe(
+                    CHANGED_WILDCARD, queue=f"{s.query.queue_group}-cache", cb=self._on_change_shared
+                )
+            )
+        tiers = " + ".join(type(t).__name__ for t in self.cache.tiers) or "none"
+        log.info("query worker started (%d ops, cache: %s)", len(OPS), tiers)
 
     async def stop(self) -> None:
         if self.service is not None:
@@ -116,12 +122,16 @@ class QueryWorker:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.nc is not None:
-            await self._changes.unsubscribe()
+            for sub in self._subscriptions:
+                await sub.unsubscribe()
             await self.nc.flush()
             await self.nc.close()
             self.nc = None
         await self.cache.close()
         await self.engine.dispose()
+
+    async def _reconnected(self) -> None:
+        self.cache.clear_local()
 
     # --- requests ---------------------------------------------------------------
 
@@ -201,15 +211,25 @@ class QueryWorker:
 
     # --- invalidation -------------------------------------------------------------
 
-    async def _on_change(self, msg: Msg) -> None:
-        try:
-            notice = orjson.loads(msg.data)
-            await self.cache.invalidate(
-                notice["app"],
-                notice.get("user"),
-                notice.get("session"),
-                app_state=bool(notice.get("app_state")),
-                user_state=bool(notice.get("user_state")),
-            )
-        except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-            log.warning("ignoring a malformed change notice on %s: %s", msg.subject, exc)
+    async def _on_change_local(self, msg: Msg) -> None:
+        if (notice := _notice(msg)) is not None:
+            await self.cache.invalidate_local(**notice)
+
+    async def _on_change_shared(self, msg: Msg) -> None:
+        if (notice := _notice(msg)) is not None:
+            await self.cache.invalidate_shared(**notice)
+
+
+def _notice(msg: Msg) -> dict | None:
+    try:
+        notice = orjson.loads(msg.data)
+        return dict(
+            app=notice["app"],
+            user=notice.get("user"),
+            session=notice.get("session"),
+            app_state=bool(notice.get("app_state")),
+            user_state=bool(notice.get("user_state")),
+        )
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        log.warning("ignoring a malformed change notice on %s: %s", msg.subject, exc)
+        return None

@@ -13,7 +13,7 @@ from typing import Any
 import base64
 
 import orjson
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.ids import scope_key
@@ -143,11 +143,12 @@ async def session_page(
     q = select(*_SESSION_COLUMNS).where(scope, _VISIBLE)
     if cursor is not None:
         updated_at, key = decode_cursor(cursor)
+        # The first condition is a range on the index, so the scan starts at
+        # the cursor; the second only breaks ties. (A bare OR is a filter, and
+        # page N would scan N pages of index entries.)
         q = q.where(
-            or_(
-                SESSIONS.c.updated_at < updated_at,
-                and_(SESSIONS.c.updated_at == updated_at, SESSIONS.c.key < key),
-            )
+            SESSIONS.c.updated_at <= updated_at,
+            or_(SESSIONS.c.updated_at < updated_at, SESSIONS.c.key < key),
         )
     q = q.order_by(SESSIONS.c.updated_at.desc(), SESSIONS.c.key.desc()).limit(limit + 1)
     rows = (await conn.execute(q)).all()
