@@ -59,6 +59,18 @@ async def running_worker(settings: Settings):
         await worker.stop()
 
 
+@asynccontextmanager
+async def running_query(settings: Settings):
+    from workers.query.service import QueryWorker
+
+    worker = QueryWorker(settings)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop()
+
+
 class WorkerProcess:
     """A real `memq worker persistence` process (a replica)."""
 

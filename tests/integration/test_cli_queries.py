@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -17,24 +16,13 @@ import pytest
 from contracts.client import MemoryClient
 from contracts.errors import InvalidId, NotFound
 from contracts.schemas import Actions, Event, Message, TextPart, ToolCallPart, ToolResultPart
-from helpers import make_settings, running_worker
+from helpers import make_settings, running_query, running_worker
 from workers.memory.tokens import count_event
-from workers.query.service import QueryWorker
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")
 APP = "cli.app"  # a dot: subjects carry the encoded token
 USER = "ada@example.com"
 SESSION = "trip to Lyon"
-
-
-@asynccontextmanager
-async def running_query(settings):
-    worker = QueryWorker(settings)
-    await worker.start()
-    try:
-        yield worker
-    finally:
-        await worker.stop()
 
 
 @pytest.fixture

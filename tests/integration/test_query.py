@@ -14,21 +14,10 @@ import pytest
 from contracts.client import MemoryClient
 from contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
 from contracts.subjects import request_subject
-from helpers import make_settings, running_worker
+from helpers import make_settings, running_query, running_worker
 from workers.memory.tokens import count_event
-from workers.query.service import QueryWorker
 
 APP = "q-app"
-
-
-@asynccontextmanager
-async def running_query(settings):
-    worker = QueryWorker(settings)
-    await worker.start()
-    try:
-        yield worker
-    finally:
-        await worker.stop()
 
 
 @asynccontextmanager
