@@ -59,6 +59,9 @@ class MemoryBackend:
         return self.gens[key]
 
     async def lookup(self, gen_keys: Sequence[str], entry_prefix: str) -> tuple[str, bytes | None]:
+        return self.lookup_now(gen_keys, entry_prefix)
+
+    def lookup_now(self, gen_keys: Sequence[str], entry_prefix: str) -> tuple[str, bytes | None]:
         suffix = "".join(f":{self._gen(k)}" for k in gen_keys)
         key = entry_prefix + suffix
         hit = self.entries.get(key)
@@ -166,6 +169,11 @@ def _to_bump(app: str, user: str | None, session: str | None, app_state: bool, u
     return keys[2:3]
 
 
+def _entry(value: bytes) -> Entry:
+    as_of, _, body = value.partition(b"\n")
+    return Entry(int(as_of), body)
+
+
 class QueryCache:
     """Two tiers, both optional: ``local`` in every replica (a hit costs no
     round trip; every replica hears every commit notice) in front of
@@ -203,11 +211,20 @@ class QueryCache:
                 self.hits += 1
                 for earlier, key in keys:  # fill the faster tiers
                     await earlier.store(key, value, self.ttl_s)
-                as_of, _, body = value.partition(b"\n")
-                return Ticket(tuple(keys)), Entry(int(as_of), body)
+                return Ticket(tuple(keys)), _entry(value)
             keys.append((tier, prefix + suffix))
         self.misses += 1
         return Ticket(tuple(keys)), None
+
+    def get_local(self, app: str, user: str | None, session: str | None, request_key: str) -> Entry | None:
+        """A hit in the in-process tier, without awaiting anything."""
+        if self.local is None:
+            return None
+        _, value = self.local.lookup_now(gen_keys(app, user, session), f"{PREFIX}:e:{request_key}")
+        if value is None:
+            return None
+        self.hits += 1
+        return _entry(value)
 
     async def put(self, ticket: Ticket, entry: Entry) -> None:
         value = b"%d\n%s" % (entry.as_of, entry.body)
