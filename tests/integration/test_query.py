@@ -107,12 +107,14 @@ async def test_cache_is_invalidated_by_commits_without_min_seq(nats_url, sqlite_
             seq = await client.create_session("u", "s", state={"k": 1})
             first = await ask(nc, "state.get", session="s", min_seq=seq.seq)
             assert first["result"]["state"] == {"k": 1}
+            hits = query.cache.hits
+            assert (await ask(nc, "state.get", session="s")) == first
+            assert query.cache.hits == hits + 1  # the answer is cached now
             await client.set_state("u", {"app:model": "m2"})  # app state: another scope
             deadline = time.monotonic() + 10
             while (await ask(nc, "state.get", session="s"))["result"]["state"] != {"k": 1, "app:model": "m2"}:
                 assert time.monotonic() < deadline, "the commit notice never invalidated the cached state"
                 await asyncio.sleep(0.05)
-            assert query.cache.hits >= 0
 
 
 async def test_isolation_between_apps_and_users(nats_url, sqlite_url, tmp_path):
