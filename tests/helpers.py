@@ -50,8 +50,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def running_worker(settings: Settings):
-    worker = PersistenceWorker(settings)
+async def running(worker):
+    """Start a worker (persistence or query) in this process; stop it after."""
     await worker.start()
     try:
         yield worker
@@ -59,16 +59,14 @@ async def running_worker(settings: Settings):
         await worker.stop()
 
 
-@asynccontextmanager
-async def running_query(settings: Settings):
+def running_worker(settings: Settings):
+    return running(PersistenceWorker(settings))
+
+
+def running_query(settings: Settings):
     from workers.query.service import QueryWorker
 
-    worker = QueryWorker(settings)
-    await worker.start()
-    try:
-        yield worker
-    finally:
-        await worker.stop()
+    return running(QueryWorker(settings))
 
 
 class WorkerProcess:

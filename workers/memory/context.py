@@ -184,7 +184,6 @@ def assemble(
     events: Mapping[int, Mapping[str, Any]],
     strategy: Strategy,
     summary: str | None = None,
-    summary_tokens: int = 0,
     recalled: Sequence[tuple[int, Mapping[str, Any], int]] = (),
     recall_limit: int = 5,
     instruction: str | None = None,
@@ -198,10 +197,8 @@ def assemble(
         events: events by seq, covering ``history``.
         strategy: the working-memory :class:`Strategy`.
         summary: the latest checkpoint summary (default None).
-        summary_tokens: the summary's stored count (default 0). Not needed:
-            the summary is rendered under a header and counted exactly here.
         recalled: ``(seq, event, tokens)`` from long-term recall, most
-            relevant first (default none). ``tokens`` is not needed either:
+            relevant first (default none). ``tokens`` is not needed:
             the recall block is re-counted as rendered.
         recall_limit: at most this many memories (default 5).
         instruction: the rendered system instruction (default None).
@@ -220,12 +217,11 @@ def assemble(
 
     Recalled memories whose seq is in the final window are skipped.
     """
-    del summary_tokens  # accepted for callers that have it; see docstring
     instruction = instruction or None
     summary = summary or None
     instruction_tokens = tk.message_tokens({"role": "system", "content": instruction}, model) if instruction else 0
-    summary_tokens_exact = tk.message_tokens(summary_message(summary), model) if summary else 0
-    base = instruction_tokens + summary_tokens_exact + tk.REPLY_PRIMING
+    summary_tokens = tk.message_tokens(summary_message(summary), model) if summary else 0
+    base = instruction_tokens + summary_tokens + tk.REPLY_PRIMING
     budget = strategy.budget
 
     # Summarizer trigger, judged on what every query of this session carries.
@@ -262,7 +258,7 @@ def assemble(
     counts = TokenCounts(
         instruction=instruction_tokens,
         recalled=recall_tokens,
-        summary=summary_tokens_exact,
+        summary=summary_tokens,
         window=window.tokens,
         total=base + recall_tokens + window.tokens,
     )

@@ -137,15 +137,21 @@ class QueryWorker:
 
     def _handler(self, op: str):
         async def handle(request: Request) -> None:
-            # A hit in this replica's own cache tier needs no I/O: answer it
-            # here, which saves a task per request on the hottest path.
-            if (body := self._local_hit(op, request.subject, request.data)) is not None:
+            try:
+                req = self._parse(op, request.subject, request.data)
+            except MemqError as exc:  # refusing needs no I/O: answer here
+                await request.respond(error_body(exc))
+                return
+            key = _request_key(op, req) if op in CACHED and self.cache.enabled else None
+            # A hit in this replica's own cache tier needs no I/O either:
+            # answering it here saves a task per request on the hottest path.
+            if key is not None and (body := self._local_hit(req, key)) is not None:
                 await request.respond(body)
                 return
             # nats-py runs a subscription's callbacks one at a time: answer
             # the rest in a task so that one slow query does not queue others.
             await self._slots.acquire()
-            task = asyncio.create_task(self._respond(op, request))
+            task = asyncio.create_task(self._respond(op, req, key, request))
             self._tasks.add(task)
             task.add_done_callback(self._done)
 
@@ -155,20 +161,21 @@ class QueryWorker:
         self._tasks.discard(task)
         self._slots.release()
 
-    async def _respond(self, op: str, request: Request) -> None:
-        body = await self.answer(op, request.subject, request.data)
+    async def _respond(self, op: str, req: q._Request, key: str | None, request: Request) -> None:
+        body = await self.answer(op, req, key)
         try:
             await request.respond(body)
         except Exception as exc:  # the requester is gone; nothing to tell
             log.debug("reply to %s failed: %s", request.subject, exc)
 
-    async def answer(self, op: str, subject: str, data: bytes) -> bytes:
+    async def answer(self, op: str, req: q._Request, key: str | None) -> bytes:
+        """The reply to a valid request; ``key`` is its cache key, or None
+        when the op or the settings do not cache."""
         try:
-            req = self._parse(op, subject, data)
             if req.min_seq is not None:
                 await self.floor.wait_for(req.min_seq, req.wait_ms / 1000)
-            if op in CACHED and self.cache.enabled:
-                return await self._cached(op, req)
+            if key is not None:
+                return await self._cached(op, req, key)
             return ok_body(await self._run(op, req))
         except MemqError as exc:
             return error_body(exc)
@@ -202,26 +209,19 @@ class QueryWorker:
         async with self.engine.connect() as conn:
             return await OPS[op](conn, req, self.ctx)
 
-    def _local_hit(self, op: str, subject: str, data: bytes) -> bytes | None:
+    def _local_hit(self, req: q._Request, key: str) -> bytes | None:
         """The answer if this replica's own tier has it, fresh enough for the
         request's min_seq by what is already known of the commit floor; else
-        None, and the request takes the full path (which also reports errors)."""
-        if op not in CACHED or self.cache.local is None:
+        None, and the request takes the full path."""
+        if self.cache.local is None or (req.min_seq is not None and req.min_seq > self.floor.value):
             return None
-        try:
-            req = self._parse(op, subject, data)
-        except Exception:  # the full path answers it, with the typed error
-            return None
-        if req.min_seq is not None and req.min_seq > self.floor.value:
-            return None
-        entry = self.cache.get_local(req.app, req.user, getattr(req, "session", None), _request_key(op, req))
+        entry = self.cache.get_local(req.app, req.user, getattr(req, "session", None), key)
         if entry is None or (req.min_seq is not None and entry.as_of < req.min_seq):
             return None
         return entry.body
 
-    async def _cached(self, op: str, req: q._Request) -> bytes:
-        session = getattr(req, "session", None)
-        ticket, entry = await self.cache.get(req.app, req.user, session, _request_key(op, req))
+    async def _cached(self, op: str, req: q._Request, key: str) -> bytes:
+        ticket, entry = await self.cache.get(req.app, req.user, getattr(req, "session", None), key)
         if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
             return entry.body
         as_of = await self.floor.current()  # read before SQL: the answer holds at least this
