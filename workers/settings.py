@@ -118,6 +118,59 @@ class QuerySettings(BaseModel):
     )
 
 
+class LocalEmbedderSettings(BaseModel):
+    threads: int = Field(default=0, ge=0, description="ONNX Runtime intra-op threads; 0: one per core")
+    batch_size: int = Field(default=32, ge=1, le=1024, description="texts per model call")
+    max_length: int = Field(default=256, ge=8, le=512, description="tokens per text (longer texts are truncated)")
+
+
+class OpenAIEmbedderSettings(BaseModel):
+    base_url: str = Field(default="https://api.openai.com/v1", description="any OpenAI-compatible /v1 endpoint")
+    api_key: SecretStr | None = None
+    model: str = "text-embedding-3-small"
+    dimensions: int | None = Field(default=None, ge=1, description="ask for shorter vectors (models that support it)")
+    batch_size: int = Field(default=64, ge=1, le=2048)
+    timeout_s: float = Field(default=30.0, gt=0)
+    retries: int = Field(default=3, ge=0, description="on timeouts, 429 and 5xx, with backoff")
+
+
+class WeaviateSettings(BaseModel):
+    url: str | None = Field(default=None, description="HTTP URL, e.g. http://localhost:8080. Unset: the embedded index")
+    grpc_port: int = Field(default=50051, ge=1, le=65535)
+    api_key: SecretStr | None = None
+    collection: str = Field(default="MemqMemory", description="the alias searches use; generations are MemqMemory_<n>")
+    scoping: Literal["tenant", "filter"] = Field(
+        default="filter", description="isolate users by multi-tenancy or by filters (see the README's measurement)"
+    )
+    timeout_s: float = Field(default=30.0, gt=0)
+
+
+class IndexingSettings(BaseModel):
+    durable: str = "memq-indexing"
+    backend: Literal["auto", "weaviate", "embedded"] = Field(
+        default="auto", description="auto: Weaviate when weaviate.url is set, else the embedded index"
+    )
+    embedder: Literal["local", "openai"] = "local"
+    storage_scope: Literal["all", "conversational", "summaries_only"] = Field(
+        default="all", description="what is indexed (Hector's storage_scope)"
+    )
+    batch_size: int = Field(default=64, ge=1, le=4096)
+    batch_wait_s: float = Field(default=0.1, gt=0)
+    ack_wait_s: float = Field(default=120.0, gt=0, description="redelivery after a silent crash (embedding is slow)")
+    retry_delays_s: list[float] = Field(default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the index is down")
+    embedded_path: Path | None = Field(default=None, description="the embedded index file; default <data_dir>/index.db")
+    local: LocalEmbedderSettings = LocalEmbedderSettings()
+    openai: OpenAIEmbedderSettings = OpenAIEmbedderSettings()
+    weaviate: WeaviateSettings = WeaviateSettings()
+
+
+class RecallSettings(BaseModel):
+    auto_recall: bool = Field(default=True, description="context puts recalled memories first")
+    mode: Literal["keyword", "vector", "hybrid"] = "hybrid"
+    alpha: float = Field(default=0.5, ge=0, le=1, description="hybrid: weight of the vector side")
+    timeout_s: float = Field(default=2.0, gt=0, description="a slower recall is skipped, never blocks the context")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMQ_",
@@ -134,6 +187,8 @@ class Settings(BaseSettings):
     memory: MemorySettings = MemorySettings()
     cache: CacheSettings = CacheSettings()
     query: QuerySettings = QuerySettings()
+    indexing: IndexingSettings = IndexingSettings()
+    recall: RecallSettings = RecallSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -157,6 +212,15 @@ class Settings(BaseSettings):
         """Where `memq up` leaves the address of its embedded services."""
         return self.data_dir / "run"
 
+    def index_path(self) -> Path:
+        return self.indexing.embedded_path or self.data_dir / "index.db"
+
+    def index_backend(self) -> str:
+        """``weaviate`` or ``embedded``, resolving ``auto``."""
+        if self.indexing.backend == "auto":
+            return "weaviate" if self.indexing.weaviate.url else "embedded"
+        return self.indexing.backend
+
     def database_url(self) -> str:
         if self.database.url is None:
             return f"sqlite+aiosqlite:///{self.data_dir / 'memq.db'}"
@@ -173,6 +237,10 @@ class Settings(BaseSettings):
             data["database"]["url"] = mask_url(self.database.url.get_secret_value())
         if self.cache.redis_url is not None:
             data["cache"]["redis_url"] = mask_url(self.cache.redis_url.get_secret_value())
+        for secret in ("api_key",):
+            for section in (data["indexing"]["openai"], data["indexing"]["weaviate"]):
+                if section.get(secret):
+                    section[secret] = "***"
         if self.nats.url:
             data["nats"]["url"] = ",".join(mask_url(u) for u in self.nats.url.split(","))
         return data

@@ -1,0 +1,26 @@
+"""The Protocol of an embedder: texts in, unit-length vectors out.
+
+``model`` names the model *and* its variant (``local:all-MiniLM-L6-v2-int8``,
+``openai:text-embedding-3-small@512``); it is recorded with every index
+generation, and a different ``model`` or ``dim`` means a rebuild.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+
+class EmbedderError(Exception):
+    """The embedder failed (endpoint down, bad reply); retry later."""
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    model: str
+    dim: int
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One L2-normalised vector per text, in order. Raises :class:`EmbedderError`."""
+
+    async def close(self) -> None: ...

@@ -1,0 +1,203 @@
+"""What long-term memory holds and how its searches are fused (pure).
+
+The indexing worker turns stream messages into :class:`Doc`\\ s with
+:func:`doc_for`, under a storage scope (Hector's ``storage_scope``):
+
+- ``all``: every event with text (tool calls and results too) and every
+  checkpoint summary;
+- ``conversational``: user and assistant text only;
+- ``summaries_only``: checkpoint summaries only.
+
+A doc's ``search_text`` is what is embedded and matched by BM25: the turn
+prefixed with its date and author, because "when did…" and "what did X say…"
+questions name exactly those. ``text`` is the turn itself, what a search
+returns and recall shows.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from contracts.ids import scope_key
+from workers.memory import tokens as tk
+
+StorageScope = Literal["all", "conversational", "summaries_only"]
+STORAGE_SCOPES: tuple[str, ...] = ("all", "conversational", "summaries_only")
+SearchMode = Literal["keyword", "vector", "hybrid"]
+SUMMARY_ROLE = "summary"  # the role of a checkpoint's doc
+
+# Doc uuids are uuid5 in this namespace of the session key and the message id:
+# re-indexing the same event always writes the same object, and two users who
+# happen to reuse an event id never collide.
+DOC_NAMESPACE = uuid.UUID("6c1f2a9e-4b7d-5c3e-9a8f-1d2e3f4a5b6c")
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One indexed memory: an event's text or a checkpoint summary."""
+
+    id: str  # the event's (or checkpoint's) id
+    app: str
+    user: str
+    session: str
+    seq: int
+    author: str
+    role: str  # user | assistant | system | tool | summary
+    timestamp: float
+    text: str
+    search_text: str
+    vector: Sequence[float] | None = None  # set by the indexing worker
+
+    @property
+    def uuid(self) -> str:
+        return doc_uuid(self.app, self.user, self.session, self.id)
+
+    @property
+    def user_key(self) -> str:
+        return scope_key(self.app, self.user)
+
+    @property
+    def session_key(self) -> str:
+        return scope_key(self.app, self.user, self.session)
+
+    def with_vector(self, vector: Sequence[float]) -> "Doc":
+        return Doc(**{**self.__dict__, "vector": vector})
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    """A scoped search. ``app`` and ``user`` are always required: no search
+    crosses users. ``vector`` is the embedded ``text`` (vector and hybrid)."""
+
+    app: str
+    user: str
+    text: str
+    mode: SearchMode = "hybrid"
+    k: int = 10
+    session: str | None = None
+    authors: tuple[str, ...] = ()
+    roles: tuple[str, ...] = ()
+    since: float | None = None  # timestamp >= since
+    until: float | None = None  # timestamp < until
+    alpha: float = 0.5  # hybrid: weight of the vector side
+    vector: Sequence[float] | None = None
+
+    def matches(self, doc: Doc) -> bool:
+        """Does ``doc`` fall inside this query's scope and filters?"""
+        return (
+            doc.app == self.app
+            and doc.user == self.user
+            and (self.session is None or doc.session == self.session)
+            and (not self.authors or doc.author in self.authors)
+            and (not self.roles or doc.role in self.roles)
+            and (self.since is None or doc.timestamp >= self.since)
+            and (self.until is None or doc.timestamp < self.until)
+        )
+
+
+@dataclass(frozen=True)
+class Hit:
+    doc: Doc
+    score: float
+    scores: Mapping[str, float] = field(default_factory=dict)  # per side, for explanations
+
+
+def doc_uuid(app: str, user: str, session: str, message_id: str) -> str:
+    return str(uuid.uuid5(DOC_NAMESPACE, f"{scope_key(app, user, session)}/{message_id}"))
+
+
+def search_text(author: str, text: str, timestamp: float | None) -> str:
+    date = tk.event_time({"timestamp": timestamp}) if timestamp is not None else None
+    return f"[{date}] {author}: {text}" if date else f"{author}: {text}"
+
+
+def doc_for(seq: int, message: Any, scope: StorageScope) -> Doc | None:
+    """The doc a stream message contributes under ``scope``, or None.
+
+    ``message`` is a decoded stream message (:data:`contracts.schemas.StreamMessage`).
+    """
+    kind = getattr(message, "kind", None)
+    if kind == "checkpoint":
+        if not message.summary.strip():
+            return None
+        return _doc(message, seq, message.id, message.author, SUMMARY_ROLE, message.timestamp, message.summary)
+    if kind != "event" or scope == "summaries_only":
+        return None
+    event = message.event
+    if event.message is None:
+        return None
+    role = event.message.role
+    if scope == "conversational":
+        if role not in ("user", "assistant"):
+            return None
+        text = event.message.text  # text parts only: no tool calls, data or files
+    else:
+        text = tk.event_text(event.model_dump(mode="json"))
+    if not text.strip():
+        return None
+    return _doc(message, seq, event.id, event.author, role, event.timestamp, text)
+
+
+def _doc(message: Any, seq: int, id_: str, author: str, role: str, timestamp: float, text: str) -> Doc:
+    return Doc(
+        id=id_,
+        app=message.app,
+        user=message.user,
+        session=message.session,
+        seq=seq,
+        author=author,
+        role=role,
+        timestamp=timestamp,
+        text=text,
+        search_text=search_text(author, text, timestamp),
+    )
+
+
+# --- fusion ---------------------------------------------------------------------
+
+
+def _normalised(scored: Iterable[tuple[str, float]]) -> dict[str, float]:
+    """Min-max to [0, 1]; a lone score (or all equal) becomes 1."""
+    items = [(key, s) for key, s in scored if not math.isnan(s)]
+    if not items:
+        return {}
+    lo = min(s for _, s in items)
+    hi = max(s for _, s in items)
+    span = hi - lo
+    return {key: (s - lo) / span if span > 0 else 1.0 for key, s in items}
+
+
+def relative_score_fusion(
+    keyword: Sequence[tuple[str, float]], vector: Sequence[tuple[str, float]], alpha: float
+) -> list[tuple[str, float]]:
+    """Weaviate's ``relativeScoreFusion``: each side's scores min-max
+    normalised, then ``alpha * vector + (1 - alpha) * keyword``; a key found by
+    one side only gets 0 from the other. Best first; ties by key, so the order
+    is deterministic."""
+    kw, vec = _normalised(keyword), _normalised(vector)
+    fused = {key: alpha * vec.get(key, 0.0) + (1 - alpha) * kw.get(key, 0.0) for key in kw.keys() | vec.keys()}
+    return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def skip_known(hits: Sequence[Hit], known_seqs: Iterable[int], limit: int) -> list[Hit]:
+    """Recall: the best ``limit`` hits not already in the window."""
+    known = set(known_seqs)
+    return [h for h in hits if h.doc.seq not in known][:limit]
+
+
+def hit_dict(hit: Hit) -> dict[str, Any]:
+    """A hit as Hector's SearchResult fields (plus memq's scope and seq)."""
+    d = hit.doc
+    return {
+        "session_id": d.session,
+        "event_id": d.id,
+        "content": d.text,
+        "author": d.author,
+        "timestamp": d.timestamp,
+        "score": hit.score,
+        "metadata": {"app": d.app, "user": d.user, "seq": d.seq, "role": d.role, **dict(hit.scores)},
+    }
