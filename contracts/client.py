@@ -56,6 +56,7 @@ from contracts.queries import (
     ContextView,
     HistoryView,
     SessionInfo,
+    SearchResults,
     SessionsPage,
     SessionView,
     StateView,
@@ -84,6 +85,7 @@ EXPECTED_STREAM_MISMATCH = 10060  # JetStream err_code: the subject is in anothe
 Role = Literal["user", "assistant", "system", "tool"]
 Strategy = StrategySpec | dict[str, Any] | None
 ContextFormat = Literal["memq", "openai"]
+SearchMode = Literal["keyword", "vector", "hybrid"]
 ModelFn = Callable[[list[dict[str, Any]]], Any]  # messages -> str | obj with .content (or an awaitable of it)
 _Prepared = tuple[str, bytes, dict[str, str]]  # subject, payload, headers
 R = TypeVar("R", bound=BaseModel)
@@ -471,6 +473,37 @@ class MemoryClient:
             raise MemqError(f"artifact {filename!r} v{view.version} is corrupt: size or sha256 does not match")
         return data
 
+    async def search(
+        self,
+        user: str,
+        query: str,
+        *,
+        session: str | None = None,
+        mode: SearchMode = "hybrid",
+        k: int = 10,
+        authors: Sequence[str] = (),
+        roles: Sequence[str] = (),
+        since: float | None = None,
+        until: float | None = None,
+        alpha: float | None = None,
+        min_seq: int | None = None,
+    ) -> SearchResults:
+        """Search the user's long-term memory (all their sessions, or one).
+
+        :param mode: ``"keyword"`` (BM25), ``"vector"`` or ``"hybrid"`` (default).
+        :param k: results, 1..100. Default 10.
+        :param authors, roles: keep only these (default: all).
+        :param since, until: timestamp range ``[since, until)`` (default: open).
+        :param alpha: hybrid weight of the vector side. Default: the server's (0.5).
+        :param min_seq: answer once this sequence is *indexed*. Default: no
+            wait (the index trails commits by the time embedding takes).
+        Results are best first, with Hector's SearchResult fields.
+        """
+        return await self._query(
+            "search", min_seq, ryw=False, user=user, query=query, session=session, mode=mode, k=k,
+            authors=list(authors), roles=list(roles), since=since, until=until, alpha=alpha,
+        )  # fmt: skip
+
     def with_history(
         self,
         model_fn: ModelFn,
@@ -506,8 +539,8 @@ class MemoryClient:
 
         return chat
 
-    async def _query(self, op: str, min_seq: int | None, **fields: Any) -> Any:
-        if min_seq is None:
+    async def _query(self, op: str, min_seq: int | None, *, ryw: bool = True, **fields: Any) -> Any:
+        if min_seq is None and ryw:
             min_seq = self.last_seq if self.consistent else None
         request = build_request(self.app, op, min_seq=min_seq or None, wait_ms=self.wait_ms, **fields)
         subject = request_subject(self.app, op)

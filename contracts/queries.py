@@ -26,8 +26,10 @@ OPS = (
     "context",
     "artifacts.list",
     "artifacts.get",
+    "search",
 )
 MAX_PAGE = 500
+MAX_K = 100
 
 
 class _Request(BaseModel):
@@ -98,6 +100,23 @@ class ArtifactGet(_Request):
     version: int | None = Field(default=None, ge=0, description="default: the latest")
 
 
+class Search(_Request):
+    """Long-term memory search, always within one app and user.
+
+    ``min_seq`` here waits for the *indexing* worker (search sees a write
+    once it is indexed)."""
+
+    query: str = Field(min_length=1, max_length=8192)
+    session: SessionId | None = None
+    mode: Literal["keyword", "vector", "hybrid"] = "hybrid"
+    k: int = Field(default=10, ge=1, le=MAX_K)
+    authors: list[str] = Field(default_factory=list, max_length=50)
+    roles: list[Literal["user", "assistant", "system", "tool", "summary"]] = Field(default_factory=list, max_length=5)
+    since: float | None = Field(default=None, description="timestamp >= since (unix seconds)")
+    until: float | None = Field(default=None, description="timestamp < until (unix seconds)")
+    alpha: float | None = Field(default=None, ge=0, le=1, description="hybrid: weight of the vector side")
+
+
 REQUESTS: dict[str, type[_Request]] = {
     "session.get": SessionGet,
     "sessions.list": SessionsList,
@@ -106,6 +125,7 @@ REQUESTS: dict[str, type[_Request]] = {
     "context": ContextGet,
     "artifacts.list": ArtifactsList,
     "artifacts.get": ArtifactGet,
+    "search": Search,
 }
 
 
@@ -186,6 +206,25 @@ class ArtifactView(_Reply):
     model_config = ConfigDict(extra="ignore", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
 
+class SearchResult(_Reply):
+    """Hector's SearchResult fields; ``metadata`` adds app, user, seq, role."""
+
+    session_id: str
+    event_id: str
+    content: str
+    author: str
+    timestamp: float
+    score: float
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SearchResults(_Reply):
+    results: list[SearchResult]  # best first
+    mode: Literal["keyword", "vector", "hybrid"]  # what answered (see note)
+    model: str | None = None  # the embedding model of the index
+    note: str | None = None  # why the mode differs from the one asked for
+
+
 REPLIES: dict[str, type[_Reply]] = {
     "session.get": SessionView,
     "sessions.list": SessionsPage,
@@ -194,4 +233,5 @@ REPLIES: dict[str, type[_Reply]] = {
     "context": ContextView,
     "artifacts.list": ArtifactsView,
     "artifacts.get": ArtifactView,
+    "search": SearchResults,
 }

@@ -35,6 +35,7 @@ err = Console(stderr=True)
 
 class WorkerKind(str, Enum):
     persistence = "persistence"
+    indexing = "indexing"
     query = "query"
 
 
@@ -72,10 +73,11 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 
 
 async def _run_workers(settings: Settings, kinds: list[WorkerKind], stop: asyncio.Event) -> None:
+    from workers.indexing.worker import IndexingWorker
     from workers.persistence.worker import PersistenceWorker
     from workers.query.service import QueryWorker
 
-    factories = {WorkerKind.persistence: PersistenceWorker, WorkerKind.query: QueryWorker}
+    factories = {WorkerKind.persistence: PersistenceWorker, WorkerKind.indexing: IndexingWorker, WorkerKind.query: QueryWorker}
     workers = [factories[k](settings) for k in kinds]
     started = []
     try:
@@ -426,6 +428,112 @@ def context(
             content = f"{content}\n{json.dumps(rest, ensure_ascii=False)}".strip()
         messages.add_row(str(i), message.get("role", ""), Text(_short(content, 2000)))
     console.print(messages)
+
+
+class SearchModeOpt(str, Enum):
+    hybrid = "hybrid"
+    keyword = "keyword"
+    vector = "vector"
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    session: Annotated[str | None, typer.Option("--session", "-s", help="Only this session.")] = None,
+    mode: Annotated[SearchModeOpt, typer.Option(help="keyword (BM25), vector, or hybrid.")] = SearchModeOpt.hybrid,
+    k: Annotated[int, typer.Option("--k", "-k", min=1, max=100, help="Results.")] = 10,
+    author: Annotated[list[str] | None, typer.Option(help="Only these authors (repeatable).")] = None,
+    role: Annotated[list[str] | None, typer.Option(help="Only these roles (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """Search a user's long-term memory, best first."""
+    found = _with_client(
+        app_id,
+        lambda c: c.search(user, query, session=session, mode=mode.value, k=k, authors=author or (), roles=role or ()),
+    )
+    if as_json:
+        console.print_json(found.model_dump_json())
+        return
+    table = Table(title=f"memories of {user} for {query!r}", caption=f"{mode.value if not found.note else found.mode}, {found.model}")
+    for column in ("score", "when", "session", "author", "content"):
+        table.add_column(column, justify="right" if column == "score" else "left", overflow="fold")
+    for r in found.results:
+        table.add_row(f"{r.score:.3f}", _when(r.timestamp), Text(r.session_id), Text(r.author), Text(_short(r.content)))
+    if found.note:
+        err.print(f"[yellow]note:[/] {found.note}")
+    console.print(table)
+
+
+index_app = typer.Typer(no_args_is_help=True, help="Inspect and rebuild the long-term memory index.")
+app.add_typer(index_app, name="index")
+
+
+class RebuildSource(str, Enum):
+    stream = "stream"
+    sql = "sql"
+
+
+@index_app.command("rebuild")
+def index_rebuild(
+    app_id: Annotated[str | None, typer.Option("--app", "-a", help="Only this app (the rest is copied).")] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user (needs --app).")] = None,
+    source: Annotated[RebuildSource, typer.Option(help="Replay the event stream, or read SQL.")] = RebuildSource.stream,
+) -> None:
+    """Rebuild the index into a fresh generation while the live one serves, then switch."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from workers.indexing.backends import open_backend
+    from workers.indexing.embedders import open_embedder
+    from workers.indexing.indexer import Indexer
+    from workers.indexing.rebuild import rebuild
+    from workers.sql.engine import create_engine
+
+    if user is not None and app_id is None:
+        err.print("[red]--user needs --app[/]")
+        raise typer.Exit(2)
+    settings = _settings()
+
+    async def work(nc: NATS):
+        backend = open_backend(settings)
+        await backend.open()
+        embedder = await open_embedder(settings.indexing)
+        engine = create_engine(settings.database_url()) if source is RebuildSource.sql else None
+        indexer = Indexer(backend, embedder, settings.indexing.storage_scope, max_message_bytes=settings.streams.max_message_bytes)
+        columns = (
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:>8.0f} msg/s"), TimeRemainingColumn(),
+        )  # fmt: skip
+        try:
+            with Progress(*columns, console=err) as bar:
+                task = bar.add_task(f"rebuilding ({embedder.model})", total=None, rate=0.0)
+                started = asyncio.get_running_loop().time()
+
+                def progress(done: int, total: int) -> None:
+                    elapsed = asyncio.get_running_loop().time() - started
+                    bar.update(task, completed=done, total=total, rate=done / elapsed if elapsed > 0 else 0.0)
+
+                return await rebuild(
+                    settings, nc.jetstream(), indexer, source=source.value, app=app_id, user=user,
+                    engine=engine, progress=progress,
+                )  # fmt: skip
+        finally:
+            await backend.close()
+            await embedder.close()
+            if engine is not None:
+                await engine.dispose()
+
+    try:
+        result = _with_nats(work)
+    except ValueError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    console.print(
+        f"index {result.generation} is live: {result.docs} docs from {result.replayed} messages"
+        + (f" (+{result.copied} copied)" if result.copied else "")
+        + f", {result.model}, in {result.seconds:.1f}s"
+    )
 
 
 @app.command()

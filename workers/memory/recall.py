@@ -183,10 +183,14 @@ def relative_score_fusion(
     return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-def skip_known(hits: Sequence[Hit], known_seqs: Iterable[int], limit: int) -> list[Hit]:
-    """Recall: the best ``limit`` hits not already in the window."""
-    known = set(known_seqs)
-    return [h for h in hits if h.doc.seq not in known][:limit]
+def recalled_event(doc: Doc) -> dict[str, Any]:
+    """A recalled doc in the event shape the context renders."""
+    return {
+        "id": doc.id,
+        "author": doc.author,
+        "timestamp": doc.timestamp,
+        "message": {"role": doc.role, "parts": [{"type": "text", "text": doc.text}]},
+    }
 
 
 def hit_dict(hit: Hit) -> dict[str, Any]:

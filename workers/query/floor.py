@@ -13,6 +13,7 @@ import asyncio
 import time
 
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from contracts.errors import NotCommitted
 
@@ -34,7 +35,11 @@ class CommitFloor:
         return await asyncio.shield(self._refreshing)
 
     async def _read(self) -> int:
-        info = await self.js.consumer_info(self.stream, self.durable)
+        try:
+            info = await self.js.consumer_info(self.stream, self.durable)
+        except NotFoundError:  # that worker has never run: nothing is done yet
+            self._read_at = time.monotonic()
+            return self.value
         self.value = max(self.value, info.ack_floor.stream_seq if info.ack_floor else 0)
         self._read_at = time.monotonic()
         return self.value

@@ -14,15 +14,18 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts import queries as q
-from contracts.errors import InvalidRequest, NotFound
+from contracts.errors import InvalidRequest, NotFound, Unavailable
 from contracts.ids import scope_key
 from workers.memory.context import assemble, item_from_event
+from workers.memory.recall import recalled_event
+from workers.memory.tokens import event_text
 from workers.memory.strategies import Item, Strategy, select
 from workers.memory.template import render
 from workers.settings import MemorySettings
 from workers.sql import reads
 
 PAGE = 256  # events read per round trip when walking a session backwards
+RECALL_MARGIN = 10  # extra recall candidates, for those already in the window
 
 
 @dataclass(frozen=True)
@@ -179,11 +182,13 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: "OpContext") ->
         state = await reads.merged_state(conn, req.app, req.user, req.session)
         instruction = render(req.instruction, state)
     window = await load_window(conn, scope_key(req.app, req.user, req.session), strategy, model)
+    recalled = await _recall(ctx, req, window)
     built = assemble(
         history=window.items,
         events=window.events,
         strategy=strategy,
         summary=window.checkpoint.summary if window.checkpoint else None,
+        recalled=recalled,
         recall_limit=req.recall_limit,
         instruction=instruction,
         model=model,
@@ -194,6 +199,25 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: "OpContext") ->
         messages=built.to_openai(),
         context=built.to_memq() if req.format == "memq" else None,
     )
+
+
+async def _recall(ctx: "OpContext", req: q.ContextGet, window: Window) -> list[tuple[int, dict[str, Any], int]]:
+    """Memories for the context, found with the last user message; extra
+    candidates cover those the window already holds (assemble skips them)."""
+    if ctx.searcher is None or req.recall_limit == 0:
+        return []
+    last_user = next((it for it in reversed(window.items) if it.role == "user"), None)
+    if last_user is None:
+        return []
+    text = event_text(window.events[last_user.seq])
+    hits = await ctx.searcher.recall(req.app, req.user, text, k=req.recall_limit + RECALL_MARGIN)
+    return [(h.doc.seq, recalled_event(h.doc), 0) for h in hits]
+
+
+async def search(conn: AsyncConnection | None, req: q.Search, ctx: "OpContext") -> q.SearchResults:
+    if ctx.searcher is None:
+        raise Unavailable("search is not enabled on this query worker")
+    return await ctx.searcher.search(req)
 
 
 async def artifacts_list(conn: AsyncConnection, req: q.ArtifactsList, ctx: "OpContext") -> q.ArtifactsView:
@@ -228,6 +252,7 @@ class OpContext:
     memory: MemorySettings
     apps: Mapping[str, Mapping[str, Any]]
     max_events: int = 10_000
+    searcher: Any = None  # workers.query.search.Searcher: search and recall
 
     def strategy(self, app: str, spec: q.StrategySpec | None) -> Strategy:
         return strategy_for(self.memory, self.apps.get(app, {}), spec)
@@ -241,7 +266,9 @@ OPS = {
     "context": context,
     "artifacts.list": artifacts_list,
     "artifacts.get": artifact_get,
+    "search": search,
 }
+NO_SQL = frozenset({"search"})
 # Answers of these depend on one session (or one user's state) and are cached;
 # a page of sessions changes with every commit in the app and is not.
 CACHED = frozenset({"session.get", "state.get", "history", "context", "artifacts.list", "artifacts.get"})

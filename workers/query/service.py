@@ -36,7 +36,8 @@ from contracts.subjects import CHANGED_WILDCARD, PREFIX
 from workers import bus
 from workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
 from workers.query.floor import CommitFloor
-from workers.query.ops import CACHED, OPS, OpContext
+from workers.query.ops import CACHED, NO_SQL, OPS, OpContext
+from workers.query.search import Searcher
 from workers.settings import Settings
 from workers.sql.engine import create_engine, migrate
 
@@ -75,7 +76,8 @@ class QueryWorker:
     def __init__(self, settings: Settings, *, engine=None):
         self.settings = settings
         self.engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)
-        self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps)
+        self.searcher = Searcher(settings)
+        self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
         self.cache = build_cache(settings)
         self.nc: NATS | None = None
         self.service: Service | None = None
@@ -92,11 +94,13 @@ class QueryWorker:
         js = self.nc.jetstream()
         await bus.ensure_streams(js, s.streams)
         self.floor = CommitFloor(js, s.streams.events, s.persistence.durable, s.query.floor_refresh_s)
+        # search's min_seq waits for the indexing worker instead
+        self.index_floor = CommitFloor(js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s)
         self.service = await add_service(
             self.nc,
             name=SERVICE_NAME,
             version=SERVICE_VERSION,
-            description="memq sessions, history and context",
+            description="memq sessions, history, context and search",
             queue_group=s.query.queue_group,
         )
         for op in OPS:
@@ -128,6 +132,7 @@ class QueryWorker:
             await self.nc.close()
             self.nc = None
         await self.cache.close()
+        await self.searcher.close()
         await self.engine.dispose()
 
     async def _reconnected(self) -> None:
@@ -173,7 +178,8 @@ class QueryWorker:
         when the op or the settings do not cache."""
         try:
             if req.min_seq is not None:
-                await self.floor.wait_for(req.min_seq, req.wait_ms / 1000)
+                floor = self.index_floor if op == "search" else self.floor
+                await floor.wait_for(req.min_seq, req.wait_ms / 1000)
             if key is not None:
                 return await self._cached(op, req, key)
             return ok_body(await self._run(op, req))
@@ -206,6 +212,8 @@ class QueryWorker:
         return req
 
     async def _run(self, op: str, req: q._Request) -> q._Reply:
+        if op in NO_SQL:
+            return await OPS[op](None, req, self.ctx)
         async with self.engine.connect() as conn:
             return await OPS[op](conn, req, self.ctx)
 

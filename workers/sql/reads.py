@@ -245,3 +245,80 @@ async def merged_state(conn, app: str, user: str, session: str | None) -> dict[s
         )
         session_state = {k: orjson.loads(v) for k, v in rows}
     return merge_state(app_state, user_state, session_state)
+
+
+# --- for rebuilding the index from SQL -------------------------------------------
+
+
+def _visible_sessions(app: str | None, user: str | None):
+    q = select(SESSIONS.c.key, SESSIONS.c.app, SESSIONS.c.user_id, SESSIONS.c.session_id).where(
+        SESSIONS.c.last_seq > SESSIONS.c.deleted_seq
+    )
+    if user is not None:
+        q = q.where(SESSIONS.c.user_key == scope_key(app, user))
+    elif app is not None:
+        q = q.where(SESSIONS.c.app == app)
+    return q
+
+
+async def count_indexable(engine: AsyncEngine, *, app: str | None = None, user: str | None = None) -> int:
+    """Events and checkpoints of the visible sessions in scope (for progress)."""
+    keys = _visible_sessions(app, user).subquery()
+    total = 0
+    async with engine.connect() as conn:
+        for table in (EVENTS, CHECKPOINTS):
+            q = select(func.count()).select_from(table.join(keys, table.c.session_key == keys.c.key))
+            total += int((await conn.execute(q)).scalar_one())
+    return total
+
+
+async def indexable_messages(engine: AsyncEngine, *, app: str | None = None, user: str | None = None, page: int = 256):
+    """Yield lists of ``(seq, stream message)`` rebuilt from SQL, session by
+    session (each read is a range scan on (session_key, seq)); within a
+    session, events and checkpoints in seq order. Deleted data is not in SQL."""
+    from contracts.schemas import CheckpointSaved, Event, EventAppended  # the wire models
+
+    async with engine.connect() as conn:
+        sessions = (await conn.execute(_visible_sessions(app, user).order_by(SESSIONS.c.key))).all()
+    for s in sessions:
+        after = 0
+        while True:
+            async with engine.connect() as conn:
+                evs = (
+                    await conn.execute(
+                        select(EVENTS.c.seq, EVENTS.c.data)
+                        .where(EVENTS.c.session_key == s.key, EVENTS.c.seq > after)
+                        .order_by(EVENTS.c.seq)
+                        .limit(page)
+                    )
+                ).all()
+                cps = (
+                    await conn.execute(
+                        select(CHECKPOINTS)
+                        .where(CHECKPOINTS.c.session_key == s.key, CHECKPOINTS.c.seq > after)
+                        .order_by(CHECKPOINTS.c.seq)
+                        .limit(page)
+                    )
+                ).all()
+            if not evs and not cps:
+                break
+            # Everything up to the smaller of the two pages' last seqs is complete.
+            horizon = min(x[-1].seq if len(x) == page else float("inf") for x in (evs, cps))
+            out = [
+                (r.seq, EventAppended(app=s.app, user=s.user_id, session=s.session_id, event=Event.model_validate_json(r.data)))
+                for r in evs
+                if r.seq <= horizon
+            ] + [
+                (
+                    r.seq,
+                    CheckpointSaved(
+                        app=s.app, user=s.user_id, session=s.session_id, id=r.checkpoint_id, summary=r.summary,
+                        up_to_seq=r.up_to_seq, author=r.author or "summarizer", timestamp=r.created_at,
+                    ),
+                )
+                for r in cps
+                if r.seq <= horizon
+            ]
+            out.sort(key=lambda item: item[0])
+            yield out
+            after = out[-1][0]

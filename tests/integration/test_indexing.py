@@ -1,0 +1,271 @@
+"""The indexing worker end to end on real NATS and SQL, with the local
+embedder: client publish → stream → indexing worker → index → search and
+recall through the query worker; deletes, storage scopes, rebuilds and model
+changes. Backend-specific behaviour is in test_index_contract.py; Weaviate
+outages in test_indexing_weaviate.py."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import pytest
+
+from contracts.client import MemoryClient
+from contracts.errors import Unavailable
+from contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
+from contracts.tools import SEARCH_MEMORY, run_search_memory
+from helpers import make_settings, running, running_query, running_worker, wait_for
+from workers.indexing.backends import open_backend
+from workers.indexing.embedders.local import LocalEmbedder
+from workers.indexing.indexer import Indexer
+from workers.indexing.rebuild import rebuild
+from workers.indexing.worker import IndexingWorker
+from workers.settings import LocalEmbedderSettings
+from workers.sql.engine import create_engine
+
+APP = "idx-app"
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return LocalEmbedder(LocalEmbedderSettings())
+
+
+class Renamed:
+    """The local embedder under another model name: a model change."""
+
+    def __init__(self, inner, model: str):
+        self.inner, self.model, self.dim = inner, model, inner.dim
+
+    async def embed(self, texts):
+        return await self.inner.embed(texts)
+
+    async def close(self) -> None:
+        pass
+
+
+class Shared:
+    """Lets several workers share one loaded model (closing is a no-op)."""
+
+    def __init__(self, inner):
+        self.inner, self.model, self.dim = inner, inner.model, inner.dim
+
+    async def embed(self, texts):
+        return await self.inner.embed(texts)
+
+    async def close(self) -> None:
+        pass
+
+
+def text(role: str, body: str, author: str | None = None, ts: float | None = None) -> Event:
+    extra = {"timestamp": ts} if ts is not None else {}
+    return Event(author=author or role, message=Message(role=role, parts=[TextPart(text=body)]), **extra)
+
+
+def settings_for(nats_url, sqlite_url, tmp_path, **indexing):
+    s = make_settings(nats_url, sqlite_url, tmp_path)
+    s.indexing = type(s.indexing).model_validate(
+        {**s.indexing.model_dump(), "retry_delays_s": [0.2, 0.5], "batch_wait_s": 0.05, **indexing}
+    )
+    return s
+
+
+@asynccontextmanager
+async def stack(settings, embedder, *, query: bool = True):
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(running_worker(settings))
+        indexing = await stack.enter_async_context(running(IndexingWorker(settings, embedder=Shared(embedder))))
+        await asyncio.wait_for(indexing.ready.wait(), 60)
+        q = await stack.enter_async_context(running_query(settings)) if query else None
+        if q is not None:
+            q.searcher.embedder = Shared(embedder)  # no second copy of the model
+        yield indexing, q
+
+
+async def indexed(client: MemoryClient, seq: int) -> None:
+    """Until everything up to ``seq`` is indexed (search's min_seq)."""
+    await client.search("nobody", "x", min_seq=seq)
+
+
+async def test_publish_index_search(nats_url, sqlite_url, tmp_path, embedder):
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with stack(s, embedder):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append_many("alice", "s1", [
+                text("user", "I adopted a golden retriever puppy named Max", author="Alice"),
+                text("assistant", "How lovely! How old is Max?"),
+                text("user", "We are flying to Lisbon in June for my sister's wedding", author="Alice"),
+            ])  # fmt: skip
+            seq = await client.append("bob", "s1", text("user", "My dog is called Rex", author="Bob"))
+            await indexed(client, seq)
+            queries = {"keyword": "puppy", "vector": "What is the name of my dog?", "hybrid": "my puppy dog"}
+            for mode, query in queries.items():
+                found = await client.search("alice", query, mode=mode, k=3)
+                assert found.mode == mode and found.model == embedder.model
+                assert found.results[0].content == "I adopted a golden retriever puppy named Max", mode
+                assert all(r.metadata["user"] == "alice" for r in found.results)  # never Bob's Rex
+                assert [r.score for r in found.results] == sorted((r.score for r in found.results), reverse=True)
+            trip = await client.search("alice", "travel plans", k=1, authors=["Alice"])
+            assert "Lisbon" in trip.results[0].content
+            assert (await client.search("alice", "Lisbon", roles=["assistant"], mode="keyword")).results == []
+            # the agent tool
+            assert SEARCH_MEMORY["function"]["name"] == "search_memory"
+            answer = await run_search_memory(client, "alice", '{"query": "wedding", "limit": 1}')
+            assert "Lisbon" in answer and answer.startswith("- [")
+
+
+async def test_other_apps_never_see_results(nats_url, sqlite_url, tmp_path, embedder):
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with stack(s, embedder):
+        async with await MemoryClient.connect(nats_url, app=APP) as a, await MemoryClient.connect(nats_url, app="other") as b:
+            seq = await a.append("alice", "s", text("user", "secret plans for the heist"))
+            await b.append("alice", "s", text("user", "nothing to see"))
+            await indexed(a, seq)
+            assert (await a.search("alice", "heist")).results
+            assert all("heist" not in r.content for r in (await b.search("alice", "heist")).results)
+
+
+async def test_deletes_are_followed(nats_url, sqlite_url, tmp_path, embedder):
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with stack(s, embedder):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append("alice", "s1", text("user", "the blue umbrella is in the car"))
+            await client.append("alice", "s2", text("user", "the red umbrella is at work"))
+            await client.append("carol", "s1", text("user", "carol lost her umbrella"))
+            seq = await client.delete_session("alice", "s1")
+            await indexed(client, seq)
+            found = await client.search("alice", "umbrella", mode="keyword")
+            assert [r.content for r in found.results] == ["the red umbrella is at work"]
+            # recreated after its delete: the new event stays
+            seq = await client.append("alice", "s1", text("user", "a green umbrella now"))
+            seq = await client.delete_user("alice")
+            seq = await client.append("carol", "s2", text("user", "still here"))
+            await indexed(client, seq)
+            assert (await client.search("alice", "umbrella", mode="keyword")).results == []
+            assert len((await client.search("carol", "umbrella", mode="keyword")).results) == 1
+
+
+def _tool_call_pair() -> list[Event]:
+    return [
+        Event(author="bot", message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="weather", args={"city": "Oslo"})])),
+        Event(author="weather", message=Message(role="tool", parts=[ToolResultPart(id="c1", name="weather", result="snowing in Oslo")])),
+    ]
+
+
+@pytest.mark.parametrize("scope, expected", [
+    ("all", {"user", "assistant", "tool", "summary"}),
+    ("conversational", {"user", "summary"}),
+    ("summaries_only", {"summary"}),
+])  # fmt: skip
+async def test_storage_scope(nats_url, sqlite_url, tmp_path, embedder, scope, expected):
+    s = settings_for(nats_url, sqlite_url, tmp_path, storage_scope=scope)
+    async with stack(s, embedder) as (indexing, _):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append("alice", "s", text("user", "what is the weather in Oslo?"))
+            await client.append_many("alice", "s", _tool_call_pair())
+            seq = await client._publish(CheckpointSaved(app=APP, user="alice", session="s", summary="Alice asked about Oslo weather.", up_to_seq=3))
+            await indexed(client, seq)
+            found = await client.search("alice", "Oslo weather", mode="keyword", k=10)
+            assert {r.metadata["role"] for r in found.results} == expected
+
+
+async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp_path, embedder):
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with stack(s, embedder, query=False) as (indexing, _):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            for user in ("alice", "bob"):
+                for session in ("s1", "s2", "s3"):
+                    await client.append_many(user, session, [text("user", f"{user} note {i} in {session}") for i in range(5)])
+            await client.delete_session("alice", "s2")
+            seq = await client.delete_user("bob")
+            await client.append("bob", "again", text("user", "bob is back"))
+            seq = await client.append("alice", "s1", text("user", "last words"))
+            await wait_for(lambda: _indexed_to(indexing, seq), what="indexing")
+        backend = indexing.backend
+
+        async def snapshot():
+            return {(d.id, d.session, d.seq, d.text, tuple(round(x, 4) for x in d.vector)) async for d in backend.export()}
+
+        live = await snapshot()
+        assert len(live) == 5 * 2 + 1 + 1  # alice s1, s3 (+ last words), bob's new session
+        js = indexing.js
+        indexer = Indexer(backend, Shared(embedder), s.indexing.storage_scope)
+        first = (await backend.live()).generation
+        result = await rebuild(s, js, indexer, source="stream")
+        assert result.generation != first and (await backend.live()).generation == result.generation
+        assert await snapshot() == live
+        engine = create_engine(s.database_url())
+        try:
+            result = await rebuild(s, js, indexer, source="sql", engine=engine)
+        finally:
+            await engine.dispose()
+        assert await snapshot() == live
+        # scoped: only alice is replayed, the rest is copied
+        result = await rebuild(s, js, indexer, app=APP, user="alice")
+        assert result.copied == 1 and await snapshot() == live
+        assert len(await backend.generations()) == 1  # old generations were dropped
+
+
+async def _indexed_to(worker: IndexingWorker, seq: int) -> bool:
+    info = await worker.js.consumer_info(worker.settings.streams.events, worker.settings.indexing.durable)
+    return info.ack_floor.stream_seq >= seq
+
+
+async def test_a_model_change_is_detected_and_rebuilds(nats_url, sqlite_url, tmp_path, embedder):
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with stack(s, embedder) as (indexing, query):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seq = await client.append("alice", "s", text("user", "the spare key is under the flower pot"))
+            await indexed(client, seq)
+            old = await indexing.backend.live()
+            # A worker with another model: it must not write into this index.
+            other = IndexingWorker(s, embedder=Renamed(embedder, "local:renamed-model"))
+            async with running(other):
+                await asyncio.wait_for(other.ready.wait(), 60)
+                new = await other.backend.live()
+                assert new.model == "local:renamed-model" and new.generation != old.generation
+                assert await other.backend.count() == 1  # rebuilt from the stream
+                # The query worker still embeds with the old model: keyword, said so.
+                query.searcher._live = None
+                found = await client.search("alice", "where is the key?")
+                assert found.mode == "keyword" and found.note and "renamed-model" in found.note
+                # The first worker stops writing rather than mix vectors.
+                await client.append("alice", "s", text("user", "a second fact about keys"))
+                await asyncio.sleep(1.0)
+                assert await other.backend.count() in (1, 2)
+                exported = [d async for d in other.backend.export()]
+                assert all(len(d.vector) == embedder.dim for d in exported)
+
+
+async def test_search_without_an_index_is_a_typed_error(nats_url, sqlite_url, tmp_path):
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with running_worker(s), running_query(s):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            with pytest.raises(Unavailable, match="no index"):
+                await client.search("alice", "anything")
+
+
+async def test_context_recalls_memories_from_other_sessions(nats_url, sqlite_url, tmp_path, embedder):
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with stack(s, embedder):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append_many("alice", "old", [
+                text("user", "My daughter's name is Emma and she is 7", author="Alice"),
+                text("user", "I work as a nurse at the city hospital", author="Alice"),
+            ])  # fmt: skip
+            await client.append("alice", "new", text("assistant", "Hi again! How can I help?"))
+            seq = await client.append("alice", "new", text("user", "What should I get my daughter for her birthday?"))
+            await indexed(client, seq)
+            ctx = await client.context("alice", "new", recall_limit=1)
+            assert ctx.tokens["recalled"] > 0
+            recalled = ctx.context["recalled"]
+            assert len(recalled) == 1 and "Emma" in recalled[0]["event"]["message"]["parts"][0]["text"]
+            assert ctx.messages[0]["role"] == "system" and "Emma" in ctx.messages[0]["content"]
+            # what the window holds is never recalled again
+            ctx = await client.context("alice", "new", recall_limit=5)
+            window_seqs = {e["seq"] for e in ctx.context["window"]}
+            assert not window_seqs & {r["seq"] for r in ctx.context["recalled"]}
+            assert (await client.context("alice", "new", recall_limit=0)).tokens["recalled"] == 0

@@ -1,0 +1,90 @@
+"""Apply stream messages to an index generation: embed, upsert, delete.
+
+Shared by the live indexing worker and by rebuilds, so a rebuilt index is
+built by exactly the code that built the live one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from nats.aio.msg import Msg
+
+from contracts.codec import decode_from_subject
+from contracts.errors import MemqError
+from workers.indexing.backends.base import IndexBackend
+from workers.indexing.embedders.base import Embedder
+from workers.memory.recall import Doc, StorageScope, doc_for
+
+log = logging.getLogger("memq.indexing")
+
+
+@dataclass
+class Applied:
+    docs: int = 0
+    deletes: int = 0
+    skipped: int = 0  # undecodable: the persistence worker dead-letters those
+    embed_s: float = 0.0
+    upsert_s: float = 0.0
+    last_seq: int = 0
+
+
+@dataclass
+class Indexer:
+    backend: IndexBackend
+    embedder: Embedder
+    scope: StorageScope = "all"
+    max_message_bytes: int = 1024 * 1024
+    totals: Applied = field(default_factory=Applied)
+
+    def decode(self, msgs: Sequence[Msg]) -> list[tuple[int, object]]:
+        out = []
+        for msg in msgs:
+            try:
+                out.append((msg.metadata.sequence.stream, decode_from_subject(msg.subject, msg.data, max_bytes=self.max_message_bytes)))
+            except MemqError as exc:
+                # Not dead-lettered here as well: one DLQ entry per bad message.
+                log.debug("skipping seq %s: %s", msg.metadata.sequence.stream, exc)
+                self.totals.skipped += 1
+        return out
+
+    async def apply(self, items: Sequence[tuple[int, object]], *, generation: str | None = None) -> Applied:
+        """Apply decoded ``(seq, message)`` pairs in order. Deletes cut the
+        batch: docs before a delete are written first, so the delete (bounded
+        by its own seq) removes them and spares anything newer."""
+        done = Applied()
+        pending: list[Doc] = []
+        for seq, message in items:
+            kind = getattr(message, "kind", None)
+            if kind in ("session.delete", "user.delete"):
+                await self._write(pending, generation, done)
+                pending = []
+                if kind == "session.delete":
+                    await self.backend.delete_session(
+                        message.app, message.user, message.session, before_seq=seq, generation=generation
+                    )
+                else:
+                    await self.backend.delete_user(message.app, message.user, before_seq=seq, generation=generation)
+                done.deletes += 1
+            elif (doc := doc_for(seq, message, self.scope)) is not None:
+                pending.append(doc)
+            done.last_seq = max(done.last_seq, seq)
+        await self._write(pending, generation, done)
+        for name in ("docs", "deletes", "embed_s", "upsert_s"):
+            setattr(self.totals, name, getattr(self.totals, name) + getattr(done, name))
+        self.totals.last_seq = max(self.totals.last_seq, done.last_seq)
+        return done
+
+    async def _write(self, docs: list[Doc], generation: str | None, done: Applied) -> None:
+        if not docs:
+            return
+        t0 = time.perf_counter()
+        vectors = await self.embedder.embed([d.search_text for d in docs])
+        t1 = time.perf_counter()
+        await self.backend.upsert([d.with_vector(v) for d, v in zip(docs, vectors)], generation=generation)
+        done.embed_s += t1 - t0
+        done.upsert_s += time.perf_counter() - t1
+        done.docs += len(docs)

@@ -1,0 +1,231 @@
+"""The indexing worker: embeds the event log into the long-term memory index.
+
+The index is derived (SQL is the truth) and can always be rebuilt from the
+stream. One durable pull consumer (``memq-indexing``) is shared by all
+replicas. For each batch: decode, keep what the storage scope indexes
+(:func:`workers.memory.recall.doc_for`), embed, upsert, apply session and user
+deletes in order, then ack. An index or embedder outage naks the batch with a
+growing delay: nothing is acked before it is indexed, and nothing is lost.
+
+On start the worker compares its embedder with the live generation's model:
+none yet, or another model or dimension, means a rebuild into a fresh
+generation (one replica at a time, under a lease) before any live writes, so
+vectors of two models never mix. Writes name the generation they were
+checked against: a write racing a switch to another generation fails and is
+retried against the new one, never lands in the wrong one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
+from nats.micro import add_service
+
+from contracts.subjects import EVENTS_WILDCARD
+from workers import bus
+from workers.consumer import BatchConsumer
+from workers.indexing.backends import open_backend
+from workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
+from workers.indexing.embedders import open_embedder
+from workers.indexing.embedders.base import Embedder, EmbedderError
+from workers.indexing.indexer import Indexer
+from workers.indexing.rebuild import rebuild
+from workers.lease import Lease
+from workers.settings import Settings
+
+log = logging.getLogger("memq.indexing")
+
+WORKER = "indexing"
+REBUILD_LEASE = "index-rebuild"
+
+
+class ModelMismatch(Exception):
+    """The live generation holds another model's vectors than ours."""
+
+
+class IndexingWorker:
+    def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
+        self.settings = settings
+        self.backend = backend
+        self.embedder = embedder
+        self.indexer: Indexer | None = None
+        self.generation: IndexMeta | None = None  # where live writes go
+        self.nc: NATS | None = None
+        self.js: JetStreamContext | None = None
+        self.consumer: BatchConsumer | None = None
+        self.service = None
+        self.ready = asyncio.Event()  # the index is usable and the consumer runs
+        self._main: asyncio.Task | None = None
+        self._stopping = asyncio.Event()
+
+    @property
+    def indexed(self) -> int:
+        return self.indexer.totals.docs if self.indexer else 0
+
+    # --- lifecycle ----------------------------------------------------------------
+
+    def consumer_config(self, start_seq: int | None = None) -> ConsumerConfig:
+        s = self.settings.indexing
+        return ConsumerConfig(
+            durable_name=s.durable,
+            deliver_policy=DeliverPolicy.ALL if start_seq is None else DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=start_seq,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=s.ack_wait_s,
+            max_deliver=-1,  # never give up while the index is down
+            max_ack_pending=max(1000, s.batch_size * 8),
+        )
+
+    async def start(self) -> None:
+        """Connect, then prepare the index and consume in the background: an
+        index server that is down at start delays indexing, not the worker."""
+        s = self.settings
+        self.nc = await bus.connect(s, WORKER)
+        self.js = self.nc.jetstream()
+        await bus.ensure_streams(self.js, s.streams)
+        if self.embedder is None:
+            self.embedder = await open_embedder(s.indexing)
+        if self.backend is None:
+            self.backend = open_backend(s)
+        self.indexer = Indexer(
+            self.backend, self.embedder, s.indexing.storage_scope, max_message_bytes=s.streams.max_message_bytes
+        )
+        self.service = await add_service(
+            self.nc, name="memq-indexing", version="0.1.0", description="memq: embeds the event log into the index"
+        )
+        self._main = asyncio.create_task(self._prepare_and_consume(), name="indexing main")
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        if self._main is not None:
+            self._main.cancel()
+            await asyncio.gather(self._main, return_exceptions=True)
+        if self.service is not None:
+            await self.service.stop()
+        if self.consumer is not None:
+            await self.consumer.stop()
+            self.consumer = None
+        if self.nc is not None:
+            await self.nc.flush()
+            await self.nc.close()
+            self.nc = None
+        if self.backend is not None:
+            await self.backend.close()
+        if self.embedder is not None:
+            await self.embedder.close()
+
+    async def _prepare_and_consume(self) -> None:
+        delays = self.settings.indexing.retry_delays_s
+        attempt = 0
+        while True:
+            try:
+                await self.backend.open()
+                start_seq = await self._ensure_generation()
+                break
+            except (IndexUnavailable, EmbedderError, OSError) as exc:
+                delay = delays[min(attempt, len(delays) - 1)]
+                log.warning("index not ready (%s); retrying in %.1fs", exc, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+        s = self.settings.indexing
+        self.consumer = BatchConsumer(
+            self.js,
+            stream=self.settings.streams.events,
+            subject=EVENTS_WILDCARD,
+            config=self.consumer_config(start_seq),
+            handler=self.handle,
+            batch_size=s.batch_size,
+            batch_wait_s=s.batch_wait_s,
+        )
+        await self.consumer.start()
+        self.ready.set()
+        log.info(
+            "indexing worker started (durable %s, %s index %s, %s, scope %s)",
+            s.durable, self.backend.name, self.generation.generation, self.embedder.model, s.storage_scope,
+        )  # fmt: skip
+
+    def _matches(self, meta: IndexMeta | None) -> bool:
+        return meta is not None and (meta.model, meta.dim) == (self.embedder.model, self.embedder.dim)
+
+    async def _ensure_generation(self) -> int | None:
+        """Make the live generation hold our model's vectors, rebuilding if it
+        does not. Returns where a *new* durable should start (after what a
+        rebuild replayed), or None to start from the beginning."""
+        live = await self.backend.live()
+        if self._matches(live):
+            self.generation = live
+            return None
+        # Everything up to here is replayed by the rebuild below.
+        replayed_to = (await self.js.stream_info(self.settings.streams.events)).state.last_seq
+        async with Lease(self.js, REBUILD_LEASE):
+            live = await self.backend.live()  # another replica may have rebuilt meanwhile
+            if not self._matches(live):
+                why = "no index yet" if live is None else f"the index holds {live.model}/{live.dim}"
+                log.warning("%s; rebuilding for %s/%d from the stream", why, self.embedder.model, self.embedder.dim)
+                result = await rebuild(self.settings, self.js, self.indexer)
+                log.info("rebuilt %d docs from %d messages in %.1fs", result.docs, result.replayed, result.seconds)
+            self.generation = await self.backend.live()
+        # A durable that does not exist yet need not re-index what the rebuild
+        # just replayed; an existing one keeps its position (re-indexing is
+        # idempotent).
+        try:
+            await self.js.consumer_info(self.settings.streams.events, self.settings.indexing.durable)
+            return None
+        except NotFoundError:
+            return replayed_to + 1 if replayed_to else None
+
+    # --- one batch --------------------------------------------------------------------
+
+    async def handle(self, msgs: list[Msg]) -> None:
+        items = self.indexer.decode(msgs)
+        try:
+            await self.indexer.apply(items, generation=self.generation.generation)
+        except (IndexUnavailable, EmbedderError, OSError) as exc:
+            await self._retry_later(msgs, exc)
+            return
+        for msg in msgs:
+            await msg.ack()
+
+    async def _retry_later(self, msgs: list[Msg], exc: Exception) -> None:
+        delays = self.settings.indexing.retry_delays_s
+        attempt = max((m.metadata.num_delivered or 1) for m in msgs)
+        delay = delays[min(attempt - 1, len(delays) - 1)]
+        # A switch to another generation also fails writes: follow it if it
+        # holds our model, and stop writing (loudly) if it does not.
+        try:
+            live = await self.backend.live()
+        except Exception:
+            live = None
+        if live is not None and live.generation != self.generation.generation:
+            if self._matches(live):
+                log.info("the index switched to %s; writing there", live.generation)
+                self.generation = live
+                delay = 0.0
+            else:
+                log.error(
+                    "the live index now holds %s/%d vectors but this worker embeds with %s/%d: "
+                    "not indexing until it is restarted with the same embedder",
+                    live.model, live.dim, self.embedder.model, self.embedder.dim,
+                )  # fmt: skip
+                delay = max(delays)
+        else:
+            log.warning("indexing failed (%s: %s); redelivery in %.1fs", type(exc).__name__, exc, delay)
+        for msg in msgs:
+            await msg.nak(delay=delay)
+        await asyncio.sleep(delay)  # hold the loop too: fetching more now would fail again
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    worker = IndexingWorker(settings)
+    await worker.start()
+    try:
+        await stop.wait()
+    finally:
+        await worker.stop()
+

@@ -1,0 +1,88 @@
+"""A lease: one holder at a time across replicas, freed if the holder dies.
+
+A key in a NATS KV bucket whose entries expire ``ttl_s`` after their last
+write. :meth:`Lease.acquire` creates the key only if it does not exist; the
+holder re-writes it every ``ttl_s / 3`` (compare-and-set on its revision, so
+a lease that expired and was taken by another replica is noticed, not
+stolen back); a crashed holder stops writing and the key expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+
+log = logging.getLogger("memq.lease")
+
+BUCKET = "MEMQ_LEASES"
+
+
+async def lease_bucket(js: JetStreamContext, ttl_s: float, bucket: str = BUCKET):
+    try:
+        return await js.key_value(bucket)
+    except (BucketNotFoundError, NotFoundError):
+        return await js.create_key_value(
+            KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE, description="memq: leases")
+        )
+
+
+class Lease:
+    def __init__(self, js: JetStreamContext, key: str, *, ttl_s: float = 30.0, bucket: str = BUCKET):
+        self.js, self.key, self.ttl_s, self.bucket = js, key, ttl_s, bucket
+        self.owner = f"{socket.gethostname()}:{os.getpid()}".encode()
+        self.revision: int | None = None
+        self.lost = asyncio.Event()  # set if another holder took over
+        self._kv = None
+        self._keeper: asyncio.Task | None = None
+
+    async def acquire(self) -> bool:
+        """Take the lease if free; True if we hold it now."""
+        self._kv = await lease_bucket(self.js, self.ttl_s, self.bucket)
+        try:
+            self.revision = await self._kv.create(self.key, self.owner)
+        except KeyWrongLastSequenceError:
+            return False
+        self.lost.clear()
+        self._keeper = asyncio.create_task(self._keep(), name=f"lease {self.key}")
+        return True
+
+    async def wait_acquire(self, poll_s: float = 0.5) -> None:
+        while not await self.acquire():
+            await asyncio.sleep(poll_s)
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / 3)
+            try:
+                self.revision = await self._kv.update(self.key, self.owner, last=self.revision)
+            except KeyWrongLastSequenceError:
+                log.warning("lease %s was lost (expired and taken)", self.key)
+                self.lost.set()
+                return
+            except Exception as exc:  # disconnected: try again; the TTL is the limit
+                log.warning("cannot renew lease %s: %s", self.key, exc)
+
+    async def release(self) -> None:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+            self._keeper = None
+        if self.revision is not None and not self.lost.is_set():
+            try:
+                await self._kv.delete(self.key, last=self.revision)
+            except Exception as exc:  # it expires anyway
+                log.debug("releasing lease %s: %s", self.key, exc)
+        self.revision = None
+
+    async def __aenter__(self) -> "Lease":
+        await self.wait_acquire()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.release()

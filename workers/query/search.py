@@ -1,0 +1,122 @@
+"""Long-term memory for the query worker: the ``search`` op and recall.
+
+The index backend and the embedder (to embed query texts) open on first use,
+so a query worker that never searches pays nothing. A query is embedded by
+the same model as the index's live generation; if they differ (a rebuild for
+a new model is under way), vector and hybrid searches are answered by
+keyword, and the reply says so: vectors of two models are never compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from contracts import queries as q
+from contracts.errors import Unavailable
+from workers.indexing.backends import open_backend
+from workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
+from workers.indexing.embedders import open_embedder
+from workers.indexing.embedders.base import Embedder, EmbedderError
+from workers.memory.recall import Hit, SearchQuery, hit_dict
+from workers.settings import Settings
+
+log = logging.getLogger("memq.query")
+
+LIVE_REFRESH_S = 2.0  # how long the live generation's meta is trusted
+
+
+class Searcher:
+    def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
+        self.settings = settings
+        self.backend = backend
+        self.embedder = embedder
+        self._opened = backend is not None and embedder is not None
+        self._lock = asyncio.Lock()
+        self._live: IndexMeta | None = None
+        self._live_at = 0.0
+
+    async def _open(self) -> None:
+        async with self._lock:
+            if self._opened:
+                return
+            try:
+                if self.backend is None:
+                    self.backend = open_backend(self.settings)
+                    await self.backend.open()
+                if self.embedder is None:
+                    self.embedder = await open_embedder(self.settings.indexing)
+            except (IndexUnavailable, EmbedderError, OSError) as exc:
+                raise Unavailable(f"search: the index is unavailable ({exc})") from None
+            self._opened = True
+
+    async def close(self) -> None:
+        if self.backend is not None:
+            await self.backend.close()
+        if self.embedder is not None:
+            await self.embedder.close()
+
+    async def live(self) -> IndexMeta | None:
+        if self._live is None or time.monotonic() - self._live_at > LIVE_REFRESH_S:
+            self._live = await self.backend.live()
+            self._live_at = time.monotonic()
+        return self._live
+
+    async def hits(self, query: SearchQuery) -> tuple[list[Hit], str, str | None, str | None]:
+        """``(hits, mode used, index model, note)``. Raises Unavailable."""
+        await self._open()
+        try:
+            live = await self.live()
+            if live is None:
+                raise Unavailable("search: no index has been built yet (is `memq worker indexing` running?)")
+            mode, note = query.mode, None
+            if mode != "keyword" and (live.model, live.dim) != (self.embedder.model, self.embedder.dim):
+                mode = "keyword"
+                note = (
+                    f"the index holds {live.model} vectors and this worker embeds with {self.embedder.model}: "
+                    "answered by keyword until both use the same model"
+                )
+            vector = None
+            if mode != "keyword":
+                [vector] = await self.embedder.embed([query.text])
+            found = await self.backend.search(
+                SearchQuery(**{**query.__dict__, "mode": mode, "vector": vector}), generation=live.generation
+            )
+            return found, mode, live.model, note
+        except (IndexUnavailable, EmbedderError, OSError) as exc:
+            self._live = None  # a switch of generation also lands here: re-read it
+            raise Unavailable(f"search: the index is unavailable, retry later ({exc})") from None
+
+    async def search(self, req: q.Search) -> q.SearchResults:
+        query = SearchQuery(
+            app=req.app,
+            user=req.user,
+            text=req.query,
+            mode=req.mode,
+            k=req.k,
+            session=req.session,
+            authors=tuple(req.authors),
+            roles=tuple(req.roles),
+            since=req.since,
+            until=req.until,
+            alpha=self.settings.recall.alpha if req.alpha is None else req.alpha,
+        )
+        found, mode, model, note = await self.hits(query)
+        return q.SearchResults(
+            results=[q.SearchResult(**hit_dict(h)) for h in found], mode=mode, model=model, note=note
+        )
+
+    async def recall(self, app: str, user: str, text: str, k: int) -> list[Hit]:
+        """Best-effort recall for a context: [] when disabled, empty, slow or
+        failing (logged); a context is never held up by the index."""
+        r = self.settings.recall
+        if not r.auto_recall or k <= 0 or not text.strip():
+            return []
+        query = SearchQuery(app=app, user=user, text=text, mode=r.mode, k=k, alpha=r.alpha)
+        try:
+            found, _, _, _ = await asyncio.wait_for(self.hits(query), r.timeout_s)
+            return found
+        except (Unavailable, asyncio.TimeoutError) as exc:
+            log.warning("recall skipped: %s", exc or "timed out")
+            return []
