@@ -166,8 +166,13 @@ class IndexingWorker:
         async with Lease(self.js, REBUILD_LEASE):
             live = await self.backend.live()  # another replica may have rebuilt meanwhile
             if not self._matches(live):
-                why = "no index yet" if live is None else f"the index holds {live.model}/{live.dim}"
-                log.warning("%s; rebuilding for %s/%d from the stream", why, self.embedder.model, self.embedder.dim)
+                if live is None:
+                    log.info("no index yet: building it from the stream (%s)", self.embedder.model)
+                else:
+                    log.warning(
+                        "the index holds %s/%d vectors and this worker embeds with %s/%d: rebuilding from the stream",
+                        live.model, live.dim, self.embedder.model, self.embedder.dim,
+                    )  # fmt: skip
                 result = await rebuild(self.settings, self.js, self.indexer)
                 log.info("rebuilt %d docs from %d messages in %.1fs", result.docs, result.replayed, result.seconds)
             self.generation = await self.backend.live()

@@ -1,0 +1,215 @@
+"""Retrieval benchmark: evidence recall of memq's search on LoCoMo.
+
+Usage::
+
+    .venv/bin/python tests/bench/retrieval.py --data ../shared/data/locomo/locomo-dev4.json [--quick] [--json PATH]
+
+For each index backend (embedded, Weaviate), on servers this script starts
+and stops itself (a fresh nats-server and SQLite file per backend; Weaviate
+from ``tests/services.py``), the real pipeline runs in this process: the
+persistence, indexing and query workers. Each conversation is one user,
+each LoCoMo session one memq session, each turn one event (its session's
+date as the timestamp, a minute apart), published with
+``MemoryClient.append_many``.
+
+- **Index throughput**: events/s from the first publish until the indexing
+  consumer's ack floor reaches the last sequence, beside the raw embedder
+  (``LocalEmbedder.embed_sync`` on the same texts, batches of the worker's
+  size) measured in the same run.
+- **Evidence recall@5 and @10** per question category, for keyword, vector
+  and hybrid search through ``MemoryClient.search`` (the query worker),
+  scoped to the conversation's user: the fraction of a question's evidence
+  turns among the top k, averaged over questions. "overall" is categories
+  1–4 (adversarial questions, category 5, are shown but not in overall).
+
+``--quick`` uses the first conversation only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+
+from rich.table import Table  # noqa: E402
+
+import helpers  # noqa: E402
+import locomo  # noqa: E402
+import services  # noqa: E402
+from benchlib import console, git_revision, machine_info, status, warn_if_busy  # noqa: E402
+from contracts.client import MemoryClient  # noqa: E402
+from workers.indexing.embedders.local import LocalEmbedder  # noqa: E402
+from workers.indexing.worker import IndexingWorker  # noqa: E402
+from workers.memory.recall import search_text  # noqa: E402
+from workers.settings import LocalEmbedderSettings, Settings  # noqa: E402
+
+MODES = ("keyword", "vector", "hybrid")
+KS = (5, 10)
+CONCURRENCY = 4
+
+
+@dataclass
+class BackendResult:
+    backend: str
+    events: int
+    index_s: float
+    events_per_s: float
+    # recall[mode][category or "overall"][k] = mean recall
+    recall: dict = field(default_factory=dict)
+    questions: dict = field(default_factory=dict)  # category → count
+    search_p50_ms: dict = field(default_factory=dict)  # mode → ms
+
+
+def raw_embedder_rate(conversations, batch: int) -> float:
+    texts = [search_text(t.speaker, t.text, t.timestamp) for c in conversations for t in c.turns]
+    embedder = LocalEmbedder(LocalEmbedderSettings())
+    embedder.embed_sync(texts[:batch])  # warm-up
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        embedder.embed_sync(texts[i : i + batch])
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def settings_for(backend: str, nats_url: str, work: Path, weaviate=None) -> Settings:
+    s = helpers.make_settings(nats_url, f"sqlite+aiosqlite:///{work / 'memq.db'}", work)
+    indexing = {"backend": backend}
+    if weaviate is not None:
+        indexing["weaviate"] = {"url": weaviate.url, "grpc_port": weaviate.grpc_port, "collection": f"Bench{uuid.uuid4().hex[:8]}"}
+    s.indexing = type(s.indexing).model_validate({**s.indexing.model_dump(), **indexing})
+    return s
+
+
+async def index_all(settings: Settings, client: MemoryClient, conversations, indexing: IndexingWorker) -> tuple[int, float]:
+    t0 = time.perf_counter()
+    n, last = 0, 0
+    for c in conversations:
+        for session, turns in c.sessions.items():
+            seqs = await client.append_many(c.sample_id, session, [c.event(t) for t in turns])
+            n += len(seqs)
+            last = max(last, *seqs)
+    js = indexing.js
+
+    async def caught_up() -> bool:
+        info = await js.consumer_info(settings.streams.events, settings.indexing.durable)
+        return info.ack_floor.stream_seq >= last
+
+    await helpers.wait_for(caught_up, timeout=3600, what="indexing")
+    return n, time.perf_counter() - t0
+
+
+async def score(client: MemoryClient, conversations, result: BackendResult) -> None:
+    gate = asyncio.Semaphore(CONCURRENCY)
+    latencies: dict[str, list[float]] = {m: [] for m in MODES}
+    sums: dict = {m: {} for m in MODES}
+
+    async def one(c, q, mode):
+        async with gate:
+            t0 = time.perf_counter()
+            found = await client.search(c.sample_id, q.question, mode=mode, k=max(KS))
+            latencies[mode].append((time.perf_counter() - t0) * 1000)
+        ids = [r.event_id for r in found.results]
+        wanted = {c.event_id(d) for d in q.evidence}
+        for k in KS:
+            got = len(wanted & set(ids[:k])) / len(wanted)
+            for key in (q.category, "overall") if q.category in locomo.SCORED else (q.category,):
+                sums[mode].setdefault(key, {}).setdefault(k, []).append(got)
+
+    await asyncio.gather(*(one(c, q, m) for c in conversations for q in c.questions for m in MODES))
+    result.recall = {m: {str(cat): {k: statistics.fmean(v) for k, v in by_k.items()} for cat, by_k in sums[m].items()} for m in MODES}
+    result.questions = {str(cat): len(v[KS[0]]) for cat, v in sums[MODES[0]].items()}
+    result.search_p50_ms = {m: statistics.median(v) for m, v in latencies.items()}
+
+
+async def run_backend(backend: str, conversations, work: Path, weaviate=None) -> BackendResult:
+    with services.NatsServer(workdir=work / "nats") as nats_server:
+        settings = settings_for(backend, nats_server.url, work, weaviate)
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(helpers.running_worker(settings))
+            indexing = await stack.enter_async_context(helpers.running(IndexingWorker(settings)))
+            await asyncio.wait_for(indexing.ready.wait(), 120)
+            await stack.enter_async_context(helpers.running_query(settings))
+            client = await stack.enter_async_context(await MemoryClient.connect(nats_server.url, app="locomo"))
+            status(f"  indexing {sum(len(c.turns) for c in conversations)} turns …")
+            n, seconds = await index_all(settings, client, conversations, indexing)
+            result = BackendResult(backend, n, seconds, n / seconds)
+            status(f"  {n / seconds:.1f} events/s; searching …")
+            await score(client, conversations, result)
+            return result
+
+
+def print_results(results: list[BackendResult], raw_rate: float, machine: dict) -> None:
+    console.print(f"\n[bold]LoCoMo evidence recall[/] — {machine.get('cpu', '?')}, {machine.get('nproc', '?')} cores")
+    cats = [str(c) for c in (*locomo.SCORED, 5)] + ["overall"]
+    for r in results:
+        table = Table(title=f"{r.backend}: recall@5 / recall@10")
+        table.add_column("mode")
+        for cat in cats:
+            label = locomo.CATEGORIES.get(int(cat), cat) if cat != "overall" else "overall (1–4)"
+            table.add_column(f"{label}\n(n={r.questions.get(cat, sum(r.questions.get(str(c), 0) for c in locomo.SCORED))})", justify="right")
+        table.add_column("search p50", justify="right")
+        for mode in MODES:
+            cells = []
+            for cat in cats:
+                by_k = r.recall[mode].get(cat)
+                cells.append(f"{by_k[5]:.3f} / {by_k[10]:.3f}" if by_k else "-")
+            table.add_row(mode, *cells, f"{r.search_p50_ms[mode]:.1f} ms")
+        console.print(table)
+    table = Table(title="index throughput (publish → indexed), same run")
+    for column in ("backend", "events", "seconds", "events/s", "÷ raw embedder"):
+        table.add_column(column, justify="right")
+    table.add_row("raw embedder (embed_sync)", "", "", f"{raw_rate:.1f}", "1.00")
+    for r in results:
+        table.add_row(r.backend, str(r.events), f"{r.index_s:.1f}", f"{r.events_per_s:.1f}", f"{r.events_per_s / raw_rate:.2f}")
+    console.print(table)
+
+
+async def main(args) -> int:
+    conversations = locomo.load(args.data, limit=1 if args.quick else None)
+    machine = machine_info()
+    status(f"[bold]memq retrieval benchmark[/] — {'quick' if args.quick else 'full'}: {len(conversations)} conversations")
+    warn_if_busy(machine)
+    batch = Settings().indexing.batch_size
+    status("raw embedder …")
+    raw_rate = raw_embedder_rate(conversations, batch)
+    results = []
+    with tempfile.TemporaryDirectory(prefix="memq-retrieval-") as tmp:
+        for backend in args.backends:
+            status(f"[bold]{backend}[/]")
+            work = Path(tmp) / backend
+            work.mkdir()
+            if backend == "weaviate":
+                with services.Weaviate(workdir=work / "weaviate") as weaviate:
+                    results.append(await run_backend(backend, conversations, work, weaviate))
+            else:
+                results.append(await run_backend(backend, conversations, work))
+    print_results(results, raw_rate, machine)
+    if args.json:
+        args.json.write_text(json.dumps({
+            "benchmark": "retrieval", "mode": "quick" if args.quick else "full", "revision": git_revision(),
+            "machine": machine, "raw_embedder_per_s": raw_rate, "results": [asdict(r) for r in results],
+        }, indent=2) + "\n")  # fmt: skip
+        status(f"results written to {args.json}")
+    return 0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, required=True, help="LoCoMo JSON (e.g. ../shared/data/locomo/locomo-dev4.json)")
+    parser.add_argument("--quick", action="store_true", help="one conversation (about a minute)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
+    parser.add_argument("--backends", nargs="+", default=["embedded", "weaviate"], choices=["embedded", "weaviate"])
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse_args())))
