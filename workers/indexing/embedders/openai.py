@@ -1,0 +1,152 @@
+"""Embeddings from any OpenAI-compatible ``/v1/embeddings`` endpoint.
+
+Works with OpenAI, Ollama, vLLM, Hugging Face TEI and the llama.cpp server:
+``POST {base_url}/embeddings`` with ``{"model", "input": [...]}`` (and
+``"dimensions"`` when set), reply ``{"data": [{"index", "embedding"}, ...]}``.
+Replies are re-ordered by ``index`` and L2-normalised here, since not every
+server normalises. The API key is sent only as a Bearer header and never
+appears in logs or errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+
+import httpx
+import numpy as np
+
+from workers.indexing.embedders.base import EmbedderError
+from workers.settings import OpenAIEmbedderSettings, mask_url
+
+log = logging.getLogger(__name__)
+
+# Backoff between attempts: RETRY_BASE_S * 2**attempt (with jitter), and a
+# server's Retry-After, both capped at RETRY_MAX_S. Tests make them tiny.
+RETRY_BASE_S = 0.5
+RETRY_MAX_S = 20.0
+PROBE_TEXT = "dimension probe"
+EXCERPT_CHARS = 200
+
+
+class OpenAIEmbedder:
+    """An OpenAI-compatible embeddings endpoint.
+
+    Parameters (``OpenAIEmbedderSettings``):
+        base_url: the ``/v1`` root (default ``https://api.openai.com/v1``).
+        api_key: sent as ``Authorization: Bearer``; unset (default) sends none.
+        model: the served model (default ``text-embedding-3-small``).
+        dimensions: ask for shorter vectors (default None: the model's size).
+        batch_size: texts per request (default 64).
+        timeout_s: per request (default 30).
+        retries: extra attempts on timeouts, connection errors, 429 and 5xx
+            (default 3); any other 4xx fails at once.
+
+    ``dim`` is ``dimensions`` when set, else 0 until :meth:`open` (or the first
+    call) learns it from a reply; :func:`~workers.indexing.embedders.open_embedder`
+    calls :meth:`open`.
+    """
+
+    def __init__(self, settings: OpenAIEmbedderSettings | None = None):
+        self.settings = s = settings or OpenAIEmbedderSettings()
+        self.model = f"openai:{s.model}" + (f"@{s.dimensions}" if s.dimensions else "")
+        self.dim = s.dimensions or 0
+        self._url = s.base_url.rstrip("/") + "/embeddings"
+        self._where = mask_url(self._url)  # for messages: no password of the URL
+        headers = {"Authorization": f"Bearer {s.api_key.get_secret_value()}"} if s.api_key else {}
+        self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(s.timeout_s))
+
+    async def open(self) -> OpenAIEmbedder:
+        """Learn ``dim`` by embedding one probe text, unless ``dimensions`` is set."""
+        if not self.dim:
+            await self.embed([PROBE_TEXT])
+        return self
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One unit vector per text, in order. Raises :class:`EmbedderError`."""
+        out: list[list[float]] = []
+        size = self.settings.batch_size
+        for start in range(0, len(texts), size):
+            out.extend(await self._embed_batch(list(texts[start : start + size])))
+        return out
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+    # --- one request ------------------------------------------------------
+
+    async def _embed_batch(self, batch: list[str]) -> list[list[float]]:
+        body: dict = {"model": self.settings.model, "input": batch}
+        if self.settings.dimensions:
+            body["dimensions"] = self.settings.dimensions
+        attempts = self.settings.retries + 1
+        for attempt in range(attempts):
+            retry_after = None
+            try:
+                reply = await self._client.post(self._url, json=body)
+            except httpx.TransportError as e:  # timeouts, refused/reset connections
+                reason = type(e).__name__
+            else:
+                if reply.status_code == 200:
+                    return self._parse(reply, len(batch))
+                reason = f"HTTP {reply.status_code}"
+                if reply.status_code != 429 and reply.status_code < 500:
+                    raise EmbedderError(f"{self._where} answered {reason}: {self._excerpt(reply.text)}")
+                retry_after = _retry_after(reply)
+            if attempt + 1 == attempts:
+                raise EmbedderError(f"{self._where} failed {attempts} time(s), last: {reason}")
+            delay = min(RETRY_MAX_S, RETRY_BASE_S * 2**attempt * random.uniform(0.75, 1.25))
+            if retry_after is not None:
+                delay = min(RETRY_MAX_S, max(retry_after, 0.0))
+            log.warning("embeddings: %s from %s, retry %d in %.2fs", reason, self._where, attempt + 1, delay)
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    def _parse(self, reply: httpx.Response, count: int) -> list[list[float]]:
+        try:
+            data = reply.json()["data"]
+            items = sorted(data, key=lambda d: d["index"])
+            indexes = [d["index"] for d in items]
+            vectors = [d["embedding"] for d in items]
+        except (ValueError, KeyError, TypeError) as e:
+            excerpt = self._excerpt(reply.text)
+            raise EmbedderError(f"{self._where}: not an embeddings reply ({e!r}): {excerpt}") from None
+        if indexes != list(range(count)):
+            raise EmbedderError(f"{self._where}: asked for {count} embeddings, got indexes {indexes[:10]}")
+        widths = sorted({len(v) if isinstance(v, list) else -1 for v in vectors})
+        if len(widths) != 1 or widths[0] <= 0:
+            raise EmbedderError(f"{self._where}: vectors of different or invalid lengths {widths[:5]}")
+        width = widths[0]
+        if self.dim and width != self.dim:
+            raise EmbedderError(f"{self._where}: got {width}-dimensional vectors, expected {self.dim}")
+        try:
+            array = np.asarray(vectors, dtype=np.float32)
+        except (ValueError, TypeError):
+            raise EmbedderError(f"{self._where}: embeddings are not lists of numbers") from None
+        self.dim = width
+        array /= np.clip(np.linalg.norm(array, axis=1, keepdims=True), 1e-12, None)
+        return array.tolist()
+
+    def _excerpt(self, text: str) -> str:
+        if self.settings.api_key:  # some servers echo what they were sent; redact before cutting
+            text = text.replace(self.settings.api_key.get_secret_value(), "***")
+        return " ".join(text.split())[:EXCERPT_CHARS]
+
+
+def _retry_after(reply: httpx.Response) -> float | None:
+    """A Retry-After header in seconds (either form), or None."""
+    value = reply.headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
+    except (TypeError, ValueError):
+        return None
