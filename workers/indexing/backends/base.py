@@ -35,6 +35,11 @@ class IndexUnavailable(Exception):
     """The index server cannot be reached or refused a write; retry later."""
 
 
+class UnknownGeneration(IndexUnavailable):
+    """A write or read named a generation that does not exist (any more): it
+    was dropped by a switch; re-read the live one."""
+
+
 @runtime_checkable
 class IndexBackend(Protocol):
     name: str
