@@ -1,4 +1,4 @@
-"""Real servers for the test suite: NATS, PostgreSQL, MariaDB and Redis.
+"""Real servers for the test suite: NATS, PostgreSQL, MariaDB, Redis and Weaviate.
 
 Each server runs on a free 127.0.0.1 port with its data in its own temporary
 directory, and dies with the test process. ``kill()`` + ``restart()`` keep the
@@ -41,6 +41,7 @@ __all__ = [
     "Server",
     "ServiceError",
     "ServiceUnavailable",
+    "Weaviate",
     "free_port",
     "wait_for_port",
 ]
@@ -537,3 +538,88 @@ class Redis(Server):
     @property
     def url(self) -> str:
         return f"redis://{HOST}:{self.port}/0"
+
+
+# --- Weaviate ------------------------------------------------------------------
+
+WEAVIATE_VERSION = os.environ.get("WEAVIATE_VERSION", "v1.35.2")
+
+
+def weaviate_binary() -> str | None:
+    """``$MEMQ_WEAVIATE_BIN``, else the pinned build that infra/scripts/install-weaviate.sh
+    puts in ``${MEMQ_TOOLS:-~/.cache/memq-tools}/weaviate-<version>/``, else PATH."""
+    if (path := os.environ.get("MEMQ_WEAVIATE_BIN")) and os.access(path, os.X_OK):
+        return path
+    tools = os.environ.get("MEMQ_TOOLS") or os.path.expanduser("~/.cache/memq-tools")
+    return _which("weaviate-server", os.path.join(tools, f"weaviate-{WEAVIATE_VERSION}")) or shutil.which("weaviate")
+
+
+class Weaviate(Server):
+    """A single-node Weaviate (no modules, anonymous access, self-provided vectors).
+
+    ``port`` is HTTP (``url``), ``grpc_port`` the gRPC API the client needs too.
+    Its cluster ports (gossip, data, Raft) are free ports as well, so several
+    servers can run side by side; all ports survive ``kill()``/``restart()``
+    with the data under ``<dir>/data``. Note: Weaviate binds gRPC and the cluster
+    data port on all interfaces (no setting), everything else on 127.0.0.1.
+    """
+
+    name = "weaviate"
+
+    def __init__(self, port: int | None = None, workdir=None, grpc_port: int | None = None):
+        super().__init__(port, workdir)
+        self.grpc_port = grpc_port or free_port()
+        self.cluster_ports = [free_port() for _ in range(4)]  # gossip, data, raft, raft rpc
+
+    @property
+    def http_port(self) -> int:
+        return self.port
+
+    def _find_binaries(self) -> None:
+        self.binary = weaviate_binary()
+        if self.binary is None:
+            raise ServiceUnavailable(
+                f"weaviate-server {WEAVIATE_VERSION} not found; bash infra/scripts/install-weaviate.sh "
+                "(needs Go), or set MEMQ_WEAVIATE_BIN"
+            )
+
+    def _command(self) -> list[str]:
+        return [self.binary, "--host", HOST, "--port", str(self.port), "--scheme", "http"]
+
+    def _popen_kwargs(self) -> dict:
+        kw = super()._popen_kwargs()
+        gossip, data, raft, raft_rpc = self.cluster_ports
+        kw["env"].update(
+            PERSISTENCE_DATA_PATH=str(self.dir / "data"),
+            AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED="true",
+            DEFAULT_VECTORIZER_MODULE="none",
+            ENABLE_MODULES="",
+            DISABLE_TELEMETRY="true",
+            GRPC_PORT=str(self.grpc_port),
+            # Standalone on loopback: without these it advertises the host's
+            # first address (an IPv6 one here makes it exit at start).
+            CLUSTER_HOSTNAME="node1",
+            CLUSTER_BIND_ADDR=HOST,
+            CLUSTER_ADVERTISE_ADDR=HOST,
+            CLUSTER_GOSSIP_BIND_PORT=str(gossip),
+            CLUSTER_DATA_BIND_PORT=str(data),
+            RAFT_PORT=str(raft),
+            RAFT_INTERNAL_RPC_PORT=str(raft_rpc),
+            RAFT_TIMEOUTS_MULTIPLIER="1",  # the default 5 makes a lone node wait ~9 s for its election
+            GO_PROFILING_DISABLE="true",  # else pprof takes the fixed port 6060
+            # memq creates its collections itself: a write racing the drop of
+            # a generation must fail (and be retried), not recreate it.
+            AUTOSCHEMA_ENABLED="false",
+        )
+        return kw
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.port}/v1/.well-known/ready", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"

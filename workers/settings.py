@@ -140,7 +140,7 @@ class WeaviateSettings(BaseModel):
     api_key: SecretStr | None = None
     collection: str = Field(default="MemqMemory", description="the alias searches use; generations are MemqMemory_<n>")
     scoping: Literal["tenant", "filter"] = Field(
-        default="filter", description="isolate users by multi-tenancy or by filters (see the README's measurement)"
+        default="tenant", description="isolate users by multi-tenancy (measured faster) or by filters"
     )
     timeout_s: float = Field(default=30.0, gt=0)
 

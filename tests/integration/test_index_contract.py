@@ -58,7 +58,10 @@ def q(text: str = "", *, mode: str = "keyword", vector=None, k: int = 10, app="a
     return SearchQuery(app=app, user=user, text=text, mode=mode, k=k, vector=vector, **kw)
 
 
-@pytest.fixture(params=["embedded", "weaviate-filter", "weaviate-tenant"])
+WEAVIATE = pytest.mark.services  # its server comes through getfixturevalue, unseen by conftest's marking
+
+
+@pytest.fixture(params=["embedded", pytest.param("weaviate-filter", marks=WEAVIATE), pytest.param("weaviate-tenant", marks=WEAVIATE)])
 async def index(request, tmp_path):
     if request.param == "embedded":
         from workers.indexing.backends.embedded import EmbeddedIndex

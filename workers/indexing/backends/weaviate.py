@@ -1,0 +1,607 @@
+"""The Weaviate index backend (production): hybrid BM25 + vector search over
+self-provided vectors.
+
+Generations are collections ``<collection>_<n>``; the live one is the
+Weaviate *alias* ``<collection>`` (Weaviate >= 1.32), so :meth:`promote` is one
+atomic alias switch and every read or write of the live generation goes
+through the alias, resolved by the server at that moment. A generation's model,
+dimension and scoping are JSON in its collection's ``description``: they are
+created and deleted together with the collection, so they can never disagree
+with it, and one ``list_all`` call reads them all (a separate meta collection
+would need its own writes and cleanup).
+
+Users are kept apart in one of two ways (``WeaviateSettings.scoping``):
+
+- ``filter``: one shard; every query carries ``user_key = scope_key(app, user)``.
+- ``tenant``: multi-tenancy, one tenant per user (created on first insert),
+  so a query only ever touches that user's shard and deleting a user can drop
+  the whole tenant.
+
+Facts that bite (Weaviate 1.35, weaviate-client 4.23): ``delete_many``
+deletes at most 10,000 objects per call; the tenants REST API does not resolve
+aliases (we resolve them first); a query on a tenant that does not exist yet
+is an error, not an empty result; deleting a collection leaves an alias that
+pointed to it dangling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import weaviate
+from weaviate.classes.config import Configure, DataType, Property, Tokenization, VectorDistances
+from weaviate.classes.data import DataObject
+from weaviate.classes.init import AdditionalConfig, Auth, Timeout
+from weaviate.classes.query import Filter, HybridFusion, MetadataQuery, Sort
+from weaviate.exceptions import WeaviateBaseError, WeaviateInsertManyAllFailedError
+
+from contracts.ids import scope_key
+from workers.indexing.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
+from workers.memory.recall import Doc, Hit, SearchQuery
+from workers.settings import WeaviateSettings
+
+log = logging.getLogger("memq.indexing.weaviate")
+
+DELETE_CAP = 10_000  # the server's per-call limit for delete_many (QUERY_MAXIMUM_RESULTS)
+INSERT_CHUNK = 500  # objects per gRPC batch request
+CONCURRENCY = 8  # batch or aggregate requests in flight at once
+PAGE = 500  # export page size
+VECTOR = "default"  # the client's name for the one unnamed vector
+
+# Filterable exact-match strings (FIELD): never BM25-searched.
+_KEYS = ("app", "user", "session", "user_key", "session_key", "author", "role", "doc_id")
+_RETURN = ["doc_id", "app", "user", "session", "seq", "author", "role", "timestamp", "text", "search_text"]
+_EXPLAIN = re.compile(r"Result Set (keyword|vector),\w+\) Document [\w-]+: original score ([-+\d.eE]+)")
+_CONNECTION_ERRORS = (WeaviateBaseError, OSError, asyncio.TimeoutError)
+
+Scoping = str  # "tenant" | "filter"
+
+
+def _drop_batch_error_dumps(record: logging.LogRecord) -> bool:
+    # insert_many logs every failed object (texts and vectors) at ERROR; we
+    # raise IndexUnavailable with the messages instead.
+    return not (isinstance(record.msg, dict) and "errors" in record.msg)
+
+
+logging.getLogger("weaviate-client").addFilter(_drop_batch_error_dumps)
+
+
+def tenant_name(user_key: str) -> str:
+    """A tenant name for a user (``[A-Za-z0-9_-]{1,64}``); ``user_key`` is a
+    sha256 hex digest, so its first 252 bits keep users apart."""
+    return "u" + user_key[:63]
+
+
+def _properties() -> list[Property]:
+    keys = [
+        Property(name=n, data_type=DataType.TEXT, tokenization=Tokenization.FIELD, index_searchable=False)
+        for n in _KEYS
+    ]
+    return keys + [
+        Property(name="seq", data_type=DataType.INT),
+        Property(name="timestamp", data_type=DataType.NUMBER),
+        Property(name="text", data_type=DataType.TEXT, index_searchable=False, index_filterable=False),
+        Property(name="search_text", data_type=DataType.TEXT, tokenization=Tokenization.WORD, index_filterable=False),
+    ]
+
+
+def _all(filters: Iterable[Any]) -> Any:
+    fs = [f for f in filters if f is not None]
+    return None if not fs else fs[0] if len(fs) == 1 else Filter.all_of(fs)
+
+
+def _any_equal(prop: str, values: Sequence[str]) -> Any:
+    if not values:
+        return None
+    fs = [Filter.by_property(prop).equal(v) for v in values]
+    return fs[0] if len(fs) == 1 else Filter.any_of(fs)
+
+
+def _vector(v: Sequence[float]) -> list[float]:
+    return v.tolist() if hasattr(v, "tolist") else [float(x) for x in v]
+
+
+def _doc(obj: Any, vector: bool = False) -> Doc:
+    p = obj.properties
+    vec = None
+    if vector and obj.vector:
+        vec = obj.vector.get(VECTOR) if isinstance(obj.vector, dict) else obj.vector
+    return Doc(
+        id=p["doc_id"],
+        app=p["app"],
+        user=p["user"],
+        session=p["session"],
+        seq=int(p["seq"]),
+        author=p["author"],
+        role=p["role"],
+        timestamp=float(p["timestamp"]),
+        text=p["text"],
+        search_text=p["search_text"],
+        vector=vec,
+    )
+
+
+def _tenant_missing(exc: BaseException) -> bool:
+    return "tenant not found" in str(exc)
+
+
+@dataclass(frozen=True)
+class _Target:
+    name: str  # a collection, or the alias for the live generation
+    scoping: Scoping
+
+    @property
+    def tenants(self) -> bool:
+        return self.scoping == "tenant"
+
+
+class WeaviateIndex:
+    """:class:`~workers.indexing.backends.base.IndexBackend` on a Weaviate server.
+
+    Parameters (all in ``settings``, a :class:`~workers.settings.WeaviateSettings`):
+
+    - ``url``: HTTP URL, e.g. ``http://localhost:8080`` (``https`` makes gRPC
+      use TLS too); required here.
+    - ``grpc_port``: the server's gRPC port on the same host (default 50051).
+    - ``api_key``: sent as the API key when set (never logged); default none.
+    - ``collection``: the alias name; generations are ``<collection>_<n>``
+      (default ``MemqMemory``; Weaviate capitalises the first letter).
+    - ``scoping``: ``filter`` (default) or ``tenant``, for new generations; an
+      existing generation keeps the scoping it was created with.
+    - ``timeout_s``: per-request timeout (default 30).
+    """
+
+    name = "weaviate"
+
+    def __init__(self, settings: WeaviateSettings):
+        if not settings.url:
+            raise ValueError("WeaviateIndex needs weaviate.url")
+        base = settings.collection[:1].upper() + settings.collection[1:]
+        if not re.fullmatch(r"[A-Z][A-Za-z0-9_]*", base):
+            raise ValueError(f"bad Weaviate collection name {settings.collection!r}: use [A-Za-z][A-Za-z0-9_]*")
+        self.settings = settings
+        self.alias = base
+        self._gen_re = re.compile(rf"{re.escape(base)}_(\d+)")
+        self._client: weaviate.WeaviateAsyncClient | None = None
+        self._metas: dict[str, dict] = {}  # collection -> its description (never changes)
+        self._live_scoping: Scoping | None = None  # cached; reset after any failure
+
+    # --- connection -----------------------------------------------------------
+
+    async def open(self) -> None:
+        s = self.settings
+        url = urlsplit(s.url)
+        secure = url.scheme == "https"
+        self._client = weaviate.use_async_with_custom(
+            http_host=url.hostname or "localhost",
+            http_port=url.port or (443 if secure else 80),
+            http_secure=secure,
+            grpc_host=url.hostname or "localhost",
+            grpc_port=s.grpc_port,
+            grpc_secure=secure,
+            auth_credentials=Auth.api_key(s.api_key.get_secret_value()) if s.api_key else None,
+            additional_config=AdditionalConfig(
+                timeout=Timeout(init=min(s.timeout_s, 10), query=s.timeout_s, insert=s.timeout_s)
+            ),
+            skip_init_checks=True,  # else connect() asks PyPI for a newer client
+        )
+        try:
+            await self._client.connect()
+        except _CONNECTION_ERRORS as exc:
+            await self.close()
+            raise IndexUnavailable(f"Weaviate at {s.url}: {exc}") from None
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    @property
+    def client(self) -> weaviate.WeaviateAsyncClient:
+        if self._client is None:
+            raise RuntimeError("WeaviateIndex is not open: await open() first")
+        return self._client
+
+    # --- generations ------------------------------------------------------------
+
+    def _meta(self, name: str, description: str | None) -> IndexMeta | None:
+        if not self._gen_re.fullmatch(name):
+            return None
+        try:
+            d = json.loads(description or "")
+            meta = IndexMeta(generation=name, model=d["model"], dim=int(d["dim"]), created_at=float(d["created_at"]))
+        except (ValueError, KeyError, TypeError):
+            return None  # not one of ours
+        self._metas[name] = d
+        return meta
+
+    async def _describe(self, name: str) -> dict | None:
+        if name not in self._metas:
+            try:
+                config = await self.client.collections.use(name).config.get()
+            except WeaviateBaseError as exc:
+                if "not found" in str(exc) or "404" in str(exc):
+                    return None
+                raise
+            if self._meta(config.name, config.description) is None:
+                return None
+        return self._metas[name]
+
+    async def _live_name(self) -> str | None:
+        alias = await self.client.alias.get(alias_name=self.alias)
+        return alias.collection if alias else None
+
+    async def live(self) -> IndexMeta | None:
+        try:
+            name = await self._live_name()
+            d = await self._describe(name) if name else None
+        except _CONNECTION_ERRORS as exc:
+            raise IndexUnavailable(f"Weaviate: {exc}") from None
+        if d is None:
+            self._live_scoping = None
+            return None
+        self._live_scoping = d.get("scoping", "filter")
+        return IndexMeta(generation=name, model=d["model"], dim=int(d["dim"]), created_at=float(d["created_at"]))
+
+    async def generations(self) -> list[IndexMeta]:
+        try:
+            found = await self.client.collections.list_all(simple=True)
+        except _CONNECTION_ERRORS as exc:
+            raise IndexUnavailable(f"Weaviate: {exc}") from None
+        metas = [m for name, c in found.items() if (m := self._meta(name, c.description))]
+        return sorted(metas, key=lambda m: int(self._gen_re.fullmatch(m.generation).group(1)))
+
+    async def create_generation(self, model: str, dim: int) -> IndexMeta:
+        scoping = self.settings.scoping
+        try:
+            taken = [m.generation for m in await self.generations()]
+            if live := await self._live_name():
+                taken.append(live)  # even a dangling alias's name stays unused
+            top = max((int(m.group(1)) for t in taken if (m := self._gen_re.fullmatch(t))), default=0)
+            for n in range(top + 1, top + 10):  # another process may take a number at the same time
+                name, created = f"{self.alias}_{n}", time.time()
+                description = json.dumps({"model": model, "dim": dim, "created_at": created, "scoping": scoping})
+                try:
+                    await self.client.collections.create(
+                        name,
+                        description=description,
+                        properties=_properties(),
+                        vector_config=Configure.Vectors.self_provided(
+                            vector_index_config=Configure.VectorIndex.hnsw(distance_metric=VectorDistances.COSINE)
+                        ),
+                        multi_tenancy_config=Configure.multi_tenancy(
+                            enabled=True, auto_tenant_creation=True, auto_tenant_activation=True
+                        )
+                        if scoping == "tenant"
+                        else None,
+                    )
+                except WeaviateBaseError as exc:
+                    if "already exists" in str(exc):
+                        continue
+                    raise
+                self._meta(name, description)
+                return IndexMeta(generation=name, model=model, dim=dim, created_at=created)
+        except _CONNECTION_ERRORS as exc:
+            raise IndexUnavailable(f"Weaviate: {exc}") from None
+        raise IndexUnavailable("could not find a free generation number")
+
+    async def promote(self, generation: str) -> None:
+        try:
+            if await self._describe(generation) is None:
+                raise ValueError(f"no generation {generation!r}")
+            previous = await self._live_name()
+            if previous == generation:
+                return
+            if previous is None:
+                try:
+                    await self.client.alias.create(alias_name=self.alias, target_collection=generation)
+                except WeaviateBaseError as exc:
+                    if "already exists" not in str(exc):  # created meanwhile: switch it below
+                        raise
+                    previous = await self._live_name()
+            if previous is not None:
+                await self.client.alias.update(alias_name=self.alias, new_target_collection=generation)
+            self._live_scoping = self._metas[generation].get("scoping", "filter")
+            if previous is not None and previous != generation:
+                await self.client.collections.delete(previous)
+                self._metas.pop(previous, None)
+        except _CONNECTION_ERRORS as exc:
+            raise IndexUnavailable(f"Weaviate: {exc}") from None
+
+    async def drop_generation(self, generation: str) -> None:
+        if not self._gen_re.fullmatch(generation):
+            raise ValueError(f"{generation!r} is not a generation of {self.alias}")
+        try:
+            if await self._live_name() == generation:
+                raise ValueError(f"{generation} is live: promote another generation instead")
+            await self.client.collections.delete(generation)
+        except _CONNECTION_ERRORS as exc:
+            raise IndexUnavailable(f"Weaviate: {exc}") from None
+        self._metas.pop(generation, None)
+
+    async def _target(self, generation: str | None) -> _Target | None:
+        """Where an operation goes: the named generation, or the live one
+        through its alias; None when there is no live generation."""
+        if generation is not None:
+            d = await self._describe(generation)
+            if d is None:
+                raise UnknownGeneration(f"no generation {generation!r}")
+            return _Target(generation, d.get("scoping", "filter"))
+        if self._live_scoping is None and await self.live() is None:
+            return None
+        return _Target(self.alias, self._live_scoping)
+
+    def _failed(self, exc: BaseException, generation: str | None) -> IndexUnavailable:
+        if generation is None:
+            self._live_scoping = None  # promoted elsewhere, maybe to another scoping: re-read
+        return IndexUnavailable(f"Weaviate: {exc}")
+
+    # --- writes -----------------------------------------------------------------
+
+    async def upsert(self, docs: Sequence[Doc], *, generation: str | None = None) -> None:
+        """Insert or overwrite ``docs`` (object uuid = ``Doc.uuid``). Raises
+        :class:`IndexUnavailable` naming the first errors if any doc failed."""
+        if not docs:
+            return
+        groups: dict[str | None, list[DataObject]] = {}
+        try:
+            target = await self._target(generation)
+            if target is None:
+                raise IndexUnavailable("no live index generation: create and promote one first")
+            for d in docs:
+                if d.vector is None:
+                    raise ValueError(f"doc {d.id} has no vector")
+                props = {k: getattr(d, k) for k in ("app", "user", "session", "user_key", "session_key", "author")}
+                props |= {"role": d.role, "doc_id": d.id, "seq": d.seq, "timestamp": d.timestamp}
+                props |= {"text": d.text, "search_text": d.search_text}
+                tenant = tenant_name(d.user_key) if target.tenants else None
+                groups.setdefault(tenant, []).append(
+                    DataObject(properties=props, uuid=d.uuid, vector=_vector(d.vector))
+                )
+            errors: list[str] = []
+            limit = asyncio.Semaphore(CONCURRENCY)
+
+            async def send(tenant: str | None, chunk: list[DataObject]) -> None:
+                coll = self.client.collections.use(target.name)
+                async with limit:
+                    try:
+                        res = await (coll.with_tenant(tenant) if tenant else coll).data.insert_many(chunk)
+                    except WeaviateInsertManyAllFailedError as exc:
+                        errors.append(str(exc))
+                        return
+                errors.extend(e.message for e in res.errors.values())
+
+            # One request per tenant and chunk: a batch call takes one tenant.
+            await asyncio.gather(*(
+                send(tenant, objs[i : i + INSERT_CHUNK])
+                for tenant, objs in groups.items()
+                for i in range(0, len(objs), INSERT_CHUNK)
+            ))  # fmt: skip
+        except _CONNECTION_ERRORS as exc:
+            raise self._failed(exc, generation) from None
+        if errors:
+            # A retry sends the same uuids again, so it converges.
+            raise IndexUnavailable(f"{len(errors)} of {len(docs)} docs not indexed: {'; '.join(errors[:3])}")
+
+    async def _delete_many(self, name: str, tenant: str | None, where: Any) -> int:
+        coll = self.client.collections.use(name)
+        coll = coll.with_tenant(tenant) if tenant else coll
+        deleted = 0
+        while True:
+            try:
+                res = await coll.data.delete_many(where=where)
+            except WeaviateBaseError as exc:
+                if tenant and _tenant_missing(exc):
+                    return deleted
+                raise
+            if res.failed:
+                raise IndexUnavailable(f"{res.failed} deletes failed")
+            deleted += res.successful
+            if res.matches < DELETE_CAP:  # the server caps each call
+                return deleted
+
+    async def delete_session(
+        self, app: str, user: str, session: str, *, before_seq: int | None = None, generation: str | None = None
+    ) -> None:
+        where = _all([
+            Filter.by_property("session_key").equal(scope_key(app, user, session)),
+            Filter.by_property("seq").less_than(before_seq) if before_seq is not None else None,
+        ])  # fmt: skip
+        try:
+            if (target := await self._target(generation)) is None:
+                return
+            tenant = tenant_name(scope_key(app, user)) if target.tenants else None
+            await self._delete_many(target.name, tenant, where)
+        except _CONNECTION_ERRORS as exc:
+            raise self._failed(exc, generation) from None
+
+    async def delete_user(
+        self, app: str, user: str, *, before_seq: int | None = None, generation: str | None = None
+    ) -> None:
+        """In tenant scoping without ``before_seq``, drops the user's tenant.
+        With ``before_seq`` it deletes by filter inside the tenant: dropping the
+        tenant could take a newer doc that another replica is writing."""
+        user_key = scope_key(app, user)
+        older = Filter.by_property("seq").less_than(before_seq) if before_seq is not None else None
+        try:
+            if (target := await self._target(generation)) is None:
+                return
+            if not target.tenants:
+                await self._delete_many(
+                    target.name, None, _all([Filter.by_property("user_key").equal(user_key), older])
+                )
+            elif older is not None:
+                await self._delete_many(target.name, tenant_name(user_key), older)
+            else:
+                # The tenants REST API does not resolve aliases.
+                name = target.name if generation else await self._live_name()
+                await self.client.collections.use(name).tenants.remove([tenant_name(user_key)])
+        except _CONNECTION_ERRORS as exc:
+            if _tenant_missing(exc):
+                return
+            raise self._failed(exc, generation) from None
+
+    # --- reads ------------------------------------------------------------------
+
+    async def search(self, query: SearchQuery, *, generation: str | None = None) -> list[Hit]:
+        """``query.k`` best hits, best first. Scores: keyword = BM25, vector =
+        1 - cosine distance, hybrid = Weaviate's relative-score fusion with
+        ``query.alpha`` (``scores`` also holds each side's original score).
+        Hybrid without text runs as vector, without a vector as keyword."""
+        text, vector, mode = query.text.strip(), query.vector, query.mode
+        if mode == "hybrid" and not text:
+            mode = "vector"
+        elif mode == "hybrid" and vector is None:
+            mode = "keyword"
+        if mode == "vector" and vector is None:
+            raise ValueError("a vector search needs query.vector")
+        if query.k <= 0 or (mode == "keyword" and not text):
+            return []
+        try:
+            if (target := await self._target(generation)) is None:
+                return []
+            user_key = scope_key(query.app, query.user)
+            where = _all([
+                None if target.tenants else Filter.by_property("user_key").equal(user_key),
+                Filter.by_property("session_key").equal(scope_key(query.app, query.user, query.session))
+                if query.session is not None else None,
+                _any_equal("author", query.authors),
+                _any_equal("role", query.roles),
+                Filter.by_property("timestamp").greater_or_equal(query.since) if query.since is not None else None,
+                Filter.by_property("timestamp").less_than(query.until) if query.until is not None else None,
+            ])  # fmt: skip
+            coll = self.client.collections.use(target.name)
+            if target.tenants:
+                coll = coll.with_tenant(tenant_name(user_key))
+            common = {"filters": where, "limit": query.k, "return_properties": _RETURN}
+            if mode == "keyword":
+                res = await coll.query.bm25(
+                    text, query_properties=["search_text"], return_metadata=MetadataQuery(score=True), **common
+                )
+                return [Hit(_doc(o), o.metadata.score, {"keyword": o.metadata.score}) for o in res.objects]
+            if mode == "vector":
+                res = await coll.query.near_vector(
+                    _vector(vector), return_metadata=MetadataQuery(distance=True), **common
+                )
+                sims = [(o, 1.0 - o.metadata.distance) for o in res.objects]
+                return [Hit(_doc(o), s, {"vector": s}) for o, s in sims]
+            res = await coll.query.hybrid(
+                text,
+                vector=_vector(vector),
+                alpha=query.alpha,  # explicit: the server's default may change
+                fusion_type=HybridFusion.RELATIVE_SCORE,
+                query_properties=["search_text"],
+                return_metadata=MetadataQuery(score=True, explain_score=True),
+                **common,
+            )
+            return [Hit(_doc(o), o.metadata.score, _hybrid_scores(o.metadata)) for o in res.objects]
+        except _CONNECTION_ERRORS as exc:
+            if _tenant_missing(exc):
+                return []  # the user has nothing indexed yet
+            raise self._failed(exc, generation) from None
+
+    def _scope_filter(self, app: str | None, user: str | None, tenants: bool) -> Any:
+        if app is not None and user is not None:
+            return None if tenants else Filter.by_property("user_key").equal(scope_key(app, user))
+        return _all([
+            Filter.by_property("app").equal(app) if app is not None else None,
+            Filter.by_property("user").equal(user) if user is not None else None,
+        ])  # fmt: skip
+
+    async def _tenants(self, target: _Target, app: str | None, user: str | None) -> list[str | None]:
+        """The tenants an app/user scope can be in (all of them unless both are given)."""
+        if not target.tenants:
+            return [None]
+        if app is not None and user is not None:
+            return [tenant_name(scope_key(app, user))]
+        name = target.name if target.name != self.alias else await self._live_name()
+        return sorted(await self.client.collections.use(name).tenants.get())
+
+    async def count(self, *, app: str | None = None, user: str | None = None, generation: str | None = None) -> int:
+        try:
+            if (target := await self._target(generation)) is None:
+                return 0
+            where = self._scope_filter(app, user, target.tenants)
+            limit = asyncio.Semaphore(CONCURRENCY)
+
+            async def one(tenant: str | None) -> int:
+                coll = self.client.collections.use(target.name)
+                async with limit:
+                    try:
+                        res = await (coll.with_tenant(tenant) if tenant else coll).aggregate.over_all(
+                            total_count=True, filters=where
+                        )
+                    except WeaviateBaseError as exc:
+                        if tenant and _tenant_missing(exc):
+                            return 0
+                        raise
+                return res.total_count or 0
+
+            return sum(await asyncio.gather(*(one(t) for t in await self._tenants(target, app, user))))
+        except _CONNECTION_ERRORS as exc:
+            raise self._failed(exc, generation) from None
+
+    async def export(
+        self, *, app: str | None = None, user: str | None = None, generation: str | None = None
+    ) -> AsyncIterator[Doc]:
+        """Every doc with its vector, optionally of one app or user. Unfiltered
+        walks use the server's cursor; filtered ones (the cursor takes no
+        filter) page by ``seq``."""
+        try:
+            if (target := await self._target(generation)) is None:
+                return
+            for tenant in await self._tenants(target, app, user):
+                coll = self.client.collections.use(target.name)
+                coll = coll.with_tenant(tenant) if tenant else coll
+                where = self._scope_filter(app, user, target.tenants)
+                pages = (
+                    _by_seq(coll, where)
+                    if where is not None
+                    else coll.iterator(include_vector=True, return_properties=_RETURN, cache_size=PAGE)
+                )
+                try:
+                    async for obj in pages:
+                        yield _doc(obj, vector=True)
+                except WeaviateBaseError as exc:
+                    if not (tenant and _tenant_missing(exc)):
+                        raise
+        except _CONNECTION_ERRORS as exc:
+            raise self._failed(exc, generation) from None
+
+
+async def _by_seq(coll: Any, where: Any) -> AsyncIterator[Any]:
+    """Filtered objects in ``seq`` order, a page at a time (keyset paging:
+    ``seq >= last``, skipping what the previous page already gave)."""
+    last, seen, page = None, set(), PAGE
+    while True:
+        f = where if last is None else Filter.all_of([where, Filter.by_property("seq").greater_or_equal(last)])
+        res = await coll.query.fetch_objects(
+            filters=f, sort=Sort.by_property("seq"), limit=page, include_vector=True, return_properties=_RETURN
+        )
+        fresh = [o for o in res.objects if o.uuid not in seen]
+        for o in fresh:
+            yield o
+        if len(res.objects) < page:
+            return
+        top = res.objects[-1].properties["seq"]
+        if top != last:
+            last, seen = top, set()
+        seen |= {o.uuid for o in res.objects if o.properties["seq"] == top}
+        if not fresh:
+            page *= 2  # more docs share one seq than fit in a page
+
+
+def _hybrid_scores(metadata: Any) -> dict[str, float]:
+    scores = {"hybrid": metadata.score}
+    # Each side's original score (BM25; cosine similarity) from the explanation.
+    for side, value in _EXPLAIN.findall(metadata.explain_score or ""):
+        scores[side] = float(value)
+    return scores
