@@ -7,6 +7,7 @@ outages in test_indexing_weaviate.py."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
@@ -172,8 +173,13 @@ async def test_storage_scope(nats_url, sqlite_url, tmp_path, embedder, scope, ex
             assert {r.metadata["role"] for r in found.results} == expected
 
 
-async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp_path, embedder):
-    s = settings_for(nats_url, sqlite_url, tmp_path)
+@pytest.mark.parametrize("backend", ["embedded", pytest.param("weaviate", marks=pytest.mark.services)])
+async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp_path, embedder, backend, request):
+    extra = {}
+    if backend == "weaviate":
+        server = request.getfixturevalue("weaviate_server")
+        extra = {"weaviate": {"url": server.url, "grpc_port": server.grpc_port, "collection": f"R{uuid.uuid4().hex[:10]}"}}
+    s = settings_for(nats_url, sqlite_url, tmp_path, backend=backend, **extra)
     async with stack(s, embedder, query=False) as (indexing, _):
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             for user in ("alice", "bob"):
