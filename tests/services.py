@@ -542,7 +542,7 @@ class Redis(Server):
 
 # --- Weaviate ------------------------------------------------------------------
 
-WEAVIATE_VERSION = os.environ.get("WEAVIATE_VERSION", "v1.35.2")
+WEAVIATE_VERSION = os.environ.get("WEAVIATE_VERSION", "v1.38.8")
 
 
 def weaviate_binary() -> str | None:

@@ -2,10 +2,10 @@
 # Install the pinned Weaviate server with `go install` (source from the Go module
 # proxy), cached between runs: a no-op when the binary is already there.
 # Usage: install-weaviate.sh      prints the binary's path
-#   WEAVIATE_VERSION  default v1.35.2
+#   WEAVIATE_VERSION  default v1.38.8
 #   MEMQ_TOOLS        default ~/.cache/memq-tools  -> $MEMQ_TOOLS/weaviate-<version>/weaviate-server
 set -euo pipefail
-version=${WEAVIATE_VERSION:-v1.35.2}
+version=${WEAVIATE_VERSION:-v1.38.8}
 dir=${MEMQ_TOOLS:-$HOME/.cache/memq-tools}/weaviate-$version
 bin=$dir/weaviate-server
 

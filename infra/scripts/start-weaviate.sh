@@ -8,7 +8,7 @@ set -euo pipefail
 port=${1:-8080}
 grpc=${2:-50051}
 dir=${MEMQ_DEV_DIR:-$HOME/.memq-dev}/weaviate
-version=${WEAVIATE_VERSION:-v1.35.2}
+version=${WEAVIATE_VERSION:-v1.38.8}
 bin=${MEMQ_WEAVIATE_BIN:-${MEMQ_TOOLS:-$HOME/.cache/memq-tools}/weaviate-$version/weaviate-server}
 [[ -x $bin ]] || bin=$(command -v weaviate-server) || {
   echo "weaviate-server not found: run infra/scripts/install-weaviate.sh" >&2

@@ -276,3 +276,16 @@ async def test_an_abandoned_generation_can_be_dropped(index):
     await index.drop_generation(fresh.generation)
     assert fresh.generation not in {g.generation for g in await index.generations()}
     assert (await index.live()).generation != fresh.generation
+
+
+async def test_a_rare_word_wins_a_multi_word_keyword_query(index):
+    # Weaviate before 1.38's fix (weaviate#11780) pruned recently inserted
+    # docs of a rare term from limited multi-term BM25 queries: LoCoMo
+    # keyword recall fell to 0.05. This is the shape of that failure.
+    common = [doc(f"another ordinary day number {i}", unit(1), seq=i + 1) for i in range(300)]
+    rare = doc("a zeppelin flew over on that day", unit(0, 1), seq=301)
+    for i in range(0, len(common), 64):
+        await index.upsert(common[i : i + 64])
+    await index.upsert([rare])
+    assert (await ids(index, q("zeppelin day", k=1))) == [rare.id]
+    assert (await ids(index, q("day zeppelin", k=3)))[0] == rare.id

@@ -17,7 +17,7 @@ Users are kept apart in one of two ways (``WeaviateSettings.scoping``):
   so a query only ever touches that user's shard and deleting a user can drop
   the whole tenant.
 
-Facts that bite (Weaviate 1.35, weaviate-client 4.23): ``delete_many``
+Facts that bite (Weaviate 1.38, weaviate-client 4.23): ``delete_many``
 deletes at most 10,000 objects per call; the tenants REST API does not resolve
 aliases (we resolve them first); a query on a tenant that does not exist yet
 is an error, not an empty result; deleting a collection leaves an alias that
