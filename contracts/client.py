@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
 import nats
+import orjson
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
@@ -75,7 +76,7 @@ from contracts.schemas import (
     UserDeleted,
     new_id,
 )
-from contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, request_subject
+from contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, request_subject, status_subject
 
 MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
 # The server counts headers in max_payload and drops the connection of a client
@@ -503,6 +504,18 @@ class MemoryClient:
             "search", min_seq, ryw=False, user=user, query=query, session=session, mode=mode, k=k,
             authors=list(authors), roles=list(roles), since=since, until=until, alpha=alpha,
         )  # fmt: skip
+
+    async def watch_status(self, user: str, session: str) -> AsyncIterator[dict[str, Any]]:
+        """Yield what workers announce about a session as it happens, e.g.
+        ``{"state": "summarizing", "up_to_seq": 120}`` then ``"summarized"``
+        (or ``"failed"``), to show "Summarizing conversation history…" as
+        Hector does. Stop by breaking out of the loop."""
+        sub = await self.nc.subscribe(status_subject(self.app, user, session))
+        try:
+            async for msg in sub.messages:
+                yield orjson.loads(msg.data)
+        finally:
+            await sub.unsubscribe()
 
     def with_history(
         self,

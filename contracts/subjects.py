@@ -59,6 +59,12 @@ def changed_subject(app: str, user: str, session: str | None = None) -> str:
     return base if session is None else f"{base}.{encode_token(session, 'session')}"
 
 
+def status_subject(app: str, user: str, session: str) -> str:
+    """Where workers announce what they do to a session (``{"state": "summarizing"}``):
+    core NATS, in no stream, so a client shows it while it happens."""
+    return f"{PREFIX}.status.{encode_token(app, 'app')}.{encode_token(user, 'user')}.{encode_token(session, 'session')}"
+
+
 def request_subject(app: str, op: str) -> str:
     return f"{PREFIX}.q.{encode_token(app, 'app')}.{op}"
 

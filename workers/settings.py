@@ -171,6 +171,30 @@ class RecallSettings(BaseModel):
     timeout_s: float = Field(default=2.0, gt=0, description="a slower recall is skipped, never blocks the context")
 
 
+class LLMSettings(BaseModel):
+    """An OpenAI-compatible chat completions endpoint (OpenAI, vLLM, Ollama, llama.cpp)."""
+
+    base_url: str = Field(default="https://api.openai.com/v1", description="any OpenAI-compatible /v1 endpoint")
+    api_key: SecretStr | None = None
+    model: str = "gpt-4o-mini"
+    summarizer_model: str | None = Field(default=None, description="a cheaper model for summaries (Hector's summarizer_llm)")
+    prompt: str | None = Field(default=None, description="template with {previous_summary}, {conversation}, {target_words}")
+    max_tokens: int | None = Field(default=None, ge=1, description="default: the summary's token target")
+    temperature: float = Field(default=0.2, ge=0, le=2)
+    timeout_s: float = Field(default=60.0, gt=0)
+    retries: int = Field(default=2, ge=0, description="on timeouts, 429 and 5xx, with backoff")
+
+
+class SummarizerSettings(BaseModel):
+    kind: Literal["extractive", "llm"] = Field(default="extractive", description="extractive: offline, the embedded default")
+    queue_group: str = "memq-summarizer"
+    sweep_interval_s: float = Field(default=30.0, gt=0, description="how often sessions over threshold are looked for")
+    lease_ttl_s: float = Field(default=60.0, gt=0, description="a crashed summarizer's session is free again after this")
+    retry_after_s: float = Field(default=30.0, gt=0, description="a failed session is tried again after this")
+    max_concurrent: int = Field(default=4, ge=1, description="sessions summarized at once per replica")
+    llm: LLMSettings = LLMSettings()
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMQ_",
@@ -189,6 +213,7 @@ class Settings(BaseSettings):
     query: QuerySettings = QuerySettings()
     indexing: IndexingSettings = IndexingSettings()
     recall: RecallSettings = RecallSettings()
+    summarizer: SummarizerSettings = SummarizerSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -238,7 +263,7 @@ class Settings(BaseSettings):
         if self.cache.redis_url is not None:
             data["cache"]["redis_url"] = mask_url(self.cache.redis_url.get_secret_value())
         for secret in ("api_key",):
-            for section in (data["indexing"]["openai"], data["indexing"]["weaviate"]):
+            for section in (data["indexing"]["openai"], data["indexing"]["weaviate"], data["summarizer"]["llm"]):
                 if section.get(secret):
                     section[secret] = "***"
         if self.nats.url:
