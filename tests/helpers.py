@@ -70,16 +70,17 @@ def running_query(settings: Settings):
 
 
 class WorkerProcess:
-    """A real `memq worker persistence` process (a replica)."""
+    """A real `memq worker <kind>` process (a replica); ``env`` adds variables."""
 
-    def __init__(self, settings: Settings, log_path: Path):
-        self.env = settings_env(settings)
+    def __init__(self, settings: Settings, log_path: Path, kind: str = "persistence", env: dict[str, str] | None = None):
+        self.env = {**settings_env(settings), **(env or {})}
         self.log_path = log_path
+        self.kind = kind
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "WorkerProcess":
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
-            self.proc = subprocess.Popen([str(MEMQ), "worker", "persistence"], env=self.env, stdout=log, stderr=log)
+            self.proc = subprocess.Popen([str(MEMQ), "worker", self.kind], env=self.env, stdout=log, stderr=log)
         return self
 
     def kill(self) -> None:

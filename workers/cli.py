@@ -36,6 +36,7 @@ err = Console(stderr=True)
 class WorkerKind(str, Enum):
     persistence = "persistence"
     indexing = "indexing"
+    summarizer = "summarizer"
     query = "query"
 
 
@@ -76,8 +77,14 @@ async def _run_workers(settings: Settings, kinds: list[WorkerKind], stop: asynci
     from workers.indexing.worker import IndexingWorker
     from workers.persistence.worker import PersistenceWorker
     from workers.query.service import QueryWorker
+    from workers.summarizer.worker import SummarizerWorker
 
-    factories = {WorkerKind.persistence: PersistenceWorker, WorkerKind.indexing: IndexingWorker, WorkerKind.query: QueryWorker}
+    factories = {
+        WorkerKind.persistence: PersistenceWorker,
+        WorkerKind.indexing: IndexingWorker,
+        WorkerKind.summarizer: SummarizerWorker,
+        WorkerKind.query: QueryWorker,
+    }
     workers = [factories[k](settings) for k in kinds]
     started = []
     try:

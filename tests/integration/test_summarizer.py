@@ -1,0 +1,242 @@
+"""The summarizer worker on real NATS and SQL: a 600-turn LoCoMo conversation
+stays within budget from start to end with a correct chain of checkpoints;
+one summary per fold however many replicas; a summarizer killed mid-summary
+loses nothing and the summary comes later; failures degrade, never block."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import threading
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from contracts.client import MemoryClient
+from contracts.schemas import Event, Message, TextPart
+from helpers import WorkerProcess, make_settings, running, running_query, running_worker, wait_for
+from workers.summarizer.summarizers import ExtractiveSummarizer, SummarizerError
+from workers.summarizer.worker import SummarizerWorker, checkpoint_id
+from workers.sql import models
+from workers.sql.engine import create_engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import locomo  # noqa: E402
+
+APP = "sum-app"
+DATA = Path(__file__).resolve().parents[3] / "shared" / "data" / "locomo" / "locomo-dev4.json"
+CHECKPOINTS = models.Checkpoint.__table__
+BUDGET = 2000
+
+pytestmark = pytest.mark.timeout(400)
+
+
+def summary_settings(nats_url, sqlite_url, tmp_path, **summarizer):
+    s = make_settings(nats_url, sqlite_url, tmp_path)
+    s.memory = type(s.memory).model_validate({**s.memory.model_dump(), "strategy": "summary_buffer", "budget": BUDGET})
+    s.summarizer = type(s.summarizer).model_validate(
+        {**s.summarizer.model_dump(), "sweep_interval_s": 0.5, "retry_after_s": 0.5, "lease_ttl_s": 3, **summarizer}
+    )
+    return s
+
+
+def text(role: str, body: str, author: str | None = None) -> Event:
+    return Event(author=author or role, message=Message(role=role, parts=[TextPart(text=body)]))
+
+
+async def checkpoints(settings) -> list:
+    engine = create_engine(settings.database_url())
+    try:
+        async with engine.connect() as conn:
+            rows = (await conn.execute(select(CHECKPOINTS).order_by(CHECKPOINTS.c.seq))).all()
+    finally:
+        await engine.dispose()
+    return rows
+
+
+def conversation_turns(n: int) -> list[Event]:
+    if not DATA.exists():
+        pytest.skip(f"LoCoMo data not found at {DATA}")
+    conv = max(locomo.load(DATA), key=lambda c: len(c.turns))
+    assert len(conv.turns) >= n
+    return [conv.event(t) for t in conv.turns[:n]]
+
+
+async def test_600_turns_stay_within_budget_with_a_chain_of_checkpoints(nats_url, sqlite_url, tmp_path):
+    s = summary_settings(nats_url, sqlite_url, tmp_path)
+    events = conversation_turns(600)
+    async with running_worker(s), running(SummarizerWorker(s)) as summarizer, running_query(s):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            over = []
+            for i in range(0, len(events), 20):
+                await client.append_many("u", "long", events[i : i + 20])
+                ctx = await client.context("u", "long", recall_limit=0)
+                if ctx.tokens["total"] > BUDGET:
+                    over.append((i, ctx.tokens))
+                await asyncio.sleep(0.05)  # let summaries land now and then, as in a live chat
+            assert not over, over
+
+            async def settled() -> bool:
+                return not (await client.history("u", "long")).needs_summary
+
+            await wait_for(settled, timeout=60, what="the last summary")
+            ctx = await client.context("u", "long", recall_limit=0)
+            assert ctx.tokens["total"] <= BUDGET and ctx.tokens["summary"] > 0
+            assert ctx.context["summary"]
+    rows = await checkpoints(s)
+    assert len(rows) >= 3, "600 turns at a 2,000-token budget need several summaries"
+    ups = [r.up_to_seq for r in rows]
+    assert ups == sorted(ups) and len(set(ups)) == len(ups)  # a chain: each goes further, no duplicate
+    assert all(r.up_to_seq < r.seq for r in rows)  # a summary covers only what came before it
+    assert {r.checkpoint_id for r in rows} == {checkpoint_id(r.session_key, r.up_to_seq) for r in rows}
+    assert summarizer.stats.checkpoints == len(rows) and summarizer.stats.failures == 0
+
+
+async def test_two_replicas_make_one_checkpoint_per_fold(nats_url, sqlite_url, tmp_path):
+    s = summary_settings(nats_url, sqlite_url, tmp_path, sweep_interval_s=0.2)
+    events = conversation_turns(200)
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(running_worker(s))
+        workers = [await stack.enter_async_context(running(SummarizerWorker(s))) for _ in range(2)]
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append_many("u", "s", events)
+
+            async def settled() -> bool:
+                return not (await client.history("u", "s")).needs_summary
+
+            await stack.enter_async_context(running_query(s))
+            await wait_for(settled, timeout=60, what="summaries")
+            # both ask again at once: the lease and the msg id keep it to one
+            await asyncio.gather(*(w.summarize_session(APP, "u", "s") for w in workers))
+    rows = await checkpoints(s)
+    ups = [r.up_to_seq for r in rows]
+    assert ups and len(set(ups)) == len(ups), ups
+
+
+class Failing:
+    name = "failing"
+
+    def __init__(self):
+        self.calls = 0
+
+    async def summarize(self, turns, *, previous, target_tokens):
+        self.calls += 1
+        raise SummarizerError("the model endpoint is down")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_failing_summarizer_degrades_and_is_retried(nats_url, sqlite_url, tmp_path):
+    s = summary_settings(nats_url, sqlite_url, tmp_path)
+    failing = Failing()
+    async with running_worker(s), running_query(s):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            statuses = []
+
+            async def watch():
+                async for status in client.watch_status("u", "s"):
+                    statuses.append(status["state"])
+
+            watcher = asyncio.create_task(watch())
+            await asyncio.sleep(0.1)
+            async with running(SummarizerWorker(s, summarizer=failing)) as worker:
+                await client.append_many("u", "s", conversation_turns(150))
+                await wait_for(lambda: _at_least(lambda: failing.calls, 2), timeout=30, what="retries")
+                ctx = await client.context("u", "s", recall_limit=0)
+                assert ctx.tokens["total"] <= BUDGET  # token_window rules meanwhile
+                assert worker.stats.failures >= 2
+            assert "summarizing" in statuses and "failed" in statuses
+            # a working summarizer later catches up
+            async with running(SummarizerWorker(s)):
+                await wait_for(lambda: _has_checkpoint(s), timeout=30, what="a checkpoint")
+            watcher.cancel()
+
+
+async def _at_least(value, n) -> bool:
+    return value() >= n
+
+
+async def _has_checkpoint(s) -> bool:
+    return bool(await checkpoints(s))
+
+
+class SilentEndpoint:
+    """A TCP server that accepts and never answers: an LLM stuck mid-summary."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.conns = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+
+    def close(self):
+        self.sock.close()
+        for c in self.conns:
+            c.close()
+
+
+async def test_a_summarizer_killed_mid_summary_loses_nothing(nats_url, sqlite_url, tmp_path):
+    s = summary_settings(nats_url, sqlite_url, tmp_path)
+    silent = SilentEndpoint()
+    env = {
+        "MEMQ_MEMORY__STRATEGY": "summary_buffer",
+        "MEMQ_MEMORY__BUDGET": str(BUDGET),
+        "MEMQ_SUMMARIZER__KIND": "llm",
+        "MEMQ_SUMMARIZER__LLM__BASE_URL": f"http://127.0.0.1:{silent.port}/v1",
+        "MEMQ_SUMMARIZER__LLM__TIMEOUT_S": "600",
+        "MEMQ_SUMMARIZER__LEASE_TTL_S": "3",
+        "MEMQ_SUMMARIZER__SWEEP_INTERVAL_S": "0.5",
+        "MEMQ_LOG_LEVEL": "INFO",
+    }
+    stuck = WorkerProcess(s, tmp_path / "summarizer.log", kind="summarizer", env=env)
+    try:
+        async with running_worker(s), running_query(s):
+            async with await MemoryClient.connect(nats_url, app=APP) as client:
+                events = conversation_turns(150)
+                summarizing = asyncio.Event()
+
+                async def watch():
+                    async for status in client.watch_status("u", "s"):
+                        if status["state"] == "summarizing":
+                            summarizing.set()
+
+                watcher = asyncio.create_task(watch())
+                await asyncio.sleep(0.1)
+                stuck.start()
+                await client.append_many("u", "s", events)
+                await asyncio.wait_for(summarizing.wait(), 60)
+                stuck.kill()  # SIGKILL while it holds the lease, mid-request
+                watcher.cancel()
+                assert await checkpoints(s) == []
+                async with running(SummarizerWorker(s, summarizer=ExtractiveSummarizer())):
+                    await wait_for(lambda: _has_checkpoint(s), timeout=30, what="the summary, later")
+                    await asyncio.sleep(1.0)
+                history = await client.history("u", "s", strategy={"kind": "all"})
+                assert len(history.events) == len(events)  # no event lost
+        rows = await checkpoints(s)
+        ups = [r.up_to_seq for r in rows]
+        assert len(set(ups)) == len(ups)  # no duplicate checkpoint
+    finally:
+        stuck.stop()
+        silent.close()
+
+
+def test_checkpoint_ids_are_deterministic():
+    assert checkpoint_id("a" * 64, 10) == checkpoint_id("a" * 64, 10)
+    assert checkpoint_id("a" * 64, 10) != checkpoint_id("a" * 64, 11)
+    assert json.dumps(checkpoint_id("b" * 64, 3))

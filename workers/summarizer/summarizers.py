@@ -1,0 +1,49 @@
+"""Summarizers behind one Protocol: the offline extractive one (the embedded
+default) and an OpenAI-compatible LLM (:mod:`workers.summarizer.llm`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from workers.memory import extractive
+from workers.memory.extractive import Turn
+from workers.settings import SummarizerSettings
+
+
+class SummarizerError(Exception):
+    """The summary could not be made now (endpoint down, timeout, bad reply); retry later."""
+
+
+@runtime_checkable
+class Summarizer(Protocol):
+    name: str
+
+    async def summarize(self, turns: Sequence[Turn], *, previous: str | None, target_tokens: int) -> str:
+        """A summary of ``previous`` (the last checkpoint's summary, or None)
+        followed by ``turns``, in about ``target_tokens`` tokens."""
+
+    async def close(self) -> None: ...
+
+
+class ExtractiveSummarizer:
+    """Keeps the sentences that carry names, dates, numbers and decisions
+    (:mod:`workers.memory.extractive`); offline and deterministic."""
+
+    name = "extractive"
+
+    async def summarize(self, turns: Sequence[Turn], *, previous: str | None, target_tokens: int) -> str:
+        # Pure CPU work of a few ms per hundred turns: off the event loop anyway.
+        return await asyncio.to_thread(extractive.summarize, turns, previous=previous, target_tokens=target_tokens)
+
+    async def close(self) -> None:
+        pass
+
+
+def open_summarizer(settings: SummarizerSettings) -> Summarizer:
+    if settings.kind == "llm":
+        from workers.summarizer.llm import LLMSummarizer
+
+        return LLMSummarizer(settings.llm)
+    return ExtractiveSummarizer()

@@ -1,0 +1,287 @@
+"""The summarizer worker: checkpoint summaries that keep endless sessions
+within their token budget (DESIGN §6, ``summary_buffer``).
+
+Triggers: commit notices (``memq.v1.changed.>``, one replica per notice via
+a queue group) and a periodic sweep of SQL for sessions over the threshold,
+so a lost notice delays a summary but never loses one.
+
+For a session whose app uses ``summary_buffer``, the pure policy
+(:func:`workers.memory.strategies.select`) says whether a summary is due and
+up to which sequence. The worker then:
+
+1. takes the session's lease (a NATS KV key with a TTL): one summarizer per
+   session across replicas; a crashed holder's lease expires;
+2. announces ``{"state": "summarizing"}`` on ``memq.v1.status.<app>.<user>.<session>``;
+3. folds the previous summary and the events up to that sequence into a new
+   summary (extractive, or an OpenAI-compatible LLM);
+4. publishes a checkpoint on the session's subject with a ``Nats-Msg-Id``
+   derived from the session and the sequence, so a retry or a second replica
+   cannot create two; the persistence worker commits it like any event.
+
+A failure never blocks persistence or queries (history stays within budget
+by ``token_window`` rules until a summary exists): it is logged, counted and
+retried after ``retry_after_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import orjson
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.micro import add_service
+from sqlalchemy import func, select as sql_select
+
+from contracts.codec import encode, subject_for
+from contracts.ids import scope_key
+from contracts.schemas import CheckpointSaved
+from contracts.subjects import CHANGED_WILDCARD, status_subject
+from workers import bus
+from workers.lease import Lease
+from workers.memory.extractive import Turn
+from workers.memory.strategies import Strategy, select
+from workers.memory.tokens import event_text
+from contracts.errors import NotCommitted
+from workers.query.floor import CommitFloor
+from workers.query.ops import load_window, strategy_for
+from workers.settings import Settings
+from workers.sql import reads
+from workers.sql.engine import create_engine, migrate
+from workers.summarizer.summarizers import Summarizer, SummarizerError, open_summarizer
+
+log = logging.getLogger("memq.summarizer")
+
+WORKER = "summarizer"
+COMMIT_WAIT_S = 10.0  # how long a published checkpoint may take to reach SQL
+SUMMARY_SHARE = 0.5  # a summary takes at most this share of target x budget: recent turns keep room
+MIN_SUMMARY_TOKENS = 32
+
+
+def checkpoint_id(session_key: str, up_to_seq: int) -> str:
+    """Deterministic: the same fold has the same id (and Nats-Msg-Id) in every replica."""
+    return f"checkpoint-{session_key[:32]}-{up_to_seq}"
+
+
+def summary_target(strategy: Strategy, kept_tokens: int) -> int:
+    goal = int(strategy.budget * strategy.target)
+    return max(MIN_SUMMARY_TOKENS, min(goal - kept_tokens, int(goal * SUMMARY_SHARE)))
+
+
+@dataclass
+class Stats:
+    checkpoints: int = 0
+    failures: int = 0
+    skipped_busy: int = 0  # another replica held the session's lease
+
+
+class SummarizerWorker:
+    def __init__(self, settings: Settings, *, engine=None, summarizer: Summarizer | None = None):
+        self.settings = settings
+        self.engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)
+        self.summarizer = summarizer
+        self.nc: NATS | None = None
+        self.js = None
+        self.service = None
+        self.stats = Stats()
+        self._slots = asyncio.Semaphore(settings.summarizer.max_concurrent)
+        self._pending: set[tuple[str, str, str]] = set()  # sessions queued or in progress here
+        self._retry_at: dict[tuple[str, str, str], float] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._sweeper: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        if s.database.migrate_on_start:
+            await migrate(self.engine)
+        if self.summarizer is None:
+            self.summarizer = open_summarizer(s.summarizer)
+        self.nc = await bus.connect(s, WORKER)
+        self.js = self.nc.jetstream()
+        await bus.ensure_streams(self.js, s.streams)
+        self.floor = CommitFloor(self.js, s.streams.events, s.persistence.durable)
+        self._sub = await self.nc.subscribe(CHANGED_WILDCARD, queue=s.summarizer.queue_group, cb=self._on_change)
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="summarizer sweep")
+        self.service = await add_service(
+            self.nc, name="memq-summarizer", version="0.1.0", description="memq: checkpoint summaries"
+        )
+        log.info("summarizer worker started (%s)", s.summarizer.kind)
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+        if self.service is not None:
+            await self.service.stop()
+        if self.nc is not None:
+            await self._sub.unsubscribe()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.nc is not None:
+            await self.nc.flush()
+            await self.nc.close()
+            self.nc = None
+        if self.summarizer is not None:
+            await self.summarizer.close()
+        await self.engine.dispose()
+
+    # --- triggers -------------------------------------------------------------------
+
+    async def _on_change(self, msg: Msg) -> None:
+        try:
+            notice = orjson.loads(msg.data)
+        except orjson.JSONDecodeError:
+            return
+        if notice.get("deleted") or "session" not in notice:
+            return
+        self.schedule(notice["app"], notice["user"], notice["session"])
+
+    def schedule(self, app: str, user: str, session: str) -> None:
+        key = (app, user, session)
+        if key in self._pending or self._retry_at.get(key, 0) > time.monotonic():
+            return
+        if self._strategy(app).kind != "summary_buffer":
+            return
+        self._pending.add(key)
+        task = asyncio.create_task(self._run(key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.summarizer.sweep_interval_s)
+            try:
+                for app, user, session in await self.sessions_over_threshold():
+                    self.schedule(app, user, session)
+            except Exception as exc:  # the database is down: the next sweep tries again
+                log.warning("sweep failed: %s", exc)
+
+    async def sessions_over_threshold(self) -> list[tuple[str, str, str]]:
+        """Sessions whose tokens after their latest checkpoint pass the
+        smallest threshold of any summary_buffer app (each is then checked
+        against its own app's policy)."""
+        limits = [
+            int(st.budget * st.threshold)
+            for st in [self._strategy(None)] + [self._strategy(app) for app in self.settings.query.apps]
+            if st.kind == "summary_buffer"
+        ]
+        if not limits:
+            return []
+        s, e, c = reads.SESSIONS, reads.EVENTS, reads.CHECKPOINTS
+        latest = sql_select(c.c.session_key, func.max(c.c.up_to_seq).label("up")).group_by(c.c.session_key).subquery()
+        q = (
+            sql_select(s.c.app, s.c.user_id, s.c.session_id)
+            .select_from(s.join(e, e.c.session_key == s.c.key).outerjoin(latest, latest.c.session_key == s.c.key))
+            .where(s.c.last_seq > s.c.deleted_seq, e.c.seq > func.coalesce(latest.c.up, 0))
+            .group_by(s.c.key, s.c.app, s.c.user_id, s.c.session_id)
+            .having(func.sum(e.c.tokens) > min(limits))
+        )
+        async with self.engine.connect() as conn:
+            return [tuple(r) for r in (await conn.execute(q)).all()]
+
+    def _strategy(self, app: str | None) -> Strategy:
+        overrides = self.settings.query.apps.get(app, {}) if app else {}
+        return strategy_for(self.settings.memory, overrides, None)
+
+    # --- one session ------------------------------------------------------------------
+
+    async def _run(self, key: tuple[str, str, str]) -> None:
+        try:
+            async with self._slots:
+                await self.summarize_session(*key)
+        except Exception as exc:
+            self.stats.failures += 1
+            self._retry_at[key] = time.monotonic() + self.settings.summarizer.retry_after_s
+            log.warning("summary of %s failed (%s: %s); retrying later", key, type(exc).__name__, exc)
+        finally:
+            self._pending.discard(key)
+
+    async def summarize_session(self, app: str, user: str, session: str) -> int | None:
+        """Publish a checkpoint if one is due; returns its up_to_seq, or None."""
+        strategy = self._strategy(app)
+        if strategy.kind != "summary_buffer":
+            return None
+        session_key = scope_key(app, user, session)
+        plan = await self._plan(session_key, strategy)
+        if plan is None:
+            return None
+        lease = Lease(self.js, f"summarize.{session_key}", ttl_s=self.settings.summarizer.lease_ttl_s)
+        if not await lease.acquire():
+            self.stats.skipped_busy += 1
+            return None
+        try:
+            plan = await self._plan(session_key, strategy)  # another replica may have just done it
+            if plan is None:
+                return None
+            up_to, previous, turns, kept_tokens = plan
+            await self._status(app, user, session, "summarizing", up_to_seq=up_to)
+            try:
+                summary = await self.summarizer.summarize(
+                    turns, previous=previous, target_tokens=summary_target(strategy, kept_tokens)
+                )
+            except SummarizerError:
+                await self._status(app, user, session, "failed", up_to_seq=up_to)
+                raise
+            if lease.lost.is_set():
+                return None  # another replica owns the session now; let it publish
+            ack = await self._publish(app, user, session, session_key, summary, up_to)
+            # Hold the lease until the checkpoint is in SQL: a plan made
+            # before that would fold the same events again.
+            try:
+                await self.floor.wait_for(ack.seq, COMMIT_WAIT_S)
+            except NotCommitted:
+                log.warning("checkpoint at seq %d not committed after %.0fs", ack.seq, COMMIT_WAIT_S)
+            await self._status(app, user, session, "summarized", up_to_seq=up_to)
+            if not ack.duplicate:
+                self.stats.checkpoints += 1
+            self._retry_at.pop((app, user, session), None)
+            return up_to
+        finally:
+            await lease.release()
+
+    async def _plan(self, session_key: str, strategy: Strategy):
+        async with self.engine.connect() as conn:
+            window = await load_window(conn, session_key, strategy, self.settings.memory.model)
+        reserved = window.checkpoint.tokens if window.checkpoint else 0
+        selection = select(window.items, strategy, reserved=reserved)
+        if not selection.needs_summary:
+            return None
+        up_to = selection.summarize_up_to
+        turns, kept = [], 0
+        for item in window.items:
+            if item.seq <= up_to:
+                event = window.events[item.seq]
+                text = event_text(event)
+                if text.strip():
+                    turns.append(Turn(author=event.get("author", ""), text=text, timestamp=event.get("timestamp")))
+            else:
+                kept += item.tokens
+        previous = window.checkpoint.summary if window.checkpoint else None
+        return up_to, previous, turns, kept
+
+    async def _publish(self, app, user, session, session_key, summary: str, up_to: int) -> None:
+        message = CheckpointSaved(
+            app=app, user=user, session=session, id=checkpoint_id(session_key, up_to), summary=summary,
+            up_to_seq=up_to, author=f"summarizer:{self.settings.summarizer.kind}",
+        )  # fmt: skip
+        ack = await self.js.publish(subject_for(message), encode(message), headers={"Nats-Msg-Id": message.msg_id})
+        log.info("checkpoint of %s/%s/%s up to seq %d at seq %d%s", app, user, session, up_to, ack.seq,
+                 " (duplicate)" if ack.duplicate else "")  # fmt: skip
+        return ack
+
+    async def _status(self, app: str, user: str, session: str, state: str, **extra) -> None:
+        body = {"app": app, "user": user, "session": session, "state": state, **extra}
+        await self.nc.publish(status_subject(app, user, session), orjson.dumps(body))
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    worker = SummarizerWorker(settings)
+    await worker.start()
+    try:
+        await stop.wait()
+    finally:
+        await worker.stop()
