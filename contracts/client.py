@@ -431,6 +431,7 @@ class MemoryClient:
         format: ContextFormat = "memq",
         instruction: str | None = None,
         recall_limit: int = 5,
+        message: str | None = None,
         min_seq: int | None = None,
     ) -> ContextView:
         """What to send to the model: recalled memories, the latest summary and
@@ -444,11 +445,13 @@ class MemoryClient:
             an unset key raises :class:`~contracts.errors.TemplateKeyMissing`).
             Default: none.
         :param recall_limit: long-term memories to recall, 0..100. Default 5.
+        :param message: a user message not stored yet (about to be sent):
+            placed last, counted in the budget and used for recall. Default none.
         :param min_seq: see the note above. Default: :attr:`last_seq`.
         """
         return await self._query(
             "context", min_seq, user=user, session=session, strategy=strategy, model=model,
-            format=format, instruction=instruction, recall_limit=recall_limit,
+            format=format, instruction=instruction, recall_limit=recall_limit, message=message,
         )  # fmt: skip
 
     async def list_artifacts(self, user: str, session: str, *, min_seq: int | None = None) -> ArtifactsView:

@@ -88,6 +88,11 @@ class ContextGet(_Request):
     format: Literal["memq", "openai"] = "memq"
     instruction: str | None = Field(default=None, max_length=200_000, description="template rendered from state")
     recall_limit: int = Field(default=5, ge=0, le=100)
+    message: str | None = Field(
+        default=None,
+        max_length=200_000,
+        description="a user message not stored yet: placed last, counted in the budget, used for recall",
+    )
 
 
 class ArtifactsList(_Request):

@@ -275,3 +275,7 @@ async def test_context_recalls_memories_from_other_sessions(nats_url, sqlite_url
             window_seqs = {e["seq"] for e in ctx.context["window"]}
             assert not window_seqs & {r["seq"] for r in ctx.context["recalled"]}
             assert (await client.context("alice", "new", recall_limit=0)).tokens["recalled"] == 0
+            # a message not stored yet: placed last, counted, and what recall searches with
+            ctx = await client.context("alice", "new", recall_limit=1, format="openai", message="Where do I work again?")
+            assert ctx.messages[-1] == {"role": "user", "content": "Where do I work again?"}
+            assert "nurse" in ctx.messages[0]["content"]

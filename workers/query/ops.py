@@ -182,6 +182,8 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: "OpContext") ->
         state = await reads.merged_state(conn, req.app, req.user, req.session)
         instruction = render(req.instruction, state)
     window = await load_window(conn, scope_key(req.app, req.user, req.session), strategy, model)
+    if req.message is not None:
+        window = _with_pending(window, req.message, model)
     recalled = await _recall(ctx, req, window)
     built = assemble(
         history=window.items,
@@ -198,6 +200,20 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: "OpContext") ->
         tokens=built.tokens.to_dict(),
         messages=built.to_openai(),
         context=built.to_memq() if req.format == "memq" else None,
+    )
+
+
+PENDING_SEQ = 0  # the pending message's place holder: real seqs start at 1
+
+
+def _with_pending(window: Window, text: str, model: str | None) -> Window:
+    """The window with a not-yet-stored user message last (seq 0)."""
+    event = {"author": "user", "message": {"role": "user", "parts": [{"type": "text", "text": text}]}}
+    return Window(
+        items=[*window.items, item_from_event(PENDING_SEQ, event, model=model)],
+        events={**window.events, PENDING_SEQ: event},
+        stored=window.stored,
+        checkpoint=window.checkpoint,
     )
 
 
