@@ -493,7 +493,7 @@ def index_rebuild(
 
     from workers.indexing.backends import open_backend
     from workers.indexing.embedders import open_embedder
-    from workers.indexing.indexer import Indexer
+    from workers.indexing.indexer import make_indexer
     from workers.indexing.rebuild import rebuild
     from workers.sql.engine import create_engine
 
@@ -506,8 +506,8 @@ def index_rebuild(
         backend = open_backend(settings)
         await backend.open()
         embedder = await open_embedder(settings.indexing)
-        engine = create_engine(settings.database_url()) if source is RebuildSource.sql else None
-        indexer = Indexer(backend, embedder, settings.indexing.storage_scope, max_message_bytes=settings.streams.max_message_bytes)
+        engine = create_engine(settings.database_url())  # the SQL source, and each turn's previous one
+        indexer = make_indexer(settings, backend, embedder, nc.jetstream(), engine=engine)
         columns = (
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[rate]:>8.0f} msg/s"), TimeRemainingColumn(),
@@ -523,13 +523,12 @@ def index_rebuild(
 
                 return await rebuild(
                     settings, nc.jetstream(), indexer, source=source.value, app=app_id, user=user,
-                    engine=engine, progress=progress,
+                    engine=engine if source is RebuildSource.sql else None, progress=progress,
                 )  # fmt: skip
         finally:
             await backend.close()
             await embedder.close()
-            if engine is not None:
-                await engine.dispose()
+            await engine.dispose()
 
     try:
         result = _with_nats(work)

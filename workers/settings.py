@@ -154,6 +154,9 @@ class IndexingSettings(BaseModel):
     storage_scope: Literal["all", "conversational", "summaries_only"] = Field(
         default="all", description="what is indexed (Hector's storage_scope)"
     )
+    context_turns: int = Field(
+        default=1, ge=0, le=1, description="index each turn with the previous one (read from SQL); 0: alone"
+    )
     batch_size: int = Field(default=64, ge=1, le=4096)
     batch_wait_s: float = Field(default=0.1, gt=0)
     ack_wait_s: float = Field(default=120.0, gt=0, description="redelivery after a silent crash (embedding is slow)")

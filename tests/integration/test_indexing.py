@@ -19,7 +19,7 @@ from contracts.tools import SEARCH_MEMORY, run_search_memory
 from helpers import make_settings, running, running_query, running_worker, wait_for
 from workers.indexing.backends import open_backend
 from workers.indexing.embedders.local import LocalEmbedder
-from workers.indexing.indexer import Indexer
+from workers.indexing.indexer import make_indexer
 from workers.indexing.rebuild import rebuild
 from workers.indexing.worker import IndexingWorker
 from workers.settings import LocalEmbedderSettings
@@ -193,26 +193,31 @@ async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp
         backend = indexing.backend
 
         async def snapshot():
-            return {(d.id, d.session, d.seq, d.text, tuple(round(x, 4) for x in d.vector)) async for d in backend.export()}
+            return {
+                (d.id, d.session, d.seq, d.text, d.search_text, tuple(round(x, 4) for x in d.vector))
+                async for d in backend.export()
+            }
 
         live = await snapshot()
         assert len(live) == 5 * 2 + 1 + 1  # alice s1, s3 (+ last words), bob's new session
+        contexts = {d[4].split("\n", 1)[1] if "\n" in d[4] else None for d in live if d[0]}
+        assert "(after user: alice note 4 in s1)" in contexts  # "last words" follows note 4
         js = indexing.js
-        indexer = Indexer(backend, Shared(embedder), s.indexing.storage_scope)
-        first = (await backend.live()).generation
-        result = await rebuild(s, js, indexer, source="stream")
-        assert result.generation != first and (await backend.live()).generation == result.generation
-        assert await snapshot() == live
         engine = create_engine(s.database_url())
         try:
+            indexer = make_indexer(s, backend, Shared(embedder), js, engine=engine)
+            first = (await backend.live()).generation
+            result = await rebuild(s, js, indexer, source="stream")
+            assert result.generation != first and (await backend.live()).generation == result.generation
+            assert await snapshot() == live
             result = await rebuild(s, js, indexer, source="sql", engine=engine)
+            assert await snapshot() == live
+            # scoped: only alice is replayed, the rest is copied
+            result = await rebuild(s, js, indexer, app=APP, user="alice")
+            assert result.copied == 1 and await snapshot() == live
+            assert len(await backend.generations()) == 1  # old generations were dropped
         finally:
             await engine.dispose()
-        assert await snapshot() == live
-        # scoped: only alice is replayed, the rest is copied
-        result = await rebuild(s, js, indexer, app=APP, user="alice")
-        assert result.copied == 1 and await snapshot() == live
-        assert len(await backend.generations()) == 1  # old generations were dropped
 
 
 async def _indexed_to(worker: IndexingWorker, seq: int) -> bool:

@@ -102,3 +102,12 @@ def test_hit_dict_has_hectors_search_result_fields():
     d = hit_dict(_hit(3))
     assert set(d) == {"session_id", "event_id", "content", "author", "timestamp", "score", "metadata"}
     assert d["metadata"]["seq"] == 3
+
+
+def test_a_turn_is_indexed_with_the_previous_one():
+    from workers.memory.recall import Turn
+
+    doc = doc_for(2, ASSISTANT, "all", previous=Turn("Caroline", "I adopted a puppy named Max"))
+    assert doc.text == "Congratulations!"  # what a search returns stays the turn itself
+    assert doc.search_text.endswith("assistant: Congratulations!\n(after Caroline: I adopted a puppy named Max)")
+    assert doc_for(5, CHECKPOINT, "all", previous=Turn("x", "y")).search_text.endswith("Caroline adopted Max.")

@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from nats.aio.msg import Msg
 
@@ -17,7 +18,8 @@ from contracts.codec import decode_from_subject
 from contracts.errors import MemqError
 from workers.indexing.backends.base import IndexBackend
 from workers.indexing.embedders.base import Embedder
-from workers.memory.recall import Doc, StorageScope, doc_for
+from contracts.ids import scope_key
+from workers.memory.recall import SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
 
 log = logging.getLogger("memq.indexing")
 
@@ -38,6 +40,7 @@ class Indexer:
     embedder: Embedder
     scope: StorageScope = "all"
     max_message_bytes: int = 1024 * 1024
+    previous: Any = None  # workers.indexing.previous.PreviousTurns: each doc's previous turn; None: no context
     totals: Applied = field(default_factory=Applied)
 
     def decode(self, msgs: Sequence[Msg]) -> list[tuple[int, object]]:
@@ -57,11 +60,20 @@ class Indexer:
         by its own seq) removes them and spares anything newer."""
         done = Applied()
         pending: list[Doc] = []
+        last = await self._previous_turns(items)
+        owners: dict[str, tuple[str, str]] = {}
         for seq, message in items:
             kind = getattr(message, "kind", None)
+            key = scope_key(message.app, message.user, message.session) if getattr(message, "session", None) else None
+            if key is not None:
+                owners[key] = (message.app, message.user)
             if kind in ("session.delete", "user.delete"):
                 await self._write(pending, generation, done)
                 pending = []
+                # a session recreated after its delete starts without context
+                gone = [k for k, (app, user) in owners.items() if (app, user) == (message.app, message.user)]
+                for k in [key] if kind == "session.delete" else gone:
+                    last.pop(k, None)
                 if kind == "session.delete":
                     await self.backend.delete_session(
                         message.app, message.user, message.session, before_seq=seq, generation=generation
@@ -69,14 +81,27 @@ class Indexer:
                 else:
                     await self.backend.delete_user(message.app, message.user, before_seq=seq, generation=generation)
                 done.deletes += 1
-            elif (doc := doc_for(seq, message, self.scope)) is not None:
+            elif (doc := doc_for(seq, message, self.scope, last.get(key))) is not None:
                 pending.append(doc)
+                if self.previous is not None and doc.role != SUMMARY_ROLE:
+                    last[key] = turn_of(doc)
             done.last_seq = max(done.last_seq, seq)
         await self._write(pending, generation, done)
         for name in ("docs", "deletes", "embed_s", "upsert_s"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(done, name))
         self.totals.last_seq = max(self.totals.last_seq, done.last_seq)
         return done
+
+    async def _previous_turns(self, items) -> dict[str, Turn]:
+        """The turn before the first event of each session in the batch; the
+        batch itself provides the rest, in order."""
+        if self.previous is None:
+            return {}
+        firsts: dict[str, tuple[int, Any]] = {}
+        for seq, message in items:
+            if getattr(message, "kind", None) == "event":
+                firsts.setdefault(scope_key(message.app, message.user, message.session), (seq, message))
+        return await self.previous.before(firsts)
 
     async def _write(self, docs: list[Doc], generation: str | None, done: Applied) -> None:
         if not docs:
@@ -88,3 +113,22 @@ class Indexer:
         done.embed_s += t1 - t0
         done.upsert_s += time.perf_counter() - t1
         done.docs += len(docs)
+
+
+def make_indexer(settings, backend: IndexBackend, embedder: Embedder, js, engine=None) -> Indexer:
+    """The indexer as the settings want it: with the previous turn as
+    context (reading SQL; ``engine`` default: one for the settings' database)
+    unless ``indexing.context_turns`` is 0."""
+    previous = None
+    if settings.indexing.context_turns:
+        from workers.indexing.previous import PreviousTurns
+        from workers.query.floor import CommitFloor
+        from workers.sql.engine import create_engine
+
+        engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)
+        floor = CommitFloor(js, settings.streams.events, settings.persistence.durable)
+        previous = PreviousTurns(engine, floor, settings.indexing.storage_scope)
+    return Indexer(
+        backend, embedder, settings.indexing.storage_scope,
+        max_message_bytes=settings.streams.max_message_bytes, previous=previous,
+    )  # fmt: skip

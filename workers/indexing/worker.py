@@ -34,7 +34,7 @@ from workers.indexing.backends import open_backend
 from workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
 from workers.indexing.embedders import open_embedder
 from workers.indexing.embedders.base import Embedder, EmbedderError
-from workers.indexing.indexer import Indexer
+from workers.indexing.indexer import Indexer, make_indexer
 from workers.indexing.rebuild import rebuild
 from workers.lease import Lease
 from workers.settings import Settings
@@ -93,9 +93,7 @@ class IndexingWorker:
             self.embedder = await open_embedder(s.indexing)
         if self.backend is None:
             self.backend = open_backend(s)
-        self.indexer = Indexer(
-            self.backend, self.embedder, s.indexing.storage_scope, max_message_bytes=s.streams.max_message_bytes
-        )
+        self.indexer = make_indexer(s, self.backend, self.embedder, self.js)
         self.service = await add_service(
             self.nc, name="memq-indexing", version="0.1.0", description="memq: embeds the event log into the index"
         )
@@ -117,6 +115,8 @@ class IndexingWorker:
             self.nc = None
         if self.backend is not None:
             await self.backend.close()
+        if self.indexer is not None and self.indexer.previous is not None:
+            await self.indexer.previous.engine.dispose()
         if self.embedder is not None:
             await self.embedder.close()
 

@@ -10,8 +10,11 @@ The indexing worker turns stream messages into :class:`Doc`\\ s with
 
 A doc's ``search_text`` is what is embedded and matched by BM25: the turn
 prefixed with its date and author, because "when did…" and "what did X say…"
-questions name exactly those. ``text`` is the turn itself, what a search
-returns and recall shows.
+questions name exactly those, then the session's previous turn (an answer
+often only makes sense with its question: "Yes, last May!"). On the LoCoMo
+dev set that took hybrid recall@10 from 0.626 to 0.672 and keyword from
+0.546 to 0.648; the next turn as well made it worse (0.636). ``text`` is
+the turn itself, what a search returns and recall shows.
 """
 
 from __future__ import annotations
@@ -110,15 +113,31 @@ def doc_uuid(app: str, user: str, session: str, message_id: str) -> str:
     return str(uuid.uuid5(DOC_NAMESPACE, f"{scope_key(app, user, session)}/{message_id}"))
 
 
-def search_text(author: str, text: str, timestamp: float | None) -> str:
+PREVIOUS_CHARS = 500  # of the previous turn, in search_text: context, not a second document
+
+
+@dataclass(frozen=True)
+class Turn:
+    """The previous turn of a session, as it goes into the next doc's search_text."""
+
+    author: str
+    text: str
+
+
+def search_text(author: str, text: str, timestamp: float | None, previous: Turn | None = None) -> str:
     date = tk.event_time({"timestamp": timestamp}) if timestamp is not None else None
-    return f"[{date}] {author}: {text}" if date else f"{author}: {text}"
+    own = f"[{date}] {author}: {text}" if date else f"{author}: {text}"
+    if previous is None:
+        return own
+    return f"{own}\n(after {previous.author}: {previous.text[:PREVIOUS_CHARS]})"
 
 
-def doc_for(seq: int, message: Any, scope: StorageScope) -> Doc | None:
+def doc_for(seq: int, message: Any, scope: StorageScope, previous: Turn | None = None) -> Doc | None:
     """The doc a stream message contributes under ``scope``, or None.
 
-    ``message`` is a decoded stream message (:data:`contracts.schemas.StreamMessage`).
+    ``message`` is a decoded stream message (:data:`contracts.schemas.StreamMessage`);
+    ``previous`` is the session's previous turn that has a doc under the same
+    scope (None: the first, or no context wanted). Checkpoints take none.
     """
     kind = getattr(message, "kind", None)
     if kind == "checkpoint":
@@ -139,10 +158,16 @@ def doc_for(seq: int, message: Any, scope: StorageScope) -> Doc | None:
         text = tk.event_text(event.model_dump(mode="json"))
     if not text.strip():
         return None
-    return _doc(message, seq, event.id, event.author, role, event.timestamp, text)
+    return _doc(message, seq, event.id, event.author, role, event.timestamp, text, previous)
 
 
-def _doc(message: Any, seq: int, id_: str, author: str, role: str, timestamp: float, text: str) -> Doc:
+def turn_of(doc: Doc) -> Turn:
+    return Turn(doc.author, doc.text)
+
+
+def _doc(
+    message: Any, seq: int, id_: str, author: str, role: str, timestamp: float, text: str, previous: Turn | None = None
+) -> Doc:
     return Doc(
         id=id_,
         app=message.app,
@@ -153,7 +178,7 @@ def _doc(message: Any, seq: int, id_: str, author: str, role: str, timestamp: fl
         role=role,
         timestamp=timestamp,
         text=text,
-        search_text=search_text(author, text, timestamp),
+        search_text=search_text(author, text, timestamp, previous),
     )
 
 

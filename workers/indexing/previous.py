@@ -1,0 +1,56 @@
+"""The previous turn of a session, for the context of the next doc.
+
+Read from SQL, the source of truth, once the persistence worker's ack floor
+has passed the batch: then every earlier event is there, so a doc's context
+is the same whichever replica indexes it, in whatever batch, and in a
+rebuild. (Tracking turns in the indexer's memory would depend on which
+replica saw what.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlalchemy import select
+
+from contracts.errors import NotCommitted
+from contracts.schemas import Event, EventAppended
+from workers.indexing.backends.base import IndexUnavailable
+from workers.memory.recall import StorageScope, Turn, doc_for, turn_of
+from workers.query.floor import CommitFloor
+from workers.sql.reads import EVENTS
+
+LOOKBACK = 5  # events looked at for one with text (tool calls may come between)
+
+
+class PreviousTurns:
+    def __init__(self, engine, floor: CommitFloor, scope: StorageScope, wait_s: float = 30.0):
+        self.engine, self.floor, self.scope, self.wait_s = engine, floor, scope, wait_s
+
+    async def before(self, firsts: Mapping[str, tuple[int, EventAppended]]) -> dict[str, Turn]:
+        """For each session key, the turn before ``seq`` (absent: none).
+        Raises IndexUnavailable while persistence lags (retry later)."""
+        if not firsts:
+            return {}
+        try:
+            await self.floor.wait_for(max(seq for seq, _ in firsts.values()), self.wait_s)
+        except NotCommitted as exc:
+            raise IndexUnavailable(f"waiting for the persistence worker: {exc.message}") from None
+        found: dict[str, Turn] = {}
+        async with self.engine.connect() as conn:
+            for key, (seq, message) in firsts.items():
+                rows = await conn.execute(
+                    select(EVENTS.c.seq, EVENTS.c.data)
+                    .where(EVENTS.c.session_key == key, EVENTS.c.seq < seq)
+                    .order_by(EVENTS.c.seq.desc())
+                    .limit(LOOKBACK)
+                )
+                for row in rows:
+                    earlier = EventAppended(
+                        app=message.app, user=message.user, session=message.session,
+                        event=Event.model_validate_json(row.data),
+                    )  # fmt: skip
+                    if (doc := doc_for(row.seq, earlier, self.scope)) is not None:
+                        found[key] = turn_of(doc)
+                        break
+        return found
