@@ -14,8 +14,9 @@ date as the timestamp, a minute apart), published with
 
 - **Index throughput**: events/s from the first publish until the indexing
   consumer's ack floor reaches the last sequence, beside the raw embedder
-  (``LocalEmbedder.embed_sync`` on the same texts, batches of the worker's
-  size) measured in the same run.
+  (``LocalEmbedder.embed_sync`` on the same texts the worker embeds, each
+  turn with its previous one, in batches of the worker's size) measured in
+  the same run.
 - **Evidence recall@5 and @10** per question category, for keyword, vector
   and hybrid search through ``MemoryClient.search`` (the query worker),
   scoped to the conversation's user: the fraction of a question's evidence
@@ -50,7 +51,7 @@ from benchlib import console, git_revision, machine_info, status, warn_if_busy  
 from contracts.client import MemoryClient  # noqa: E402
 from workers.indexing.embedders.local import LocalEmbedder  # noqa: E402
 from workers.indexing.worker import IndexingWorker  # noqa: E402
-from workers.memory.recall import search_text  # noqa: E402
+from workers.memory.recall import Turn, search_text  # noqa: E402
 from workers.settings import LocalEmbedderSettings, Settings  # noqa: E402
 
 MODES = ("keyword", "vector", "hybrid")
@@ -70,8 +71,19 @@ class BackendResult:
     search_p50_ms: dict = field(default_factory=dict)  # mode → ms
 
 
+def indexed_texts(conversations, context_turns: int) -> list[str]:
+    """What the indexing worker embeds: each turn, with the previous one."""
+    texts = []
+    for c in conversations:
+        for turns in c.sessions.values():
+            for i, t in enumerate(turns):
+                previous = Turn(turns[i - 1].speaker, turns[i - 1].text) if context_turns and i else None
+                texts.append(search_text(t.speaker, t.text, t.timestamp, previous))
+    return texts
+
+
 def raw_embedder_rate(conversations, batch: int) -> float:
-    texts = [search_text(t.speaker, t.text, t.timestamp) for c in conversations for t in c.turns]
+    texts = indexed_texts(conversations, Settings().indexing.context_turns)
     embedder = LocalEmbedder(LocalEmbedderSettings())
     embedder.embed_sync(texts[:batch])  # warm-up
     t0 = time.perf_counter()
