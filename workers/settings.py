@@ -195,6 +195,9 @@ class SummarizerSettings(BaseModel):
     lease_ttl_s: float = Field(default=60.0, gt=0, description="a crashed summarizer's session is free again after this")
     retry_after_s: float = Field(default=30.0, gt=0, description="a failed session is tried again after this")
     max_concurrent: int = Field(default=4, ge=1, description="sessions summarized at once per replica")
+    max_input_tokens: int = Field(
+        default=4000, ge=100, description="turns per summarizer call; a longer fold is summarized in chunks"
+    )
     llm: LLMSettings = LLMSettings()
 
 

@@ -240,3 +240,29 @@ def test_checkpoint_ids_are_deterministic():
     assert checkpoint_id("a" * 64, 10) == checkpoint_id("a" * 64, 10)
     assert checkpoint_id("a" * 64, 10) != checkpoint_id("a" * 64, 11)
     assert json.dumps(checkpoint_id("b" * 64, 3))
+
+
+async def test_the_llm_summarizer_makes_checkpoints_through_a_real_server(nats_url, sqlite_url, tmp_path, llama_server):
+    s = summary_settings(
+        nats_url, sqlite_url, tmp_path, kind="llm", max_input_tokens=600,  # the server's context is 2,048
+        llm={"base_url": llama_server.url, "model": llama_server.model, "temperature": 0, "timeout_s": 120},
+    )  # fmt: skip
+    async with running_worker(s), running(SummarizerWorker(s)) as worker, running_query(s):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append_many("u", "s", conversation_turns(120))
+            await wait_for(lambda: _has_checkpoint(s), timeout=180, what="an LLM checkpoint")
+            ctx = await client.context("u", "s", recall_limit=0)
+            assert ctx.tokens["total"] <= BUDGET
+    [first, *_] = await checkpoints(s)
+    assert first.author == "summarizer:llm" and first.summary.strip()
+    assert worker.stats.checkpoints >= 1
+
+
+def test_a_long_fold_is_summarized_in_chunks():
+    from workers.memory.extractive import Turn
+    from workers.summarizer.worker import chunked
+
+    turns = [Turn("a", "word " * 50) for _ in range(10)] + [Turn("b", "word " * 500)]
+    chunks = chunked(turns, 200, None)
+    assert [t for c in chunks for t in c] == turns  # all of them, in order
+    assert all(len(c) <= 3 for c in chunks[:-1]) and chunks[-1] == [turns[-1]]  # a longer turn goes alone

@@ -44,7 +44,7 @@ from workers import bus
 from workers.lease import Lease
 from workers.memory.extractive import Turn
 from workers.memory.strategies import Strategy, select
-from workers.memory.tokens import event_text
+from workers.memory.tokens import count_text, event_text
 from contracts.errors import NotCommitted
 from workers.query.floor import CommitFloor
 from workers.query.ops import load_window, strategy_for
@@ -69,6 +69,20 @@ def checkpoint_id(session_key: str, up_to_seq: int) -> str:
 def summary_target(strategy: Strategy, kept_tokens: int) -> int:
     goal = int(strategy.budget * strategy.target)
     return max(MIN_SUMMARY_TOKENS, min(goal - kept_tokens, int(goal * SUMMARY_SHARE)))
+
+
+def chunked(turns: list[Turn], limit: int, model: str | None) -> list[list[Turn]]:
+    """Consecutive runs of turns of at most ``limit`` tokens (a longer turn alone)."""
+    chunks: list[list[Turn]] = [[]]
+    used = 0
+    for turn in turns:
+        cost = count_text(f"{turn.author}: {turn.text}", model) + 8  # the line's date and newline
+        if chunks[-1] and used + cost > limit:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(turn)
+        used += cost
+    return [c for c in chunks if c]
 
 
 @dataclass
@@ -220,9 +234,7 @@ class SummarizerWorker:
             up_to, previous, turns, kept_tokens = plan
             await self._status(app, user, session, "summarizing", up_to_seq=up_to)
             try:
-                summary = await self.summarizer.summarize(
-                    turns, previous=previous, target_tokens=summary_target(strategy, kept_tokens)
-                )
+                summary = await self._fold(turns, previous, summary_target(strategy, kept_tokens))
             except SummarizerError:
                 await self._status(app, user, session, "failed", up_to_seq=up_to)
                 raise
@@ -250,7 +262,9 @@ class SummarizerWorker:
         selection = select(window.items, strategy, reserved=reserved)
         if not selection.needs_summary:
             return None
-        up_to = selection.summarize_up_to
+        # Fold far enough that the new summary has room too, not just the old one.
+        room = max(reserved, int(strategy.budget * strategy.target * SUMMARY_SHARE))
+        up_to = select(window.items, strategy, reserved=room).summarize_up_to or selection.summarize_up_to
         turns, kept = [], 0
         for item in window.items:
             if item.seq <= up_to:
@@ -262,6 +276,14 @@ class SummarizerWorker:
                 kept += item.tokens
         previous = window.checkpoint.summary if window.checkpoint else None
         return up_to, previous, turns, kept
+
+    async def _fold(self, turns: list[Turn], previous: str | None, target: int) -> str:
+        """Summarize in chunks of at most ``max_input_tokens``, each folding
+        the summary so far: a model's context window bounds a chunk, not a fold."""
+        summary = previous
+        for chunk in chunked(turns, self.settings.summarizer.max_input_tokens, self.settings.memory.model):
+            summary = await self.summarizer.summarize(chunk, previous=summary, target_tokens=target)
+        return summary or ""
 
     async def _publish(self, app, user, session, session_key, summary: str, up_to: int) -> None:
         message = CheckpointSaved(
