@@ -56,6 +56,7 @@ from workers.summarizer.worker import SummarizerWorker  # noqa: E402
 
 CHUNK = 20
 SESSION = "all"
+LLM_MODEL = "gemma-3-270m"  # the alias tests/services.py's LlamaServer serves
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,9 @@ def settings_for(config: Config, nats_url: str, work: Path, budget: int, llm_url
     s.memory = type(s.memory).model_validate({**s.memory.model_dump(), "strategy": config.strategy, "budget": budget})
     summarizer = {"kind": config.summarizer or "extractive", "sweep_interval_s": 1.0, "retry_after_s": 2.0}
     if config.summarizer == "llm":
-        summarizer["llm"] = {"base_url": llm_url, "model": "gemma3-270m", "timeout_s": 300, "retries": 1}
+        # the server's context is 2,048 tokens: fold in chunks that fit
+        summarizer["max_input_tokens"] = 600
+        summarizer["llm"] = {"base_url": llm_url, "model": LLM_MODEL, "temperature": 0, "timeout_s": 300, "retries": 1}
     s.summarizer = type(s.summarizer).model_validate({**s.summarizer.model_dump(), **summarizer})
     return s
 
@@ -200,7 +203,7 @@ async def main(args) -> int:
         if any(c.summarizer == "llm" for c in CONFIGS if c.name in args.configs):
             try:
                 llm = stack.enter_context(services.LlamaServer(workdir=Path(tmp) / "llama"))
-                llm_url = f"{llm.url}/v1"
+                llm_url = llm.url
             except services.ServiceUnavailable as exc:
                 llm_error = str(exc).split("\n")[0]
         for i, config in enumerate(c for c in CONFIGS if c.name in args.configs):
