@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 
 import httpx
+
+from workers import http_retry
 
 from workers.memory.extractive import Turn
 from workers.memory.tokens import count_text
@@ -137,15 +137,12 @@ class LLMSummarizer:
                 if reply.status_code == 200:
                     return reply
                 reason = f"HTTP {reply.status_code}"
-                if reply.status_code != 429 and reply.status_code < 500:
+                if not http_retry.retryable(reply):
                     raise SummarizerError(f"{self._where} answered {reason}: {self._excerpt(reply.text)}")
-                retry_after = _retry_after(reply)
+                retry_after = http_retry.retry_after(reply)
             if attempt + 1 == attempts:
                 raise SummarizerError(f"{self._where} failed {attempts} time(s), last: {reason}")
-            delay = RETRY_BASE_S * 2**attempt * random.uniform(0.75, 1.25)
-            if retry_after is not None:
-                delay = max(retry_after, 0.0)
-            delay = min(RETRY_MAX_S, delay)
+            delay = http_retry.delay(attempt, RETRY_BASE_S, RETRY_MAX_S, retry_after)
             log.warning("summary: %s from %s, retry %d in %.2fs", reason, self._where, attempt + 1, delay)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
@@ -210,18 +207,3 @@ def _longest(text: str, cuts: list[int], limit: int, model: str | None, suffix: 
     while lo >= 0 and count_text(piece(lo), model) > limit:  # BPE counts are not quite monotonic
         lo -= 1
     return piece(lo) if lo >= 0 else ""
-
-
-def _retry_after(reply: httpx.Response) -> float | None:
-    """A Retry-After header in seconds (either form), or None."""
-    value = reply.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
-    except (TypeError, ValueError):
-        return None

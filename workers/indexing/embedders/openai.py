@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Sequence
-from datetime import UTC, datetime
-from email.utils import parsedate_to_datetime
 
 import httpx
 import numpy as np
 
+from workers import http_retry
 from workers.indexing.embedders.base import EmbedderError
 from workers.settings import OpenAIEmbedderSettings, mask_url
 
@@ -94,14 +92,12 @@ class OpenAIEmbedder:
                 if reply.status_code == 200:
                     return self._parse(reply, len(batch))
                 reason = f"HTTP {reply.status_code}"
-                if reply.status_code != 429 and reply.status_code < 500:
+                if not http_retry.retryable(reply):
                     raise EmbedderError(f"{self._where} answered {reason}: {self._excerpt(reply.text)}")
-                retry_after = _retry_after(reply)
+                retry_after = http_retry.retry_after(reply)
             if attempt + 1 == attempts:
                 raise EmbedderError(f"{self._where} failed {attempts} time(s), last: {reason}")
-            delay = min(RETRY_MAX_S, RETRY_BASE_S * 2**attempt * random.uniform(0.75, 1.25))
-            if retry_after is not None:
-                delay = min(RETRY_MAX_S, max(retry_after, 0.0))
+            delay = http_retry.delay(attempt, RETRY_BASE_S, RETRY_MAX_S, retry_after)
             log.warning("embeddings: %s from %s, retry %d in %.2fs", reason, self._where, attempt + 1, delay)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
@@ -135,18 +131,3 @@ class OpenAIEmbedder:
         if self.settings.api_key:  # some servers echo what they were sent; redact before cutting
             text = text.replace(self.settings.api_key.get_secret_value(), "***")
         return " ".join(text.split())[:EXCERPT_CHARS]
-
-
-def _retry_after(reply: httpx.Response) -> float | None:
-    """A Retry-After header in seconds (either form), or None."""
-    value = reply.headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        return (parsedate_to_datetime(value) - datetime.now(UTC)).total_seconds()
-    except (TypeError, ValueError):
-        return None
