@@ -52,6 +52,7 @@ import locomo  # noqa: E402
 import services  # noqa: E402
 from benchlib import console, git_revision, machine_info, status, warn_if_busy  # noqa: E402
 from contracts.client import MemoryClient  # noqa: E402
+from contracts.errors import NotCommitted  # noqa: E402
 from workers.indexing.worker import IndexingWorker  # noqa: E402
 from workers.memory.extractive import split_sentences  # noqa: E402
 from workers.summarizer.worker import SummarizerWorker  # noqa: E402
@@ -141,12 +142,20 @@ async def run_config(config: Config, conversations, budget: int, work: Path, llm
                     last = seqs[-1]
                     if summarizer is not None:
                         await settle(client, c.sample_id, timeout=600 if config.summarizer == "llm" else 30)
-            if config.recall:
-                await client.search("nobody", "x", min_seq=last)  # everything indexed
+            if config.recall:  # everything indexed (embedding trails the replay)
+                await helpers.wait_for(lambda: indexed(client, last), timeout=1800, what="indexing")
             result.replay_s = time.perf_counter() - t0
             result.checkpoints = summarizer.stats.checkpoints if summarizer else 0
             await score(client, conversations, config, budget, result, max_q)
     return result
+
+
+async def indexed(client: MemoryClient, seq: int) -> bool:
+    try:
+        await client.search("nobody", "x", min_seq=seq)
+        return True
+    except NotCommitted:
+        return False
 
 
 async def score(client, conversations, config: Config, budget: int, result: Result, max_q: int | None) -> None:
