@@ -49,11 +49,6 @@ SEARCH_MEMORY: dict[str, Any] = {
 }
 
 
-def search_memory_tool() -> dict[str, Any]:
-    """A copy of :data:`SEARCH_MEMORY`, safe to modify."""
-    return json.loads(json.dumps(SEARCH_MEMORY))
-
-
 async def run_search_memory(client: "MemoryClient", user: str, arguments: str | dict[str, Any]) -> str:
     """Execute one ``search_memory`` call (its JSON ``arguments`` as the model
     sent them) and return the tool result: one line per memory, best first."""

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.memory.strategies import Item, Selection, Strategy, preserved, select
+from workers.memory.strategies import MIN_SUMMARY_TOKENS, Item, Selection, Strategy, fold, preserved, select
 
 # --- generators ---------------------------------------------------------------
 
@@ -415,3 +415,28 @@ def test_empty_history():
     for kind in ("all", "buffer_window", "token_window", "summary_buffer"):
         sel = select([], Strategy(kind=kind))
         assert sel == Selection(items=(), tokens=0)
+
+
+@PROPS
+@given(items=sessions(), strategy=strategies_(), reserved=st.integers(0, 3000))
+def test_a_fold_leaves_the_new_summary_room(items, strategy, reserved):
+    strategy = Strategy(**{**strategy.to_dict(), "kind": "summary_buffer"})
+    plan = fold(items, strategy, reserved=reserved)
+    assert (plan is None) == (not select(items, strategy, reserved=reserved).needs_summary)
+    if plan is None:
+        return
+    at = next(i for i, it in enumerate(items) if it.seq == plan.up_to) + 1
+    rest = items[at:]
+    assert not splits_a_unit(items, at)
+    assert len(rest) >= min(strategy.min_recent, len(items))  # min_recent never folded
+    goal = frac(strategy.budget, strategy.target)
+    assert MIN_SUMMARY_TOKENS <= plan.summary_tokens <= max(MIN_SUMMARY_TOKENS, goal // 2)
+    # it folds at least as far as the query worker's request
+    assert plan.up_to >= select(items, strategy, reserved=reserved).summarize_up_to
+
+
+def test_a_fold_after_a_summary_still_has_room_for_the_next():
+    events = chat(30, tokens=300)  # 9000 tokens, budget 8000: target 5600
+    plan = fold(events, Strategy(kind="summary_buffer"), reserved=0)
+    kept = sum(e.tokens for e in events if e.seq > plan.up_to)
+    assert kept <= 2800 and plan.summary_tokens == 2800  # half the target each

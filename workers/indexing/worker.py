@@ -45,10 +45,6 @@ WORKER = "indexing"
 REBUILD_LEASE = "index-rebuild"
 
 
-class ModelMismatch(Exception):
-    """The live generation holds another model's vectors than ours."""
-
-
 class IndexingWorker:
     def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
         self.settings = settings

@@ -306,3 +306,40 @@ def preserved(items: Sequence[Item], strategy: Strategy) -> tuple[Item, ...]:
     if not strategy.keep_recent:
         return ()
     return tuple(items[recent_cut(items, strategy.keep_recent) :])
+
+
+# --- the summarizer's fold -----------------------------------------------------------
+
+SUMMARY_SHARE = 0.5  # a new summary takes at most this share of target x budget: recent turns keep room
+MIN_SUMMARY_TOKENS = 32
+
+
+@dataclass(frozen=True)
+class Fold:
+    """What the summarizer folds: the items up to ``up_to`` (with the previous
+    summary) into a summary of about ``summary_tokens``."""
+
+    up_to: int
+    summary_tokens: int
+
+
+def fold(items: Sequence[Item], strategy: Strategy, *, reserved: int = 0) -> Fold | None:
+    """The next fold of a ``summary_buffer`` session, or None if none is due.
+
+    ``reserved`` is the current summary's tokens. A fold is due when
+    :func:`select` says so; it then goes far enough to leave the *new* summary
+    its share of ``target * budget`` (folding only down to the old summary's
+    size would starve the new one), never into ``min_recent`` nor through a
+    tool unit.
+    """
+    if not select(items, strategy, reserved=reserved).needs_summary:
+        return None
+    goal = _fraction(strategy.budget, strategy.target)
+    room = max(reserved, int(goal * SUMMARY_SHARE))
+    up_to = _summarize_up_to(items, strategy, room, valid_cuts(items)) or _summarize_up_to(
+        items, strategy, reserved, valid_cuts(items)
+    )
+    if up_to is None:
+        return None
+    kept = sum(it.tokens for it in items if it.seq > up_to)
+    return Fold(up_to, max(MIN_SUMMARY_TOKENS, min(goal - kept, int(goal * SUMMARY_SHARE))))

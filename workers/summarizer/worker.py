@@ -6,7 +6,7 @@ a queue group) and a periodic sweep of SQL for sessions over the threshold,
 so a lost notice delays a summary but never loses one.
 
 For a session whose app uses ``summary_buffer``, the pure policy
-(:func:`workers.memory.strategies.select`) says whether a summary is due and
+(:func:`workers.memory.strategies.fold`) says whether a summary is due and
 up to which sequence. The worker then:
 
 1. takes the session's lease (a NATS KV key with a TTL): one summarizer per
@@ -34,7 +34,7 @@ import orjson
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.micro import add_service
-from sqlalchemy import func, select as sql_select
+from sqlalchemy import func, select
 
 from contracts.codec import encode, subject_for
 from contracts.ids import scope_key
@@ -43,7 +43,7 @@ from contracts.subjects import CHANGED_WILDCARD, status_subject
 from workers import bus
 from workers.lease import Lease
 from workers.memory.extractive import Turn
-from workers.memory.strategies import Strategy, select
+from workers.memory.strategies import Strategy, fold
 from workers.memory.tokens import count_text, event_text
 from contracts.errors import NotCommitted
 from workers.query.floor import CommitFloor
@@ -57,18 +57,11 @@ log = logging.getLogger("memq.summarizer")
 
 WORKER = "summarizer"
 COMMIT_WAIT_S = 10.0  # how long a published checkpoint may take to reach SQL
-SUMMARY_SHARE = 0.5  # a summary takes at most this share of target x budget: recent turns keep room
-MIN_SUMMARY_TOKENS = 32
 
 
 def checkpoint_id(session_key: str, up_to_seq: int) -> str:
     """Deterministic: the same fold has the same id (and Nats-Msg-Id) in every replica."""
     return f"checkpoint-{session_key[:32]}-{up_to_seq}"
-
-
-def summary_target(strategy: Strategy, kept_tokens: int) -> int:
-    goal = int(strategy.budget * strategy.target)
-    return max(MIN_SUMMARY_TOKENS, min(goal - kept_tokens, int(goal * SUMMARY_SHARE)))
 
 
 def chunked(turns: list[Turn], limit: int, model: str | None) -> list[list[Turn]]:
@@ -186,9 +179,9 @@ class SummarizerWorker:
         if not limits:
             return []
         s, e, c = reads.SESSIONS, reads.EVENTS, reads.CHECKPOINTS
-        latest = sql_select(c.c.session_key, func.max(c.c.up_to_seq).label("up")).group_by(c.c.session_key).subquery()
+        latest = select(c.c.session_key, func.max(c.c.up_to_seq).label("up")).group_by(c.c.session_key).subquery()
         q = (
-            sql_select(s.c.app, s.c.user_id, s.c.session_id)
+            select(s.c.app, s.c.user_id, s.c.session_id)
             .select_from(s.join(e, e.c.session_key == s.c.key).outerjoin(latest, latest.c.session_key == s.c.key))
             .where(s.c.last_seq > s.c.deleted_seq, e.c.seq > func.coalesce(latest.c.up, 0))
             .group_by(s.c.key, s.c.app, s.c.user_id, s.c.session_id)
@@ -220,21 +213,21 @@ class SummarizerWorker:
         if strategy.kind != "summary_buffer":
             return None
         session_key = scope_key(app, user, session)
-        plan = await self._plan(session_key, strategy)
-        if plan is None:
+        if await self._plan(session_key, strategy) is None:
             return None
         lease = Lease(self.js, f"summarize.{session_key}", ttl_s=self.settings.summarizer.lease_ttl_s)
         if not await lease.acquire():
             self.stats.skipped_busy += 1
             return None
         try:
-            plan = await self._plan(session_key, strategy)  # another replica may have just done it
-            if plan is None:
+            planned = await self._plan(session_key, strategy)  # another replica may have just done it
+            if planned is None:
                 return None
-            up_to, previous, turns, kept_tokens = plan
+            plan, previous, turns = planned
+            up_to = plan.up_to
             await self._status(app, user, session, "summarizing", up_to_seq=up_to)
             try:
-                summary = await self._fold(turns, previous, summary_target(strategy, kept_tokens))
+                summary = await self._fold(turns, previous, plan.summary_tokens)
             except SummarizerError:
                 await self._status(app, user, session, "failed", up_to_seq=up_to)
                 raise
@@ -258,24 +251,18 @@ class SummarizerWorker:
     async def _plan(self, session_key: str, strategy: Strategy):
         async with self.engine.connect() as conn:
             window = await load_window(conn, session_key, strategy, self.settings.memory.model)
-        reserved = window.checkpoint.tokens if window.checkpoint else 0
-        selection = select(window.items, strategy, reserved=reserved)
-        if not selection.needs_summary:
+        plan = fold(window.items, strategy, reserved=window.checkpoint.tokens if window.checkpoint else 0)
+        if plan is None:
             return None
-        # Fold far enough that the new summary has room too, not just the old one.
-        room = max(reserved, int(strategy.budget * strategy.target * SUMMARY_SHARE))
-        up_to = select(window.items, strategy, reserved=room).summarize_up_to or selection.summarize_up_to
-        turns, kept = [], 0
+        turns = []
         for item in window.items:
-            if item.seq <= up_to:
+            if item.seq <= plan.up_to:
                 event = window.events[item.seq]
                 text = event_text(event)
                 if text.strip():
                     turns.append(Turn(author=event.get("author", ""), text=text, timestamp=event.get("timestamp")))
-            else:
-                kept += item.tokens
         previous = window.checkpoint.summary if window.checkpoint else None
-        return up_to, previous, turns, kept
+        return plan, previous, turns
 
     async def _fold(self, turns: list[Turn], previous: str | None, target: int) -> str:
         """Summarize in chunks of at most ``max_input_tokens``, each folding
