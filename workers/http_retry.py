@@ -7,11 +7,15 @@ dozen lines, and the server's Retry-After must win over the schedule.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import httpx
+
+log = logging.getLogger("memq.http")
 
 
 def retryable(reply: httpx.Response) -> bool:
@@ -39,3 +43,64 @@ def delay(attempt: int, base_s: float, max_s: float, server_says: float | None =
     or what the server asked for, never above ``max_s``."""
     wait = base_s * 2**attempt * random.uniform(0.75, 1.25) if server_says is None else max(server_says, 0.0)
     return min(max_s, wait)
+
+
+EXCERPT_CHARS = 200
+
+
+def excerpt(text: str, secret: str | None = None) -> str:
+    """A reply body for an error message: the secret redacted first (some
+    servers echo what they were sent), whitespace folded, cut short."""
+    if secret:
+        text = text.replace(secret, "***")
+    return " ".join(text.split())[:EXCERPT_CHARS]
+
+
+async def post_json(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict,
+    *,
+    error: type[Exception],
+    where: str,
+    what: str,
+    attempts: int,
+    base_s: float,
+    max_s: float,
+    timeout_s: float | None = None,
+    secret: str | None = None,
+    logger: logging.Logger = log,
+) -> httpx.Response:
+    """POST ``body``; return the 200 reply. Timeouts, transport errors, 429
+    and 5xx are retried (``attempts`` in all) with :func:`delay`; any other
+    status, or the last failure, raises ``error``. ``timeout_s`` bounds each
+    whole attempt (httpx's timeout is per read: a server trickling bytes could
+    hold a call forever); ``where`` names the endpoint in messages and ``what``
+    the call in logs (``logger``, default ``memq.http``); ``secret`` is
+    redacted from error bodies."""
+    for attempt in range(attempts):
+        server_says = None
+        try:
+            if timeout_s is None:
+                reply = await client.post(url, json=body)
+            else:
+                async with asyncio.timeout(timeout_s):
+                    reply = await client.post(url, json=body)
+        except (TimeoutError, httpx.TransportError) as e:  # timeouts, refused/reset connections
+            if isinstance(e, httpx.TimeoutException):
+                reason = f"timeout ({type(e).__name__})"
+            else:
+                reason = "timeout" if isinstance(e, TimeoutError) else type(e).__name__
+        else:
+            if reply.status_code == 200:
+                return reply
+            reason = f"HTTP {reply.status_code}"
+            if not retryable(reply):
+                raise error(f"{where} answered {reason}: {excerpt(reply.text, secret)}")
+            server_says = retry_after(reply)
+        if attempt + 1 == attempts:
+            raise error(f"{where} failed {attempts} time(s), last: {reason}")
+        wait = delay(attempt, base_s, max_s, server_says)
+        logger.warning("%s: %s from %s, retry %d in %.2fs", what, reason, where, attempt + 1, wait)
+        await asyncio.sleep(wait)
+    raise AssertionError("unreachable")

@@ -13,7 +13,6 @@ Bearer header and never appears in logs or errors.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 from collections.abc import Sequence
@@ -34,7 +33,6 @@ log = logging.getLogger("memq.summarizer.llm")
 # server's Retry-After, both capped at RETRY_MAX_S. Tests make them tiny.
 RETRY_BASE_S = 1.0
 RETRY_MAX_S = 30.0
-EXCERPT_CHARS = 200
 WORDS_PER_TOKEN = 0.75  # English prose; {target_words} in the prompt
 ELLIPSIS = "…"
 
@@ -123,34 +121,15 @@ class LLMSummarizer:
     # --- one request, with retries -------------------------------------------
 
     async def _post(self, body: dict) -> httpx.Response:
-        attempts = self.settings.retries + 1
-        for attempt in range(attempts):
-            retry_after = None
-            try:
-                # httpx's timeout is per read: bound the whole call, so a server
-                # trickling bytes cannot hold a summary forever.
-                async with asyncio.timeout(self.settings.timeout_s):
-                    reply = await self._client.post(self._url, json=body)
-            except (TimeoutError, httpx.TransportError) as e:  # timeouts, refused/reset connections
-                reason = "timeout" if isinstance(e, TimeoutError | httpx.TimeoutException) else type(e).__name__
-            else:
-                if reply.status_code == 200:
-                    return reply
-                reason = f"HTTP {reply.status_code}"
-                if not http_retry.retryable(reply):
-                    raise SummarizerError(f"{self._where} answered {reason}: {self._excerpt(reply.text)}")
-                retry_after = http_retry.retry_after(reply)
-            if attempt + 1 == attempts:
-                raise SummarizerError(f"{self._where} failed {attempts} time(s), last: {reason}")
-            delay = http_retry.delay(attempt, RETRY_BASE_S, RETRY_MAX_S, retry_after)
-            log.warning("summary: %s from %s, retry %d in %.2fs", reason, self._where, attempt + 1, delay)
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+        return await http_retry.post_json(
+            self._client, self._url, body, error=SummarizerError, where=self._where, what="summary",
+            attempts=self.settings.retries + 1, base_s=RETRY_BASE_S, max_s=RETRY_MAX_S,
+            timeout_s=self.settings.timeout_s, secret=self._secret, logger=log,
+        )  # fmt: skip
 
-    def _excerpt(self, text: str) -> str:
-        if self.settings.api_key:  # some servers echo what they were sent; redact before cutting
-            text = text.replace(self.settings.api_key.get_secret_value(), "***")
-        return " ".join(text.split())[:EXCERPT_CHARS]
+    @property
+    def _secret(self) -> str | None:
+        return self.settings.api_key.get_secret_value() if self.settings.api_key else None
 
 
 def format_turn(turn: Turn) -> str:

@@ -10,7 +10,6 @@ appears in logs or errors.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 
@@ -28,7 +27,6 @@ log = logging.getLogger(__name__)
 RETRY_BASE_S = 0.5
 RETRY_MAX_S = 20.0
 PROBE_TEXT = "dimension probe"
-EXCERPT_CHARS = 200
 
 
 class OpenAIEmbedder:
@@ -81,26 +79,11 @@ class OpenAIEmbedder:
         body: dict = {"model": self.settings.model, "input": batch}
         if self.settings.dimensions:
             body["dimensions"] = self.settings.dimensions
-        attempts = self.settings.retries + 1
-        for attempt in range(attempts):
-            retry_after = None
-            try:
-                reply = await self._client.post(self._url, json=body)
-            except httpx.TransportError as e:  # timeouts, refused/reset connections
-                reason = type(e).__name__
-            else:
-                if reply.status_code == 200:
-                    return self._parse(reply, len(batch))
-                reason = f"HTTP {reply.status_code}"
-                if not http_retry.retryable(reply):
-                    raise EmbedderError(f"{self._where} answered {reason}: {self._excerpt(reply.text)}")
-                retry_after = http_retry.retry_after(reply)
-            if attempt + 1 == attempts:
-                raise EmbedderError(f"{self._where} failed {attempts} time(s), last: {reason}")
-            delay = http_retry.delay(attempt, RETRY_BASE_S, RETRY_MAX_S, retry_after)
-            log.warning("embeddings: %s from %s, retry %d in %.2fs", reason, self._where, attempt + 1, delay)
-            await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
+        reply = await http_retry.post_json(
+            self._client, self._url, body, error=EmbedderError, where=self._where, what="embeddings",
+            attempts=self.settings.retries + 1, base_s=RETRY_BASE_S, max_s=RETRY_MAX_S, secret=self._secret, logger=log,
+        )  # fmt: skip
+        return self._parse(reply, len(batch))
 
     def _parse(self, reply: httpx.Response, count: int) -> list[list[float]]:
         try:
@@ -109,7 +92,7 @@ class OpenAIEmbedder:
             indexes = [d["index"] for d in items]
             vectors = [d["embedding"] for d in items]
         except (ValueError, KeyError, TypeError) as e:
-            excerpt = self._excerpt(reply.text)
+            excerpt = http_retry.excerpt(reply.text, self._secret)
             raise EmbedderError(f"{self._where}: not an embeddings reply ({e!r}): {excerpt}") from None
         if indexes != list(range(count)):
             raise EmbedderError(f"{self._where}: asked for {count} embeddings, got indexes {indexes[:10]}")
@@ -127,7 +110,6 @@ class OpenAIEmbedder:
         array /= np.clip(np.linalg.norm(array, axis=1, keepdims=True), 1e-12, None)
         return array.tolist()
 
-    def _excerpt(self, text: str) -> str:
-        if self.settings.api_key:  # some servers echo what they were sent; redact before cutting
-            text = text.replace(self.settings.api_key.get_secret_value(), "***")
-        return " ".join(text.split())[:EXCERPT_CHARS]
+    @property
+    def _secret(self) -> str | None:
+        return self.settings.api_key.get_secret_value() if self.settings.api_key else None
