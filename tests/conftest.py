@@ -21,13 +21,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from services import LlamaServer, MariaDB, NatsServer, Postgres, Redis, Server, ServiceUnavailable, Weaviate
+from services import LlamaEmbeddingServer, LlamaServer, MariaDB, NatsServer, Postgres, Redis, Server, ServiceUnavailable, Weaviate
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SERVICE_FIXTURES = {
     "nats_server", "postgres", "mariadb", "redis_server", "fresh_nats", "nats_url", "pg_url", "mariadb_url",
-    "weaviate_server", "llama_server",
+    "weaviate_server", "llama_server", "llama_embedding_server",
 }  # fmt: skip
 
 
@@ -86,6 +86,12 @@ def weaviate_server() -> Iterator[Weaviate]:
 @pytest.fixture(scope="session")
 def llama_server() -> Iterator[LlamaServer]:
     with running(LlamaServer) as s:
+        yield s
+
+
+@pytest.fixture(scope="session")
+def llama_embedding_server() -> Iterator[LlamaEmbeddingServer]:
+    with running(LlamaEmbeddingServer) as s:
         yield s
 
 

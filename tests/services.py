@@ -35,7 +35,7 @@ import urllib.request
 from pathlib import Path
 
 __all__ = [
-    "LlamaServer",
+    "LlamaServer", "LlamaEmbeddingServer",
     "MariaDB",
     "NatsServer",
     "Postgres",
@@ -672,6 +672,7 @@ class LlamaServer(Server):
     name = "llama"
     model = "gemma-3-270m"  # the alias /v1/models lists
     n_ctx = 2048
+    embedding = False  # also serve /v1/embeddings (per token: the server has no pooling option)
 
     def _find_binaries(self) -> None:
         for module in ("llama_cpp", "fastapi", "uvicorn", "sse_starlette", "starlette_context"):
@@ -684,6 +685,7 @@ class LlamaServer(Server):
             sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
             "--model_alias", self.model, "--host", HOST, "--port", str(self.port),
             "--n_ctx", str(self.n_ctx), "--n_threads", "2", "--n_threads_batch", "2",
+            *(["--embedding", "true"] if self.embedding else []),
         ]  # fmt: skip
 
     def _ready(self) -> bool:
@@ -715,3 +717,10 @@ class LlamaServer(Server):
     @property
     def url(self) -> str:
         return f"http://{HOST}:{self.port}/v1"
+
+
+class LlamaEmbeddingServer(LlamaServer):
+    """The same server with ``/v1/embeddings`` on: a real OpenAI-compatible
+    embeddings endpoint (its vectors are per token, not per text)."""
+
+    embedding = True

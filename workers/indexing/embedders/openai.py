@@ -105,7 +105,13 @@ class OpenAIEmbedder:
         try:
             array = np.asarray(vectors, dtype=np.float32)
         except (ValueError, TypeError):
-            raise EmbedderError(f"{self._where}: embeddings are not lists of numbers") from None
+            array = None  # ragged: nested lists of different lengths
+        if array is None or array.ndim != 2:
+            # llama.cpp without pooling answers one vector per token
+            raise EmbedderError(
+                f"{self._where}: embeddings are not one list of numbers per text "
+                "(per-token vectors from a server without pooling?)"
+            )
         self.dim = width
         array /= np.clip(np.linalg.norm(array, axis=1, keepdims=True), 1e-12, None)
         return array.tolist()
