@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from contracts.ids import scope_key
@@ -68,7 +68,7 @@ class Doc:
         return scope_key(self.app, self.user, self.session)
 
     def with_vector(self, vector: Sequence[float]) -> "Doc":
-        return Doc(**{**self.__dict__, "vector": vector})
+        return replace(self, vector=vector)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from contracts import queries as q
 from contracts.errors import Unavailable
@@ -81,7 +82,7 @@ class Searcher:
             if mode != "keyword":
                 [vector] = await self.embedder.embed([query.text])
             found = await self.backend.search(
-                SearchQuery(**{**query.__dict__, "mode": mode, "vector": vector}), generation=live.generation
+                replace(query, mode=mode, vector=vector), generation=live.generation
             )
             return found, mode, live.model, note
         except (IndexUnavailable, EmbedderError, OSError) as exc:
