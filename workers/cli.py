@@ -557,5 +557,91 @@ def status(
         render(report, console)
 
 
+dlq_app = typer.Typer(no_args_is_help=True, help="Inspect dead letters and send them back once fixed.")
+app.add_typer(dlq_app, name="dlq")
+
+
+def _dlq_filter(worker: str | None, code: str | None, seqs: list[int] | None):
+    from workers.dlq import DeadLetterFilter
+
+    return DeadLetterFilter(worker=worker, code=code, seqs=frozenset(seqs) if seqs else None)
+
+
+@dlq_app.command("list")
+def dlq_list(
+    worker: Annotated[str | None, typer.Option("--worker", "-w", help="Only this worker's dead letters.")] = None,
+    code: Annotated[str | None, typer.Option("--code", "-c", help="Only this error code, e.g. oversize.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Show at most this many.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """List dead letters, oldest first, with why each was given up on."""
+    from workers.dlq import list_dead_letters, summarize
+
+    settings = _settings()
+    where = _dlq_filter(worker, code, None)
+    letters = _with_nats(lambda nc: list_dead_letters(nc.jetstream(), settings.streams.dlq, where, limit))
+    if as_json:
+        console.print_json(json.dumps([letter.to_dict() for letter in letters]))
+        return
+    table = Table(title=f"dead letters in {settings.streams.dlq}" + (f" (first {limit})" if len(letters) == limit else ""))
+    for column in ("seq", "time", "worker", "code", "reason", "original subject", "orig seq", "bytes"):
+        table.add_column(column, justify="right" if column in ("seq", "orig seq", "bytes") else "left")
+    for letter in letters:
+        table.add_row(
+            str(letter.seq),
+            str(letter.time or "")[:19],
+            letter.worker,
+            letter.code,
+            escape(_short(letter.reason, 120)),
+            escape(letter.original_subject),
+            str(letter.original_seq or ""),
+            str(letter.size),
+        )
+    if not letters:
+        table.caption = "no dead letters"
+    else:
+        table.caption = ", ".join(f"{w}/{c}: {n}" for w, c, n in summarize(letters))
+    console.print(table)
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    seqs: Annotated[list[int] | None, typer.Argument(help="DLQ sequence numbers to replay (see `memq dlq list`).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Replay every dead letter that matches the filters.")] = False,
+    worker: Annotated[str | None, typer.Option("--worker", "-w", help="Only this worker's dead letters.")] = None,
+    code: Annotated[str | None, typer.Option("--code", "-c", help="Only this error code.")] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Leave the dead letters in the DLQ after replaying.")] = False,
+) -> None:
+    """Publish dead letters again on their original subjects, then delete them.
+
+    Fix the cause first (a setting, a worker bug, the database): a message
+    that fails again is dead-lettered again, with its new reason.
+    """
+    from workers.dlq import replay_dead_letters
+
+    if not seqs and not all_:
+        err.print("[red]name the dead letters to replay[/] (`memq dlq replay 3 7`), or pass --all (with --worker/--code filters)")
+        raise typer.Exit(2)
+    settings = _settings()
+    where = _dlq_filter(worker, code, seqs)
+
+    def replayed(letter) -> None:
+        console.print(f"replayed dead letter {letter.seq} ({letter.code}) onto {escape(letter.original_subject)}")
+
+    result = _with_nats(
+        lambda nc: replay_dead_letters(
+            nc.jetstream(), settings.streams.dlq, settings.streams.events, where, keep=keep, on_replayed=replayed
+        )
+    )
+    for seq, why in result.skipped:
+        err.print(f"[yellow]skipped dead letter {seq}:[/] {escape(why)}")
+    missing = sorted(set(seqs or ()) - set(result.replayed) - {seq for seq, _ in result.skipped})
+    if missing:
+        err.print(f"[yellow]no such dead letter (or filtered out):[/] {', '.join(map(str, missing))}")
+    console.print(f"{len(result.replayed)} replayed" + ("" if keep else ", deleted from the DLQ"))
+    if result.skipped or missing:
+        raise typer.Exit(1)
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,165 @@
+"""`memq dlq list|replay`: inspect dead letters and send them back once fixed.
+
+A dead letter is the original message body in ``MEMQ_DLQ`` with headers that
+say which worker gave up on it, why (``Memq-Error-Code``, ``Memq-Error``) and
+where it came from (``Memq-Original-Subject``, ``Memq-Original-Seq``).
+
+Replaying publishes the body again on its original subject, so every worker
+kind sees it anew, and then deletes the dead letter. Effects are keyed by
+event id, so a message that did commit elsewhere is not doubled. The replayed
+copy takes a new place at the end of the log: a replayed state change wins
+over changes made to the same key since (it is applied as of now).
+
+Messages are read one by one with the direct ``get_msg(next=True)`` API
+rather than a consumer: listing must not leave consumers behind or move
+anything, and the DLQ is small by nature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from contracts.subjects import DLQ_WILDCARD, dlq_subject
+
+REPLAY_ID_PREFIX = "memq-replay"
+
+
+@dataclass
+class DeadLetter:
+    seq: int  # in the DLQ stream
+    time: datetime | None
+    worker: str
+    code: str
+    reason: str
+    original_subject: str
+    original_seq: int | None
+    size: int
+    data: bytes
+
+    def to_dict(self, preview: int = 200) -> dict[str, Any]:
+        out = asdict(self)
+        out["time"] = self.time.isoformat() if isinstance(self.time, datetime) else self.time
+        out["data"] = self.data[:preview].decode("utf-8", "replace")
+        return out
+
+
+@dataclass
+class ReplayResult:
+    replayed: list[int]  # DLQ seqs sent back (and deleted unless kept)
+    skipped: list[tuple[int, str]]  # DLQ seq, why
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    worker: str | None = None
+    code: str | None = None
+    seqs: frozenset[int] | None = None  # None: any
+
+    def subject(self) -> str:
+        return dlq_subject(self.worker) if self.worker else DLQ_WILDCARD
+
+    def matches(self, letter: DeadLetter) -> bool:
+        return (self.code is None or letter.code == self.code) and (self.seqs is None or letter.seq in self.seqs)
+
+
+def _to_letter(raw: Any) -> DeadLetter:
+    headers = raw.headers or {}
+    original_seq = headers.get("Memq-Original-Seq")
+    return DeadLetter(
+        seq=raw.seq,
+        time=getattr(raw, "time", None),
+        worker=headers.get("Memq-Worker", raw.subject.rsplit(".", 1)[-1]),
+        code=headers.get("Memq-Error-Code", ""),
+        reason=headers.get("Memq-Error", ""),
+        original_subject=headers.get("Memq-Original-Subject", ""),
+        original_seq=int(original_seq) if original_seq and original_seq.isdigit() else None,
+        size=len(raw.data or b""),
+        data=raw.data or b"",
+    )
+
+
+async def iter_dead_letters(js: JetStreamContext, stream: str, where: DeadLetterFilter = DeadLetterFilter()):
+    """Yield the dead letters that match ``where``, oldest first."""
+    seq = 1
+    subject = where.subject()
+    while True:
+        try:
+            raw = await js.get_msg(stream, seq=seq, next=True, subject=subject)
+        except NotFoundError:  # past the last one (or no stream)
+            return
+        letter = _to_letter(raw)
+        if where.matches(letter):
+            yield letter
+        seq = raw.seq + 1
+
+
+async def list_dead_letters(
+    js: JetStreamContext, stream: str, where: DeadLetterFilter = DeadLetterFilter(), limit: int | None = None
+) -> list[DeadLetter]:
+    out: list[DeadLetter] = []
+    async for letter in iter_dead_letters(js, stream, where):
+        out.append(letter)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+def _replayable(letter: DeadLetter, events_prefix: str) -> str | None:
+    """Why ``letter`` cannot be replayed, or None."""
+    if not letter.original_subject:
+        return "no Memq-Original-Subject header"
+    if not letter.original_subject.startswith(events_prefix):
+        return f"original subject {letter.original_subject!r} is not an event subject"
+    return None
+
+
+async def replay_dead_letters(
+    js: JetStreamContext,
+    dlq_stream: str,
+    events_stream: str,
+    where: DeadLetterFilter,
+    keep: bool = False,
+    on_replayed: Callable[[DeadLetter], None] | None = None,
+) -> ReplayResult:
+    """Publish each matching dead letter on its original subject, then delete
+    it from the DLQ (unless ``keep``).
+
+    The publish carries ``Nats-Msg-Id: memq-replay:<dlq seq>``: running the
+    same replay twice within the duplicate window (e.g. after a crash between
+    publish and delete) appends it once.
+    """
+    from contracts.subjects import PREFIX
+
+    result = ReplayResult([], [])
+    letters = [letter async for letter in iter_dead_letters(js, dlq_stream, where)]
+    for letter in letters:
+        why = _replayable(letter, f"{PREFIX}.ev.")
+        if why:
+            result.skipped.append((letter.seq, why))
+            continue
+        headers = {
+            "Nats-Msg-Id": f"{REPLAY_ID_PREFIX}:{dlq_stream}:{letter.seq}",
+            "Memq-Replayed-From": str(letter.seq),
+        }
+        await js.publish(letter.original_subject, letter.data, headers=headers, stream=events_stream)
+        if not keep:
+            await js.delete_msg(dlq_stream, letter.seq)
+        result.replayed.append(letter.seq)
+        if on_replayed:
+            on_replayed(letter)
+    return result
+
+
+def summarize(letters: list[DeadLetter]) -> Iterator[tuple[str, str, int]]:
+    """(worker, code, count) per kind of failure, most frequent first."""
+    counts: dict[tuple[str, str], int] = {}
+    for letter in letters:
+        counts[(letter.worker, letter.code)] = counts.get((letter.worker, letter.code), 0) + 1
+    for (worker, code), n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        yield worker, code, n
