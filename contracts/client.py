@@ -36,9 +36,11 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from contracts.codec import DEFAULT_MAX_BYTES, encode, subject_for
 from contracts.errors import (
+    Forbidden,
     InvalidMessage,
     InvalidRequest,
     MemqError,
@@ -48,7 +50,7 @@ from contracts.errors import (
     Unavailable,
     error_from_dict,
 )
-from contracts.ids import validate_id
+from contracts.ids import encode_token, validate_id
 from contracts.queries import (
     REPLIES,
     REQUESTS,
@@ -90,6 +92,17 @@ SearchMode = Literal["keyword", "vector", "hybrid"]
 ModelFn = Callable[[list[dict[str, Any]]], Any]  # messages -> str | obj with .content (or an awaitable of it)
 _Prepared = tuple[str, bytes, dict[str, str]]  # subject, payload, headers
 R = TypeVar("R", bound=BaseModel)
+
+
+def app_inbox_prefix(app: str) -> str:
+    """The reply-subject prefix of an app's connections: ``_INBOX_<app token>``.
+
+    NATS permissions fence each app to its own inbox; with the shared
+    ``_INBOX.>`` any app allowed to subscribe there could read every other
+    app's replies. :meth:`MemoryClient.connect` uses it by default; a caller
+    that connects itself passes ``inbox_prefix=app_inbox_prefix(app)``.
+    """
+    return f"_INBOX_{encode_token(app, 'app')}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +149,10 @@ def build_request(app: str, op: str, **fields: Any) -> Any:
 
 def encode_request(request: BaseModel) -> bytes:
     """The wire body of a request: its JSON without unset (``None``) fields."""
-    return request.model_dump_json(exclude_none=True).encode()
+    try:
+        return request.model_dump_json(exclude_none=True).encode()
+    except PydanticSerializationError as exc:  # e.g. a lone surrogate in a string
+        raise InvalidRequest(f"request cannot be encoded as JSON: {exc}") from None
 
 
 def parse_reply(op: str, data: bytes) -> Any:
@@ -230,6 +246,7 @@ class MemoryClient:
         reconnects); the other parameters are those of the constructor."""
         validate_id(app, "app")  # fail before opening a connection
         nats_options.setdefault("name", f"memq-client:{app}")
+        nats_options.setdefault("inbox_prefix", app_inbox_prefix(app))  # what app users may subscribe to
         nc = await nats.connect(servers, **nats_options)
         client = cls(
             nc,
@@ -280,7 +297,10 @@ class MemoryClient:
         :param author: default ``"user"`` for the user role, else the app id.
         """
         author = author if author is not None else ("user" if role == "user" else self.app)
-        event = Event(author=author, message=Message(role=role, parts=[TextPart(text=text)]))
+        try:
+            event = Event(author=author, message=Message(role=role, parts=[TextPart(text=text)]))
+        except ValidationError as exc:  # a bad role or text: typed, like every other method
+            raise InvalidMessage(f"invalid text event: {_details(exc)}") from None
         return await self.append(user, session, event)
 
     async def append_many(self, user: str, session: str, events: Sequence[Event]) -> list[int]:
@@ -564,6 +584,8 @@ class MemoryClient:
         try:
             msg = await self.nc.request(subject, encode_request(request), timeout=timeout)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+            if denied := self._denied(subject):
+                raise Forbidden(f"request to {subject} refused by NATS: {denied}") from None
             late = f" within {timeout:g}s" if isinstance(exc, nats.errors.TimeoutError) else ""
             raise Unavailable(
                 f"no query service is answering{late} on {subject}: is `memq up` or `memq worker query` running?"
@@ -582,6 +604,9 @@ class MemoryClient:
         except nats.js.errors.NotFoundError:  # no bucket, no object, or a deleted one
             raise NotFound(f"artifact object {name!r} is not in the object store {ARTIFACT_BUCKET}") from None
         except (nats.errors.Error, TimeoutError) as exc:
+            if denied := self._denied("$"):
+                raise Forbidden(f"reading artifact object {name!r} refused by NATS ({denied}): this app's NATS user "
+                                "may not use the object store") from None  # fmt: skip
             raise Unavailable(f"reading artifact object {name!r} failed: {type(exc).__name__}: {exc}") from exc
         return buffer.getvalue()
 
@@ -649,9 +674,34 @@ class MemoryClient:
                 f"object store bucket {ARTIFACT_BUCKET} not found: run `memq init` or start a worker"
             ) from None
         except (nats.errors.Error, TimeoutError) as exc:
+            if denied := self._denied("$"):
+                raise PublishFailed(
+                    f"storing artifact object {name!r} refused by NATS ({denied}): this app's NATS user may "
+                    f"not use the object store; keep artifacts under inline_artifact_limit ({self.inline_artifact_limit} bytes)"
+                ) from None
             raise PublishFailed(f"storing artifact object {name!r} failed: {type(exc).__name__}: {exc}") from exc
 
+    def _denied(self, subject: str) -> str | None:
+        """The server's permissions violation for ``subject`` (or a subject
+        starting with it), if that is why nothing came back: nats-py reports
+        it only to ``error_cb`` and leaves the request to time out."""
+        error = str(self.nc.last_error or "")
+        found = error.lower()  # nats-py lower-cases the whole message, subject included
+        if "permissions violation" not in found:
+            return None
+        if f'publish to "{subject.lower()}' in found:
+            return error.removeprefix("nats: ")
+        inbox = self.nc.new_inbox().rsplit(".", 1)[0]
+        if f'subscription to "{inbox.lower()}.' in found:  # no reply can reach this connection
+            return (
+                f"{error.removeprefix('nats: ')}: this connection's user may not receive on {inbox}.> "
+                f"(a publish may still have been stored); connect with inbox_prefix={app_inbox_prefix(self.app)!r}"
+            )
+        return None
+
     def _failed(self, exc: BaseException, subject: str) -> MemqError:
+        if isinstance(exc, TimeoutError) and (denied := self._denied(subject)):
+            return Forbidden(f"publish to {subject} refused by NATS: {denied}")
         if isinstance(exc, nats.errors.MaxPayloadError):
             return Oversize(f"publish to {subject} refused: larger than the server's max_payload")
         if isinstance(exc, nats.js.errors.NoStreamResponseError):

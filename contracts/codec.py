@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from contracts.errors import InvalidMessage, Oversize, SubjectMismatch, UnsupportedVersion
 from contracts.schemas import SUPPORTED_VERSIONS, StreamMessage
@@ -15,7 +16,12 @@ DEFAULT_MAX_BYTES = 1024 * 1024  # NATS' default max_payload
 
 
 def encode(message: StreamMessage) -> bytes:
-    return _ADAPTER.dump_json(message, exclude_none=True)
+    """Raise InvalidMessage for a value JSON cannot hold (a lone surrogate,
+    bytes that are not UTF-8, an arbitrary object), not pydantic's error."""
+    try:
+        return _ADAPTER.dump_json(message, exclude_none=True)
+    except PydanticSerializationError as exc:
+        raise InvalidMessage(f"{message.kind} message cannot be encoded as JSON: {exc}") from None
 
 
 def subject_for(message: StreamMessage) -> str:
@@ -42,7 +48,9 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> StreamMessage:
     if not isinstance(raw, dict):
         raise InvalidMessage(f"payload must be a JSON object, got {type(raw).__name__}")
     version = raw.get("v")
-    if version not in SUPPORTED_VERSIONS:
+    # type() first: a list or dict is unhashable (a TypeError here was a poison
+    # pill that failed its whole batch forever), and 1.0 or true is not 1.
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
         raise UnsupportedVersion(
             f"schema version {version!r} is not supported (supported: {sorted(SUPPORTED_VERSIONS)})"
         )

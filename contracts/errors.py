@@ -88,6 +88,12 @@ class TemplateKeyMissing(MemqError):
     code = "template_key_missing"
 
 
+class Internal(MemqError):
+    """A bug in the worker, not in the request; its log has the traceback."""
+
+    code = "internal"
+
+
 ERRORS_BY_CODE: dict[str, type[MemqError]] = {
     cls.code: cls
     for cls in (
@@ -104,6 +110,7 @@ ERRORS_BY_CODE: dict[str, type[MemqError]] = {
         InvalidRequest,
         Unavailable,
         TemplateKeyMissing,
+        Internal,
     )
 }
 

@@ -8,11 +8,17 @@ models stay the single source of truth (a unit test keeps the files current).
 
 What JSON Schema cannot say, and a producer must still respect:
 
-- ids (``app``, ``user``, ``session``) are 1..256 bytes of UTF-8;
+- ids (``app``, ``user``, ``session``, message ids) are 1..256 bytes of
+  UTF-8 without NUL (U+0000), which PostgreSQL cannot store; nor may state
+  keys, artifact file names and object names hold NUL;
+- integers anywhere in free-form JSON (state, metadata, data parts, tool
+  arguments and results) fit in 64 bits (-2**63 .. 2**64-1);
 - the subject is ``memq.v1.ev.<app>.<user>[.<session>]`` with ids encoded by
   :func:`contracts.ids.encode_token`, and must name the same ids as the body;
 - an artifact has exactly one of ``inline`` and ``object``;
-- the ``Nats-Msg-Id`` header is the message ``id`` (``event.id`` for events);
+- the ``Nats-Msg-Id`` header is the message ``id`` (``event.id`` for events),
+  escaped like a subject token (:func:`contracts.ids.encode_token`: plain
+  ``[A-Za-z0-9_-]`` ids are unchanged);
 - ``inline`` artifact bytes are base64 (URL-safe alphabet when we emit them;
   the standard one is accepted too).
 """

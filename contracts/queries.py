@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFound, Unavailable  # noqa: F401 - re-exported
-from contracts.schemas import AppId, SessionId, UserId
+from contracts.schemas import AppId, NoNul, SessionId, UserId
 
 QUERY_VERSION = 1
 OPS = (
@@ -101,7 +101,7 @@ class ArtifactsList(_Request):
 
 class ArtifactGet(_Request):
     session: SessionId
-    filename: str = Field(min_length=1, max_length=1024)
+    filename: NoNul = Field(min_length=1, max_length=1024)
     version: int | None = Field(default=None, ge=0, description="default: the latest")
 
 

@@ -14,12 +14,14 @@ from typing import Annotated, Any, Literal, Union
 import uuid_utils
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from contracts.ids import validate_id
+from contracts.errors import InvalidId
+from contracts.ids import encode_token, validate_id
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION})
 MAX_STATE_KEY_BYTES = 256
 MAX_FILENAME_BYTES = 256
+MAX_SQL_INT = 2**63 - 1  # SQL BIGINT
 
 
 def new_id() -> str:
@@ -27,21 +29,59 @@ def new_id() -> str:
     return str(uuid_utils.uuid7())
 
 
+def _stored_id(value: object, what: str) -> str:
+    value = validate_id(value, what)
+    # Any UTF-8 fits a subject token, but ids are SQL text too, and
+    # PostgreSQL's text types cannot hold NUL.
+    if "\x00" in value:
+        raise InvalidId(f"{what} must not contain NUL (U+0000): PostgreSQL cannot store it")
+    return value
+
+
 def _id(what: str):
-    return AfterValidator(lambda v: validate_id(v, what))
+    return AfterValidator(lambda v: _stored_id(v, what))
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL (U+0000): PostgreSQL cannot store it")
+    return value
+
+
+def _json_safe(value: Any) -> Any:
+    """Refuse integers beyond 64 bits anywhere in a JSON value: the store's
+    encoder (orjson) cannot write them and readers would get a float back."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) is int:
+            if not -(2**63) <= v < 2**64:
+                raise ValueError("an integer does not fit in 64 bits")
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack.extend(v)
+    return value
 
 
 AppId = Annotated[str, _id("app")]
 UserId = Annotated[str, _id("user")]
 SessionId = Annotated[str, _id("session")]
 EventId = Annotated[str, _id("event id")]
+# Unix seconds that a date can be made of (years 1..9999): workers turn
+# timestamps into dates, and datetime raises beyond these.
+Timestamp = Annotated[float, Field(ge=-62_135_596_800, le=253_402_300_799)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_json_safe)]
+JsonValue = Annotated[Any, AfterValidator(_json_safe)]
+NoNul = Annotated[str, AfterValidator(_no_nul)]
 
 
 def _check_state_keys(delta: dict[str, Any]) -> dict[str, Any]:
     for key in delta:
         if not key or len(key.encode("utf-8", "surrogatepass")) > MAX_STATE_KEY_BYTES:
             raise ValueError(f"state key {key[:40]!r} must be 1..{MAX_STATE_KEY_BYTES} bytes")
-    return delta
+        _no_nul(key)  # keys are SQL text
+    return _json_safe(delta)
 
 
 StateDelta = Annotated[dict[str, Any], AfterValidator(_check_state_keys)]
@@ -61,21 +101,21 @@ class TextPart(_Model):
 
 class DataPart(_Model):
     type: Literal["data"] = "data"
-    data: dict[str, Any]
+    data: JsonObject
 
 
 class ToolCallPart(_Model):
     type: Literal["tool_call"] = "tool_call"
     id: str
     name: str
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: JsonObject = Field(default_factory=dict)
 
 
 class ToolResultPart(_Model):
     type: Literal["tool_result"] = "tool_result"
     id: str
     name: str = ""
-    result: Any = None
+    result: JsonValue = None
     is_error: bool = False
 
 
@@ -103,7 +143,7 @@ class Message(_Model):
 
 class Actions(_Model):
     state_delta: StateDelta = Field(default_factory=dict)
-    artifact_delta: dict[str, int] = Field(default_factory=dict)
+    artifact_delta: Annotated[dict[str, int], AfterValidator(_json_safe)] = Field(default_factory=dict)
     transfer_to_agent: str | None = None
     escalate: bool | None = None
     skip_summarization: bool | None = None
@@ -118,8 +158,8 @@ class Event(_Model):
     branch: str = ""
     message: Message | None = None
     actions: Actions = Field(default_factory=Actions)
-    timestamp: float = Field(default_factory=time.time)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    timestamp: Timestamp = Field(default_factory=time.time)
+    metadata: JsonObject = Field(default_factory=dict)
 
 
 # --- stream messages -------------------------------------------------------
@@ -131,8 +171,11 @@ class _Envelope(_Model):
     user: UserId
 
     @property
-    def msg_id(self) -> str:  # the Nats-Msg-Id used for JetStream dedupe
-        return self.id  # type: ignore[attr-defined]
+    def msg_id(self) -> str:
+        """The Nats-Msg-Id used for JetStream dedupe: the id escaped like a
+        subject token. Raw, ids "a" and "a\\t" would collide (header values
+        are stripped, CR/LF become spaces) and JetStream would drop one."""
+        return encode_token(self.id, "id")  # type: ignore[attr-defined]
 
 
 class _SessionEnvelope(_Envelope):
@@ -145,26 +188,26 @@ class EventAppended(_SessionEnvelope):
 
     @property
     def msg_id(self) -> str:
-        return self.event.id
+        return encode_token(self.event.id, "event id")
 
 
 class SessionCreated(_SessionEnvelope):
     kind: Literal["session.create"] = "session.create"
     id: EventId = Field(default_factory=new_id)
     state: StateDelta = Field(default_factory=dict)
-    timestamp: float = Field(default_factory=time.time)
+    timestamp: Timestamp = Field(default_factory=time.time)
 
 
 class SessionDeleted(_SessionEnvelope):
     kind: Literal["session.delete"] = "session.delete"
     id: EventId = Field(default_factory=new_id)
-    timestamp: float = Field(default_factory=time.time)
+    timestamp: Timestamp = Field(default_factory=time.time)
 
 
 class UserDeleted(_Envelope):
     kind: Literal["user.delete"] = "user.delete"
     id: EventId = Field(default_factory=new_id)
-    timestamp: float = Field(default_factory=time.time)
+    timestamp: Timestamp = Field(default_factory=time.time)
 
 
 class StateSet(_Envelope):
@@ -175,7 +218,7 @@ class StateSet(_Envelope):
     id: EventId = Field(default_factory=new_id)
     session: SessionId | None = None
     delta: StateDelta
-    timestamp: float = Field(default_factory=time.time)
+    timestamp: Timestamp = Field(default_factory=time.time)
 
     @model_validator(mode="after")
     def _scoped_keys_need_a_session(self) -> "StateSet":
@@ -189,9 +232,9 @@ class StateSet(_Envelope):
 class ObjectRef(_Model):
     """Where a large artifact lives: the JetStream object store."""
 
-    bucket: str
-    name: str
-    size: int = Field(ge=0)
+    bucket: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # a JetStream bucket name
+    name: NoNul
+    size: int = Field(ge=0, le=MAX_SQL_INT)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
@@ -205,7 +248,7 @@ class ArtifactSaved(_SessionEnvelope):
     mime_type: str = "application/octet-stream"
     inline: bytes | None = Field(default=None)
     object: ObjectRef | None = None
-    timestamp: float = Field(default_factory=time.time)
+    timestamp: Timestamp = Field(default_factory=time.time)
 
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
@@ -215,6 +258,7 @@ class ArtifactSaved(_SessionEnvelope):
             raise ValueError("an artifact needs exactly one of 'inline' or 'object'")
         if len(self.filename.encode("utf-8", "surrogatepass")) > MAX_FILENAME_BYTES:
             raise ValueError(f"filename must be at most {MAX_FILENAME_BYTES} bytes")
+        _no_nul(self.filename)  # SQL text, and a lookup key
         return self
 
 
@@ -226,10 +270,10 @@ class CheckpointSaved(_SessionEnvelope):
     kind: Literal["checkpoint"] = "checkpoint"
     id: EventId = Field(default_factory=new_id)
     summary: str
-    up_to_seq: int = Field(ge=1, description="stream seq of the last event folded into the summary")
+    up_to_seq: int = Field(ge=1, le=MAX_SQL_INT, description="stream seq of the last event folded into the summary")
     author: str = "summarizer"
-    metadata: dict[str, Any] = Field(default_factory=dict)
-    timestamp: float = Field(default_factory=time.time)
+    metadata: JsonObject = Field(default_factory=dict)
+    timestamp: Timestamp = Field(default_factory=time.time)
 
 
 StreamMessage = Annotated[

@@ -181,6 +181,12 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
     return plan
 
 
+def _text(value: str, limit: int | None = None) -> str:
+    """What a free-text column keeps: PostgreSQL's text types refuse NUL, so
+    it becomes U+FFFD (an event keeps its exact text in ``data``, escaped)."""
+    return value.replace("\x00", "\ufffd")[:limit]
+
+
 def _event_row(seq: int, session_key: str, m: EventAppended) -> dict[str, Any]:
     e = m.event
     data = e.model_dump(mode="json", exclude_none=True)
@@ -188,9 +194,9 @@ def _event_row(seq: int, session_key: str, m: EventAppended) -> dict[str, Any]:
         "session_key": session_key,
         "event_id": e.id,
         "seq": seq,
-        "invocation_id": e.invocation_id[:256],
-        "author": e.author[:256],
-        "branch": e.branch,
+        "invocation_id": _text(e.invocation_id, 256),
+        "author": _text(e.author, 256),
+        "branch": _text(e.branch),
         "role": e.message.role if e.message else None,
         "timestamp": e.timestamp,
         # Counted once, here, for the default encoding; never again per request.
@@ -210,7 +216,7 @@ def _artifact_row(seq: int, session_key: str, m: ArtifactSaved) -> dict[str, Any
         "artifact_id": m.id,
         "filename": m.filename,
         "seq": seq,
-        "mime_type": m.mime_type[:255],
+        "mime_type": _text(m.mime_type, 255),
         "size": size,
         "sha256": digest,
         "inline": m.inline,
@@ -226,9 +232,9 @@ def _checkpoint_row(seq: int, session_key: str, m: CheckpointSaved) -> dict[str,
         "checkpoint_id": m.id,
         "seq": seq,
         "up_to_seq": m.up_to_seq,
-        "summary": m.summary,
+        "summary": _text(m.summary),
         "tokens": message_tokens(summary_message(m.summary)),
-        "author": m.author[:256],
+        "author": _text(m.author, 256),
         "created_at": m.timestamp,
     }
 

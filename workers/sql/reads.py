@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import base64
+import re
 
 import orjson
 from sqlalchemy import func, or_, select
@@ -99,6 +100,7 @@ class CheckpointRow:
 
 
 _VISIBLE = SESSIONS.c.last_seq > SESSIONS.c.deleted_seq
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 _SESSION_COLUMNS = (
     SESSIONS.c.app,
     SESSIONS.c.user_id,
@@ -130,7 +132,8 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         updated_at, key = orjson.loads(base64.urlsafe_b64decode(cursor.encode()))
     except Exception as exc:
         raise ValueError(f"malformed cursor: {exc}") from None
-    if not isinstance(updated_at, (int, float)) or not isinstance(key, str) or len(key) != 64:
+    # A session key is a sha256 in hex: anything else (NUL for one) must not reach SQL.
+    if not isinstance(updated_at, (int, float)) or not isinstance(key, str) or not _HEX64.fullmatch(key):
         raise ValueError("malformed cursor")
     return float(updated_at), key
 
