@@ -60,6 +60,11 @@ class BatchConsumer:
         )
         self._task = asyncio.create_task(self._run(), name=f"consume {self.config.durable_name}")
 
+    @property
+    def running(self) -> bool:
+        """The fetch loop is alive (readiness)."""
+        return self._task is not None and not self._task.done()
+
     async def stop(self) -> None:
         """Finish the batch in hand, then stop fetching. Unacked messages stay
         with the consumer and are redelivered to a replica."""
@@ -96,6 +101,10 @@ class BatchConsumer:
             except NatsError as exc:  # disconnected, reconnecting, no responders
                 log.warning("fetch failed (%s); retrying", exc or type(exc).__name__)
                 await asyncio.sleep(0.5)
+                continue
+            except Exception:  # unexpected: say so loudly, but never stop consuming
+                log.exception("fetch failed unexpectedly; retrying in 5s")
+                await asyncio.sleep(5.0)
                 continue
             if msgs:
                 await self._handle(msgs)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -28,7 +29,7 @@ from nats.js.errors import NotFoundError
 from nats.micro import add_service
 
 from contracts.subjects import EVENTS_WILDCARD
-from workers import bus
+from workers import bus, metrics
 from workers.consumer import BatchConsumer
 from workers.indexing.backends import open_backend
 from workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
@@ -184,14 +185,19 @@ class IndexingWorker:
     # --- one batch --------------------------------------------------------------------
 
     async def handle(self, msgs: list[Msg]) -> None:
+        metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
         items = self.indexer.decode(msgs)
+        started = time.perf_counter()
         try:
             await self.indexer.apply(items, generation=self.generation.generation)
         except (IndexUnavailable, EmbedderError, OSError) as exc:
+            metrics.processed(WORKER, "retried", len(msgs))
             await self._retry_later(msgs, exc)
             return
+        metrics.COMMIT_SECONDS.labels(WORKER).observe(time.perf_counter() - started)
         for msg in msgs:
             await msg.ack()
+        metrics.processed(WORKER, "ok", len(msgs))
 
     async def _retry_later(self, msgs: list[Msg], exc: Exception) -> None:
         delays = self.settings.indexing.retry_delays_s

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 
 import orjson
@@ -40,7 +41,7 @@ from contracts.subjects import (
     events_subject,
     user_events_filter,
 )
-from workers import bus
+from workers import bus, metrics
 from workers.consumer import BatchConsumer
 from workers.memory.commit_plan import Incoming
 from workers.persistence.store import CommitResult, SqlStore
@@ -63,15 +64,20 @@ class DeadLetters:
 
     async def send(self, msg: Msg, code: str, reason: str) -> None:
         meta = msg.metadata
+        # One line of ASCII, for the header and the log alike: reasons quote
+        # the input (CR/LF would forge log lines), and non-ASCII header values
+        # come back from nats-py's get_msg as email.header.Header, not str.
+        reason = reason[:2000].replace("\r", " ").replace("\n", " ").encode("ascii", "backslashreplace").decode()
         headers = {
             "Nats-Msg-Id": f"{self.worker}:{meta.stream}:{meta.sequence.stream}",
             "Memq-Worker": self.worker,
             "Memq-Error-Code": code,
-            "Memq-Error": reason[:2000].replace("\r", " ").replace("\n", " "),
+            "Memq-Error": reason,
             "Memq-Original-Subject": msg.subject,
             "Memq-Original-Seq": str(meta.sequence.stream),
         }
         await self.js.publish(self.subject, msg.data, headers=headers)
+        metrics.DEAD_LETTERED.labels(self.worker, code).inc()
         log.warning("dead-lettered seq %s: %s: %s", meta.sequence.stream, code, reason)
 
 
@@ -145,6 +151,7 @@ class PersistenceWorker:
     # --- one batch ------------------------------------------------------------
 
     async def handle(self, msgs: list[Msg]) -> None:
+        metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
         items: list[Incoming] = []
         raw: list[Msg] = []
         for msg in msgs:
@@ -176,7 +183,10 @@ class PersistenceWorker:
         which concurrent replicas can cause and which succeed on a retry."""
         for attempt in range(MAX_CONFLICT_RETRIES):
             try:
-                return await self.store.commit(items)
+                started = time.perf_counter()
+                result = await self.store.commit(items)
+                metrics.COMMIT_SECONDS.labels(WORKER).observe(time.perf_counter() - started)
+                return result
             except sa_exc.OperationalError as exc:
                 if not _is_conflict(exc) or attempt == MAX_CONFLICT_RETRIES - 1:
                     raise
@@ -208,6 +218,7 @@ class PersistenceWorker:
         for msg in raw:
             await msg.ack()
         self.committed += len(raw)
+        metrics.processed(WORKER, "ok", len(raw))
         if self.settings.persistence.publish_changed:
             await self._announce(result)
 
@@ -216,6 +227,7 @@ class PersistenceWorker:
         attempt = max((m.metadata.num_delivered or 1) for m in raw)
         delay = delays[min(attempt - 1, len(delays) - 1)]
         log.warning("commit failed (%s: %s); redelivery in %.1fs", type(exc).__name__, exc, delay)
+        metrics.processed(WORKER, "retried", len(raw))
         for msg in raw:
             await msg.nak(delay=delay)
         # Hold the consume loop too: fetching more now would only fail again.
@@ -229,6 +241,7 @@ class PersistenceWorker:
             await msg.nak(delay=self.settings.persistence.retry_delays_s[0])
             return
         await msg.ack()
+        metrics.processed(WORKER, "dead_lettered")
 
     # --- after commit ---------------------------------------------------------
 

@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from contracts.ids import scope_key
+from workers import metrics
 
 log = logging.getLogger("memq.cache")
 
@@ -209,11 +210,13 @@ class QueryCache:
                 break
             if value is not None:
                 self.hits += 1
+                metrics.CACHE_HIT.inc()
                 for earlier, key in keys:  # fill the faster tiers
                     await earlier.store(key, value, self.ttl_s)
                 return Ticket(tuple(keys)), _entry(value)
             keys.append((tier, prefix + suffix))
         self.misses += 1
+        metrics.CACHE_MISS.inc()
         return Ticket(tuple(keys)), None
 
     def get_local(self, app: str, user: str | None, session: str | None, request_key: str) -> Entry | None:
@@ -224,6 +227,7 @@ class QueryCache:
         if value is None:
             return None
         self.hits += 1
+        metrics.CACHE_HIT.inc()
         return _entry(value)
 
     async def put(self, ticket: Ticket, entry: Entry) -> None:
@@ -257,6 +261,7 @@ class QueryCache:
 
     def _failed(self, what: str, exc: Exception) -> None:
         self.errors += 1
+        metrics.CACHE_ERRORS.labels(what).inc()
         if self.errors == 1 or self.errors % 1000 == 0:
             log.warning("cache %s failed (%s: %s); answering from SQL", what, type(exc).__name__, exc)
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import time
 
 import orjson
 from nats.aio.client import Client as NATS
@@ -30,10 +31,10 @@ from pydantic import ValidationError
 from sqlalchemy import exc as sa_exc
 
 from contracts import queries as q
-from contracts.errors import Forbidden, InvalidRequest, MemqError, Unavailable
+from contracts.errors import Forbidden, Internal, InvalidRequest, MemqError, Oversize, Unavailable
 from contracts.ids import decode_token
 from contracts.subjects import CHANGED_WILDCARD, PREFIX
-from workers import bus
+from workers import bus, metrics
 from workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
 from workers.query.floor import CommitFloor
 from workers.query.ops import CACHED, NO_SQL, OPS, OpContext
@@ -65,7 +66,9 @@ def build_cache(settings: Settings) -> QueryCache:
 
 
 def error_body(exc: MemqError) -> bytes:
-    return orjson.dumps({"ok": False, "error": exc.to_dict()})
+    # Capped: a message may quote the request (a 200 kB "v", say), and a reply
+    # over NATS' max_payload never reaches the requester.
+    return orjson.dumps({"ok": False, "error": {"code": exc.code, "message": exc.message[:2000]}})
 
 
 def ok_body(reply: q._Reply) -> bytes:
@@ -142,36 +145,52 @@ class QueryWorker:
 
     def _handler(self, op: str):
         async def handle(request: Request) -> None:
+            started = time.perf_counter()
             try:
                 req = self._parse(op, request.subject, request.data)
             except MemqError as exc:  # refusing needs no I/O: answer here
+                metrics.QUERY_ERRORS.labels(op, exc.code).inc()
                 await request.respond(error_body(exc))
+                metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
             key = _request_key(op, req) if op in CACHED and self.cache.enabled else None
             # A hit in this replica's own cache tier needs no I/O either:
             # answering it here saves a task per request on the hottest path.
             if key is not None and (body := self._local_hit(req, key)) is not None:
-                await request.respond(body)
+                await request.respond(self._deliverable(op, body))
+                metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
             # nats-py runs a subscription's callbacks one at a time: answer
             # the rest in a task so that one slow query does not queue others.
             await self._slots.acquire()
-            task = asyncio.create_task(self._respond(op, req, key, request))
+            task = asyncio.create_task(self._respond(op, req, key, request, started))
             self._tasks.add(task)
             task.add_done_callback(self._done)
 
         return handle
 
+    def _deliverable(self, op: str, body: bytes) -> bytes:
+        """``body``, or a typed error when NATS could not carry it: a reply
+        over the server's max_payload is dropped, and the caller would wait."""
+        limit = self.nc.max_payload if self.nc is not None else 0
+        if limit and len(body) > limit:
+            metrics.QUERY_ERRORS.labels(op, Oversize.code).inc()
+            return error_body(
+                Oversize(f"{op}: the answer is {len(body)} bytes, over the server's max_payload of {limit}; ask for less (limit, page)")
+            )
+        return body
+
     def _done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         self._slots.release()
 
-    async def _respond(self, op: str, req: q._Request, key: str | None, request: Request) -> None:
-        body = await self.answer(op, req, key)
+    async def _respond(self, op: str, req: q._Request, key: str | None, request: Request, started: float) -> None:
+        body = self._deliverable(op, await self.answer(op, req, key))
         try:
             await request.respond(body)
         except Exception as exc:  # the requester is gone; nothing to tell
             log.debug("reply to %s failed: %s", request.subject, exc)
+        metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
 
     async def answer(self, op: str, req: q._Request, key: str | None) -> bytes:
         """The reply to a valid request; ``key`` is its cache key, or None
@@ -184,13 +203,16 @@ class QueryWorker:
                 return await self._cached(op, req, key)
             return ok_body(await self._run(op, req))
         except MemqError as exc:
+            metrics.QUERY_ERRORS.labels(op, exc.code).inc()
             return error_body(exc)
         except (sa_exc.OperationalError, sa_exc.InterfaceError, OSError, asyncio.TimeoutError) as exc:
             log.warning("%s failed: %s", op, exc)
+            metrics.QUERY_ERRORS.labels(op, Unavailable.code).inc()
             return error_body(Unavailable(f"{op}: the database is unavailable, retry later"))
         except Exception:
             log.exception("%s failed", op)
-            return orjson.dumps({"ok": False, "error": {"code": "internal", "message": f"{op} failed; see the worker log"}})
+            metrics.QUERY_ERRORS.labels(op, Internal.code).inc()
+            return error_body(Internal(f"{op} failed; see the worker log"))
 
     def _parse(self, op: str, subject: str, data: bytes) -> q._Request:
         try:

@@ -40,7 +40,7 @@ from contracts.codec import encode, subject_for
 from contracts.ids import scope_key
 from contracts.schemas import CheckpointSaved
 from contracts.subjects import CHANGED_WILDCARD, status_subject
-from workers import bus
+from workers import bus, metrics
 from workers.lease import Lease
 from workers.memory.extractive import Turn
 from workers.memory.strategies import Strategy, fold
@@ -202,6 +202,7 @@ class SummarizerWorker:
                 await self.summarize_session(*key)
         except Exception as exc:
             self.stats.failures += 1
+            metrics.SUMMARIES.labels("failed").inc()
             self._retry_at[key] = time.monotonic() + self.settings.summarizer.retry_after_s
             log.warning("summary of %s failed (%s: %s); retrying later", key, type(exc).__name__, exc)
         finally:
@@ -218,6 +219,7 @@ class SummarizerWorker:
         lease = Lease(self.js, f"summarize.{session_key}", ttl_s=self.settings.summarizer.lease_ttl_s)
         if not await lease.acquire():
             self.stats.skipped_busy += 1
+            metrics.SUMMARIES.labels("busy").inc()
             return None
         try:
             planned = await self._plan(session_key, strategy)  # another replica may have just done it
@@ -227,7 +229,9 @@ class SummarizerWorker:
             up_to = plan.up_to
             await self._status(app, user, session, "summarizing", up_to_seq=up_to)
             try:
+                started = time.perf_counter()
                 summary = await self._fold(turns, previous, plan.summary_tokens)
+                metrics.SUMMARY_SECONDS.labels(self.summarizer.name).observe(time.perf_counter() - started)
             except SummarizerError:
                 await self._status(app, user, session, "failed", up_to_seq=up_to)
                 raise
@@ -241,6 +245,7 @@ class SummarizerWorker:
             except NotCommitted:
                 log.warning("checkpoint at seq %d not committed after %.0fs", ack.seq, COMMIT_WAIT_S)
             await self._status(app, user, session, "summarized", up_to_seq=up_to)
+            metrics.SUMMARIES.labels("duplicate" if ack.duplicate else "checkpoint").inc()
             if not ack.duplicate:
                 self.stats.checkpoints += 1
             self._retry_at.pop((app, user, session), None)

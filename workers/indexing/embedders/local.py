@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import importlib.util
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,6 +28,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
+from workers import metrics
 from workers.settings import LocalEmbedderSettings
 
 MODEL = "local:all-MiniLM-L6-v2-int8"
@@ -153,7 +155,9 @@ class LocalEmbedder:
         if not texts:
             return []
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
         vectors = await loop.run_in_executor(self._executor, self.embed_sync, list(texts))
+        metrics.embedded(self.model, len(texts), time.perf_counter() - started)
         return vectors.tolist()
 
     async def close(self) -> None:

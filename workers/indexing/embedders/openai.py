@@ -11,12 +11,13 @@ appears in logs or errors.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 
 import httpx
 import numpy as np
 
-from workers import http_retry
+from workers import http_retry, metrics
 from workers.indexing.embedders.base import EmbedderError
 from workers.settings import OpenAIEmbedderSettings, mask_url
 
@@ -66,8 +67,11 @@ class OpenAIEmbedder:
         """One unit vector per text, in order. Raises :class:`EmbedderError`."""
         out: list[list[float]] = []
         size = self.settings.batch_size
+        started = time.perf_counter()
         for start in range(0, len(texts), size):
             out.extend(await self._embed_batch(list(texts[start : start + size])))
+        if texts:
+            metrics.embedded(self.model, len(texts), time.perf_counter() - started)
         return out
 
     async def close(self) -> None:
