@@ -454,6 +454,11 @@ class Postgres(Server):
     stop_signal = signal.SIGINT  # "fast" shutdown; SIGTERM would wait for clients to leave
     run_as = "postgres"
 
+    def __init__(self, port: int | None = None, workdir=None, extra_settings: dict | None = None):
+        """``extra_settings``: more ``-c key=value`` server settings (e.g. ssl, hba_file)."""
+        super().__init__(port, workdir)
+        self.extra_settings = extra_settings or {}
+
     def _find_binaries(self) -> None:
         bindir = _postgres_bindir()
         if bindir is None:
@@ -484,6 +489,7 @@ class Postgres(Server):
             "full_page_writes": "off",
             "max_connections": 200,
             "shared_buffers": "64MB",
+            **self.extra_settings,
         }
         return [f"{self.bindir}/postgres", "-D", str(self.data_dir)] + [
             a for k, v in settings.items() for a in ("-c", f"{k}={v}")
@@ -612,13 +618,18 @@ class Redis(Server):
 
     name = "redis"
 
+    def __init__(self, port: int | None = None, workdir=None, extra_args: list[str] | None = None):
+        """``extra_args``: more server options (e.g. ``--requirepass``, ``--tls-port``)."""
+        super().__init__(port, workdir)
+        self.extra_args = extra_args or []
+
     def _find_binaries(self) -> None:
         self.binary = _require("redis-server", "apt-get install redis-server (bash infra/dev.sh services)")
 
     def _command(self) -> list[str]:
         return [
             self.binary, "--port", str(self.port), "--bind", HOST, "--save", "",
-            "--appendonly", "no", "--dir", str(self.dir), "--daemonize", "no",
+            "--appendonly", "no", "--dir", str(self.dir), "--daemonize", "no", *self.extra_args,
         ]  # fmt: skip
 
     @property
@@ -652,8 +663,10 @@ class Weaviate(Server):
 
     name = "weaviate"
 
-    def __init__(self, port: int | None = None, workdir=None, grpc_port: int | None = None):
+    def __init__(self, port: int | None = None, workdir=None, grpc_port: int | None = None, extra_env: dict | None = None):
+        """``extra_env``: more server variables (e.g. API-key authentication)."""
         super().__init__(port, workdir)
+        self.extra_env = extra_env or {}
         self.grpc_port = grpc_port or free_port()
         self.cluster_ports = [free_port() for _ in range(4)]  # gossip, data, raft, raft rpc
 
@@ -697,6 +710,7 @@ class Weaviate(Server):
             # a generation must fail (and be retried), not recreate it.
             AUTOSCHEMA_ENABLED="false",
         )
+        kw["env"].update(self.extra_env)
         return kw
 
     def _ready(self) -> bool:

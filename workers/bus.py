@@ -6,6 +6,8 @@ rebuilt by replay; ``MEMQ_DLQ`` keeps dead letters with their reason.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import ssl
 from typing import Any
@@ -17,7 +19,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
 
 from contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
-from workers.settings import NatsSettings, Settings, StreamSettings
+from workers.settings import NatsSettings, Settings, StreamSettings, mask_url
 
 log = logging.getLogger("memq.bus")
 
@@ -68,14 +70,46 @@ def connect_options(settings: Settings, name: str) -> dict[str, Any]:
         opts["token"] = n.token.get_secret_value()
     if n.creds_file:
         opts["user_credentials"] = str(n.creds_file)
+    if n.inbox_prefix:
+        opts["inbox_prefix"] = n.inbox_prefix
     if (tls := _tls_context(n)) is not None:
         opts["tls"] = tls
     return opts
 
 
+class NatsTLSError(RuntimeError):
+    """The TLS handshake with NATS failed (wrong CA, refused certificate): a
+    setting to fix, not an outage to wait out."""
+
+
+async def open_connection(options: dict[str, Any]) -> NATS:
+    """``nats.connect(**options)``, but a failed TLS handshake raises
+    :class:`NatsTLSError` at once: nats-py would hang on it forever (nats.py#718)."""
+    user_cb = options.get("error_cb")
+    tls_failed: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def error_cb(exc: Exception) -> None:
+        if isinstance(exc, ssl.SSLError) and not tls_failed.done():
+            tls_failed.set_result(exc)
+        if user_cb is not None:
+            await user_cb(exc)
+
+    connecting = asyncio.ensure_future(nats.connect(**{**options, "error_cb": error_cb}))
+    await asyncio.wait({connecting, tls_failed}, return_when=asyncio.FIRST_COMPLETED)
+    if connecting.done():
+        tls_failed.cancel()
+        return connecting.result()
+    connecting.cancel()
+    with contextlib.suppress(BaseException):
+        await connecting
+    exc = tls_failed.result()
+    servers = ", ".join(mask_url(u) for u in options.get("servers", []))
+    raise NatsTLSError(f"TLS handshake with NATS at {servers} failed: {type(exc).__name__}: {exc}")
+
+
 async def connect(settings: Settings, name: str, **callbacks: Any) -> NATS:
     """Connect with the settings' options (plus nats-py callbacks, e.g. reconnected_cb)."""
-    return await nats.connect(**connect_options(settings, name), **callbacks)
+    return await open_connection({**connect_options(settings, name), **callbacks})
 
 
 def events_stream_config(s: StreamSettings) -> StreamConfig:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import signal
+import ssl
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from enum import Enum
@@ -28,7 +29,11 @@ from contracts.errors import MemqError
 from workers import bus
 from workers.settings import Settings, load_settings, mask_url
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="memq: session and memory layer for LLM agents.")
+# No locals in tracebacks: they would print settings, URLs and passwords.
+app = typer.Typer(
+    no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False,
+    help="memq: session and memory layer for LLM agents.",
+)  # fmt: skip
 console = Console()
 err = Console(stderr=True)
 
@@ -74,6 +79,7 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
 
 
 async def _run_workers(settings: Settings, kinds: list[WorkerKind], stop: asyncio.Event) -> None:
+    from workers.health import Monitor
     from workers.indexing.worker import IndexingWorker
     from workers.persistence.worker import PersistenceWorker
     from workers.query.service import QueryWorker
@@ -85,17 +91,28 @@ async def _run_workers(settings: Settings, kinds: list[WorkerKind], stop: asynci
         WorkerKind.summarizer: SummarizerWorker,
         WorkerKind.query: QueryWorker,
     }
+    # One metrics/health server for every worker of the process (if metrics.port is set);
+    # up before the workers, so liveness answers during a slow start.
+    monitor = Monitor(settings)
+    try:
+        await monitor.start([k.value for k in kinds])
+    except OSError as exc:
+        err.print(f"[red]cannot serve metrics on {settings.metrics.host}:{settings.metrics.port}:[/] {exc.strerror or exc}")
+        raise typer.Exit(1) from None
     workers = [factories[k](settings) for k in kinds]
     started = []
     try:
-        for w in workers:
+        for k, w in zip(kinds, workers):
             await w.start()
             started.append(w)
+            monitor.watch(k.value, w)
         await stop.wait()
         err.print("stopping: finishing the batch in hand, then closing…")
     finally:
+        await monitor.drain()  # /readyz: stopping; /healthz still answers while the workers stop
         for w in reversed(started):
             await w.stop()
+        await monitor.stop()
 
 
 @app.command()
@@ -235,13 +252,15 @@ def _with_nats(work: Callable[[NATS], Awaitable[T]]) -> T:
     """Run ``work`` on a fresh NATS connection; print a clear error and exit 1 on failure."""
     settings = _settings()
 
+    failures: list[Exception] = []
+
     async def quiet(exc: Exception) -> None:  # nats-py would log a traceback per attempt
-        pass
+        failures.append(exc)
 
     async def main() -> T:
         # A command should fail fast, not wait for NATS forever like a worker.
         options = {**bus.connect_options(settings, "cli"), "max_reconnect_attempts": 1, "reconnect_time_wait": 0.2}
-        nc = await nats.connect(**options, error_cb=quiet)
+        nc = await bus.open_connection({**options, "error_cb": quiet})
         try:
             return await work(nc)
         finally:
@@ -251,9 +270,18 @@ def _with_nats(work: Callable[[NATS], Awaitable[T]]) -> T:
         return asyncio.run(main())
     except bus.NatsNotFound as exc:
         err.print(f"[red]{exc}[/]")
-    except nats.errors.NoServersError:
+    except (nats.errors.NoServersError, nats.errors.AuthorizationError) as exc:
         url = ",".join(mask_url(u) for u in bus.nats_url(settings).split(","))
-        err.print(f"[red]cannot reach NATS at {url}[/]: is `memq up` running, or MEMQ_NATS__URL right?")
+        refused = [f for f in failures if "authorization violation" in str(f).lower()]
+        why = str(refused[-1] if refused else failures[-1] if failures else exc)  # a later timeout hides nothing
+        if failures and isinstance(failures[-1], ssl.SSLError):
+            err.print(f"[red]TLS with NATS at {url} failed[/] ({escape(why)}): check MEMQ_NATS__TLS__*")
+        elif "authorization violation" in why.lower():
+            err.print(f"[red]NATS at {url} refused the credentials[/] ({why}): check MEMQ_NATS__USER/PASSWORD/TOKEN")
+        else:
+            err.print(f"[red]cannot reach NATS at {url}[/] ({escape(why)}): is `memq up` running, or MEMQ_NATS__URL right?")
+    except bus.NatsTLSError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]: check MEMQ_NATS__TLS__CA_FILE / CERT_FILE / KEY_FILE")
     except MemqError as exc:
         err.print(f"[red]{exc.code}:[/] {escape(exc.message)}")
     raise typer.Exit(1)
@@ -641,6 +669,63 @@ def dlq_replay(
     console.print(f"{len(result.replayed)} replayed" + ("" if keep else ", deleted from the DLQ"))
     if result.skipped or missing:
         raise typer.Exit(1)
+
+
+# --- NATS accounts: per-app users and permissions (workers.security) ------------
+
+nats_app = typer.Typer(no_args_is_help=True, help="NATS server configuration for memq.")
+app.add_typer(nats_app, name="nats")
+
+
+@nats_app.command("accounts")
+def nats_accounts(
+    apps: Annotated[list[str], typer.Option("--app", "-a", help="An app that gets its own user (repeatable).")],
+    out: Annotated[str, typer.Option("--out", "-o", help="The accounts config to write (`include` it in nats.conf).")] = "accounts.conf",
+    secrets_path: Annotated[
+        str | None, typer.Option("--secrets", help="Where the passwords go (mode 0600). Default: <out>.secrets.json")
+    ] = None,
+    env_passwords: Annotated[
+        bool, typer.Option("--env-passwords", help="Generate no passwords: the server reads each from $MEMQ_NATS_PASSWORD_<USER>.")
+    ] = False,
+    admin: Annotated[bool, typer.Option("--admin/--no-admin", help="An operators' user (memq init, status, dlq).")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
+) -> None:
+    """Write a nats-server accounts config: a `workers` user, an `admin` user and
+    one user per app that may touch only that app's subjects. Passwords go to
+    a 0600 file, never to the terminal."""
+    import os
+    from pathlib import Path
+
+    from workers import security
+
+    try:
+        names = security.user_names(apps, admin=admin)
+        plain, hashed = security.generate_passwords(names)
+        stored = {n: "$" + security.env_var(n) for n in names} if env_passwords else hashed
+        memq_users, system_users = security.build_users(apps, stored, admin=admin)
+    except ValueError as exc:  # InvalidId is one too
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
+    targets = [Path(out), Path(secrets_path or f"{out}.secrets.json")]
+    if not force and (taken := [str(p) for p in targets if p.exists()]):
+        err.print(f"[red]{', '.join(taken)} exists[/]: use --force to overwrite")
+        raise typer.Exit(1)
+    header = "generated by `memq nats accounts`: " + (
+        "each password (a quoted bcrypt hash) from the server's environment" if env_passwords else "bcrypt hashes"
+    )
+    Path(out).write_text(security.render_accounts(memq_users, system_users, header=header))
+    doc = security.credentials_document(memq_users, system_users, plain, hashed)
+    tmp = targets[1].with_name(f".{targets[1].name}.tmp")
+    tmp.unlink(missing_ok=True)
+    # Created 0600 before a byte is written: the passwords are never readable by others.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, targets[1])
+    console.print(f"wrote {out}, and the passwords to {targets[1]} (mode 0600): keep that out of git", soft_wrap=True)
+    if env_passwords:
+        console.print("the server needs (server_env in that file): " + " ".join(doc["server_env"]), soft_wrap=True)
+    console.print("users: " + ", ".join(u.name for u in memq_users + system_users), soft_wrap=True)
 
 
 if __name__ == "__main__":

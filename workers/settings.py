@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -46,6 +46,9 @@ class NatsSettings(BaseModel):
     token: SecretStr | None = None
     creds_file: Path | None = None
     tls: TLSSettings = TLSSettings()
+    inbox_prefix: str | None = Field(
+        default=None, description="reply subjects' prefix; an app's user may only use _INBOX_<app> (see `memq nats accounts`)"
+    )
     connect_timeout_s: float = 5.0
     name: str = "memq"
 
@@ -68,6 +71,8 @@ class DatabaseSettings(BaseModel):
         description="SQLAlchemy async URL (postgresql+asyncpg, sqlite+aiosqlite, mysql+asyncmy), "
         "or 'inmemory'. Unset: SQLite file in the data dir.",
     )
+    password: SecretStr | None = Field(default=None, description="replaces the URL's password (keeps the URL free of secrets)")
+    tls: TLSSettings = Field(default_factory=TLSSettings, description="PostgreSQL: sslmode verify-full; MySQL: ssl_ca/cert/key")
     pool_size: int = Field(default=5, ge=1)
     echo: bool = False
     migrate_on_start: bool = True
@@ -103,10 +108,20 @@ class CacheSettings(BaseModel):
     backend: Literal["auto", "redis", "memory", "none"] = Field(
         default="auto", description="auto: Redis when redis_url is set, else in-process"
     )
-    redis_url: SecretStr | None = None
+    redis_url: SecretStr | None = Field(default=None, description="redis:// or rediss:// (TLS)")
+    redis_password: SecretStr | None = Field(default=None, description="replaces the URL's password")
+    redis_tls: TLSSettings = Field(default_factory=TLSSettings, description="TLS with a CA and client certificate (rediss://)")
     local: bool = Field(default=True, description="an in-process tier in front of Redis (hits without a round trip)")
     ttl_s: float = Field(default=300.0, gt=0, description="bounds staleness if a change notice is lost")
     max_entries: int = Field(default=10_000, ge=1, description="in-process cache size")
+
+    @model_validator(mode="after")
+    def _connection_in_url(self) -> CacheSettings:
+        # Folded into the one URL every Redis client is built from.
+        if self.redis_url is not None and (self.redis_password is not None or self.redis_tls.enabled):
+            url = redis_url_with(self.redis_url.get_secret_value(), self.redis_password, self.redis_tls)
+            self.redis_url = SecretStr(url)
+        return self
 
 
 class QuerySettings(BaseModel):
@@ -201,6 +216,19 @@ class SummarizerSettings(BaseModel):
     llm: LLMSettings = LLMSettings()
 
 
+class MetricsSettings(BaseModel):
+    """Prometheus metrics and health probes over HTTP (``workers/health.py``):
+    GET /metrics, /healthz (liveness), /readyz (readiness), one server per process."""
+
+    port: int | None = Field(
+        default=None, ge=0, le=65535, description="unset: no HTTP server (replicas on one host do not clash); 0: any free port"
+    )
+    host: str = Field(default="127.0.0.1", description="0.0.0.0 to be scraped and probed from outside (containers)")
+    refresh_s: float = Field(default=2.0, gt=0, description="how often readiness checks, consumer lag and DLQ depth are refreshed")
+    check_timeout_s: float = Field(default=2.0, gt=0, description="a readiness check slower than this fails")
+    liveness_timeout_s: float = Field(default=30.0, gt=0, description="/healthz fails once the event loop has not run for this long")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMQ_",
@@ -220,6 +248,7 @@ class Settings(BaseSettings):
     indexing: IndexingSettings = IndexingSettings()
     recall: RecallSettings = RecallSettings()
     summarizer: SummarizerSettings = SummarizerSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -259,7 +288,7 @@ class Settings(BaseSettings):
         if url == "inmemory":
             # Development backend: SQLite in memory, lost on restart.
             return "sqlite+aiosqlite:///:memory:"
-        return url
+        return database_url_with(url, self.database.password, self.database.tls)
 
     def public_dict(self) -> dict[str, Any]:
         """The effective settings with every secret masked (for `memq config`)."""
@@ -294,6 +323,52 @@ def mask_url(url: str) -> str:
     creds, host = rest.rsplit("@", 1)
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}" if ":" in creds else f"{scheme}://***@{host}"
+
+
+def _tls_query(tls: TLSSettings, names: dict[str, str], extra: dict[str, str]) -> dict[str, str]:
+    files = {"ca": tls.ca_file, "cert": tls.cert_file, "key": tls.key_file}
+    return {**extra, **{names[k]: str(v) for k, v in files.items() if v is not None}}
+
+
+def database_url_with(url: str, password: SecretStr | None, tls: TLSSettings) -> str:
+    """``url`` with ``password`` and the TLS settings in it, as the URL
+    parameters each driver understands (libpq's for PostgreSQL, which
+    workers.sql.engine hands to asyncpg; SQLAlchemy's for MySQL)."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    if password is not None:
+        u = u.set(password=password.get_secret_value())
+    if tls.enabled:
+        backend = u.get_backend_name()
+        if backend == "postgresql":
+            names = {"ca": "sslrootcert", "cert": "sslcert", "key": "sslkey"}
+            u = u.update_query_dict(_tls_query(tls, names, {"sslmode": "verify-full"}))
+        elif backend in ("mysql", "mariadb"):
+            names = {"ca": "ssl_ca", "cert": "ssl_cert", "key": "ssl_key"}
+            u = u.update_query_dict(_tls_query(tls, names, {"ssl_check_hostname": "true"}))
+        else:
+            raise ValueError(f"database.tls does not apply to {backend}")
+    return u.render_as_string(hide_password=False)
+
+
+def redis_url_with(url: str, password: SecretStr | None, tls: TLSSettings) -> str:
+    """``url`` with ``password`` and the TLS settings in it (redis-py reads
+    ``ssl_*`` URL parameters; ``rediss://`` turns TLS on)."""
+    from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    scheme, netloc = parts.scheme, parts.netloc
+    if password is not None:
+        host = netloc.rsplit("@", 1)[-1]
+        user = quote(parts.username or "", safe="")
+        netloc = f"{user}:{quote(password.get_secret_value(), safe='')}@{host}"
+    query = dict(parse_qsl(parts.query))
+    if tls.enabled:
+        scheme = "rediss"
+        names = {"ca": "ssl_ca_certs", "cert": "ssl_certfile", "key": "ssl_keyfile"}
+        query.update(_tls_query(tls, names, {"ssl_cert_reqs": "required"}))
+    return urlunsplit((scheme, netloc, parts.path, urlencode(query), parts.fragment))
 
 
 def load_settings(**overrides: Any) -> Settings:

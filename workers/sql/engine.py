@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Table, event, func, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import StaticPool
 
@@ -35,10 +36,38 @@ def create_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncE
             kwargs["connect_args"] = {"timeout": 30}
     else:
         kwargs.update(pool_size=pool_size, pool_pre_ping=True, pool_recycle=1800)
+        if u.get_backend_name() == "postgresql":
+            u, ssl_arg = _asyncpg_tls(u)
+            if ssl_arg is not None:
+                kwargs["connect_args"] = {"ssl": ssl_arg}
     engine = create_async_engine(u, **kwargs)
     if u.get_backend_name() == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     return engine
+
+
+_LIBPQ_TLS = ("sslmode", "sslrootcert", "sslcert", "sslkey")
+
+
+def _asyncpg_tls(u: URL) -> tuple[URL, ssl.SSLContext | str | None]:
+    """libpq's TLS URL parameters as asyncpg's ``ssl`` argument: asyncpg reads
+    them only from a DSN, and SQLAlchemy hands it keywords instead.
+
+    ``verify-full`` checks the chain and the host name, ``verify-ca`` the
+    chain only; other modes (``require``, ``prefer``…) pass through as is.
+    """
+    params = {k: u.query[k] for k in _LIBPQ_TLS if k in u.query}
+    if not params:
+        return u, None
+    u = u.difference_update_query(_LIBPQ_TLS)
+    mode = params.get("sslmode", "verify-full" if "sslrootcert" in params else "prefer")
+    if mode not in ("verify-ca", "verify-full"):
+        return u, mode
+    ctx = ssl.create_default_context(cafile=params.get("sslrootcert"))
+    ctx.check_hostname = mode == "verify-full"
+    if "sslcert" in params:
+        ctx.load_cert_chain(params["sslcert"], params.get("sslkey"))
+    return u, ctx
 
 
 def _sqlite_pragmas(dbapi_conn, _record) -> None:

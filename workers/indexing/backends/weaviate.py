@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 import weaviate
 from weaviate.classes.config import Configure, DataType, Property, Tokenization, VectorDistances
 from weaviate.classes.data import DataObject
-from weaviate.classes.init import AdditionalConfig, Auth, Timeout
+from weaviate.classes.init import AdditionalConfig, Auth, GrpcConfig, Timeout
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery, Sort
 from weaviate.exceptions import WeaviateBaseError, WeaviateInsertManyAllFailedError
 
@@ -61,6 +61,14 @@ _KEYS = ("app", "user", "session", "user_key", "session_key", "author", "role", 
 _RETURN = ["doc_id", "app", "user", "session", "seq", "author", "role", "timestamp", "text", "search_text"]
 _EXPLAIN = re.compile(r"Result Set (keyword|vector),\w+\) Document [\w-]+: original score ([-+\d.eE]+)")
 _CONNECTION_ERRORS = (WeaviateBaseError, OSError, asyncio.TimeoutError)
+# gRPC's default reconnect backoff grows to 120 s: after a Weaviate outage of
+# ten seconds or so, searches stayed unavailable for up to a minute after the
+# server was back (tests/faults). Retry the connection at least every second.
+GRPC_RECONNECT = [
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
 
 Scoping = str  # "tenant" | "filter"
 
@@ -189,7 +197,8 @@ class WeaviateIndex:
             grpc_secure=secure,
             auth_credentials=Auth.api_key(s.api_key.get_secret_value()) if s.api_key else None,
             additional_config=AdditionalConfig(
-                timeout=Timeout(init=min(s.timeout_s, 10), query=s.timeout_s, insert=s.timeout_s)
+                timeout=Timeout(init=min(s.timeout_s, 10), query=s.timeout_s, insert=s.timeout_s),
+                grpc_config=GrpcConfig(channel_options=GRPC_RECONNECT),
             ),
             skip_init_checks=True,  # else connect() asks PyPI for a newer client
         )
