@@ -23,18 +23,22 @@ log = logging.getLogger("memq.lease")
 BUCKET = "MEMQ_LEASES"
 
 
-async def lease_bucket(js: JetStreamContext, ttl_s: float, bucket: str = BUCKET):
+async def lease_bucket(js: JetStreamContext, ttl_s: float, bucket: str = BUCKET, replicas: int = 1):
+    """The bucket, created on first use. ``replicas``: as the streams' (R3 in
+    a cluster), else losing one node would stop every lease."""
     try:
         return await js.key_value(bucket)
     except (BucketNotFoundError, NotFoundError):
         return await js.create_key_value(
-            KeyValueConfig(bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE, description="memq: leases")
+            KeyValueConfig(
+                bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE, replicas=replicas, description="memq: leases"
+            )
         )
 
 
 class Lease:
-    def __init__(self, js: JetStreamContext, key: str, *, ttl_s: float = 30.0, bucket: str = BUCKET):
-        self.js, self.key, self.ttl_s, self.bucket = js, key, ttl_s, bucket
+    def __init__(self, js: JetStreamContext, key: str, *, ttl_s: float = 30.0, bucket: str = BUCKET, replicas: int = 1):
+        self.js, self.key, self.ttl_s, self.bucket, self.replicas = js, key, ttl_s, bucket, replicas
         self.owner = f"{socket.gethostname()}:{os.getpid()}".encode()
         self.revision: int | None = None
         self.lost = asyncio.Event()  # set if another holder took over
@@ -43,7 +47,7 @@ class Lease:
 
     async def acquire(self) -> bool:
         """Take the lease if free; True if we hold it now."""
-        self._kv = await lease_bucket(self.js, self.ttl_s, self.bucket)
+        self._kv = await lease_bucket(self.js, self.ttl_s, self.bucket, self.replicas)
         try:
             self.revision = await self._kv.create(self.key, self.owner)
         except KeyWrongLastSequenceError:

@@ -160,7 +160,7 @@ class IndexingWorker:
             return None
         # Everything up to here is replayed by the rebuild below.
         replayed_to = (await self.js.stream_info(self.settings.streams.events)).state.last_seq
-        async with Lease(self.js, REBUILD_LEASE):
+        async with Lease(self.js, REBUILD_LEASE, replicas=self.settings.streams.replicas):
             live = await self.backend.live()  # another replica may have rebuilt meanwhile
             if not self._matches(live):
                 if live is None:

@@ -216,7 +216,9 @@ class SummarizerWorker:
         session_key = scope_key(app, user, session)
         if await self._plan(session_key, strategy) is None:
             return None
-        lease = Lease(self.js, f"summarize.{session_key}", ttl_s=self.settings.summarizer.lease_ttl_s)
+        lease = Lease(
+            self.js, f"summarize.{session_key}", ttl_s=self.settings.summarizer.lease_ttl_s, replicas=self.settings.streams.replicas
+        )
         if not await lease.acquire():
             self.stats.skipped_busy += 1
             metrics.SUMMARIES.labels("busy").inc()
