@@ -10,13 +10,14 @@ import asyncio
 import contextlib
 import logging
 import ssl
+import time
 from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError
+from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 
 from contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
 from workers.settings import NatsSettings, Settings, StreamSettings, mask_url
@@ -166,8 +167,30 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> str:
     return "updated"
 
 
-async def ensure_streams(js: JetStreamContext, s: StreamSettings) -> dict[str, str]:
-    """Idempotent setup of the event log, the DLQ and the artifact bucket."""
+# JetStream busy or without a leader for a moment (a cluster electing one, or
+# creating R3 streams for several workers starting at once): try again.
+_TRANSIENT = (nats.errors.TimeoutError, ServiceUnavailableError)
+
+
+async def ensure_streams(js: JetStreamContext, s: StreamSettings, patience_s: float = 60.0) -> dict[str, str]:
+    """Idempotent setup of the event log, the DLQ and the artifact bucket,
+    retried for up to ``patience_s`` while JetStream is transiently unavailable
+    (seen in tests/faults: a worker starting beside others on a fresh 3-node
+    cluster timed out here and exited)."""
+    deadline = time.monotonic() + patience_s
+    delay = 0.5
+    while True:
+        try:
+            return await _ensure_streams(js, s)
+        except _TRANSIENT as exc:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("JetStream unavailable (%s); setting up streams again in %.1fs", type(exc).__name__, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+async def _ensure_streams(js: JetStreamContext, s: StreamSettings) -> dict[str, str]:
     result = {
         s.events: await ensure_stream(js, events_stream_config(s)),
         s.dlq: await ensure_stream(js, dlq_stream_config(s)),
