@@ -7,6 +7,7 @@ import asyncio
 import nats
 import orjson
 import pytest
+from sqlalchemy import text as sa_text
 from nats.js.api import StreamInfo
 from nats.js.errors import NotFoundError
 
@@ -258,11 +259,15 @@ async def test_artifacts_are_versioned_and_large_ones_deleted_with_their_session
 
 
 async def test_a_message_the_database_rejects_is_dead_lettered_not_retried_forever(nats_url, pg_url, tmp_path):
-    # NUL is valid UTF-8, so a valid id, but PostgreSQL text cannot hold it.
+    # The contract refuses what PostgreSQL cannot store (NUL, >64-bit ints),
+    # so a rejection here comes from the database itself: a constraint an
+    # operator added, a schema drift. One message must not stall the others.
     settings = make_settings(nats_url, pg_url, tmp_path)
     async with running_worker(settings) as worker:
+        async with worker.engine.begin() as conn:
+            await conn.execute(sa_text("ALTER TABLE memq_events ADD CONSTRAINT no_rejects CHECK (author <> 'rejected')"))
         async with await MemoryClient.connect(nats_url, app=APP) as client:
-            bad = await client.append("nul\x00user", "s", text_event("rejected"))
+            bad = await client.append("u", "s", Event(author="rejected", message=Message(role="user", parts=[TextPart(text="x")])))
             good = await client.append("u", "s", text_event("stored"))
         await wait_for(lambda: _has_seq(worker.engine, "u", "s", good), what="the good event")
         nc = await nats.connect(nats_url)
@@ -275,5 +280,5 @@ async def test_a_message_the_database_rejects_is_dead_lettered_not_retried_forev
         entry = await js.get_msg("MEMQ_DLQ", 1)
         assert entry.headers["Memq-Error-Code"] == "storage_rejected"
         assert entry.headers["Memq-Original-Seq"] == str(bad)
-        assert "0x00" in entry.headers["Memq-Error"]
+        assert "no_rejects" in entry.headers["Memq-Error"]
         await nc.close()
