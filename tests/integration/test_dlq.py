@@ -112,3 +112,28 @@ async def _equals(awaitable, value) -> bool:
 
 async def _has(engine, event_id: str) -> bool:
     return event_id in [e.event_id for e in await reads.events(engine, APP, "u", "s")]
+
+
+async def test_a_decoder_bug_dead_letters_one_message_and_the_batch_goes_on(nats_url, sqlite_url, tmp_path, monkeypatch):
+    import workers.persistence.worker as persistence
+
+    real = persistence.decode_from_subject
+
+    def flaky(subject, data, **kw):
+        if b"trigger-the-bug" in data:
+            raise TypeError("unhashable type: 'list'")  # what a poison pill looked like
+        return real(subject, data, **kw)
+
+    monkeypatch.setattr(persistence, "decode_from_subject", flaky)
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    bad = EventAppended(app=APP, user="u", session="s", event=text_event("trigger-the-bug"))
+    good = EventAppended(app=APP, user="u", session="s", event=text_event("fine"))
+    async with running_worker(make_settings(nats_url, sqlite_url, tmp_path)) as worker:
+        for message in (bad, good):  # one batch
+            await js.publish(codec.subject_for(message), codec.encode(message))
+        await wait_for(lambda: _has(worker.engine, good.event.id), what="the good event")
+        await wait_for(lambda: _equals(dlq_count(js), 1), what="the bad one dead-lettered")
+        (letter,) = json.loads(memq(nats_url, tmp_path, "dlq", "list", "--json").stdout)
+        assert letter["code"] == "internal" and "TypeError" in letter["reason"]
+    await nc.close()

@@ -52,6 +52,9 @@ class Indexer:
                 # Not dead-lettered here as well: one DLQ entry per bad message.
                 log.debug("skipping seq %s: %s", msg.metadata.sequence.stream, exc)
                 self.totals.skipped += 1
+            except Exception:  # a decoder bug: the persistence worker dead-letters it as `internal`
+                log.exception("decoding seq %s failed unexpectedly; skipped", msg.metadata.sequence.stream)
+                self.totals.skipped += 1
         return out
 
     async def apply(self, items: Sequence[tuple[int, object]], *, generation: str | None = None) -> Applied:

@@ -32,7 +32,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from contracts.codec import decode_from_subject
-from contracts.errors import MemqError
+from contracts.errors import Internal, MemqError
 from contracts.subjects import (
     ARTIFACT_BUCKET,
     EVENTS_WILDCARD,
@@ -159,6 +159,11 @@ class PersistenceWorker:
                 message = decode_from_subject(msg.subject, msg.data, max_bytes=self.settings.streams.max_message_bytes)
             except MemqError as exc:
                 await self._dead_letter(msg, exc.code, exc.message)
+                continue
+            except Exception as exc:  # a decoder bug: one message must not stall the batch forever
+                log.exception("decoding seq %s failed unexpectedly", msg.metadata.sequence.stream)
+                reason = f"the decoder failed ({type(exc).__name__}: {exc}); a bug in memq: replay once fixed"
+                await self._dead_letter(msg, Internal.code, reason)
                 continue
             items.append(Incoming(msg.metadata.sequence.stream, message))
             raw.append(msg)
