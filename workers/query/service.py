@@ -24,6 +24,7 @@ import time
 import orjson
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
@@ -205,10 +206,13 @@ class QueryWorker:
         except MemqError as exc:
             metrics.QUERY_ERRORS.labels(op, exc.code).inc()
             return error_body(exc)
-        except (sa_exc.OperationalError, sa_exc.InterfaceError, OSError, asyncio.TimeoutError) as exc:
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, OSError, asyncio.TimeoutError, NatsError) as exc:
             log.warning("%s failed: %s", op, exc)
             metrics.QUERY_ERRORS.labels(op, Unavailable.code).inc()
-            return error_body(Unavailable(f"{op}: the database is unavailable, retry later"))
+            # nats-py's timeouts are asyncio.TimeoutErrors too: the commit
+            # floor's consumer info, while JetStream elects a leader.
+            what = "JetStream" if isinstance(exc, NatsError) else "the database"
+            return error_body(Unavailable(f"{op}: {what} is unavailable, retry later"))
         except Exception:
             log.exception("%s failed", op)
             metrics.QUERY_ERRORS.labels(op, Internal.code).inc()

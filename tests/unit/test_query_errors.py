@@ -1,0 +1,39 @@
+"""How the query worker names what is unavailable (no servers needed)."""
+
+from __future__ import annotations
+
+import nats.errors
+import orjson
+from sqlalchemy import exc as sa_exc
+
+from contracts import queries as q
+from workers.query.service import QueryWorker
+from workers.settings import Settings
+
+
+class FailingFloor:
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    async def wait_for(self, seq: int, timeout_s: float) -> None:
+        raise self.exc
+
+
+async def answer_with(exc: Exception, tmp_path) -> dict:
+    worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
+    worker.floor = FailingFloor(exc)
+    req = q.HistoryGet(app="a", user="u", session="s", min_seq=5)
+    body = orjson.loads(await worker.answer("history", req, None))
+    await worker.engine.dispose()
+    return body["error"]
+
+
+async def test_a_jetstream_timeout_is_not_blamed_on_the_database(tmp_path):
+    # nats-py's TimeoutError is an asyncio.TimeoutError too.
+    error = await answer_with(nats.errors.TimeoutError(), tmp_path)
+    assert error == {"code": "unavailable", "message": "history: JetStream is unavailable, retry later"}
+
+
+async def test_a_database_outage_says_database(tmp_path):
+    error = await answer_with(sa_exc.OperationalError("SELECT 1", {}, OSError("connection refused")), tmp_path)
+    assert error == {"code": "unavailable", "message": "history: the database is unavailable, retry later"}
