@@ -178,6 +178,70 @@ async def _has_checkpoint(s) -> bool:
     return bool(await checkpoints(s))
 
 
+class Slow:
+    """The extractive summarizer, slowed down: events keep arriving mid-fold."""
+
+    name = "slow"
+
+    def __init__(self, delay_s: float):
+        self.delay_s, self.calls, self.inner = delay_s, 0, ExtractiveSummarizer()
+
+    async def summarize(self, turns, *, previous, target_tokens):
+        self.calls += 1
+        await asyncio.sleep(self.delay_s)
+        return await self.inner.summarize(turns, previous=previous, target_tokens=target_tokens)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_events_that_arrive_mid_fold_are_folded_without_waiting_for_the_sweep(nats_url, sqlite_url, tmp_path):
+    # No sweep to fall back on: only commit notices trigger. The notices of
+    # events committed while the session is being folded find it busy.
+    s = summary_settings(nats_url, sqlite_url, tmp_path, sweep_interval_s=3600)
+    turns = conversation_turns(300)
+    slow = Slow(delay_s=1.5)
+    async with running_worker(s), running_query(s), running(SummarizerWorker(s, summarizer=slow)):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append_many("u", "s", turns[:150])
+            await wait_for(lambda: _at_least(lambda: slow.calls, 1), timeout=30, what="a fold under way")
+            last = (await client.append_many("u", "s", turns[150:]))[-1]
+
+            async def settled() -> bool:
+                return not (await client.history("u", "s", min_seq=last)).needs_summary
+
+            await wait_for(settled, timeout=60, what="the events that came mid-fold to be folded")
+    assert len(await checkpoints(s)) >= 2
+
+
+@pytest.mark.parametrize("db", ["sqlite_url", "pg_url", "mariadb_url"])
+async def test_the_sweep_counts_the_summary_in_the_budget(request, db, nats_url, tmp_path):
+    # 1,300 tokens after the checkpoint are under the 1,700 threshold alone,
+    # over it with the 600-token summary: the history says a fold is due, so
+    # the sweep (the fallback for lost notices) must find the session too.
+    import nats
+
+    from contracts import codec
+    from contracts.schemas import CheckpointSaved
+
+    s = summary_settings(nats_url, request.getfixturevalue(db), tmp_path)
+    async with running_worker(s), running_query(s):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            first = await client.append("u", "s", text("user", "hello"))
+            nc = await nats.connect(nats_url)
+            checkpoint = CheckpointSaved(app=APP, user="u", session="s", summary="word " * 600, up_to_seq=first)
+            await nc.jetstream().publish(codec.subject_for(checkpoint), codec.encode(checkpoint))
+            await nc.close()
+            seqs = await client.append_many("u", "s", [text("user", "word " * 130) for _ in range(10)])
+            view = await client.history("u", "s", min_seq=seqs[-1])
+            assert view.needs_summary and view.checkpoint_seq == first
+        worker = SummarizerWorker(s)
+        try:
+            assert await worker.sessions_over_threshold() == [(APP, "u", "s")]
+        finally:
+            await worker.engine.dispose()
+
+
 class SilentEndpoint:
     """A TCP server that accepts and never answers: an LLM stuck mid-summary."""
 

@@ -180,12 +180,21 @@ class SummarizerWorker:
             return []
         s, e, c = reads.SESSIONS, reads.EVENTS, reads.CHECKPOINTS
         latest = select(c.c.session_key, func.max(c.c.up_to_seq).label("up")).group_by(c.c.session_key).subquery()
+        # The summary counts in the budget too (as in strategies.select), so
+        # its tokens join the sum: that of the latest checkpoint's row(s).
+        summary = select(c.c.session_key, func.max(c.c.tokens).label("tokens")).join(
+            latest, (latest.c.session_key == c.c.session_key) & (latest.c.up == c.c.up_to_seq)
+        ).group_by(c.c.session_key).subquery()
         q = (
             select(s.c.app, s.c.user_id, s.c.session_id)
-            .select_from(s.join(e, e.c.session_key == s.c.key).outerjoin(latest, latest.c.session_key == s.c.key))
+            .select_from(
+                s.join(e, e.c.session_key == s.c.key)
+                .outerjoin(latest, latest.c.session_key == s.c.key)
+                .outerjoin(summary, summary.c.session_key == s.c.key)
+            )
             .where(s.c.last_seq > s.c.deleted_seq, e.c.seq > func.coalesce(latest.c.up, 0))
             .group_by(s.c.key, s.c.app, s.c.user_id, s.c.session_id)
-            .having(func.sum(e.c.tokens) > min(limits))
+            .having(func.sum(e.c.tokens) + func.coalesce(func.max(summary.c.tokens), 0) > min(limits))
         )
         async with self.engine.connect() as conn:
             return [tuple(r) for r in (await conn.execute(q)).all()]
@@ -197,9 +206,10 @@ class SummarizerWorker:
     # --- one session ------------------------------------------------------------------
 
     async def _run(self, key: tuple[str, str, str]) -> None:
+        made = None
         try:
             async with self._slots:
-                await self.summarize_session(*key)
+                made = await self.summarize_session(*key)
         except Exception as exc:
             self.stats.failures += 1
             metrics.SUMMARIES.labels("failed").inc()
@@ -207,6 +217,11 @@ class SummarizerWorker:
             log.warning("summary of %s failed (%s: %s); retrying later", key, type(exc).__name__, exc)
         finally:
             self._pending.discard(key)
+        if made is not None:
+            # Notices that came while this fold ran (its own checkpoint's
+            # among them) found the session pending and were dropped, and
+            # other replicas found it leased: look again until nothing is due.
+            self.schedule(*key)
 
     async def summarize_session(self, app: str, user: str, session: str) -> int | None:
         """Publish a checkpoint if one is due; returns its up_to_seq, or None."""
