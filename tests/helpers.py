@@ -88,14 +88,18 @@ class WorkerProcess:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
 
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+    def stop(self, grace_s: float = 30.0) -> bool:
+        """SIGTERM, then SIGKILL after ``grace_s``; True if it exited by itself."""
+        if not self.proc or self.proc.poll() is not None:
+            return True
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(grace_s)
+            return True
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return False
 
     def log_tail(self, n: int = 40) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
@@ -148,3 +152,16 @@ async def wait_for_consumer(nats_url: str, durable: str = "memq-persistence", ti
         await wait_for(exists, timeout=timeout, what=f"consumer {durable}")
     finally:
         await nc.close()
+
+
+class SharedEmbedder:
+    """Lets several workers of one test share one loaded model (closing is a no-op)."""
+
+    def __init__(self, inner):
+        self.inner, self.model, self.dim = inner, inner.model, inner.dim
+
+    async def embed(self, texts):
+        return await self.inner.embed(texts)
+
+    async def close(self) -> None:
+        pass

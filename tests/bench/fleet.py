@@ -130,18 +130,6 @@ class Replica(helpers.WorkerProcess):
         self.proc.wait(10)
         self.killed = True
 
-    def terminate(self, grace_s: float) -> bool:
-        """SIGTERM, then SIGKILL after ``grace_s``; True if it exited by itself."""
-        if not self.alive:
-            return True
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(grace_s)
-            return True
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            return False
 
 
 class Fleet:
@@ -199,7 +187,7 @@ class Fleet:
         for r in running:
             r.proc.send_signal(signal.SIGCONT)  # a stopped process would not see SIGTERM
             r.proc.send_signal(signal.SIGTERM)
-        return [r.name for r in running if not r.terminate(grace_s)]
+        return [r.name for r in running if not r.stop(grace_s)]
 
 
 def connections(cluster: services.NatsCluster) -> dict[str, int]:

@@ -35,7 +35,7 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from helpers import make_settings, running, running_query, running_worker, wait_for
+from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -108,19 +108,6 @@ class WorkerLog(logging.Handler):
         forged = [r.getMessage() for r in self.records if "\r" in r.getMessage() or "\n" in r.getMessage()]
         assert not forged, f"log lines forged by input: {forged[:3]!r}"
         self.records.clear()
-
-
-class SharedEmbedder:
-    """One loaded model for every worker of a test (closing is a no-op)."""
-
-    def __init__(self, inner):
-        self.inner, self.model, self.dim = inner, inner.model, inner.dim
-
-    async def embed(self, texts):
-        return await self.inner.embed(texts)
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")

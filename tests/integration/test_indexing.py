@@ -16,7 +16,7 @@ from contracts.client import MemoryClient
 from contracts.errors import Unavailable
 from contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
 from contracts.tools import SEARCH_MEMORY, run_search_memory
-from helpers import make_settings, running, running_query, running_worker, wait_for
+from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
 from workers.indexing.backends import open_backend
 from workers.indexing.embedders.local import LocalEmbedder
 from workers.indexing.indexer import make_indexer
@@ -48,19 +48,6 @@ class Renamed:
         pass
 
 
-class Shared:
-    """Lets several workers share one loaded model (closing is a no-op)."""
-
-    def __init__(self, inner):
-        self.inner, self.model, self.dim = inner, inner.model, inner.dim
-
-    async def embed(self, texts):
-        return await self.inner.embed(texts)
-
-    async def close(self) -> None:
-        pass
-
-
 def text(role: str, body: str, author: str | None = None, ts: float | None = None) -> Event:
     extra = {"timestamp": ts} if ts is not None else {}
     return Event(author=author or role, message=Message(role=role, parts=[TextPart(text=body)]), **extra)
@@ -78,11 +65,11 @@ def settings_for(nats_url, sqlite_url, tmp_path, **indexing):
 async def stack(settings, embedder, *, query: bool = True):
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(running_worker(settings))
-        indexing = await stack.enter_async_context(running(IndexingWorker(settings, embedder=Shared(embedder))))
+        indexing = await stack.enter_async_context(running(IndexingWorker(settings, embedder=SharedEmbedder(embedder))))
         await asyncio.wait_for(indexing.ready.wait(), 60)
         q = await stack.enter_async_context(running_query(settings)) if query else None
         if q is not None:
-            q.searcher.embedder = Shared(embedder)  # no second copy of the model
+            q.searcher.embedder = SharedEmbedder(embedder)  # no second copy of the model
         yield indexing, q
 
 
@@ -205,7 +192,7 @@ async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp
         js = indexing.js
         engine = create_engine(s.database_url())
         try:
-            indexer = make_indexer(s, backend, Shared(embedder), js, engine=engine)
+            indexer = make_indexer(s, backend, SharedEmbedder(embedder), js, engine=engine)
             first = (await backend.live()).generation
             result = await rebuild(s, js, indexer, source="stream")
             assert result.generation != first and (await backend.live()).generation == result.generation
