@@ -114,6 +114,10 @@ class CacheSettings(BaseModel):
     local: bool = Field(default=True, description="an in-process tier in front of Redis (hits without a round trip)")
     ttl_s: float = Field(default=300.0, gt=0, description="bounds staleness if a change notice is lost")
     max_entries: int = Field(default=10_000, ge=1, description="in-process cache size")
+    max_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024,
+        description="in-process cache bytes (keys + replies + ~256 per entry); a reply larger than this is not cached",
+    )  # fmt: skip
 
     @model_validator(mode="after")
     def _connection_in_url(self) -> CacheSettings:

@@ -58,7 +58,7 @@ def build_cache(settings: Settings) -> QueryCache:
         backend = "redis" if c.redis_url is not None else "memory"
     if backend == "none":
         return QueryCache(None, None, c.ttl_s)
-    local = MemoryBackend(c.max_entries) if (backend == "memory" or c.local) else None
+    local = MemoryBackend(c.max_entries, c.max_bytes) if (backend == "memory" or c.local) else None
     if backend == "redis":
         if c.redis_url is None:
             raise ValueError("cache.backend is redis but MEMQ_CACHE__REDIS_URL is not set")
