@@ -25,8 +25,10 @@ import asyncio
 import hashlib
 import inspect
 import io
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any, Generic, Literal, TypeVar
 
 import nats
@@ -86,12 +88,37 @@ MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
 HEADER_ROOM = 1024
 EXPECTED_STREAM_MISMATCH = 10060  # JetStream err_code: the subject is in another stream
 Role = Literal["user", "assistant", "system", "tool"]
+After = float | datetime | timedelta | None
 Strategy = StrategySpec | dict[str, Any] | None
 ContextFormat = Literal["memq", "openai"]
 SearchMode = Literal["keyword", "vector", "hybrid"]
 ModelFn = Callable[[list[dict[str, Any]]], Any]  # messages -> str | obj with .content (or an awaitable of it)
 _Prepared = tuple[str, bytes, dict[str, str]]  # subject, payload, headers
 R = TypeVar("R", bound=BaseModel)
+
+
+def unix_time(after: After) -> float | None:
+    """Unix seconds of an ``after`` filter: a number as is, a datetime (naive
+    = local time, as :meth:`datetime.timestamp` reads it), a timedelta as
+    that long before now."""
+    if after is None or isinstance(after, (int, float)):
+        return after
+    if isinstance(after, timedelta):
+        return time.time() - after.total_seconds()
+    if isinstance(after, datetime):
+        return after.timestamp()
+    raise TypeError(f"after must be unix seconds, a datetime or a timedelta, not {type(after).__name__}")
+
+
+def event_filters(after: After, roles: Sequence[str]) -> dict[str, Any]:
+    """The ``after``/``roles`` fields of a request, only those set (a query
+    service older than these filters still answers unfiltered requests)."""
+    fields: dict[str, Any] = {}
+    if after is not None:
+        fields["after"] = unix_time(after)
+    if roles:
+        fields["roles"] = list(roles)
+    return fields
 
 
 def app_inbox_prefix(app: str) -> str:
@@ -375,21 +402,31 @@ class MemoryClient:
         events: bool = False,
         num_recent_events: int | None = None,
         after_seq: int | None = None,
+        after: After = None,
+        roles: Sequence[Role] = (),
         min_seq: int | None = None,
     ) -> SessionView:
         """A session with its merged state (``app:`` and ``user:`` keys prefixed,
         as ADK shows them). Raises :class:`~contracts.errors.NotFound`.
 
-        :param events: include the events. Default False; implied by the two
+        :param events: include the events. Default False; implied by the
             filters below.
-        :param num_recent_events: only the last N events. Default: all.
+        :param num_recent_events: only the last N events (of those the other
+            filters keep). Default: all.
         :param after_seq: only events after this sequence. Default: all.
+        :param after: only events whose ``timestamp`` is later than this: unix
+            seconds, a :class:`~datetime.datetime` (naive = local time), or a
+            :class:`~datetime.timedelta` meaning "within the last …"
+            (``timedelta(hours=24)``). Default: any time.
+        :param roles: only events with these message roles (``"user"``,
+            ``"assistant"``, ``"system"``, ``"tool"``). Default: all.
         :param min_seq: see the note above. Default: :attr:`last_seq`.
         """
-        events = events or num_recent_events is not None or after_seq is not None
+        events = events or num_recent_events is not None or after_seq is not None or after is not None or bool(roles)
         return await self._query(
             "session.get", min_seq, user=user, session=session,
             events=events, num_recent_events=num_recent_events, after_seq=after_seq,
+            **event_filters(after, roles),
         )  # fmt: skip
 
     async def list_sessions(
@@ -429,6 +466,8 @@ class MemoryClient:
         *,
         strategy: Strategy = None,
         model: str | None = None,
+        after: After = None,
+        roles: Sequence[Role] = (),
         min_seq: int | None = None,
     ) -> HistoryView:
         """A session's events through a working-memory strategy, with token counts.
@@ -437,9 +476,22 @@ class MemoryClient:
             its fields (``{"kind": "token_window", "budget": 4000}``). Unset
             fields take the app's settings. Default: the app's strategy.
         :param model: count tokens as this model does. Default: the app's model.
+        :param after: only events later than this, as in :meth:`get_session`.
+            Default: any time.
+        :param roles: only events with these message roles. Default: all.
         :param min_seq: see the note above. Default: :attr:`last_seq`.
+
+        Filters come first, the strategy second: the window is taken from the
+        events the filters keep (for ``summary_buffer``, those after the latest
+        checkpoint; its summary is returned as usual). A role filter is exact:
+        ``roles=["assistant"]`` can keep a tool call without its ``tool``
+        result; ask for both roles to keep tool units whole. ``needs_summary``
+        is only reported without filters.
         """
-        return await self._query("history", min_seq, user=user, session=session, strategy=strategy, model=model)
+        return await self._query(
+            "history", min_seq, user=user, session=session, strategy=strategy, model=model,
+            **event_filters(after, roles),
+        )  # fmt: skip
 
     async def context(
         self,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFound, Unavailable  # noqa: F401 - re-exported
-from contracts.schemas import AppId, NoNul, SessionId, UserId
+from contracts.schemas import AppId, NoNul, SessionId, Timestamp, UserId
 
 QUERY_VERSION = 1
 OPS = (
@@ -58,7 +58,25 @@ class StrategySpec(BaseModel):
     min_recent: int | None = Field(default=None, ge=0, le=10_000)
 
 
-class SessionGet(_Request):
+Role = Literal["user", "assistant", "system", "tool"]
+
+
+class _EventFilters(BaseModel):
+    """Filters on a session's events (``session.get``, ``history``).
+
+    ``after``: only events whose own ``timestamp`` (unix seconds, set by the
+    publisher) is strictly later; ``roles``: only events whose message has one
+    of these roles (events without a message have no role and are left out).
+    Empty/None: no filter."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    after: Timestamp | None = Field(default=None, description="event timestamp > after (unix seconds)")
+    # None rather than []: an unfiltered request's body (and cache key) stays as it was.
+    roles: list[Role] | None = Field(default=None, max_length=4, description="message roles to keep")
+
+
+class SessionGet(_EventFilters, _Request):
     session: SessionId
     events: bool = False
     num_recent_events: int | None = Field(default=None, ge=0, le=100_000)
@@ -75,7 +93,7 @@ class StateGet(_Request):
     session: SessionId | None = None
 
 
-class HistoryGet(_Request):
+class HistoryGet(_EventFilters, _Request):
     session: SessionId
     strategy: StrategySpec | None = None
     model: str | None = Field(default=None, max_length=128)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from enum import Enum
@@ -222,6 +224,33 @@ AppOpt = Annotated[
 UserOpt = Annotated[str, typer.Option("--user", "-u", help="User id.")]
 SessionArg = Annotated[str, typer.Argument(help="Session id.")]
 BudgetOpt = Annotated[int | None, typer.Option(min=1, help="Token budget. Default: the app's setting (8000).")]
+_SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_after(text: str) -> float:
+    """``--after``: a span back from now (``30m``, ``24h``, ``7d``; s/m/h/d/w)
+    or an ISO datetime (without a zone: local time), as unix seconds."""
+    span = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
+    if span:
+        return time.time() - float(span[1]) * _SPAN_UNITS[span[2]]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: use a span like 30m, 24h, 7d or an ISO datetime") from None
+
+
+class MessageRole(str, Enum):
+    user = "user"
+    assistant = "assistant"
+    system = "system"
+    tool = "tool"
+
+
+AfterOpt = Annotated[
+    float | None,
+    typer.Option(parser=parse_after, metavar="SPAN|DATETIME", help="Only events after: 24h, 30m, 7d or an ISO datetime."),
+]
+RoleOpt = Annotated[list[MessageRole] | None, typer.Option("--role", help="Only events with this role (repeatable).")]
 
 sessions_app = typer.Typer(no_args_is_help=True, help="List, show and delete sessions.")
 app.add_typer(sessions_app, name="sessions")
@@ -371,9 +400,15 @@ def sessions_show(
     user: UserOpt,
     app_id: AppOpt = DEFAULT_APP,
     events: Annotated[int, typer.Option("--events", "-e", min=0, help="Show the last N events.")] = 0,
+    after: AfterOpt = None,
+    role: RoleOpt = None,
 ) -> None:
-    """Show a session: its ids, times and merged state (app: and user: keys prefixed)."""
-    view = _with_client(app_id, lambda c: c.get_session(user, session, num_recent_events=events or None))
+    """Show a session: its ids, times and merged state (app: and user: keys prefixed).
+    With --after or --role, also the events that pass them (the last N with --events)."""
+    roles = [r.value for r in role or ()]
+    view = _with_client(
+        app_id, lambda c: c.get_session(user, session, num_recent_events=events or None, after=after, roles=roles)
+    )
     console.print(
         Panel.fit(
             Text(
@@ -384,8 +419,8 @@ def sessions_show(
         )
     )
     console.print(Panel.fit(JSON.from_data(view.state), title="state"))
-    if view.events:
-        console.print(_events_table(f"last {len(view.events)} events", view.events))
+    if view.events is not None and (view.events or after is not None or roles):
+        console.print(_events_table(f"{'last ' if events else ''}{len(view.events)} events", view.events))
 
 
 @sessions_app.command("delete")
@@ -410,11 +445,15 @@ def history(
     strategy: Annotated[StrategyKind | None, typer.Option(help="Working-memory strategy. Default: the app's.")] = None,
     budget: BudgetOpt = None,
     window: Annotated[int | None, typer.Option(min=1, help="buffer_window: last N messages (default 20).")] = None,
+    after: AfterOpt = None,
+    role: RoleOpt = None,
 ) -> None:
-    """Show a session's history through a working-memory strategy, with token counts."""
+    """Show a session's history through a working-memory strategy, with token counts.
+    --after/--role pick events first; the strategy then windows those."""
     spec = {"kind": strategy.value if strategy else None, "budget": budget, "window": window}
     spec = {k: v for k, v in spec.items() if v is not None}
-    view = _with_client(app_id, lambda c: c.history(user, session, strategy=spec or None))
+    roles = [r.value for r in role or ()]
+    view = _with_client(app_id, lambda c: c.history(user, session, strategy=spec or None, after=after, roles=roles))
     if view.summary:
         console.print(Panel(Text(view.summary), title=f"summary up to seq {view.checkpoint_seq}"))
     kind = view.strategy.get("kind")

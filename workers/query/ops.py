@@ -68,19 +68,29 @@ def _enough(strategy: Strategy, items: list[Item], reserved: int) -> bool:
 
 
 async def load_window(
-    conn: AsyncConnection, session_key: str, strategy: Strategy, model: str | None, reserved: int = 0
+    conn: AsyncConnection,
+    session_key: str,
+    strategy: Strategy,
+    model: str | None,
+    reserved: int = 0,
+    *,
+    only: reads.EventFilter = reads.NO_FILTER,
 ) -> Window:
     """Walk the session backwards from its newest event (index range scans on
     (session_key, seq)), stopping at the latest checkpoint for summary_buffer
     and as soon as the strategy has all it can keep: a 10,000-event session
-    costs what its window costs, not what its history costs."""
+    costs what its window costs, not what its history costs.
+
+    :param only: read only the events that pass this filter (in SQL); the
+        strategy then sees those alone. Default: every event.
+    """
     checkpoint = await reads.latest_checkpoint(conn, session_key) if strategy.kind == "summary_buffer" else None
     after = checkpoint.up_to_seq if checkpoint else 0
     newest_first: list[reads.StoredEvent] = []
     items_newest_first: list[Item] = []
     before: int | None = None
     while True:
-        page = await reads.newest_events(conn, session_key, after_seq=after, before_seq=before, limit=PAGE)
+        page = await reads.newest_events(conn, session_key, after_seq=after, before_seq=before, limit=PAGE, only=only)
         newest_first += page
         items_newest_first += [_item(e, model) for e in page]
         if len(page) < PAGE or _enough(strategy, items_newest_first, reserved):
@@ -131,14 +141,17 @@ async def session_get(conn: AsyncConnection, req: q.SessionGet, ctx: "OpContext"
     state = await reads.merged_state(conn, req.app, req.user, req.session)
     events = None
     key = scope_key(req.app, req.user, req.session)
-    if req.events or req.num_recent_events is not None or req.after_seq is not None:
+    only = _filter(req)
+    if req.events or req.num_recent_events is not None or req.after_seq is not None or only:
         if req.num_recent_events is not None:
             newest = await reads.newest_events(
-                conn, key, after_seq=req.after_seq or 0, limit=req.num_recent_events
+                conn, key, after_seq=req.after_seq or 0, limit=req.num_recent_events, only=only
             )
             events = [_stored(e) for e in reversed(newest)]
         else:
-            events = [_stored(e) for e in await reads.events_after(conn, key, req.after_seq or 0, ctx.max_events)]
+            events = [
+                _stored(e) for e in await reads.events_after(conn, key, req.after_seq or 0, ctx.max_events, only=only)
+            ]
     return q.SessionView(**_info(row), state=state, events=events)
 
 
@@ -156,11 +169,23 @@ async def state_get(conn: AsyncConnection, req: q.StateGet, ctx: "OpContext") ->
     return q.StateView(state=await reads.merged_state(conn, req.app, req.user, req.session))
 
 
+def _filter(req: q.SessionGet | q.HistoryGet) -> reads.EventFilter:
+    return reads.EventFilter(after=req.after, roles=tuple(req.roles or ()))
+
+
 async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: "OpContext") -> q.HistoryView:
+    """Filters first, then the strategy: ``after``/``roles`` pick events in
+    SQL and the strategy windows what they picked (summary_buffer: of the
+    events after the latest checkpoint; the summary is returned as usual).
+    A role filter is exact, so it can keep a tool call without its result
+    (or the reverse); the strategy's cuts keep together only the pairs that
+    are both present. ``needs_summary`` describes the session and is only
+    reported without filters."""
     await _session(conn, req.app, req.user, req.session)
     strategy = ctx.strategy(req.app, req.strategy)
     model = req.model or ctx.memory.model
-    window = await load_window(conn, scope_key(req.app, req.user, req.session), strategy, model)
+    only = _filter(req)
+    window = await load_window(conn, scope_key(req.app, req.user, req.session), strategy, model, only=only)
     reserved = window.checkpoint.tokens if window.checkpoint else 0
     selection = select(window.items, strategy, reserved=reserved)
     return q.HistoryView(
@@ -169,7 +194,7 @@ async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: "OpContext") ->
         checkpoint_seq=window.checkpoint.up_to_seq if window.checkpoint else None,
         events=[_stored(window.stored[it.seq]) for it in selection.items],
         tokens=selection.tokens + reserved,
-        needs_summary=selection.needs_summary,
+        needs_summary=selection.needs_summary and not only,
     )
 
 

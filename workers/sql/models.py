@@ -71,7 +71,11 @@ class Session(SQLModel, table=True):
 
 class Event(SQLModel, table=True):
     __tablename__ = "memq_events"
-    __table_args__ = (Index("ix_memq_events_session_seq", "session_key", "seq", unique=True),)
+    __table_args__ = (
+        Index("ix_memq_events_session_seq", "session_key", "seq", unique=True),
+        # Filters by time ("the last 24 hours") are a range, not a session walk.
+        Index("ix_memq_events_session_time", "session_key", "timestamp"),
+    )
 
     session_key: str = Field(sa_column=Column(Digest(), primary_key=True))
     event_id: str = Field(sa_column=Column(Id(), primary_key=True))

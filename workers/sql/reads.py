@@ -171,25 +171,57 @@ async def latest_checkpoint(conn, session_key: str) -> CheckpointRow | None:
     return CheckpointRow(row.seq, row.up_to_seq, row.summary, row.tokens) if row else None
 
 
+@dataclass(frozen=True)
+class EventFilter:
+    """Which events of a session a read keeps (see :class:`contracts.queries.SessionGet`).
+
+    :param after: only events with ``timestamp > after`` (unix seconds). Default None: any.
+    :param roles: only events whose message has one of these roles. Default (): any.
+    """
+
+    after: float | None = None
+    roles: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.after is not None or bool(self.roles)
+
+    def where(self, q):
+        # The session's (session_key, timestamp) index makes "the last 24 hours"
+        # of a long session a range, not a walk over all of it.
+        if self.after is not None:
+            q = q.where(EVENTS.c.timestamp > self.after)
+        if self.roles:
+            q = q.where(EVENTS.c.role.in_(self.roles))
+        return q
+
+
+NO_FILTER = EventFilter()
+
+
 async def newest_events(
-    conn, session_key: str, *, after_seq: int = 0, before_seq: int | None = None, limit: int
+    conn,
+    session_key: str,
+    *,
+    after_seq: int = 0,
+    before_seq: int | None = None,
+    limit: int,
+    only: EventFilter = NO_FILTER,
 ) -> list[StoredEvent]:
-    """Up to ``limit`` events with after_seq < seq < before_seq, newest first."""
+    """Up to ``limit`` events with after_seq < seq < before_seq that pass
+    ``only`` (default: all), newest first."""
     q = select(*EVENT_COLUMNS).where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
     if before_seq is not None:
         q = q.where(EVENTS.c.seq < before_seq)
-    q = q.order_by(EVENTS.c.seq.desc()).limit(limit)
+    q = only.where(q).order_by(EVENTS.c.seq.desc()).limit(limit)
     return [_event(r) for r in (await conn.execute(q)).all()]
 
 
-async def events_after(conn, session_key: str, after_seq: int, limit: int) -> list[StoredEvent]:
-    """Up to ``limit`` events after ``after_seq``, oldest first."""
-    q = (
-        select(*EVENT_COLUMNS)
-        .where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
-        .order_by(EVENTS.c.seq)
-        .limit(limit)
-    )
+async def events_after(
+    conn, session_key: str, after_seq: int, limit: int, *, only: EventFilter = NO_FILTER
+) -> list[StoredEvent]:
+    """Up to ``limit`` events after ``after_seq`` that pass ``only`` (default: all), oldest first."""
+    q = select(*EVENT_COLUMNS).where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
+    q = only.where(q).order_by(EVENTS.c.seq).limit(limit)
     return [_event(r) for r in (await conn.execute(q)).all()]
 
 

@@ -1,0 +1,208 @@
+"""``session.get`` and ``history`` filtered by time (``after``) and by role
+(``roles``): through the real persistence and query workers, on every SQL
+dialect, on the wire, through the client and through `memq`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+import sys
+
+import nats
+import orjson
+import pytest
+from sqlalchemy import inspect as sa_inspect
+
+from contracts.client import MemoryClient
+from contracts.errors import InvalidRequest
+from contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolResultPart
+from contracts.subjects import request_subject
+from helpers import make_settings, running_query, running_worker
+
+APP = "filters"
+USER = "u"
+SESSION = "s"
+MEMQ = str(Path(sys.prefix) / "bin" / "memq")
+NOW = time.time()
+DAY = 86400.0
+
+
+def said(role: str, text: str, age_s: float) -> Event:
+    return Event(author=role, message=Message(role=role, parts=[TextPart(text=text)]), timestamp=NOW - age_s)
+
+
+# Three days of a conversation, oldest first; the last day has a tool unit.
+CONVERSATION = [
+    said("user", "three days ago", 3 * DAY),
+    said("assistant", "answer three days ago", 3 * DAY - 60),
+    said("user", "two hours ago", 7200),
+    Event(
+        author="assistant",
+        message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="weather", args={})]),
+        timestamp=NOW - 7100,
+    ),
+    Event(
+        author="tool",
+        message=Message(role="tool", parts=[ToolResultPart(id="c1", name="weather", result="sun")]),
+        timestamp=NOW - 7090,
+    ),
+    said("assistant", "sunny, two hours ago", 7000),
+    said("user", "ten minutes ago", 600),
+    said("assistant", "answer ten minutes ago", 590),
+]
+
+
+def texts(events) -> list[str]:
+    """The ids of stored events, in order."""
+    return [e.event["id"] for e in events]
+
+
+IDS = [e.id for e in CONVERSATION]
+
+
+def ids(*indexes: int) -> list[str]:
+    return [IDS[i] for i in indexes]
+
+
+async def publish(client: MemoryClient) -> None:
+    await client.create_session(USER, SESSION)
+    await client.append_many(USER, SESSION, CONVERSATION)
+
+
+@pytest.mark.parametrize("db", ["sqlite_url", "pg_url", "mariadb_url"])
+async def test_session_and_history_filtered_by_time_and_role(request, db, nats_url, tmp_path):
+    url = request.getfixturevalue(db)
+    settings = make_settings(nats_url, url, tmp_path)
+    async with running_worker(settings) as worker, running_query(settings):
+        # The migration made the (session, timestamp) index on this dialect.
+        async with worker.engine.connect() as conn:
+            indexes = await conn.run_sync(lambda c: sa_inspect(c).get_indexes("memq_events"))
+        assert ["session_key", "timestamp"] in [i["column_names"] for i in indexes]
+
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await publish(client)
+
+            # after: unix seconds, a datetime, or a timedelta ("the last 24 hours").
+            day = await client.get_session(USER, SESSION, after=NOW - DAY)
+            assert texts(day.events) == ids(2, 3, 4, 5, 6, 7)
+            assert texts((await client.get_session(USER, SESSION, after=datetime.fromtimestamp(NOW - 3600))).events) == ids(6, 7)
+            assert texts((await client.get_session(USER, SESSION, after=timedelta(hours=24))).events) == ids(2, 3, 4, 5, 6, 7)
+            # after is strict: an event exactly at the bound is left out.
+            assert texts((await client.get_session(USER, SESSION, after=CONVERSATION[6].timestamp)).events) == ids(7)
+
+            users = await client.get_session(USER, SESSION, roles=["user"])
+            assert texts(users.events) == ids(0, 2, 6)
+            both = await client.get_session(USER, SESSION, after=timedelta(days=1), roles=["user", "tool"])
+            assert texts(both.events) == ids(2, 4, 6)
+            # num_recent_events counts the events that pass the filters.
+            recent = await client.get_session(USER, SESSION, roles=["assistant"], num_recent_events=2)
+            assert texts(recent.events) == ids(5, 7)
+            assert (await client.get_session(USER, SESSION, after=NOW + 60)).events == []
+
+            # history: filters first, then the strategy windows what they kept.
+            everything = await client.history(USER, SESSION, strategy={"kind": "all"}, after=timedelta(days=1))
+            assert texts(everything.events) == ids(2, 3, 4, 5, 6, 7)
+            assert everything.tokens == sum(e.tokens for e in everything.events)
+            window = await client.history(USER, SESSION, strategy={"kind": "buffer_window", "window": 2}, roles=["user"])
+            assert texts(window.events) == ids(2, 6)
+            turns = await client.history(
+                USER, SESSION, strategy={"kind": "buffer_window", "turns": 1}, after=NOW - DAY, roles=["user", "assistant"]
+            )
+            assert texts(turns.events) == ids(6, 7)
+            # A role filter is exact: the tool call stays without its result.
+            calls = await client.history(USER, SESSION, strategy={"kind": "all"}, roles=["assistant"], after=NOW - DAY)
+            assert texts(calls.events) == ids(3, 5, 7)
+            # With both roles, a window that would split the unit keeps it whole.
+            unit = await client.history(
+                USER, SESSION, strategy={"kind": "buffer_window", "window": 3}, roles=["assistant", "tool"],
+                after=NOW - DAY,
+            )  # fmt: skip
+            assert texts(unit.events) == ids(3, 4, 5, 7)
+            budget = await client.history(
+                USER, SESSION, strategy={"kind": "token_window", "budget": 10_000}, after=NOW - 3600
+            )
+            assert texts(budget.events) == ids(6, 7) and not budget.needs_summary
+
+            with pytest.raises(InvalidRequest):
+                await client.history(USER, SESSION, roles=["robot"])  # type: ignore[list-item]
+
+
+async def test_filters_are_part_of_the_cache_key_and_the_wire_format(nats_url, sqlite_url, tmp_path):
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    async with running_worker(settings), running_query(settings) as query:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await publish(client)
+            await client.get_session(USER, SESSION)  # committed
+        nc = await nats.connect(nats_url)
+        try:
+
+            async def ask(op: str, **body) -> list[str]:
+                request = {"v": 1, "app": APP, "user": USER, "session": SESSION, **body}
+                reply = orjson.loads((await nc.request(request_subject(APP, op), orjson.dumps(request), timeout=10)).data)
+                assert reply["ok"], reply
+                return [e["event"]["id"] for e in reply["result"]["events"]]
+
+            all_kind = {"kind": "all"}
+            # Each answer twice (the second from the cache), alternating filters
+            # on one session: a key without the filters would mix them up.
+            for _ in range(2):
+                assert await ask("history", strategy=all_kind) == IDS
+                assert await ask("history", strategy=all_kind, roles=["user"]) == ids(0, 2, 6)
+                assert await ask("history", strategy=all_kind, roles=["assistant"]) == ids(1, 3, 5, 7)
+                assert await ask("history", strategy=all_kind, after=NOW - 3600) == ids(6, 7)
+                assert await ask("history", strategy=all_kind, after=NOW - DAY) == ids(2, 3, 4, 5, 6, 7)
+                assert await ask("session.get", after=NOW - 3600) == ids(6, 7)
+                assert await ask("session.get", events=True) == IDS
+                assert await ask("session.get", roles=["tool"]) == ids(4)
+            assert query.cache.hits >= 8
+            bad = {"v": 1, "app": APP, "user": USER, "session": SESSION, "after": "yesterday"}
+            reply = orjson.loads((await nc.request(request_subject(APP, "history"), orjson.dumps(bad), timeout=10)).data)
+            assert reply["error"]["code"] == "invalid_request"
+        finally:
+            await nc.close()
+
+
+async def memq(settings, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
+    env.update(
+        MEMQ_NATS__URL=settings.nats.url,
+        MEMQ_DATABASE__URL=settings.database_url(),
+        MEMQ_DATA_DIR=str(settings.data_dir),
+        MEMQ_LOG_LEVEL="WARNING",
+        COLUMNS="200",
+    )
+    return await asyncio.to_thread(subprocess.run, [MEMQ, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+async def test_cli_after_and_role(nats_url, sqlite_url, tmp_path):
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    async with running_worker(settings), running_query(settings):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await publish(client)
+            await client.get_session(USER, SESSION)  # committed
+        read = ("-a", APP, "-u", USER, SESSION)
+
+        shown = await memq(settings, "sessions", "show", *read, "--after", "24h", "--role", "user")
+        assert shown.returncode == 0, shown.stderr
+        assert "two hours ago" in shown.stdout and "ten minutes ago" in shown.stdout
+        assert "three days ago" not in shown.stdout and "sunny" not in shown.stdout
+
+        history = await memq(settings, "history", *read, "--strategy", "all", "--after", "30m", "--role", "assistant")
+        assert history.returncode == 0, history.stderr
+        assert "answer ten minutes ago" in history.stdout
+        assert history.stdout.count("ten minutes ago") == 1 and "sunny" not in history.stdout
+
+        iso = datetime.fromtimestamp(NOW - 2 * DAY).isoformat(timespec="seconds")
+        since = await memq(settings, "history", *read, "--strategy", "all", "--after", iso, "--role", "tool")
+        assert since.returncode == 0, since.stderr
+        assert "weather" in since.stdout and "three days ago" not in since.stdout and "sunny" not in since.stdout
+
+        week = await memq(settings, "history", *read, "--strategy", "all", "--after", "7d")
+        assert "three days ago" in week.stdout
+
+        bad = await memq(settings, "history", *read, "--after", "yesterday")
+        assert bad.returncode == 2 and "24h" in bad.stderr
