@@ -358,6 +358,23 @@ class MemoryClient:
         scope = {} if session is None else {"session": session}
         return await self._publish(self._build(StateSet, user=user, delta=delta, **scope))
 
+    async def delete_state(self, user: str, keys: Sequence[str], session: str | None = None) -> int:
+        """Delete state keys (with their scope prefix: none = session,
+        ``user:``, ``app:``); return the message's sequence.
+
+        Deletes are ordered with sets by stream sequence: a later
+        :meth:`set_state` (or event ``state_delta``) creates the key again,
+        an earlier one never brings it back. Deleting a missing key is a no-op.
+        (A ``None`` value in a delta is stored as JSON ``null``; it does not delete.)
+
+        :param keys: the keys to delete; a ``str`` is one key.
+        :param session: default ``None``: then only ``user:``, ``app:`` and
+            ``temp:`` keys are allowed.
+        """
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        scope = {} if session is None else {"session": session}
+        return await self._publish(self._build(StateSet, user=user, delta={}, delete=keys, **scope))
+
     async def save_artifact(
         self, user: str, session: str, filename: str, data: bytes, mime_type: str = "application/octet-stream"
     ) -> int:

@@ -76,15 +76,20 @@ JsonValue = Annotated[Any, AfterValidator(_json_safe)]
 NoNul = Annotated[str, AfterValidator(_no_nul)]
 
 
+def _check_state_key(key: str) -> str:
+    if not key or len(key.encode("utf-8", "surrogatepass")) > MAX_STATE_KEY_BYTES:
+        raise ValueError(f"state key {key[:40]!r} must be 1..{MAX_STATE_KEY_BYTES} bytes")
+    return _no_nul(key)  # keys are SQL text
+
+
 def _check_state_keys(delta: dict[str, Any]) -> dict[str, Any]:
     for key in delta:
-        if not key or len(key.encode("utf-8", "surrogatepass")) > MAX_STATE_KEY_BYTES:
-            raise ValueError(f"state key {key[:40]!r} must be 1..{MAX_STATE_KEY_BYTES} bytes")
-        _no_nul(key)  # keys are SQL text
+        _check_state_key(key)
     return _json_safe(delta)
 
 
 StateDelta = Annotated[dict[str, Any], AfterValidator(_check_state_keys)]
+StateKey = Annotated[str, AfterValidator(_check_state_key)]
 
 
 class _Model(BaseModel):
@@ -211,21 +216,30 @@ class UserDeleted(_Envelope):
 
 
 class StateSet(_Envelope):
-    """A state delta outside any event. Without a session only ``user:`` and
-    ``app:`` keys are allowed."""
+    """A state delta outside any event, and state keys to delete. Without a
+    session only ``user:`` and ``app:`` keys are allowed.
+
+    ``delete`` removes keys (with their scope prefix, like ``delta``'s), in
+    stream order like a set: a later set creates the key again, an earlier
+    one never brings it back. ``null`` in ``delta`` is a value, not a delete.
+    A key may not be both set and deleted by one message."""
 
     kind: Literal["state.set"] = "state.set"
     id: EventId = Field(default_factory=new_id)
     session: SessionId | None = None
     delta: StateDelta
+    # None, not []: a message without deletes is encoded as before this field.
+    delete: list[StateKey] | None = Field(default=None, description="state keys to remove")
     timestamp: Timestamp = Field(default_factory=time.time)
 
     @model_validator(mode="after")
     def _scoped_keys_need_a_session(self) -> "StateSet":
         if self.session is None:
-            bad = [k for k in self.delta if not k.startswith(("user:", "app:", "temp:"))]
+            bad = [k for k in [*self.delta, *(self.delete or ())] if not k.startswith(("user:", "app:", "temp:"))]
             if bad:
                 raise ValueError(f"session-scoped keys {bad[:3]} need a session")
+        if both := sorted(set(self.delta) & set(self.delete or ())):
+            raise ValueError(f"keys {both[:3]} are both set and deleted")
         return self
 
 

@@ -29,7 +29,7 @@ USERS = ["u1", "u2"]
 SESSIONS = ["s1", "s2"]
 KEYS = ["k", "app:a", "user:u", "temp:t"]
 
-deltas = st.dictionaries(st.sampled_from(KEYS), st.integers(0, 5), max_size=3)
+deltas = st.dictionaries(st.sampled_from(KEYS), st.integers(0, 5) | st.none(), max_size=3)
 
 
 @st.composite
@@ -37,7 +37,9 @@ def messages(draw):
     user = draw(st.sampled_from(USERS))
     session = draw(st.sampled_from(SESSIONS))
     kind = draw(
-        st.sampled_from(["event", "event", "event", "create", "state", "checkpoint", "delete_session", "delete_user"])
+        st.sampled_from(
+            ["event", "event", "event", "create", "state", "unset", "unset", "checkpoint", "delete_session", "delete_user"]
+        )
     )
     if kind == "event":
         return EventAppended(app=APP, user=user, session=session, event=Event(actions=Actions(state_delta=draw(deltas))))
@@ -47,9 +49,16 @@ def messages(draw):
         return CheckpointSaved(app=APP, user=user, session=session, summary="s", up_to_seq=draw(st.integers(1, 9)))
     if kind == "state":
         return StateSet(app=APP, user=user, session=session, delta=draw(deltas))
+    if kind == "unset":  # delete some keys, maybe setting others in the same message
+        gone = draw(st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True))
+        delta = {k: v for k, v in draw(deltas).items() if k not in gone}
+        return StateSet(app=APP, user=user, session=session, delta=delta, delete=gone)
     if kind == "delete_session":
         return SessionDeleted(app=APP, user=user, session=session)
     return UserDeleted(app=APP, user=user)
+
+
+GONE = object()
 
 
 def expected(stream: list) -> dict:
@@ -78,15 +87,21 @@ def expected(stream: list) -> dict:
             delta = m.state
         elif isinstance(m, StateSet):
             delta = m.delta
-        for key, value in delta.items():
+        gone = m.delete or [] if isinstance(m, StateSet) else []
+        for key, value in [*delta.items(), *((k, GONE) for k in gone)]:
             if key.startswith("temp:"):
                 continue
             if key.startswith("app:"):
-                state.setdefault((m.app,), {})[key] = value
+                scope = state.setdefault((m.app,), {})
             elif key.startswith("user:"):
-                state.setdefault((m.app, m.user, None, "user"), {})[key] = value
+                scope = state.setdefault((m.app, m.user, None, "user"), {})
             else:
-                state.setdefault(sk, {})[key] = value
+                scope = state.setdefault(sk, {})
+            if value is GONE:
+                scope.pop(key, None)
+            else:
+                scope[key] = value
+    state = {scope: values for scope, values in state.items() if values}
     return {"events": events, "state": state}
 
 
@@ -182,3 +197,29 @@ def test_a_later_delete_removes_every_kind_of_row_committed_before():
     items = [Incoming(i, m) for i, m in enumerate(stream, 1)]
     for cut in (4, 5):  # the deletes arrive in a batch of their own
         assert asyncio.run(commit_all([items[:cut], items[cut:]])) == expected(stream) == {"events": {}, "state": {}}
+
+
+def test_a_deleted_state_key_stays_deleted_whatever_the_commit_order():
+    """A set from before the delete, committed after it, must not bring the
+    key back; a set after the delete creates it again. In every scope."""
+    keys = ["k", "user:u", "app:a"]
+    stream = [
+        StateSet(app=APP, user="u1", session="s1", delta={k: "old" for k in keys}),
+        StateSet(app=APP, user="u1", session="s1", delta={"k2": None, "user:u2": None}),  # null is a value
+        StateSet(app=APP, user="u1", session="s1", delta={}, delete=keys),
+        StateSet(app=APP, user="u1", session="s1", delta={"app:a": "new"}),
+    ]
+    items = [Incoming(i, m) for i, m in enumerate(stream, 1)]
+    want = {
+        (APP, "u1", "s1"): {"k2": None},
+        (APP, "u1", None, "user"): {"user:u2": None},
+        (APP,): {"app:a": "new"},
+    }
+    for batches in (
+        [items],  # one batch
+        [items[2:3], items[:2], items[3:]],  # the delete first, the stale sets after it
+        [items[3:], items[2:3], items[:2]],  # newest first
+        [items[2:3], items[2:3], items[:2], items[3:]],  # the delete redelivered
+    ):
+        got = asyncio.run(commit_all(batches))
+        assert got["state"] == want == expected(stream)["state"], batches

@@ -8,7 +8,9 @@ make any commit order of several replicas equal stream order:
 - a state key only takes a value from a higher ``seq`` (see ``upsert_if_newer``);
 - a delete at ``D`` removes rows with ``seq < D`` and leaves a tombstone, and
   writes to that scope with ``seq < D`` that arrive later are dropped here;
-- ``app:`` writes survive session and user deletes, as they would in order.
+- ``app:`` writes survive session and user deletes, as they would in order;
+- deleting a state key writes a tombstone (:data:`~workers.memory.state.DELETED`)
+  with the delete's ``seq``, ordered against sets by the rule above.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from contracts.schemas import (
     UserDeleted,
 )
 from workers.memory.context import summary_message
-from workers.memory.state import split_delta
+from workers.memory.state import DELETED, TOMBSTONE, split_delta, with_deletes
 from workers.memory.tokens import count_event, message_tokens
 
 
@@ -149,7 +151,7 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
         elif isinstance(m, SessionCreated):
             delta = m.state
         elif isinstance(m, StateSet):
-            delta = m.delta
+            delta = with_deletes(m.delta, m.delete or ())
         scoped = split_delta(delta)
         for k, v in scoped.app.items():  # app state outlives user and session deletes
             _newer(plan.app_state, (m.app, k), seq, v)
@@ -241,6 +243,10 @@ def _checkpoint_row(seq: int, session_key: str, m: CheckpointSaved) -> dict[str,
 
 def state_rows(writes: Mapping[tuple[str, str], tuple[int, Any]], scope_column: str) -> list[dict[str, Any]]:
     return [
-        {scope_column: scope, "key": key, "value": orjson.dumps(value).decode(), "seq": seq}
+        {scope_column: scope, "key": key, "value": _stored_value(value), "seq": seq}
         for (scope, key), (seq, value) in sorted(writes.items())
     ]
+
+
+def _stored_value(value: Any) -> str:
+    return TOMBSTONE if value is DELETED else orjson.dumps(value).decode()

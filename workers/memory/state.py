@@ -1,5 +1,12 @@
 """State scopes, after ADK: no prefix = session, ``user:`` = every session of
 the user in the app, ``app:`` = the whole app, ``temp:`` = never persisted.
+
+Deleting a key (``StateSet.delete``) is a write like a set, of the value
+:data:`DELETED`: it takes part in stream order the same way (the highest
+``seq`` wins), so a later set creates the key again and an earlier set that
+commits late cannot bring it back. SQL keeps the deleted key as a tombstone
+row (value :data:`TOMBSTONE`, with the delete's ``seq``) that reads skip.
+``None`` in a delta stays a value (JSON ``null``), as it always was.
 """
 
 from __future__ import annotations
@@ -11,6 +18,25 @@ from typing import Any
 APP_PREFIX = "app:"
 USER_PREFIX = "user:"
 TEMP_PREFIX = "temp:"
+
+
+class _Deleted:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DELETED"
+
+
+DELETED: Any = _Deleted()
+"""The value of a deleted key in a delta (never a JSON value)."""
+TOMBSTONE = ""
+"""The stored value of a deleted key: JSON text is never empty."""
+
+
+def with_deletes(delta: Mapping[str, Any], deleted: Iterable[str] = ()) -> dict[str, Any]:
+    """One delta that sets ``delta`` and deletes ``deleted`` (a
+    :class:`~contracts.schemas.StateSet` checks that they do not overlap)."""
+    return {**delta, **dict.fromkeys(deleted, DELETED)}
 
 
 @dataclass
@@ -56,6 +82,10 @@ def apply_in_order(deltas: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     state: dict[str, Any] = {}
     for delta in deltas:
         for key, value in delta.items():
-            if not key.startswith(TEMP_PREFIX):
+            if key.startswith(TEMP_PREFIX):
+                continue
+            if value is DELETED:
+                state.pop(key, None)
+            else:
                 state[key] = value
     return state

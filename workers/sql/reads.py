@@ -18,7 +18,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from contracts.ids import scope_key
-from workers.memory.state import merge_state
+from workers.memory.state import TOMBSTONE, merge_state
 from workers.sql import models
 
 SESSIONS = models.Session.__table__
@@ -264,13 +264,18 @@ async def artifact_version(conn, session_key: str, filename: str, version: int |
     return row, version
 
 
+def _live_values(rows) -> dict[str, Any]:
+    # A deleted key's row stays as a tombstone (its seq orders later writes).
+    return {k: orjson.loads(v) for k, v in rows if v != TOMBSTONE}
+
+
 async def merged_state(conn, app: str, user: str, session: str | None) -> dict[str, Any]:
     rows = await conn.execute(select(models.AppState.key, models.AppState.value).where(models.AppState.app == app))
-    app_state = {k: orjson.loads(v) for k, v in rows}
+    app_state = _live_values(rows)
     rows = await conn.execute(
         select(models.UserState.key, models.UserState.value).where(models.UserState.user_key == scope_key(app, user))
     )
-    user_state = {k: orjson.loads(v) for k, v in rows}
+    user_state = _live_values(rows)
     session_state: dict[str, Any] = {}
     if session is not None:
         rows = await conn.execute(
@@ -278,7 +283,7 @@ async def merged_state(conn, app: str, user: str, session: str | None) -> dict[s
                 models.SessionState.session_key == scope_key(app, user, session)
             )
         )
-        session_state = {k: orjson.loads(v) for k, v in rows}
+        session_state = _live_values(rows)
     return merge_state(app_state, user_state, session_state)
 
 
