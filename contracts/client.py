@@ -213,7 +213,7 @@ class MemoryClient:
     :param inline_artifact_limit: artifacts up to this many bytes travel inline
         in the message; larger ones go to the object store. Default 256 KiB.
     :param max_message_bytes: encoded messages above this size raise
-        :class:`Oversize` before publishing. Default 1 MiB (the workers'
+        :class:`~contracts.errors.Oversize` before publishing. Default 1 MiB (the workers'
         limit), capped by the server's ``max_payload`` minus ``HEADER_ROOM``.
     :param stream: the stream expected to capture the events. Default
         ``MEMQ_EVENTS``.
@@ -550,10 +550,10 @@ class MemoryClient:
     async def get_artifact(
         self, user: str, session: str, filename: str, version: int | None = None, *, min_seq: int | None = None
     ) -> bytes:
-        """The content of an artifact, checked against its SHA-256.
+        """The content of an artifact, checked against its SHA-256. Large
+        artifacts are read from the object store.
 
         :param version: 0-based version. Default: the latest.
-        Large artifacts are read from the object store.
         """
         view: ArtifactView = await self._query(
             "artifacts.get", min_seq, user=user, session=session, filename=filename, version=version
@@ -582,15 +582,17 @@ class MemoryClient:
         min_seq: int | None = None,
     ) -> SearchResults:
         """Search the user's long-term memory (all their sessions, or one).
+        Results are best first, with Hector's SearchResult fields.
 
         :param mode: ``"keyword"`` (BM25), ``"vector"`` or ``"hybrid"`` (default).
         :param k: results, 1..100. Default 10.
-        :param authors, roles: keep only these (default: all).
-        :param since, until: timestamp range ``[since, until)`` (default: open).
+        :param authors: keep only these authors (default: all).
+        :param roles: keep only these roles (default: all).
+        :param since: timestamp range ``[since, until)``: from (default: open).
+        :param until: to, excluded (default: open).
         :param alpha: hybrid weight of the vector side. Default: the server's (0.5).
         :param min_seq: answer once this sequence is *indexed*. Default: no
             wait (the index trails commits by the time embedding takes).
-        Results are best first, with Hector's SearchResult fields.
         """
         return await self._query(
             "search", min_seq, ryw=False, user=user, query=query, session=session, mode=mode, k=k,

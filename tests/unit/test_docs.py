@@ -1,32 +1,113 @@
-"""The README's configuration reference names every setting the code reads."""
+"""The documentation: it builds with warnings as errors, and what it says about
+settings and commands comes from the code (docs/_ext/memq_refs.py)."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
-from pydantic import BaseModel
+import pytest
 
-from workers.settings import Settings
+ROOT = Path(__file__).parents[2]
+DOCS = ROOT / "docs"
+README = (ROOT / "README.md").read_text()
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
-README = (Path(__file__).parents[2] / "README.md").read_text()
-
-
-def env_names(model: type[BaseModel], prefix: str = "MEMQ_") -> list[str]:
-    names = []
-    for name, field in model.model_fields.items():
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            names += env_names(field.annotation, f"{prefix}{name.upper()}__")
-        else:
-            names.append(f"{prefix}{name.upper()}")
-    return names
-
-
-def test_every_setting_is_documented():
-    # Paths like CA/cert/key files share one row ("..._CERT_FILE").
-    missing = [n for n in env_names(Settings) if n not in README and f"..._{n.rsplit('__', 1)[-1]}" not in README]
-    assert not missing, f"README lacks: {missing}"
+sys.path.insert(0, str(DOCS / "_ext"))
+import memq_refs  # noqa: E402
 
 
 def test_readme_names_the_two_commands():
     assert "bash infra/dev.sh up" in README
+    assert ".venv/bin/memq demo" in README
     assert "bash infra/dev.sh test" in README
+
+
+def test_every_setting_has_a_description():
+    # The generated reference lists every setting by construction; what can
+    # be missing is what it means.
+    missing = [s.env for s in memq_refs.settings() if not s.description]
+    assert not missing, f"add a Field(description=...) or an entry in docs/reference/setting-notes.toml: {missing}"
+
+
+def test_setting_notes_name_real_settings_and_no_defaults():
+    names = {s.env for s in memq_refs.settings()}
+    notes = memq_refs.setting_notes()
+    stale = sorted(set(notes) - names)
+    assert not stale, f"docs/reference/setting-notes.toml describes settings that do not exist: {stale}"
+    # Defaults live in the code only: a note must not restate one.
+    quoting = [env for env, text in notes.items() if re.search(r"\bdefault(s|ed)? (is|=|:)", text, re.I)]
+    assert not quoting, f"notes that state a default (the generated page shows it): {quoting}"
+
+
+def test_configuration_reference_lists_every_setting_with_its_default():
+    page = memq_refs.settings_markdown()
+    for s in memq_refs.settings():
+        assert f"```{{envvar}} {s.env}\n" in page
+    from workers.settings import Settings
+
+    assert Settings().persistence.batch_size == 256  # the example below
+    assert "type `int` · default `256`" in page.split("MEMQ_PERSISTENCE__BATCH_SIZE", 1)[1].split("```{envvar}")[0]
+
+
+def test_cli_reference_lists_every_command_and_option():
+    page = memq_refs.cli_markdown()
+    sections = {s.split("\n", 1)[0]: s for s in page.split("```{program} ")[1:]}
+    for command in memq_refs.commands():
+        section = sections[command.path]
+        for p in command.params:
+            assert f"```{{option}} {p.names}" in section
+            entry = section.split(f"```{{option}} {p.names}", 1)[1].split("```{", 1)[0]
+            assert ("**required**" in entry) == p.required, (command.path, p.names)
+
+
+def _command_rows(markdown: str) -> list[str]:
+    return [cells[0] for cells in (re.split(r"(?<!\\)\|", line)[1:] for line in markdown.splitlines())
+            if cells and cells[0].strip().startswith("`memq ")]  # fmt: skip
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/reference/cli.md"])
+def test_command_tables_show_required_options(page):
+    required = memq_refs.required_options()
+    rows = _command_rows((ROOT / page).read_text())
+    assert rows, f"{page} has no command table"
+    for cell in rows:
+        text = cell.strip().strip("`").replace("\\|", "|")
+        words = text.split()
+        # the longest command path the row starts with
+        path = max((p for p in required if words[: len(p.split())] == p.split()), key=len, default=None)
+        assert path, f"{page}: {text!r} is not a memq command"
+        rest = words[len(path.split()) :]
+        for names in required[path]:
+            if names.startswith("-"):
+                assert any(n in rest for n in names.split(", ")), f"{page}: {text!r} lacks required {names}"
+            else:  # an argument: its name, or a value in its place
+                assert names in rest or (rest and not rest[0].startswith(("-", "["))), f"{page}: {text!r} lacks {names}"
+
+
+def test_benchmark_results_render():
+    names = memq_refs.benchmark_names()
+    assert {"ingest", "query", "retrieval", "context", "scale"} <= set(names)
+    for name in names:
+        page = memq_refs.benchmark_markdown(name)
+        assert re.search(r"at commit `[0-9a-f]{7,40}`", page), name
+        assert page.count("\n|---") >= 1, name
+
+
+def test_docs_build(tmp_path):
+    """Sphinx, warnings as errors (-W), every reference resolved (-n): the
+    pages, the generated references and the client's docstrings."""
+    if importlib.util.find_spec("sphinx") is None or importlib.util.find_spec("myst_parser") is None:
+        if IN_CI:
+            pytest.fail("CI=true and the docs tools are missing: install memq[docs]", pytrace=False)
+        pytest.skip("sphinx/myst-parser not installed (pip install -e '.[docs]')")
+    build = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-E", "-q", "-b", "html", str(DOCS), str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert (tmp_path / "reference" / "configuration.html").is_file()
