@@ -525,8 +525,13 @@ class MemoryClient:
     ) -> ContextView:
         """What to send to the model: recalled memories, the latest summary and
         the recent window within the budget, with the token count of each part.
+        The view's ``budget``, ``over_budget`` and ``note`` say, in every
+        format, whether it fits: it does unless the strategy is ``all``
+        (``none``) or ``buffer_window``, or instruction and summary alone
+        do not fit.
 
-        :param strategy: as in :meth:`history`. Default: the app's strategy.
+        :param strategy: as in :meth:`history`. Default: the app's strategy
+            (``summary_buffer``, budget 8000, unless configured).
         :param model: as in :meth:`history`. Default: the app's model.
         :param format: ``"memq"`` (default) or ``"openai"`` (chat messages).
         :param instruction: a system instruction template rendered from state:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFound, Unavailable  # noqa: F401 - re-exported
 from contracts.schemas import AppId, NoNul, SessionId, Timestamp, UserId
@@ -30,6 +30,8 @@ OPS = (
 )
 MAX_PAGE = 500
 MAX_K = 100
+MAX_EVENTS = 10_000  # events a whole-session read returns at most (the reply says when it stops short)
+STRATEGY_ALIASES = {"none": "all"}  # Hector's name for "include all history"
 
 
 class _Request(BaseModel):
@@ -44,11 +46,13 @@ class _Request(BaseModel):
 
 class StrategySpec(BaseModel):
     """A working-memory strategy, or an override of the app's default.
-    Unset fields take the app's settings (defaults as in Hector's docs)."""
+    Unset fields take the app's settings (defaults as in Hector's docs;
+    the default kind is ``summary_buffer``). ``kind`` ``"none"`` (Hector's
+    name) is read as ``"all"``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["all", "buffer_window", "token_window", "summary_buffer"] | None = None
+    kind: Literal["all", "none", "buffer_window", "token_window", "summary_buffer"] | None = None
     window: int | None = Field(default=None, ge=1, le=100_000)
     turns: int | None = Field(default=None, ge=1, le=100_000)
     budget: int | None = Field(default=None, ge=1, le=10_000_000)
@@ -56,6 +60,11 @@ class StrategySpec(BaseModel):
     threshold: float | None = Field(default=None, gt=0, le=1)
     target: float | None = Field(default=None, gt=0, le=1)
     min_recent: int | None = Field(default=None, ge=0, le=10_000)
+
+    @field_validator("kind")
+    @classmethod
+    def _canonical_kind(cls, kind: str | None) -> str | None:
+        return STRATEGY_ALIASES.get(kind, kind) if kind is not None else None
 
 
 Role = Literal["user", "assistant", "system", "tool"]
@@ -175,8 +184,15 @@ class SessionInfo(_Reply):
 
 
 class SessionView(SessionInfo):
+    """A session; ``events`` when asked for. A whole-session read (no
+    ``num_recent_events``) returns at most ``MAX_EVENTS`` of them, oldest
+    first: then ``truncated`` is true and ``events_total`` says how many
+    there are (read on with ``after_seq`` = the last seq returned)."""
+
     state: dict[str, Any]
     events: list[StoredEvent] | None = None
+    truncated: bool = False
+    events_total: int | None = None  # set when truncated
 
 
 class SessionsPage(_Reply):
@@ -193,15 +209,24 @@ class HistoryView(_Reply):
     summary: str | None = None
     checkpoint_seq: int | None = None
     events: list[StoredEvent]
-    tokens: int
+    tokens: int  # the events' tokens plus the summary's
     needs_summary: bool = False
+    over_budget: bool = False  # tokens > strategy's budget: possible with all / buffer_window
 
 
 class ContextView(_Reply):
+    """A model context. ``budget``, ``over_budget`` and ``note`` come in every
+    format: a context is within its budget unless the strategy is ``all``
+    or ``buffer_window`` (which do not count tokens) or the instruction and
+    summary alone exceed it; ``note`` then says so in words."""
+
     format: Literal["memq", "openai"]
     tokens: dict[str, int]  # per part: instruction, recalled, summary, window, total
     messages: list[dict[str, Any]]
     context: dict[str, Any] | None = None  # memq's own format
+    budget: int | None = None  # the strategy's token budget
+    over_budget: bool = False  # tokens["total"] > budget
+    note: str | None = None  # why it is over budget
 
 
 class ArtifactInfo(_Reply):

@@ -258,9 +258,16 @@ app.add_typer(sessions_app, name="sessions")
 
 class StrategyKind(str, Enum):
     all = "all"
+    none = "none"  # Hector's name for all
     buffer_window = "buffer_window"
     token_window = "token_window"
     summary_buffer = "summary_buffer"
+
+
+StrategyOpt = Annotated[
+    StrategyKind | None,
+    typer.Option(help="Working-memory strategy (none = all). Default: the app's (summary_buffer unless configured)."),
+]
 
 
 # What each strategy's result depends on (for captions).
@@ -442,7 +449,7 @@ def history(
     session: SessionArg,
     user: UserOpt,
     app_id: AppOpt = DEFAULT_APP,
-    strategy: Annotated[StrategyKind | None, typer.Option(help="Working-memory strategy. Default: the app's.")] = None,
+    strategy: StrategyOpt = None,
     budget: BudgetOpt = None,
     window: Annotated[int | None, typer.Option(min=1, help="buffer_window: last N messages (default 20).")] = None,
     after: AfterOpt = None,
@@ -459,7 +466,9 @@ def history(
     kind = view.strategy.get("kind")
     params = ", ".join(f"{k} {view.strategy[k]}" for k in STRATEGY_PARAMS.get(kind, ()) if view.strategy.get(k))
     caption = f"strategy {kind}{f' ({params})' if params else ''}: {view.tokens} tokens"
-    if view.needs_summary:
+    if view.over_budget:
+        caption += f", over the budget of {view.strategy.get('budget')}"
+    elif view.needs_summary:
         caption += ", over the summary threshold"
     console.print(_events_table(f"history of {session}", view.events, caption))
 
@@ -470,15 +479,17 @@ def context(
     user: UserOpt,
     app_id: AppOpt = DEFAULT_APP,
     format: Annotated[ContextFormat, typer.Option(help="memq (with per-part details) or openai.")] = ContextFormat.memq,
+    strategy: StrategyOpt = None,
     budget: BudgetOpt = None,
     instruction: Annotated[
         str | None, typer.Option(help="Instruction template rendered from state, e.g. 'Answer in {user:language}.'")
     ] = None,
 ) -> None:
-    """Show the context an agent would send to its model: token counts per part, then the messages."""
-    strategy = {"budget": budget} if budget else None
+    """Show the context an agent would send to its model: token counts per part, then the messages.
+    It fits the budget unless the strategy is all/none or buffer_window; then it says it is over."""
+    spec = {k: v for k, v in {"kind": strategy.value if strategy else None, "budget": budget}.items() if v is not None}
     view = _with_client(
-        app_id, lambda c: c.context(user, session, strategy=strategy, format=format.value, instruction=instruction)
+        app_id, lambda c: c.context(user, session, strategy=spec or None, format=format.value, instruction=instruction)
     )
     tokens = Table(title=f"context of {session}")
     tokens.add_column("part")
@@ -487,8 +498,11 @@ def context(
         tokens.add_row(part, str(count), style="bold" if part == "total" else None)
     console.print(tokens)
     if view.context:  # memq format: how it was counted
-        over = " [red]over budget[/]" if view.context.get("over_budget") else ""
-        console.print(f"encoding {view.context.get('encoding')}, budget {view.context.get('budget')}{over}")
+        console.print(f"strategy {view.context['strategy']['kind']}, encoding {view.context.get('encoding')}")
+    if view.over_budget:  # whatever the format
+        console.print(f"[bold red]{escape(view.note or f'over the budget of {view.budget}')}[/]")
+    else:
+        console.print(f"within the budget of {view.budget}")
     messages = Table(title="messages")
     messages.add_column("#", justify="right")
     messages.add_column("role")

@@ -13,13 +13,15 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from contracts.queries import STRATEGY_ALIASES
 
 
 def default_data_dir() -> Path:
@@ -91,9 +93,15 @@ class PersistenceSettings(BaseModel):
 
 class MemorySettings(BaseModel):
     """Working-memory defaults (as in Hector's docs); per app in ``query.apps``
-    and per request (``strategy`` of a history/context request)."""
+    and per request (``strategy`` of a history/context request).
 
-    strategy: Literal["all", "buffer_window", "token_window", "summary_buffer"] = "all"  # Hector: "none"
+    ``strategy`` defaults to ``summary_buffer`` (as Hector v1 and Synapse), so
+    a context fits ``budget`` out of the box; ``all`` (Hector's ``none``,
+    accepted and stored as ``all``) keeps everything and says when over."""
+
+    strategy: Literal["all", "buffer_window", "token_window", "summary_buffer"] = Field(
+        default="summary_buffer", description="working-memory strategy; 'none' (Hector) means 'all'"
+    )
     window: int = Field(default=20, ge=1, description="buffer_window: last N messages")
     turns: int | None = Field(default=None, ge=1, description="buffer_window by user turns (Synapse)")
     budget: int = Field(default=8000, ge=1, description="token budget")
@@ -102,6 +110,11 @@ class MemorySettings(BaseModel):
     target: float = Field(default=0.7, gt=0, le=1, description="summary_buffer: summarize down to this share")
     min_recent: int = Field(default=3, ge=0, description="summary_buffer: newest messages kept verbatim")
     model: str | None = Field(default=None, description="model whose tokenizer counts (default cl100k_base)")
+
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _canonical_strategy(cls, value: Any) -> Any:
+        return STRATEGY_ALIASES.get(value, value) if isinstance(value, str) else value
 
 
 class CacheSettings(BaseModel):

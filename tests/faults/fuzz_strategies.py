@@ -480,7 +480,7 @@ class RequestCase:
 
 strategy_specs = st.builds(
     dict,
-    kind=st.sampled_from(["all", "buffer_window", "token_window", "summary_buffer"]),
+    kind=st.sampled_from(["all", "none", "buffer_window", "token_window", "summary_buffer"]),
     window=st.integers(1, 50),
     budget=st.integers(1, 20_000),
     preserve_recent=st.integers(0, 10),

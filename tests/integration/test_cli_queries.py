@@ -214,6 +214,28 @@ async def test_commands_show_sessions_history_context_and_status(stack):
     assert gone.returncode == 1 and "not_found" in gone.stderr
 
 
+async def test_context_and_history_commands_say_when_over_budget(stack):
+    settings, client = stack
+    await publish_conversation(client)
+    read = ("-a", APP, "-u", USER, SESSION)
+    everything = await client.context(USER, SESSION, strategy={"kind": "all"})
+    budget = everything.tokens["total"] // 2
+
+    fits = await memq(settings, "context", *read, "--budget", str(budget), "--format", "openai")  # the default strategy
+    assert fits.returncode == 0, fits.stderr
+    assert f"within the budget of {budget}" in fits.stdout and "over budget" not in fits.stdout
+    for kind in ("none", "all"):
+        over = await memq(settings, "context", *read, "--strategy", kind, "--budget", str(budget), "--format", "openai")
+        assert over.returncode == 0, over.stderr
+        assert f"over budget: {everything.tokens['total']} tokens for a budget of {budget}" in over.stdout, over.stdout
+    window = await memq(settings, "context", *read, "--strategy", "buffer_window", "--format", "memq")
+    assert "strategy buffer_window" in window.stdout and "within the budget of 8000" in window.stdout
+
+    history = await memq(settings, "history", *read, "--strategy", "none", "--budget", str(budget))
+    assert history.returncode == 0, history.stderr
+    assert "strategy all" in history.stdout and f"over the budget of {budget}" in history.stdout
+
+
 async def test_commands_without_a_query_service_say_what_to_run(nats_url, tmp_path):
     settings = make_settings(nats_url, f"sqlite+aiosqlite:///{tmp_path}/memq.db", tmp_path)
     out = await memq(settings, "sessions", "list")

@@ -4,6 +4,7 @@ isolation between apps and users, and typed errors for bad requests."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from contextlib import asynccontextmanager
 
@@ -190,3 +191,48 @@ async def test_history_counts_exactly_and_summary_buffer_keeps_everything_after_
             # 2 would cut the result from its call, so both go or both stay.
             reply = await ask(nc, "history", session="s", strategy={"kind": "buffer_window", "window": 2})
             assert [e["seq"] for e in reply["result"]["events"]] in (seqs[-3:], seqs[-1:])
+
+
+async def test_context_fits_its_budget_by_default_and_all_says_when_it_is_over(nats_url, sqlite_url, tmp_path):
+    events = [text("user" if i % 2 == 0 else "assistant", f"turn {i}: " + "word " * 20) for i in range(30)]
+    call = Event(author="assistant", message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="f", args={"x": 1})]))
+    result = Event(author="tool", message=Message(role="tool", parts=[ToolResultPart(id="c1", name="f", result={"y": 2})]))
+    events += [call, result, text("assistant", "done")]
+    async with stack(nats_url, sqlite_url, tmp_path) as (_, _, nc):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append_many("u", "s", events)
+            assert sum(count_event(e.model_dump(mode="json", exclude_none=True)) for e in events) > 5 * 120
+            for fmt in ("openai", "memq"):
+                # no summary exists yet: the default strategy drops the oldest
+                fits = await client.context("u", "s", strategy={"budget": 120}, format=fmt)
+                assert fits.tokens["total"] <= 120 and (fits.budget, fits.over_budget, fits.note) == (120, False, None)
+                assert fits.messages[-1] == {"role": "assistant", "content": "done"}
+                over = await client.context("u", "s", strategy={"kind": "none", "budget": 120}, format=fmt)
+                assert over.tokens["total"] > 120 and over.budget == 120 and over.over_budget
+                assert f"{over.tokens['total']} tokens for a budget of 120 (strategy all" in over.note
+            # on the wire, an OpenAI-format reply carries it beside the messages
+            reply = (await ask(nc, "context", session="s", format="openai", strategy={"kind": "all", "budget": 120}))["result"]
+            assert reply["over_budget"] is True and reply["budget"] == 120 and reply["note"].startswith("over budget")
+            assert reply["context"] is None
+
+            history = await client.history("u", "s", strategy={"budget": 120})
+            assert history.strategy["kind"] == "summary_buffer" and history.tokens <= 120 and not history.over_budget
+            history = await client.history("u", "s", strategy={"kind": "none", "budget": 120})
+            assert history.strategy["kind"] == "all" and len(history.events) == len(events) and history.over_budget
+
+
+async def test_a_whole_read_says_when_it_stops_short(nats_url, sqlite_url, tmp_path):
+    async with stack(nats_url, sqlite_url, tmp_path) as (_, query, nc):
+        query.ctx = dataclasses.replace(query.ctx, max_events=4)  # rather than writing 10,000 events
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seqs = await client.append_many("u", "s", [text("user", f"m{i}") for i in range(6)])
+            cut = await client.get_session("u", "s", events=True)
+            assert [e.seq for e in cut.events] == seqs[:4] and cut.truncated and cut.events_total == 6
+            rest = await client.get_session("u", "s", after_seq=cut.events[-1].seq)
+            assert [e.seq for e in rest.events] == seqs[4:] and not rest.truncated and rest.events_total is None
+            exactly = await client.get_session("u", "s", after_seq=seqs[1])  # as many as the cap: whole
+            assert [e.seq for e in exactly.events] == seqs[2:] and not exactly.truncated
+            recent = await client.get_session("u", "s", num_recent_events=6)  # asked for a number: no cap
+            assert len(recent.events) == 6 and not recent.truncated
+            raw = (await ask(nc, "session.get", session="s", events=True))["result"]
+            assert (len(raw["events"]), raw["truncated"], raw["events_total"]) == (4, True, 6)

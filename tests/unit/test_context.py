@@ -130,6 +130,55 @@ def test_all_can_go_over_budget_and_says_so():
     check_total(ctx)
 
 
+def test_all_names_itself_and_the_numbers_when_over():
+    items, events = session(40)
+    ctx = assemble(history=items, events=events, strategy=Strategy(kind="none", budget=100))
+    assert ctx.strategy.kind == "all"
+    note = ctx.budget_note
+    assert note == ctx.to_memq()["note"]
+    assert f"{ctx.tokens.total} tokens for a budget of 100" in note and "all keeps every event" in note
+    window = assemble(history=items, events=events, strategy=Strategy(kind="buffer_window", window=30, budget=100))
+    assert window.over_budget and "buffer_window counts messages" in window.budget_note
+    fits = assemble(history=items, events=events, strategy=Strategy(kind="all", budget=100_000))
+    assert not fits.over_budget and fits.budget_note is None and fits.to_memq()["note"] is None
+    # token-bounded: over only when the fixed parts alone do not fit
+    crowded = assemble(history=items, events=events, strategy=Strategy(budget=20), instruction="Be brief. " * 20)
+    assert crowded.window == () and crowded.over_budget and "instruction and summary" in crowded.budget_note
+
+
+def tool_session(n: int):
+    """``session(n)`` with a tool call and its result in the middle of every 10 events."""
+    events = {}
+    for seq in range(1, n + 1):
+        if seq % 10 == 5:
+            part = ToolCallPart(id=f"c{seq}", name="lookup", args={"q": " ".join(WORDS)})
+            events[seq] = Event(message=Message(role="assistant", parts=[part])).model_dump()
+        elif seq % 10 == 6:
+            part = ToolResultPart(id=f"c{seq - 1}", result={"found": " ".join(WORDS * 3)})
+            events[seq] = Event(message=Message(role="tool", parts=[part])).model_dump()
+        else:
+            events[seq] = text_event("user" if seq % 2 else "assistant", f"message {seq}: " + " ".join(WORDS))
+    return [item_from_event(seq, ev) for seq, ev in events.items()], events
+
+
+@pytest.mark.parametrize("budget", range(60, 400, 7))
+def test_the_default_context_fits_its_budget_before_any_summary(budget):
+    # No checkpoint yet (the summarizer has not run) and far over the budget:
+    # the default strategy still fits, dropping the oldest, never a call
+    # without its result.
+    items, events = tool_session(100)
+    assert sum(it.tokens for it in items) > 5 * budget
+    recalled = [(900, text_event("user", "I live in Lisbon."), 0)]
+    ctx = assemble(history=items, events=events, strategy=Strategy(budget=budget), instruction="Be kind.", recalled=recalled)
+    assert ctx.strategy.kind == "summary_buffer"
+    assert ctx.tokens.total <= budget and not ctx.over_budget and ctx.budget_note is None
+    assert ctx.window[-1].seq == 100  # the newest always fits these budgets
+    check_total(ctx)
+    msgs = ctx.to_openai()
+    called = {c["id"] for m in msgs for c in m.get("tool_calls") or ()}
+    assert all(m["tool_call_id"] in called for m in msgs if m["role"] == "tool")
+
+
 def test_summary_buffer_keeps_every_event_after_the_checkpoint_and_recall_gets_the_rest():
     items, events = session(10)
     window_tokens = sum(it.tokens for it in items)
@@ -278,6 +327,30 @@ def test_assembly_properties(events, kind, budget, window, instruction, summary,
     # and every result in the window is rendered
     answered = [m["tool_call_id"] for m in msgs if m["role"] == "tool"]
     assert sorted(answered) == sorted(r for it in ctx.window for r in it.result_ids)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    events=histories(),
+    budget=st.integers(0, 1500),
+    instruction=st.sampled_from([None, "Answer in {lang}.", "Be brief. " * 10]),
+    summary=st.sampled_from([None, "They talked about alpha.", "x " * 100]),
+    n_recalled=st.integers(0, 8),
+)
+def test_the_default_strategy_never_goes_over_budget(events, budget, instruction, summary, n_recalled):
+    # Hector's defaults (threshold 0.85, target 0.7, min_recent 3) with any
+    # budget: whatever the history, only the fixed parts can overflow it.
+    items = [item_from_event(s, e) for s, e in events.items()]
+    recalled = [(1000 + i, text_event("user", f"fact {i} " * (i + 1)), 0) for i in range(n_recalled)]
+    ctx = assemble(
+        history=items, events=events, strategy=Strategy(budget=budget), summary=summary, recalled=recalled,
+        instruction=instruction,
+    )
+    assert ctx.tokens.total == tk.count_messages(ctx.to_openai())
+    fixed = ctx.tokens.instruction + ctx.tokens.summary + 3
+    assert ctx.over_budget == (fixed > budget)
+    if fixed <= budget:
+        assert ctx.tokens.total <= budget
 
 
 def test_item_from_event_uses_a_stored_count():

@@ -219,8 +219,9 @@ def test_summary_buffer_requests(items, strategy, reserved):
 
 def test_defaults_are_hectors():
     s = Strategy()
+    # budgeted by default, as Hector v1 and Synapse (DESIGN §6)
     assert (s.kind, s.window, s.budget, s.threshold, s.target, s.preserve_recent, s.min_recent) == (
-        "all",
+        "summary_buffer",
         20,
         8000,
         0.85,
@@ -256,6 +257,30 @@ def test_from_dict():
     assert Strategy.from_dict(s.to_dict()) == s
     with pytest.raises(ValueError, match="unknown strategy settings: windw"):
         Strategy.from_dict({"windw": 3})
+
+
+def test_none_is_hectors_name_for_all():
+    assert Strategy(kind="none") == Strategy(kind="all")
+    assert Strategy.from_dict({"kind": "none", "budget": 50}).to_dict()["kind"] == "all"
+    items = chat(5, tokens=100)
+    assert select(items, Strategy(kind="none", budget=50)) == select(items, Strategy(kind="all", budget=50))
+    with pytest.raises(ValueError, match="none"):  # the refusal lists the alias too
+        Strategy(kind="fifo")
+
+
+def test_the_default_strategy_fits_the_budget_before_any_summary():
+    # No checkpoint yet and over the budget: the oldest go, the newest stay,
+    # and a tool result never stays without its call.
+    items = chat(40, tokens=100) + [
+        Item(41, "assistant", 150, call_ids=frozenset({"c"})),
+        Item(42, "tool", 150, result_ids=frozenset({"c"})),
+        Item(43, "assistant", 100),
+    ]
+    sel = select(items, Strategy(budget=420))
+    assert sel.tokens <= 420 and seqs(sel) == [41, 42, 43]
+    assert sel.needs_summary  # and the summarizer is asked to fold the rest
+    sel = select(items, Strategy(budget=350))  # the unit does not fit beside 43: both go
+    assert seqs(sel) == [43]
 
 
 # --- documented behaviours ------------------------------------------------------

@@ -115,6 +115,21 @@ class Context:
         alone do not fit."""
         return self.tokens.total > self.strategy.budget
 
+    @property
+    def budget_note(self) -> str | None:
+        """Why the context is over budget, in words for the caller (None when
+        it fits): replies carry it in every format, so that an OpenAI-format
+        caller learns it as well as one reading memq's format."""
+        if not self.over_budget:
+            return None
+        total, budget, kind = self.tokens.total, self.strategy.budget, self.strategy.kind
+        if self.strategy.token_bounded:
+            why = "the instruction and summary alone do not fit"
+        else:
+            what = "keeps every event" if kind == "all" else "counts messages, not tokens"
+            why = f"strategy {kind} {what}; summary_buffer or token_window keep within the budget"
+        return f"over budget: {total} tokens for a budget of {budget} ({why})"
+
     def to_openai(self) -> list[dict[str, Any]]:
         """OpenAI chat messages: system instruction, system recall block,
         system summary, then the window's events (see
@@ -140,6 +155,7 @@ class Context:
             "strategy": self.strategy.to_dict(),
             "budget": self.strategy.budget,
             "over_budget": self.over_budget,
+            "note": self.budget_note,
             "tokens": self.tokens.to_dict(),
             "instruction": self.instruction,
             "recalled": [{"seq": seq, "event": dict(event)} for seq, event in self.recalled],

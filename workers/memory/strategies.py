@@ -7,8 +7,9 @@ Strategies, after Hector (``pkg/memory``, ``pkg/config/agent.go``
 ``ContextConfig``, ``docs/guides/agents.md``) and Synapse
 (``synaptic-memory``):
 
-``all``
-    Everything. Hector's default (``strategy: none``, "include all history").
+``all`` (also spelled ``none``, as in Hector)
+    Everything, whatever the budget (Hector's ``strategy: none``, "include all
+    history"); a context built with it says when it is over budget.
 ``buffer_window``
     The last ``window`` messages (Hector default 20), or with ``turns`` set,
     the last ``turns`` user turns with everything after each (Synapse's
@@ -16,12 +17,14 @@ Strategies, after Hector (``pkg/memory``, ``pkg/config/agent.go``
 ``token_window``
     The newest messages within ``budget`` (Hector default 8000) tokens;
     Hector's ``preserve_recent`` (default 5) is kept when it fits.
-``summary_buffer``
-    Given only the events *after* the latest summary checkpoint, keeps them
-    all when they fit, and asks for a new summary once they pass
-    ``threshold`` x ``budget`` (Hector 0.85), telling the summarizer how far
-    to fold so that ``target`` x ``budget`` (Hector 0.7) remains, with at
-    least ``min_recent`` (3, as Hector's docs promise) messages verbatim.
+``summary_buffer`` (the default, as in Hector v1 and Synapse)
+    Given only the events *after* the latest summary checkpoint, keeps the
+    newest of them that fit ``budget`` (all of them once a summary has
+    folded the rest; until then the oldest are dropped), and asks for a new
+    summary once they pass ``threshold`` x ``budget`` (Hector 0.85), telling
+    the summarizer how far to fold so that ``target`` x ``budget`` (Hector
+    0.7) remains, with at least ``min_recent`` (3, as Hector's docs promise)
+    messages verbatim.
 
 Rules that hold for every strategy (property-tested):
 
@@ -51,9 +54,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
+from contracts.queries import STRATEGY_ALIASES
+
 Kind = Literal["all", "buffer_window", "token_window", "summary_buffer"]
 KINDS: tuple[str, ...] = ("all", "buffer_window", "token_window", "summary_buffer")
 TOKEN_BOUNDED: frozenset[str] = frozenset({"token_window", "summary_buffer"})
+# Other names accepted wherever a strategy is named: Hector's config says
+# "none" for what memq calls "all".
+ALIASES: Mapping[str, str] = STRATEGY_ALIASES
+NAMES: tuple[str, ...] = (*KINDS, *ALIASES)
+DEFAULT_KIND: Kind = "summary_buffer"  # budgeted out of the box (DESIGN §6)
+
+
+def normalize_kind(kind: Any) -> Any:
+    """``kind`` with aliases resolved (``"none"`` -> ``"all"``); anything
+    else is returned unchanged, for the caller's own validation."""
+    return ALIASES.get(kind, kind) if isinstance(kind, str) else kind
 
 
 @dataclass(frozen=True)
@@ -80,9 +96,9 @@ class Strategy:
     """A working-memory strategy and its settings.
 
     Parameters (defaults as in Hector's current docs and ``ContextConfig``):
-        kind: ``"all"`` (default: Hector's default is ``none``, "include all
-            history"), ``"buffer_window"``, ``"token_window"`` or
-            ``"summary_buffer"``.
+        kind: ``"summary_buffer"`` (default: a context fits its budget unless
+            asked otherwise), ``"all"`` (alias ``"none"``, normalised to
+            ``"all"``), ``"buffer_window"`` or ``"token_window"``.
         window: buffer_window: the last N messages (default 20).
         turns: buffer_window: if set, the last K user turns with everything
             after each, instead of ``window`` (default None).
@@ -97,7 +113,7 @@ class Strategy:
             summary and kept whenever they fit (default 3).
     """
 
-    kind: Kind = "all"
+    kind: Kind = DEFAULT_KIND
     window: int = 20
     turns: int | None = None
     budget: int = 8000
@@ -107,8 +123,9 @@ class Strategy:
     min_recent: int = 3
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", normalize_kind(self.kind))  # frozen: set once, here
         if self.kind not in KINDS:
-            raise ValueError(f"unknown strategy {self.kind!r} (one of {', '.join(KINDS)})")
+            raise ValueError(f"unknown strategy {self.kind!r} (one of {', '.join(NAMES)})")
         if self.window < 1:
             raise ValueError("window must be at least 1")
         if self.turns is not None and self.turns < 1:

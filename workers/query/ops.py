@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts import queries as q
@@ -140,6 +141,7 @@ async def session_get(conn: AsyncConnection, req: q.SessionGet, ctx: "OpContext"
     row = await _session(conn, req.app, req.user, req.session)
     state = await reads.merged_state(conn, req.app, req.user, req.session)
     events = None
+    truncated, total = False, None
     key = scope_key(req.app, req.user, req.session)
     only = _filter(req)
     if req.events or req.num_recent_events is not None or req.after_seq is not None or only:
@@ -149,10 +151,22 @@ async def session_get(conn: AsyncConnection, req: q.SessionGet, ctx: "OpContext"
             )
             events = [_stored(e) for e in reversed(newest)]
         else:
-            events = [
-                _stored(e) for e in await reads.events_after(conn, key, req.after_seq or 0, ctx.max_events, only=only)
-            ]
-    return q.SessionView(**_info(row), state=state, events=events)
+            # One more than the cap tells a whole read from a cut one: a cut
+            # read says so rather than passing for the whole session.
+            rows = await reads.events_after(conn, key, req.after_seq or 0, ctx.max_events + 1, only=only)
+            if len(rows) > ctx.max_events:
+                rows = rows[: ctx.max_events]
+                truncated, total = True, await _count_after(conn, key, req.after_seq or 0, only)
+            events = [_stored(e) for e in rows]
+    return q.SessionView(**_info(row), state=state, events=events, truncated=truncated, events_total=total)
+
+
+async def _count_after(conn: AsyncConnection, session_key: str, after_seq: int, only: reads.EventFilter) -> int:
+    """How many events of the session after ``after_seq`` pass ``only`` (asked
+    only when a read was cut, to say how much it left out)."""
+    e = reads.EVENTS.c
+    query = only.where(sa.select(sa.func.count()).where(e.session_key == session_key, e.seq > after_seq))
+    return int((await conn.execute(query)).scalar_one())
 
 
 async def sessions_list(conn: AsyncConnection, req: q.SessionsList, ctx: "OpContext") -> q.SessionsPage:
@@ -194,6 +208,7 @@ async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: "OpContext") ->
         checkpoint_seq=window.checkpoint.up_to_seq if window.checkpoint else None,
         events=[_stored(window.stored[it.seq]) for it in selection.items],
         tokens=selection.tokens + reserved,
+        over_budget=selection.tokens + reserved > strategy.budget,
         needs_summary=selection.needs_summary and not only,
     )
 
@@ -225,6 +240,10 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: "OpContext") ->
         tokens=built.tokens.to_dict(),
         messages=built.to_openai(),
         context=built.to_memq() if req.format == "memq" else None,
+        # in every format, not only memq's: an OpenAI-format caller must learn it too
+        budget=strategy.budget,
+        over_budget=built.over_budget,
+        note=built.budget_note,
     )
 
 
@@ -292,7 +311,7 @@ async def artifact_get(conn: AsyncConnection, req: q.ArtifactGet, ctx: "OpContex
 class OpContext:
     memory: MemorySettings
     apps: Mapping[str, Mapping[str, Any]]
-    max_events: int = 10_000
+    max_events: int = q.MAX_EVENTS  # a whole-session read returns at most this many (and says so)
     searcher: Any = None  # workers.query.search.Searcher: search and recall
 
     def strategy(self, app: str, spec: q.StrategySpec | None) -> Strategy:
