@@ -206,3 +206,47 @@ async def test_cli_after_and_role(nats_url, sqlite_url, tmp_path):
 
         bad = await memq(settings, "history", *read, "--after", "yesterday")
         assert bad.returncode == 2 and "24h" in bad.stderr
+
+
+@pytest.mark.parametrize("db", ["sqlite_url", "pg_url", "mariadb_url"])
+async def test_times_keep_double_precision_on_every_dialect(request, db):
+    """MySQL's FLOAT is single precision (a time today rounds to 128 s):
+    migration 0004 makes the time columns DOUBLE there and restores event
+    times from the events' JSON."""
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import insert, select
+
+    from workers.sql import models
+    from workers.sql.engine import MIGRATIONS_DIR, create_engine, migrate
+
+    events = models.Event.__table__
+
+    def upgrade_to(revision: str):
+        def run(sync_conn):
+            cfg = Config()
+            cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+            cfg.attributes["connection"] = sync_conn
+            command.upgrade(cfg, revision)
+
+        return run
+
+    def row(event_id: str, seq: int, ts: float) -> dict:
+        data = orjson.dumps({"id": event_id, "timestamp": ts}).decode()
+        return dict(
+            session_key="a" * 64, event_id=event_id, seq=seq, invocation_id="", author="user", branch="",
+            role="user", timestamp=ts, tokens=1, data=data,
+        )  # fmt: skip
+
+    engine = create_engine(request.getfixturevalue(db))
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(upgrade_to("0003"))
+            await conn.execute(insert(events), [row("old", 1, 1_763_900_000.123)])
+        await migrate(engine)
+        async with engine.begin() as conn:
+            await conn.execute(insert(events), [row("new", 2, 1_763_900_000.456)])
+            stored = dict((await conn.execute(select(events.c.event_id, events.c.timestamp))).all())
+        assert stored == {"old": 1_763_900_000.123, "new": 1_763_900_000.456}
+    finally:
+        await engine.dispose()

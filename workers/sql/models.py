@@ -11,7 +11,7 @@ Schema changes go through Alembic (``workers/sql/migrations``).
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Index, LargeBinary, String, Text
+from sqlalchemy import BigInteger, Column, Float, Index, LargeBinary, String, Text
 from sqlalchemy.dialects import mysql
 from sqlmodel import Field, SQLModel
 
@@ -33,6 +33,16 @@ def LongText() -> Text:  # noqa: N802 - MySQL TEXT stops at 64 KiB
 
 def Blob() -> LargeBinary:  # noqa: N802
     return LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+
+
+def Seconds() -> Float:  # noqa: N802
+    # MySQL's FLOAT is single precision: unix seconds would round to 128 s.
+    # (PostgreSQL's FLOAT and SQLite's REAL are double precision already.)
+    return Float().with_variant(mysql.DOUBLE(asdecimal=False), "mysql", "mariadb")
+
+
+def Time(**kw) -> Column:  # noqa: N802
+    return Column(Seconds(), nullable=False, default=0.0, **kw)
 
 
 def Seq(**kw) -> Column:  # noqa: N802
@@ -65,8 +75,8 @@ class Session(SQLModel, table=True):
     # Visible while last_seq > deleted_seq; a row with last_seq 0 is only a lock.
     last_seq: int = Field(default=0, sa_column=Seq(default=0))
     deleted_seq: int = Field(default=0, sa_column=Seq(default=0))
-    created_at: float = Field(default=0.0)
-    updated_at: float = Field(default=0.0)
+    created_at: float = Field(default=0.0, sa_column=Time())
+    updated_at: float = Field(default=0.0, sa_column=Time())
 
 
 class Event(SQLModel, table=True):
@@ -84,7 +94,7 @@ class Event(SQLModel, table=True):
     author: str = Field(default="", sa_column=Column(Id(), nullable=False, default=""))
     branch: str = Field(default="", sa_column=Column(Text(), nullable=False, default=""))
     role: str | None = Field(default=None, max_length=16)
-    timestamp: float = Field(default=0.0)
+    timestamp: float = Field(default=0.0, sa_column=Time())
     # Tokens as one chat message (tiktoken, counted once at persist time).
     tokens: int = Field(default=0)
     # The whole event as JSON, exactly as published.
@@ -134,7 +144,7 @@ class Artifact(SQLModel, table=True):
     inline: bytes | None = Field(default=None, sa_column=Column(Blob(), nullable=True))
     object_bucket: str | None = Field(default=None, max_length=64)
     object_name: str | None = Field(default=None, sa_column=Column(Text(), nullable=True))
-    created_at: float = Field(default=0.0)
+    created_at: float = Field(default=0.0, sa_column=Time())
 
 
 class Checkpoint(SQLModel, table=True):
@@ -151,7 +161,7 @@ class Checkpoint(SQLModel, table=True):
     summary: str = Field(sa_column=Column(LongText(), nullable=False))
     tokens: int = Field(default=0)
     author: str = Field(default="", sa_column=Column(Id(), nullable=False, default=""))
-    created_at: float = Field(default=0.0)
+    created_at: float = Field(default=0.0, sa_column=Time())
 
 
 metadata = SQLModel.metadata
