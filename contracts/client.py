@@ -41,6 +41,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from contracts.codec import DEFAULT_MAX_BYTES, encode, subject_for
+from contracts.connection import DEFAULT_RECONNECT_ATTEMPTS, connect_nats
 from contracts.errors import (
     Forbidden,
     InvalidMessage,
@@ -99,7 +100,7 @@ R = TypeVar("R", bound=BaseModel)
 
 def unix_time(after: After) -> float | None:
     """Unix seconds of an ``after`` filter: a number as is, a datetime (naive
-    = local time, as :meth:`datetime.timestamp` reads it), a timedelta as
+    = local time, as :meth:`datetime.datetime.timestamp` reads it), a timedelta as
     that long before now."""
     if after is None or isinstance(after, (int, float)):
         return after
@@ -266,15 +267,36 @@ class MemoryClient:
         stream: str = EVENTS_STREAM,
         consistent: bool = True,
         wait_ms: int = 2000,
+        connect_timeout: float = 2.0,
+        max_reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS,
         **nats_options: Any,
     ) -> MemoryClient:
         """Connect to NATS and return a client that closes the connection on
-        :meth:`close`. ``nats_options`` go to :func:`nats.connect` (auth, TLS,
-        reconnects); the other parameters are those of the constructor."""
+        :meth:`close`. The other parameters are those of the constructor.
+
+        The first connect fails fast: each server is tried twice (the second
+        ``reconnect_time_wait``, 2 s by default, after the first), then
+        :class:`~contracts.connection.NatsUnreachable` (an
+        :class:`~contracts.errors.Unavailable`) says which URL failed and
+        why, without nats-py's per-try tracebacks.
+
+        :param servers: a URL, comma-separated URLs, or a list of them.
+            Default ``nats://127.0.0.1:4222``.
+        :param connect_timeout: seconds for each TCP/TLS connect. Default 2.0.
+        :param max_reconnect_attempts: once connected, how often to try each
+            server again after losing it (a NATS restart). Default 60
+            (2 s apart: about two minutes); -1 for a long-running agent that
+            should wait out any outage; ``allow_reconnect=False`` to fail at
+            once instead.
+        :param nats_options: any other :func:`nats.connect` option (auth,
+            TLS, ``reconnect_time_wait``, ``error_cb``, callbacks).
+        """
         validate_id(app, "app")  # fail before opening a connection
         nats_options.setdefault("name", f"memq-client:{app}")
         nats_options.setdefault("inbox_prefix", app_inbox_prefix(app))  # what app users may subscribe to
-        nc = await nats.connect(servers, **nats_options)
+        nc = await connect_nats(
+            servers, connect_timeout=connect_timeout, max_reconnect_attempts=max_reconnect_attempts, **nats_options
+        )
         client = cls(
             nc,
             app,

@@ -15,6 +15,7 @@ from contracts.codec import decode_from_subject
 from contracts.errors import InvalidId, InvalidMessage, Oversize, PublishFailed
 from contracts.schemas import ArtifactSaved, Event, Message, TextPart
 from contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, events_subject
+from helpers import wait_for
 from workers.bus import ensure_streams
 from workers.settings import StreamSettings
 
@@ -197,3 +198,38 @@ async def test_connect_owns_and_closes_its_connection(nats_url: str) -> None:
     async with await MemoryClient.connect(nats_url, app=APP) as client:
         assert client.nc.is_connected
     assert client.nc.is_closed
+
+
+async def test_connect_to_a_dead_nats_fails_fast_with_one_clear_error(caplog) -> None:
+    """Issue 11: nats-py's first connect looped 60 times (122 s), a traceback each."""
+    import logging
+    import time
+
+    from contracts.errors import Unavailable
+    from services import free_port
+
+    url = f"nats://agent:s3cret@127.0.0.1:{free_port()}"  # nobody listens there
+    started = time.monotonic()
+    with caplog.at_level(logging.DEBUG), pytest.raises(Unavailable) as caught:
+        await MemoryClient.connect(url, app=APP)
+    assert time.monotonic() - started < 10
+    message = str(caught.value)
+    assert f"cannot reach NATS at {url.replace('s3cret', '***')}" in message and "s3cret" not in message
+    assert not [r for r in caplog.records if r.exc_info], "no traceback per connect attempt"
+
+
+async def test_connect_rides_out_a_nats_restart_once_connected(fresh_nats) -> None:
+    """Failing fast applies to the first connect only: afterwards the client
+    reconnects (max_reconnect_attempts, here forever) as nats-py does."""
+    async with await MemoryClient.connect(
+        fresh_nats.url, app=APP, max_reconnect_attempts=-1, reconnect_time_wait=0.2
+    ) as client:
+        assert client.nc.options["max_reconnect_attempts"] == -1
+        await ensure_streams(client.nc.jetstream(), StreamSettings())
+        fresh_nats.restart()
+
+        async def appended() -> bool:  # JetStream may still be recovering its streams
+            return await client.append(USER, SESSION, text_event("after the restart")) >= 1
+
+        await wait_for(appended, 30, "a publish after the restart")
+        assert client.nc.stats["reconnects"] >= 1
