@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 
+from contracts.connection import NatsUnreachable, connect_nats  # noqa: F401 (what connect raises)
 from contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
 from workers.settings import NatsSettings, Settings, StreamSettings, mask_url
 
@@ -27,16 +28,28 @@ log = logging.getLogger("memq.bus")
 DAY = 86_400.0
 
 
+NATS_HINT = "is `memq up` running, or MEMQ_NATS__URL right?"
+NATS_AUTH_HINT = "check MEMQ_NATS__USER/PASSWORD/TOKEN"
+
+
 class NatsNotFound(RuntimeError):
     """No NATS URL configured and no embedded server running."""
 
 
 def nats_url(settings: Settings) -> str:
-    """The configured URL, else the one `memq up` left in the data dir."""
+    """The configured URL, else the one a running `memq up` left in the data
+    dir. A URL file whose nats-server is gone (a crashed run) is not handed out."""
+    from workers.embedded import running_pid  # embedded -> settings only; no cycle
+
     if settings.nats.url:
         return settings.nats.url
     url_file = settings.run_dir / "nats.url"
     if url_file.is_file():
+        if running_pid(settings.run_dir) is None:
+            raise NatsNotFound(
+                f"memq up is not running (stale file from a crashed run: {url_file}): "
+                "start it again with `memq up`, or set MEMQ_NATS__URL"
+            )
         return url_file.read_text().strip()
     raise NatsNotFound(
         f"no NATS server: set MEMQ_NATS__URL, or start the embedded stack with `memq up` "
@@ -60,7 +73,9 @@ def connect_options(settings: Settings, name: str) -> dict[str, Any]:
         "servers": [u.strip() for u in nats_url(settings).split(",")],
         "name": f"{n.name}-{name}",
         "connect_timeout": n.connect_timeout_s,
-        "max_reconnect_attempts": -1,  # workers ride out a NATS restart
+        # Once connected, workers ride out a NATS restart; their first connect
+        # still fails after two tries per server (contracts.connection).
+        "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
     }
     if n.user:
@@ -84,8 +99,13 @@ class NatsTLSError(RuntimeError):
 
 
 async def open_connection(options: dict[str, Any]) -> NATS:
-    """``nats.connect(**options)``, but a failed TLS handshake raises
-    :class:`NatsTLSError` at once: nats-py would hang on it forever (nats.py#718)."""
+    """:func:`contracts.connection.connect_nats` with ``options`` (those of
+    :func:`nats.connect`), but a failed TLS handshake raises
+    :class:`NatsTLSError` at once: nats-py would hang on it forever (nats.py#718).
+
+    :raises NatsUnreachable: no server answered (within two tries each) or
+        one refused the credentials; the message says which and what to check.
+    """
     user_cb = options.get("error_cb")
     tls_failed: asyncio.Future = asyncio.get_running_loop().create_future()
 
@@ -95,7 +115,8 @@ async def open_connection(options: dict[str, Any]) -> NATS:
         if user_cb is not None:
             await user_cb(exc)
 
-    connecting = asyncio.ensure_future(nats.connect(**{**options, "error_cb": error_cb}))
+    hints = {"hint": NATS_HINT, "auth_hint": NATS_AUTH_HINT}
+    connecting = asyncio.ensure_future(connect_nats(**{**options, **hints, "error_cb": error_cb}))
     await asyncio.wait({connecting, tls_failed}, return_when=asyncio.FIRST_COMPLETED)
     if connecting.done():
         tls_failed.cancel()

@@ -36,7 +36,11 @@ def nats_server_binary() -> Path:
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether nats-server could listen on ``port``. SO_REUSEADDR as nats-server
+    (Go) binds with it: a port whose last connections linger in TIME-WAIT after
+    a crash is free for it, only a listening socket makes it taken."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -58,6 +62,21 @@ def _accepts(port: int) -> bool:
         return False
 
 
+def running_pid(run_dir: Path) -> int | None:
+    """The pid in ``run_dir/nats.pid`` if that nats-server still runs; None
+    when there is no pid file or it is stale (memq up crashed or was killed)."""
+    try:
+        pid = int((run_dir / "nats.pid").read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):  # no file, garbage, no such process
+        # (PermissionError too: another user's process got the pid, not our server)
+        return None
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.exists() and b"nats-server" not in cmdline.read_bytes():
+        return None  # the pid was reused by another program after a crash
+    return pid
+
+
 def _die_with_parent() -> None:
     """Linux: SIGTERM the server if memq itself is killed, so none is orphaned."""
     try:
@@ -72,6 +91,7 @@ class EmbeddedNats:
     """Start and stop one nats-server process owned by this memq process."""
 
     def __init__(self, settings: Settings, port: int = 4222):
+        """:param port: where nats-server listens; 0: any free port. Default 4222."""
         self.settings = settings
         self.store_dir = settings.data_dir / "nats"
         self.url_file = settings.run_dir / "nats.url"
@@ -80,26 +100,46 @@ class EmbeddedNats:
         self.preferred_port = port
         self.process: subprocess.Popen | None = None
         self.url: str | None = None
+        self.stale_files_removed = False
 
     def _check_not_running(self) -> None:
-        if not self.pid_file.is_file():
-            return
-        try:
-            pid = int(self.pid_file.read_text())
-            os.kill(pid, 0)
-        except (ValueError, ProcessLookupError, PermissionError):
-            return  # stale files of a stopped or killed run
-        raise EmbeddedError(
-            f"an embedded nats-server (pid {pid}) already runs for {self.settings.data_dir}; "
-            "is `memq up` running elsewhere?"
-        )
+        """Refuse a second server on the same data dir; remove the files a
+        crashed run left (``stale_files_removed`` says whether there were any)."""
+        pid = running_pid(self.settings.run_dir)
+        if pid is not None:
+            raise EmbeddedError(
+                f"an embedded nats-server (pid {pid}) already runs for {self.settings.data_dir}; "
+                "is `memq up` running elsewhere?"
+            )
+        for f in (self.url_file, self.pid_file):
+            if f.exists():
+                f.unlink()
+                self.stale_files_removed = True
+
+    def _port(self) -> int:
+        """The preferred port, any free one for 0; a taken one is an error,
+        not silently replaced (clients expect the port they asked for)."""
+        if not self.preferred_port:
+            return _free_port()
+        if not _port_is_free(self.preferred_port):
+            raise EmbeddedError(
+                f"port {self.preferred_port} is taken: another program (another nats-server?) listens on "
+                f"127.0.0.1:{self.preferred_port}; stop it, or pick another port with --nats-port "
+                "(0: any free port)"
+            )
+        return self.preferred_port
 
     def start(self, timeout: float = 15.0) -> str:
+        """Start nats-server and write the URL and pid files; returns the URL.
+
+        :param timeout: seconds to wait for it to listen. Default 15.
+        :raises EmbeddedError: one already runs for the data dir, the port is
+            taken, or the server did not come up.
+        """
         self._check_not_running()
+        port = self._port()
         self.store_dir.mkdir(parents=True, exist_ok=True)
         self.settings.run_dir.mkdir(parents=True, exist_ok=True)
-        preferred = self.preferred_port
-        port = preferred if preferred and _port_is_free(preferred) else _free_port()
         cmd = [
             str(nats_server_binary()),
             "--jetstream",
