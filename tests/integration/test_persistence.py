@@ -214,11 +214,12 @@ async def test_recreated_session_after_delete_is_visible_again(nats_url, sqlite_
 
 
 def test_engine_for_inmemory_backend_is_shared(tmp_path):
-    """The `inmemory` sessions backend: SQLite in memory, one shared connection."""
+    """The `inmemory` sessions backend: SQLite in memory, one connection that
+    callers take in turn (shared by the workers of a process: test_sqlite_engine)."""
     settings = make_settings("nats://unused", "inmemory", tmp_path)
     assert settings.database_url() == "sqlite+aiosqlite:///:memory:"
     engine = create_engine(settings.database_url())
-    assert engine.pool.__class__.__name__ == "StaticPool"
+    assert engine.pool.__class__.__name__ == "AsyncAdaptedQueuePool" and engine.pool.size() == 1
 
 
 async def test_artifacts_are_versioned_and_large_ones_deleted_with_their_session(nats_url, pg_url, tmp_path):

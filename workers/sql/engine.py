@@ -4,8 +4,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import fcntl
 import logging
+import os
 import ssl
+import weakref
+from collections.abc import AsyncIterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -16,7 +22,7 @@ from sqlalchemy import Table, event, func, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 log = logging.getLogger("memq.sql")
 
@@ -25,15 +31,24 @@ _LOCK_ID = 0x6D656D71  # "memq": serialises migrations of replicas starting toge
 
 
 def create_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncEngine:
+    """An async engine for ``url``, with memq's pool and connection settings.
+
+    :param url: a SQLAlchemy async URL (``postgresql+asyncpg``, ``sqlite+aiosqlite``,
+        ``mysql+asyncmy``).
+    :param pool_size: connections kept open (not for SQLite). Default 5.
+    :param echo: log every statement. Default False.
+
+    An in-memory SQLite URL gives every caller on the same event loop the same
+    engine (the `inmemory` backend under `memq up`: the workers of one
+    process share one database); it is closed by the last ``dispose()``.
+    """
     u = make_url(url)
+    if is_in_memory(u):
+        return _shared_memory_engine(url, echo)
     kwargs: dict[str, Any] = {"echo": echo}
     if u.get_backend_name() == "sqlite":
-        if u.database in (None, "", ":memory:"):
-            # One shared connection, or every pool checkout sees an empty database.
-            kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
-        else:
-            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-            kwargs["connect_args"] = {"timeout": 30}
+        Path(u.database).parent.mkdir(parents=True, exist_ok=True)
+        kwargs["connect_args"] = {"timeout": 30}
     else:
         kwargs.update(pool_size=pool_size, pool_pre_ping=True, pool_recycle=1800)
         if u.get_backend_name() == "postgresql":
@@ -43,6 +58,62 @@ def create_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncE
     engine = create_async_engine(u, **kwargs)
     if u.get_backend_name() == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def is_in_memory(url: str | URL) -> bool:
+    """Whether ``url`` is an in-memory SQLite database (the `inmemory` backend)."""
+    u = make_url(url)
+    return u.get_backend_name() == "sqlite" and u.database in (None, "", ":memory:")
+
+
+class _SharedEngine(AsyncEngine):
+    """An engine handed to several owners, each of which disposes it once:
+    only the last ``dispose()`` closes it (and with it the in-memory database)."""
+
+    __slots__ = ("owners", "release")
+
+    async def dispose(self, close: bool = True) -> None:
+        self.owners -= 1
+        if self.owners <= 0:
+            self.release()
+            await super().dispose(close)
+
+
+# Per event loop (aiosqlite and the pool's queue belong to one loop), per URL.
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, _SharedEngine]] = weakref.WeakKeyDictionary()
+
+
+def _shared_memory_engine(url: str, echo: bool) -> AsyncEngine:
+    """The in-memory SQLite engine of this event loop, made on first use.
+
+    An in-memory database lives in one connection, so the pool holds exactly
+    one (pool_size 1, no overflow): callers wait for it in turn, each with
+    its own transaction. (StaticPool would hand the same connection to
+    concurrent callers, whose commits and rollbacks would then mix.)
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # no loop yet: nothing to share with
+        loop = None
+    engines = _SHARED.setdefault(loop, {}) if loop is not None else {}
+    engine = engines.get(url)
+    if engine is None:
+        sync_engine = create_async_engine(
+            url,
+            echo=echo,
+            poolclass=AsyncAdaptedQueuePool,
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout=120,  # a long write batch holds the one connection
+            connect_args={"check_same_thread": False},
+        ).sync_engine
+        engine = _SharedEngine(sync_engine)
+        engine.owners = 0
+        engine.release = lambda: engines.pop(url, None)
+        engines[url] = engine
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    engine.owners += 1
     return engine
 
 
@@ -105,8 +176,28 @@ def _upgrade(sync_conn: Connection) -> None:
 
 async def migrate(engine: AsyncEngine) -> None:
     """Bring the schema to the newest revision (safe with replicas starting at once)."""
-    async with engine.begin() as conn:
-        await conn.run_sync(_upgrade)
+    async with _sqlite_file_lock(engine):
+        async with engine.begin() as conn:
+            await conn.run_sync(_upgrade)
+
+
+@contextlib.asynccontextmanager
+async def _sqlite_file_lock(engine: AsyncEngine) -> AsyncIterator[None]:
+    """For a SQLite file, an exclusive flock on ``<database>.migrate.lock``:
+    SQLite has no advisory lock, and two `memq worker` processes migrating a
+    fresh file at once fail with "table ... already exists". flock (not
+    lockf) also separates engines of one process; it is taken in a thread
+    so that a waiting engine does not block the one holding it."""
+    u = engine.url
+    if u.get_backend_name() != "sqlite" or is_in_memory(u):
+        yield
+        return
+    fd = os.open(f"{u.database}.migrate.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _current(sync_conn: Connection) -> str | None:
