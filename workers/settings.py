@@ -182,7 +182,9 @@ class IndexingSettings(BaseModel):
     backend: Literal["auto", "weaviate", "embedded"] = Field(
         default="auto", description="auto: Weaviate when weaviate.url is set, else the embedded index"
     )
-    embedder: Literal["local", "openai"] = "local"
+    # local (ONNX), openai, or none: a keyword-only (BM25) index, no model loaded
+    # (described in docs/reference/setting-notes.toml)
+    embedder: Literal["local", "openai", "none"] = "local"
     storage_scope: Literal["all", "conversational", "summaries_only"] = Field(
         default="all", description="what is indexed (Hector's storage_scope)"
     )

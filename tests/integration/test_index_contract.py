@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import random
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -289,3 +290,25 @@ async def test_a_rare_word_wins_a_multi_word_keyword_query(index):
     await index.upsert([rare])
     assert (await ids(index, q("zeppelin day", k=1))) == [rare.id]
     assert (await ids(index, q("day zeppelin", k=3)))[0] == rare.id
+
+
+async def test_a_keyword_only_generation_holds_docs_without_vectors(index):
+    """``indexing.embedder = "none"``: a generation of dimension 0 stores
+    text alone, searches it by BM25 and answers a hybrid query without a
+    vector by keyword."""
+    bare = [replace(d, vector=None) for d in CORPUS]
+    keyword_only = await index.create_generation("none", 0)
+    await index.upsert(bare, generation=keyword_only.generation)
+    await index.promote(keyword_only.generation)
+    live = await index.live()
+    assert (live.generation, live.model, live.dim) == (keyword_only.generation, "none", 0)
+    assert await index.count() == len(CORPUS)
+    hits = await index.search(q("puppy"))
+    assert {h.doc.id for h in hits} == {CORPUS[0].id, CORPUS[3].id}
+    assert all(h.doc.vector is None for h in hits)
+    assert await ids(index, q("puppy", mode="hybrid", k=1)) == [hits[0].doc.id]
+    assert await ids(index, q("lisbon", roles=("assistant",))) == [CORPUS[1].id]
+    exported = [d async for d in index.export()]
+    assert {d.id for d in exported} == {d.id for d in CORPUS} and all(d.vector is None for d in exported)
+    await index.delete_session("app-a", "alice", "s2")
+    assert await ids(index, q("puppy")) == [CORPUS[0].id]

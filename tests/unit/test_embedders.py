@@ -140,6 +140,34 @@ async def test_open_embedder_local():
         await embedder.close()
 
 
+# A fresh interpreter in which ONNX Runtime cannot be imported at all.
+_KEYWORD_ONLY = """
+import asyncio, sys
+sys.modules["onnxruntime"] = None  # any import of it raises ImportError
+from workers.indexing.embedders import open_embedder
+from workers.settings import IndexingSettings
+
+async def main():
+    embedder = await open_embedder(IndexingSettings(embedder="none"))
+    assert (embedder.model, embedder.dim) == ("none", 0)
+    assert await embedder.embed(["a", "b"]) == [[], []]
+    await embedder.close()
+
+asyncio.run(main())
+loaded = sorted(m for m in sys.modules if m.startswith(("workers.indexing.embedders.local", "tokenizers", "httpx")))
+assert not loaded, loaded
+"""
+
+
+def test_open_embedder_none_loads_no_model():
+    """``indexing.embedder = "none"``: no model, no ONNX Runtime, no vectors."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _KEYWORD_ONLY], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
 # --- an OpenAI-compatible server ----------------------------------------------------------
 
 

@@ -110,9 +110,11 @@ class Indexer:
         if not docs:
             return
         t0 = time.perf_counter()
-        vectors = await self.embedder.embed([d.search_text for d in docs])
+        if self.embedder.dim:
+            docs = [d.with_vector(v) for d, v in zip(docs, await self.embedder.embed([d.search_text for d in docs]))]
+        # else a keyword-only index (dim 0): docs go in without vectors
         t1 = time.perf_counter()
-        await self.backend.upsert([d.with_vector(v) for d, v in zip(docs, vectors)], generation=generation)
+        await self.backend.upsert(docs, generation=generation)
         done.embed_s += t1 - t0
         done.upsert_s += time.perf_counter() - t1
         done.docs += len(docs)

@@ -5,6 +5,8 @@ so a query worker that never searches pays nothing. A query is embedded by
 the same model as the index's live generation; if they differ (a rebuild for
 a new model is under way), vector and hybrid searches are answered by
 keyword, and the reply says so: vectors of two models are never compared.
+A keyword-only index (``indexing.embedder = "none"``, dimension 0) answers
+every search and recall by keyword, and a vector or hybrid search says so.
 """
 
 from __future__ import annotations
@@ -72,7 +74,15 @@ class Searcher:
             if live is None:
                 raise Unavailable("search: no index has been built yet (is `memq worker indexing` running?)")
             mode, note = query.mode, None
-            if mode != "keyword" and (live.model, live.dim) != (self.embedder.model, self.embedder.dim):
+            if mode != "keyword" and 0 in (live.dim, self.embedder.dim):
+                mode = "keyword"
+                note = (
+                    "the index is keyword-only (indexing.embedder = none): answered by keyword"
+                    if live.dim == 0
+                    else f"this worker has no embedder (indexing.embedder = none) for the index's "
+                    f"{live.model} vectors: answered by keyword"
+                )
+            elif mode != "keyword" and (live.model, live.dim) != (self.embedder.model, self.embedder.dim):
                 mode = "keyword"
                 note = (
                     f"the index holds {live.model} vectors and this worker embeds with {self.embedder.model}: "

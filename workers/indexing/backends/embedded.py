@@ -10,7 +10,8 @@ Layout of the file:
 - ``generations`` (id, name, model, dim, created_at) and a one-row ``live``
   pointer. Generation ``g<n>`` owns the tables ``docs_<n>`` and ``fts_<n>``.
 - ``docs_<n>``: one row per :class:`~workers.memory.recall.Doc`, keyed by its
-  uuid, with the vector as a float32 little-endian BLOB.
+  uuid, with the vector as a float32 little-endian BLOB (empty in a
+  keyword-only generation, ``dim`` 0: ``indexing.embedder = "none"``).
 - ``fts_<n>``: an *external-content* FTS5 index over ``docs_<n>``'s
   ``search_text``, ``user_key`` and ``session_key`` (sha256 hex digests: one
   token each), kept in sync by triggers. A keyword search MATCHes the scope's
@@ -400,9 +401,10 @@ class EmbeddedIndex:
         return [_Gen(*r).meta for r in rows]
 
     async def create_generation(self, model: str, dim: int) -> IndexMeta:
-        """A new empty generation ``g<n>`` (not live) for vectors of ``model`` with ``dim`` dimensions."""
-        if dim <= 0:
-            raise ValueError(f"dim must be positive, got {dim}")
+        """A new empty generation ``g<n>`` (not live) for vectors of ``model``
+        with ``dim`` dimensions; ``dim`` 0: keyword-only, docs without vectors."""
+        if dim < 0:
+            raise ValueError(f"dim must not be negative, got {dim}")
         return (await self._run(self._create_generation, model, dim)).meta
 
     def _create_generation(self, model: str, dim: int) -> _Gen:
@@ -458,8 +460,9 @@ class EmbeddedIndex:
 
     async def upsert(self, docs: Sequence[Doc], *, generation: str | None = None) -> None:
         """Insert or overwrite ``docs`` by uuid, in transactions of at most
-        ``WRITE_CHUNK`` docs. A doc without a vector, or with one of another
-        dimension than the generation's, raises ValueError."""
+        ``WRITE_CHUNK`` docs. A doc without a vector (in a generation with
+        vectors), or with one of another dimension than the generation's,
+        raises ValueError; a keyword-only generation takes docs without one."""
         for i in range(0, len(docs), WRITE_CHUNK):
             await self._run(self._upsert, docs[i : i + WRITE_CHUNK], generation)
 
@@ -468,6 +471,8 @@ class EmbeddedIndex:
         with self._tx(write=True):
             gen = self._write_gen(name)  # resolved under the write lock: no promote can slip in between
             for d, row in zip(docs, rows):
+                if d.vector is None and gen.dim:
+                    raise ValueError(f"doc {d.id!r} has no vector; {gen.name} holds {gen.dim}-dimensional ones")
                 if len(row[-1]) != 4 * gen.dim:
                     raise ValueError(
                         f"doc {d.id!r} has a {len(row[-1]) // 4}-dimensional vector; {gen.name} holds {gen.dim}"
@@ -548,7 +553,7 @@ class EmbeddedIndex:
                 f"SELECT {_COLS}, vector FROM docs_{gen.id} WHERE rid > ? AND {where} ORDER BY rid LIMIT ?",
                 [after, *args, self.page_size],
             ).fetchall()
-        docs = [_row_doc(r[:-1], np.frombuffer(r[-1], "<f4").tolist()) for r in rows]
+        docs = [_row_doc(r[:-1], np.frombuffer(r[-1], "<f4").tolist() if gen.dim else None) for r in rows]
         return (rows[-1][0] if rows else after), docs
 
     async def search(self, query: SearchQuery, *, generation: str | None = None) -> list[Hit]:
@@ -719,9 +724,8 @@ def _script(db: sqlite3.Connection, script: str) -> None:
 
 
 def _doc_row(d: Doc) -> tuple:
-    if d.vector is None:
-        raise ValueError(f"doc {d.id!r} has no vector")
-    vector = np.asarray(d.vector, dtype="<f4").ravel().tobytes()
+    # No vector: an empty BLOB (upsert accepts that only in a keyword-only generation).
+    vector = b"" if d.vector is None else np.asarray(d.vector, dtype="<f4").ravel().tobytes()
     return (
         d.uuid, d.id, d.app, d.user, d.session, d.user_key, d.session_key, d.seq,
         d.author, d.role, d.timestamp, d.text, d.search_text, vector,

@@ -366,15 +366,13 @@ class WeaviateIndex:
             if target is None:
                 raise IndexUnavailable("no live index generation: create and promote one first")
             for d in docs:
-                if d.vector is None:
-                    raise ValueError(f"doc {d.id} has no vector")
+                # A doc without a vector (a keyword-only generation, dim 0) is stored for BM25 alone.
                 props = {k: getattr(d, k) for k in ("app", "user", "session", "user_key", "session_key", "author")}
                 props |= {"role": d.role, "doc_id": d.id, "seq": d.seq, "timestamp": d.timestamp}
                 props |= {"text": d.text, "search_text": d.search_text}
                 tenant = tenant_name(d.user_key) if target.tenants else None
-                groups.setdefault(tenant, []).append(
-                    DataObject(properties=props, uuid=d.uuid, vector=_vector(d.vector))
-                )
+                vector = _vector(d.vector) if d.vector is not None else None
+                groups.setdefault(tenant, []).append(DataObject(properties=props, uuid=d.uuid, vector=vector))
             errors: list[str] = []
             limit = asyncio.Semaphore(CONCURRENCY)
 

@@ -2,6 +2,7 @@
 
 ``local`` (default): int8 all-MiniLM-L6-v2 on ONNX Runtime, offline.
 ``openai``: any OpenAI-compatible ``/v1/embeddings`` endpoint.
+``none``: no embedder at all; a keyword-only (BM25) index (``none.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ __all__ = ["Embedder", "EmbedderError", "open_embedder"]
 async def open_embedder(settings: IndexingSettings) -> Embedder:
     """The embedder ``settings.embedder`` names, ready to use (``dim`` known).
 
-    Imports lazily: the OpenAI one needs no ONNX Runtime, the local one no httpx.
+    Imports lazily: the OpenAI one needs no ONNX Runtime, the local one no
+    httpx, and ``none`` neither (nor a model file).
     """
+    if settings.embedder == "none":
+        from workers.indexing.embedders.none import KeywordOnly
+
+        return KeywordOnly()
     if settings.embedder == "openai":
         from workers.indexing.embedders.openai import OpenAIEmbedder
 

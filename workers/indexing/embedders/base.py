@@ -3,6 +3,9 @@
 ``model`` names the model *and* its variant (``local:all-MiniLM-L6-v2-int8``,
 ``openai:text-embedding-3-small@512``); it is recorded with every index
 generation, and a different ``model`` or ``dim`` means a rebuild.
+
+``dim`` 0 means no vectors at all (:class:`~workers.indexing.embedders.none.KeywordOnly`):
+the index is keyword-only and is searched by BM25 alone.
 """
 
 from __future__ import annotations
