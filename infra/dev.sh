@@ -11,7 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
 
 setup() {
-  local extra=${1:-dev}
+  local extra=${1:-dev} quiet=${2--q}  # `up` passes "": pip shows its progress
   if [[ ! -x $PY ]]; then
     python3 -m venv .venv
   fi
@@ -19,11 +19,12 @@ setup() {
   local stamp=.venv/.memq-installed-$extra want
   want=$(sha256sum pyproject.toml | cut -d' ' -f1)
   if [[ ! -f $stamp || $(<"$stamp") != "$want" ]]; then
+    echo "dev.sh: installing memq[$extra] into .venv (a minute or two on the first run)…" >&2
     # llama-cpp-python (dev only) compiles for the build machine's CPU by
     # default, and its AMX code crashes on some VMs that report AMX: build a
     # portable AVX2 library instead.
     CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"} \
-      "$PY" -m pip install -q --disable-pip-version-check --no-input -e ".[$extra]"
+      "$PY" -m pip install $quiet --disable-pip-version-check --no-input -e ".[$extra]"
     echo "$want" >"$stamp"
   fi
 }
@@ -89,7 +90,7 @@ case $cmd in
     "$PY" -m pytest "$@"  # not exec: the EXIT trap above may still have to run
     ;;
   up)
-    setup workers  # no test tools: the first run installs in a minute or two
+    setup workers ""  # no test tools; pip shows progress: the first run takes a minute or two
     exec .venv/bin/memq up "$@"
     ;;
   *)

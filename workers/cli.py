@@ -13,8 +13,6 @@ from datetime import datetime
 from enum import Enum
 from typing import Annotated, Any, TypeVar
 
-import nats
-import nats.errors
 import typer
 from nats.aio.client import Client as NATS
 from rich.console import Console
@@ -26,7 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from contracts.client import MemoryClient
-from contracts.errors import MemqError
+from contracts.errors import MemqError, NotFound
 from workers import bus
 from workers.settings import Settings, load_settings, mask_url
 
@@ -79,7 +77,16 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     asyncio.run(runner())
 
 
-async def _run_workers(settings: Settings, kinds: list[WorkerKind], stop: asyncio.Event) -> None:
+# What a command prints, as one line and no traceback, when NATS cannot be used.
+NATS_FAILURES = (bus.NatsNotFound, bus.NatsUnreachable, bus.NatsTLSError)
+
+
+async def _run_workers(
+    settings: Settings, kinds: list[WorkerKind], stop: asyncio.Event, on_ready: Callable[[], None] | None = None
+) -> None:
+    """Start ``kinds`` in this process (a line per worker: the indexing
+    worker's start can be slow), call ``on_ready`` once all run, then run
+    until ``stop``. A NATS that cannot be reached ends it with one line, exit 1."""
     from workers.health import Monitor
     from workers.indexing.worker import IndexingWorker
     from workers.persistence.worker import PersistenceWorker
@@ -104,9 +111,16 @@ async def _run_workers(settings: Settings, kinds: list[WorkerKind], stop: asynci
     started = []
     try:
         for k, w in zip(kinds, workers):
-            await w.start()
+            err.print(f"starting the {k.value} worker…", highlight=False)
+            try:
+                await w.start()
+            except NATS_FAILURES as exc:
+                err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
+                raise typer.Exit(1) from None
             started.append(w)
             monitor.watch(k.value, w)
+        if on_ready is not None:
+            on_ready()
         await stop.wait()
         err.print("stopping: finishing the batch in hand, then closing…")
     finally:
@@ -118,7 +132,9 @@ async def _run_workers(settings: Settings, kinds: list[WorkerKind], stop: asynci
 
 @app.command()
 def up(
-    nats_port: int = typer.Option(4222, help="Port of the embedded nats-server (0, or taken: a free one)."),
+    nats_port: int = typer.Option(
+        4222, help="Port of the embedded nats-server; 0: any free port. A taken port is an error."
+    ),
 ) -> None:
     """Run the whole stack in one process: embedded NATS, SQLite and every worker."""
     from workers.embedded import EmbeddedError, EmbeddedNats
@@ -130,23 +146,28 @@ def up(
         try:
             url = embedded.start()
         except EmbeddedError as exc:
-            err.print(f"[red]{exc}[/]")
+            err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
             raise typer.Exit(1) from None
+        if embedded.stale_files_removed:
+            err.print(f"removed the run files a crashed `memq up` left in {settings.run_dir}", soft_wrap=True)
     else:
-        url = settings.nats.url
-    public = settings.public_dict()
-    console.print(
-        Panel.fit(
-            f"NATS       {url}{' (embedded)' if embedded else ''}\n"
-            f"database   {public['database']['url'] or settings.database_url()}\n"
-            f"data dir   {settings.data_dir}\n"
-            f"workers    {', '.join(k.value for k in WorkerKind)}\n\n"
-            "Try `memq demo` in another terminal. Ctrl-C stops cleanly.",
-            title="memq up",
-        )
-    )
+        url = _masked_nats_url(settings.nats.url)
+    kinds = list(WorkerKind)
+    err.print(
+        f"starting memq: NATS {url}{' (embedded)' if embedded else ''}, database {_database_shown(settings)}, "
+        f"data {settings.data_dir}",
+        soft_wrap=True, markup=False, highlight=False,
+    )  # fmt: skip
+
+    def ready() -> None:
+        console.print(
+            f"memq ready: NATS {url}, data {settings.data_dir}, workers {', '.join(k.value for k in kinds)}"
+            " — try `memq demo` in another terminal; Ctrl-C stops cleanly.",
+            soft_wrap=True, markup=False, highlight=False,
+        )  # fmt: skip
+
     try:
-        _run_until_signal(lambda stop: _run_workers(settings, list(WorkerKind), stop))
+        _run_until_signal(lambda stop: _run_workers(settings, kinds, stop, on_ready=ready))
     finally:
         if embedded:
             embedded.stop()
@@ -156,11 +177,20 @@ def up(
 @app.command()
 def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -> None:
     """Run one worker kind alone (production). Several processes are replicas."""
+    from workers.sql.engine import is_in_memory
+
     settings = _settings()
+    if is_in_memory(settings.database_url()):
+        err.print(
+            "[red]the inmemory database lives inside one process, which a lone `memq worker` cannot share:[/] "
+            "run `memq up` (every worker in one process), or set MEMQ_DATABASE__URL to a SQLite file or a server",
+            soft_wrap=True,
+        )
+        raise typer.Exit(2)
     try:
         bus.nats_url(settings)
     except bus.NatsNotFound as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
         raise typer.Exit(1) from None
     _run_until_signal(lambda stop: _run_workers(settings, [kind], stop))
 
@@ -188,8 +218,8 @@ def init() -> None:
 
     try:
         asyncio.run(main())
-    except bus.NatsNotFound as exc:
-        err.print(f"[red]{exc}[/]")
+    except NATS_FAILURES as exc:
+        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
         raise typer.Exit(1) from None
 
 
@@ -201,17 +231,39 @@ def demo(events: int = typer.Option(100, "--events", "-n", min=1, help="Events t
     settings = _settings()
     try:
         result = asyncio.run(run_demo(settings, events, console))
-    except bus.NatsNotFound as exc:
-        err.print(f"[red]{exc}[/]")
+    except NATS_FAILURES as exc:
+        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
         raise typer.Exit(1) from None
     raise typer.Exit(0 if result.ok else 1)
 
 
+def _masked_nats_url(url: str) -> str:
+    return ",".join(mask_url(u.strip()) for u in url.split(","))
+
+
+def _database_shown(settings: Settings) -> str:
+    """The database URL the workers use, password masked."""
+    configured = settings.database.url.get_secret_value() if settings.database.url is not None else None
+    if configured == "inmemory":
+        return "inmemory (SQLite in memory, lost on restart)"
+    return mask_url(settings.database_url())
+
+
 @app.command("config")
 def show_config() -> None:
-    """Print the effective settings (secrets masked)."""
+    """Print the effective settings (secrets masked). ``nats.url`` and
+    ``database.url`` are the ones in use: the configured URL, else the
+    embedded server of a running `memq up` (or "not running: …"), and the
+    SQLite file in the data dir."""
     settings = _settings()
-    console.print_json(json.dumps(settings.public_dict()))
+    shown = settings.public_dict()
+    try:
+        shown["nats"]["url"] = _masked_nats_url(bus.nats_url(settings))
+    except bus.NatsNotFound as exc:
+        stale = (settings.run_dir / "nats.url").is_file()
+        shown["nats"]["url"] = str(exc) if stale else "not running: set MEMQ_NATS__URL, or start `memq up`"
+    shown["database"]["url"] = _database_shown(settings)
+    console.print_json(json.dumps(shown))
 
 
 # --- reading sessions back: a thin layer over MemoryClient and workers.status ----
@@ -287,13 +339,12 @@ def _with_nats(work: Callable[[NATS], Awaitable[T]]) -> T:
     """Run ``work`` on a fresh NATS connection; print a clear error and exit 1 on failure."""
     settings = _settings()
 
-    failures: list[Exception] = []
-
-    async def quiet(exc: Exception) -> None:  # nats-py would log a traceback per attempt
-        failures.append(exc)
+    async def quiet(exc: Exception) -> None:  # after connecting: the command's own error says it
+        pass
 
     async def main() -> T:
-        # A command should fail fast, not wait for NATS forever like a worker.
+        # A command should fail fast, not ride out an outage like a worker:
+        # the first connect gives up after two tries 0.2 s apart.
         options = {**bus.connect_options(settings, "cli"), "max_reconnect_attempts": 1, "reconnect_time_wait": 0.2}
         nc = await bus.open_connection({**options, "error_cb": quiet})
         try:
@@ -303,17 +354,8 @@ def _with_nats(work: Callable[[NATS], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(main())
-    except bus.NatsNotFound as exc:
-        err.print(f"[red]{exc}[/]")
-    except (nats.errors.NoServersError, nats.errors.AuthorizationError) as exc:
-        url = ",".join(mask_url(u) for u in bus.nats_url(settings).split(","))
-        refused = [f for f in failures if "authorization violation" in str(f).lower()]
-        why = str(refused[-1] if refused else failures[-1] if failures else exc)  # a later timeout hides nothing
-        # (A failed TLS handshake is bus.NatsTLSError, below.)
-        if "authorization violation" in why.lower():
-            err.print(f"[red]NATS at {url} refused the credentials[/] ({why}): check MEMQ_NATS__USER/PASSWORD/TOKEN")
-        else:
-            err.print(f"[red]cannot reach NATS at {url}[/] ({escape(why)}): is `memq up` running, or MEMQ_NATS__URL right?")
+    except (bus.NatsNotFound, bus.NatsUnreachable) as exc:  # the message names the URL and what to check
+        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
     except bus.NatsTLSError as exc:
         err.print(f"[red]{escape(str(exc))}[/]: check MEMQ_NATS__TLS__CA_FILE / CERT_FILE / KEY_FILE")
     except MemqError as exc:
@@ -437,7 +479,23 @@ def sessions_delete(
     app_id: AppOpt = DEFAULT_APP,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ) -> None:
-    """Delete a session everywhere: SQL, index, cache and the stream itself."""
+    """Delete a session everywhere: SQL, index, cache and the stream itself.
+    A session that does not exist is an error (exit 1): nothing is published."""
+
+    async def exists(client: MemoryClient) -> bool:
+        try:
+            await client.get_session(user, session)
+        except NotFound:
+            return False
+        return True
+
+    if not _with_client(app_id, exists):
+        err.print(
+            f"[red]no session {escape(repr(session))} of user {escape(repr(user))} in app {escape(repr(app_id))}:[/] "
+            "nothing deleted (see `memq sessions list`)",
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
     if not yes:
         typer.confirm(f"Delete session {session!r} of user {user!r} in app {app_id!r} for good?", abort=True)
     seq = _with_client(app_id, lambda c: c.delete_session(user, session))

@@ -85,9 +85,16 @@ async def run_demo(settings: Settings, n_events: int, console: Console, timeout:
     session = f"demo-{new_id()}"
     events = sample_conversation(n_events)
     started = time.perf_counter()
-    async with await MemoryClient.connect(bus.nats_url(settings), app=APP) as client:
+    # The settings' URL, credentials and TLS, as every command; a dead NATS
+    # fails the first connect within a second (two tries 0.2 s apart).
+    options = {**bus.connect_options(settings, "demo"), "max_reconnect_attempts": 1, "reconnect_time_wait": 0.2}
+    nc = await bus.open_connection(options)
+    try:
+        client = MemoryClient(nc, APP)
         await client.create_session(USER, session, state={"topic": "demo", "app:demo_runs": 1})
         seqs = await client.append_many(USER, session, events)
+    finally:
+        await nc.close()
     console.print(f"published {len(seqs)} events to session [bold]{session}[/] (seq {seqs[0]}..{seqs[-1]})")
 
     columns = (TextColumn("stored in SQL"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
@@ -121,7 +128,20 @@ async def run_demo(settings: Settings, n_events: int, console: Console, timeout:
         seconds=elapsed,
     )
     _print(console, rows, state, result)
+    _print_next_steps(console, session)
     return result
+
+
+def _print_next_steps(console: Console, session: str) -> None:
+    """Where the demo wrote, and the commands that show it (the CLI's app
+    defaults to the demo's, so they need no --app)."""
+    console.print(f"wrote session {session} of user {USER} in app {APP}; look at it with:", soft_wrap=True, highlight=False)
+    for command in (
+        f"memq sessions show {session} --user {USER} --events 10",
+        f"memq history {session} --user {USER}",
+        f"memq context {session} --user {USER}",
+    ):
+        console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
 
 
 def _print(console: Console, rows: list[reads.StoredEvent], state: dict, result: DemoResult) -> None:

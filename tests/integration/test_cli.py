@@ -15,6 +15,7 @@ import pytest
 from contracts.client import MemoryClient
 from contracts.schemas import Event, Message, TextPart
 from helpers import event_counts, wait_for
+from services import free_port
 from workers.sql.engine import create_engine
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")
@@ -29,23 +30,25 @@ def memq_env(data_dir: Path, **extra: str) -> dict[str, str]:
 class MemqUp:
     """`memq up` as a child process, on a free port, in its own data dir."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, **env: str):
         self.data_dir = data_dir
+        self.env = env
         self.url_file = data_dir / "run" / "nats.url"
         self.log = data_dir / "up.log"
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> str:
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        before = self.log.stat().st_size if self.log.exists() else 0  # a restart appends
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
                 [MEMQ, "up", "--nats-port", "0"],
-                env=memq_env(self.data_dir, MEMQ_LOG_LEVEL="INFO"),
+                env=memq_env(self.data_dir, MEMQ_LOG_LEVEL="INFO", **self.env),
                 stdout=log,
                 stderr=log,
             )
         deadline = time.monotonic() + 60
-        while not (self.url_file.is_file() and b"worker started" in self.log.read_bytes()):
+        while b"memq ready:" not in self.log.read_bytes()[before:]:  # every worker has started
             assert self.proc.poll() is None, self.log.read_text()
             assert time.monotonic() < deadline, self.log.read_text()
             time.sleep(0.1)
@@ -71,12 +74,22 @@ def memq_up(tmp_path):
 
 
 def test_up_then_demo_beside_it_needs_no_flags(memq_up):
-    memq_up.start()
+    url = memq_up.start()
+    log = memq_up.log.read_text()
+    ready = log.index("memq ready:")
+    assert f"memq ready: NATS {url}, data {memq_up.data_dir}, workers persistence, indexing, summarizer, query" in log
+    assert "memq demo" not in log[:ready]  # not suggested before the workers run
+    assert log.index("starting the query worker") < log.index("query worker started") < ready  # the last one
     demo = subprocess.run(
         [MEMQ, "demo", "--events", "1000"], env=memq_env(memq_up.data_dir), capture_output=True, text=True, timeout=180
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "OK: published 1000, stored 1000, duplicates 0, missing 0" in demo.stdout
+    # It says where it wrote and how to look; the commands work as printed.
+    commands = [line.split() for line in demo.stdout.splitlines() if line.startswith("  memq ")]
+    assert [c[1] for c in commands] == ["sessions", "history", "context"], demo.stdout
+    show = subprocess.run([MEMQ, *commands[0][1:]], env=memq_env(memq_up.data_dir), capture_output=True, text=True, timeout=60)
+    assert show.returncode == 0 and "demo-user" in show.stdout, show.stdout + show.stderr
     assert memq_up.interrupt() == 0, memq_up.log.read_text()
     assert not memq_up.url_file.exists()  # embedded NATS stopped with it
     assert "memq stopped" in memq_up.log.read_text()
@@ -102,6 +115,81 @@ async def test_ctrl_c_mid_ingest_loses_nothing(memq_up):
     finally:
         await engine.dispose()
     assert stored_at_stop <= len(events)
+
+
+def test_beside_up_config_shows_the_urls_in_use_and_deleting_a_missing_session_fails(memq_up):
+    url = memq_up.start()
+    env = memq_env(memq_up.data_dir)
+    shown = json.loads(subprocess.run([MEMQ, "config"], env=env, capture_output=True, text=True, timeout=60).stdout)
+    assert shown["nats"]["url"] == url
+    assert shown["database"]["url"] == f"sqlite+aiosqlite:///{memq_up.data_dir / 'memq.db'}"
+    delete = subprocess.run(
+        [MEMQ, "sessions", "delete", "no-such-session", "--user", "nobody", "--yes"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert delete.returncode == 1, delete.stdout + delete.stderr
+    assert "no session 'no-such-session' of user 'nobody'" in delete.stderr and "nothing deleted" in delete.stderr
+    assert "delete published" not in delete.stdout
+
+
+async def test_inmemory_database_under_up_round_trips(tmp_path):
+    """Every worker of `memq up` sees the one in-memory database (before: each
+    had its own, and a session just written was not found)."""
+    up = MemqUp(tmp_path / "memq-data", MEMQ_DATABASE__URL="inmemory")
+    try:
+        url = up.start()
+        async with await MemoryClient.connect(url, app="cli") as client:
+            await client.create_session("u", "s", state={"topic": "memory"})
+            await client.append_text("u", "s", "user", "remember me")
+            history = await client.history("u", "s")  # read-your-writes through the query worker
+            session = await client.get_session("u", "s")
+        assert [e.event["message"]["parts"][0]["text"] for e in history.events] == ["remember me"]
+        assert session.state["topic"] == "memory"
+    finally:
+        up.kill()
+
+
+def test_a_lone_worker_refuses_the_inmemory_database(tmp_path):
+    out = subprocess.run(
+        [MEMQ, "worker", "persistence"], env=memq_env(tmp_path, MEMQ_DATABASE__URL="inmemory"),
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "memq up" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("command", [["demo"], ["init"], ["status"], ["sessions", "list"], ["worker", "query"]], ids=" ".join)
+def test_a_dead_nats_fails_within_seconds_with_one_line(tmp_path, command):
+    """Before: `memq demo` waited 188 s, printing 61 tracebacks, then crashed."""
+    url = f"nats://127.0.0.1:{free_port()}"  # nobody listens there
+    started = time.monotonic()
+    out = subprocess.run([MEMQ, *command], env=memq_env(tmp_path, MEMQ_NATS__URL=url), capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - started
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
+    errors = [line for line in out.stderr.splitlines() if not line.startswith("starting the ")]  # a worker's progress
+    assert len(errors) == 1 and errors[0].startswith(f"cannot reach NATS at {url} ("), out.stderr
+    assert "is `memq up` running, or MEMQ_NATS__URL right?" in errors[0]
+    assert elapsed < 10, f"{elapsed:.1f}s"
+
+
+def test_a_url_file_left_by_a_crash_is_reported_as_stale(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "nats.url").write_text(f"nats://127.0.0.1:{free_port()}")
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    (run / "nats.pid").write_text(str(proc.pid))  # memq up was killed: its server is gone
+    demo = subprocess.run([MEMQ, "demo"], env=memq_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert demo.returncode == 1 and "Traceback" not in demo.stderr
+    assert "memq up is not running (stale file from a crashed run" in demo.stderr
+    shown = json.loads(subprocess.run([MEMQ, "config"], env=memq_env(tmp_path), capture_output=True, text=True).stdout)
+    assert "stale file from a crashed run" in shown["nats"]["url"]
+
+
+def test_config_without_a_stack_says_nats_is_not_running(tmp_path):
+    shown = json.loads(subprocess.run([MEMQ, "config"], env=memq_env(tmp_path), capture_output=True, text=True).stdout)
+    assert shown["nats"]["url"].startswith("not running")
+    assert shown["database"]["url"] == f"sqlite+aiosqlite:///{tmp_path / 'memq.db'}"
 
 
 def test_demo_without_a_running_stack_says_what_to_do(tmp_path):
