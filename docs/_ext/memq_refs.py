@@ -98,9 +98,27 @@ def settings() -> list[Setting]:
             code = (field.description or "").strip()
             note = notes.get(env, "").strip()
             secret = "SecretStr" in _type_name(field.annotation) or field.annotation is SecretStr
-            out.append(Setting(env, section, _type_name(field.annotation), _default(field), note or code, secret))
+            out.append(Setting(env, section, _type_name(field.annotation), _default(field), code or note, secret))
 
     walk(Settings, "MEMQ_", "")
+    return out
+
+
+def code_descriptions() -> dict[str, str]:
+    """Variable name -> the ``Field(description=...)`` of each setting that has one."""
+    from workers.settings import Settings
+
+    out: dict[str, str] = {}
+
+    def walk(model: Any, prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            env = f"{prefix}{name.upper()}"
+            if _is_model(field.annotation):
+                walk(field.annotation, f"{env}__")
+            elif field.description:
+                out[env] = field.description
+
+    walk(Settings, "MEMQ_")
     return out
 
 
@@ -141,7 +159,7 @@ def plain_defaults() -> dict[str, str]:
 
 
 def setting_notes() -> dict[str, str]:
-    """Prose for settings whose ``Field`` has no description (or a terse one):
+    """Prose for settings whose ``Field`` has no description:
     ``docs/reference/setting-notes.toml``, keyed by variable name. Never defaults."""
     import tomllib
 

@@ -39,6 +39,9 @@ def test_setting_notes_name_real_settings_and_no_defaults():
     notes = memq_refs.setting_notes()
     stale = sorted(set(notes) - names)
     assert not stale, f"docs/reference/setting-notes.toml describes settings that do not exist: {stale}"
+    # One source: once a Field has a description, its note must go.
+    shadowed = sorted(set(notes) & set(memq_refs.code_descriptions()))
+    assert not shadowed, f"these settings now have a description in workers/settings.py; delete their notes: {shadowed}"
     # Defaults live in the code only: a note must not restate one.
     quoting = [env for env, text in notes.items() if re.search(r"\bdefault(s|ed)? (is|=|:)", text, re.I)]
     assert not quoting, f"notes that state a default (the generated page shows it): {quoting}"
