@@ -114,3 +114,22 @@ def test_docs_build(tmp_path):
     )  # fmt: skip
     assert build.returncode == 0, build.stdout + build.stderr
     assert (tmp_path / "reference" / "configuration.html").is_file()
+
+
+def test_production_settings_quote_what_infra_sets():
+    """docs/operations/deploy.md quotes the values infra/ sets; they must be
+    the ones infra/k8s/config.yaml (the same as compose.yaml) holds."""
+    config = dict(re.findall(r"^  (MEMQ_\w+): \"?([^\"\n#]+?)\"?\s*(?:#.*)?$", (ROOT / "infra/k8s/config.yaml").read_text(), re.M))
+    assert config, "no MEMQ_ settings found in infra/k8s/config.yaml"
+    table = (DOCS / "operations/deploy.md").read_text().split("## Settings that matter in production", 1)[1].split("\n## ", 1)[0]
+    checked = 0
+    for line in table.splitlines():
+        if not line.startswith("| {envvar}"):
+            continue
+        cells = re.split(r"(?<!\\)\|", line)[1:-1]
+        for name in re.findall(r"\{envvar\}`(MEMQ_\w+)`", cells[0]):
+            if name in config:
+                value = config[name]
+                assert value in cells[1] or Path(value).name in cells[1], f"{name}: infra sets {value!r}, deploy.md says {cells[1]!r}"
+                checked += 1
+    assert checked >= 8, checked
