@@ -1,11 +1,13 @@
 """A keyword-only index (``indexing.embedder = "none"``) end to end on the
-embedded backend: real NATS and SQL, the persistence, indexing and query
-workers, and no embedding model anywhere (loading one fails the test)."""
+embedded backend and on Weaviate: real NATS and SQL, the persistence,
+indexing and query workers, and no embedding model anywhere (loading one
+fails the test)."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import uuid
 from contextlib import AsyncExitStack
 
 import pytest
@@ -24,15 +26,20 @@ def said(role: str, body: str) -> Event:
     return Event(author=role, message=Message(role=role, parts=[TextPart(text=body)]))
 
 
-async def test_keyword_only_index_searches_and_recalls_without_a_model(nats_url, sqlite_url, tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["embedded", pytest.param("weaviate", marks=pytest.mark.services)])
+async def test_keyword_only_index_searches_and_recalls_without_a_model(
+    request, backend, nats_url, sqlite_url, tmp_path, monkeypatch
+):
     # Any attempt to load the local model (or ONNX Runtime) raises ImportError.
     monkeypatch.setitem(sys.modules, "workers.indexing.embedders.local", None)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     s = make_settings(nats_url, sqlite_url, tmp_path)
-    s.indexing = type(s.indexing).model_validate(
-        {**s.indexing.model_dump(), "embedder": "none", "batch_wait_s": 0.05, "retry_delays_s": [0.2, 0.5]}
-    )
-    assert s.index_backend() == "embedded"
+    indexing = {"embedder": "none", "backend": backend, "batch_wait_s": 0.05, "retry_delays_s": [0.2, 0.5]}
+    if backend == "weaviate":
+        server = request.getfixturevalue("weaviate_server")
+        indexing["weaviate"] = {"url": server.url, "grpc_port": server.grpc_port, "collection": f"K{uuid.uuid4().hex[:10]}"}
+    s.indexing = type(s.indexing).model_validate({**s.indexing.model_dump(), **indexing})
+    assert s.index_backend() == backend
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(running_worker(s))
         indexing = await stack.enter_async_context(running(IndexingWorker(s)))
