@@ -83,7 +83,8 @@ class Event(SQLModel, table=True):
     __tablename__ = "memq_events"
     __table_args__ = (
         Index("ix_memq_events_session_seq", "session_key", "seq", unique=True),
-        # Filters by time ("the last 24 hours") are a range, not a session walk.
+        # For filters by time ("the last 24 hours"): a planner with statistics
+        # reads the few recent events of a long session as a range.
         Index("ix_memq_events_session_time", "session_key", "timestamp"),
     )
 

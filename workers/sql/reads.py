@@ -186,8 +186,9 @@ class EventFilter:
         return self.after is not None or bool(self.roles)
 
     def where(self, q):
-        # The session's (session_key, timestamp) index makes "the last 24 hours"
-        # of a long session a range, not a walk over all of it.
+        # In SQL, on top of the (session_key, seq) range. A planner with
+        # statistics (PostgreSQL, MariaDB) may take the (session_key,
+        # timestamp) index instead when few events pass; SQLite walks seq.
         if self.after is not None:
             q = q.where(EVENTS.c.timestamp > self.after)
         if self.roles:
