@@ -77,6 +77,11 @@ def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     asyncio.run(runner())
 
 
+# Ctrl-C to exit within 10 s, whatever runs: the workers get this long to
+# stop, and the embedded NATS server and the interpreter the rest.
+STOP_TIMEOUT_S = 7.0
+
+
 # What a command prints, as one line and no traceback, when NATS cannot be used.
 NATS_FAILURES = (bus.NatsNotFound, bus.NatsUnreachable, bus.NatsTLSError)
 
@@ -109,24 +114,46 @@ async def _run_workers(
         raise typer.Exit(1) from None
     workers = [factories[k](settings) for k in kinds]
     started = []
-    try:
+
+    async def start_all() -> None:
         for k, w in zip(kinds, workers):
+            started.append(w)  # stopped even if its start is cut short
             err.print(f"starting the {k.value} worker…", highlight=False)
-            try:
-                await w.start()
-            except NATS_FAILURES as exc:
-                err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
-                raise typer.Exit(1) from None
-            started.append(w)
+            await w.start()
             monitor.watch(k.value, w)
         if on_ready is not None:
             on_ready()
-        await stop.wait()
+
+    # Starting can take long on a busy machine (migrations, loading the
+    # model): a signal meanwhile cancels it instead of waiting for it.
+    starting = asyncio.create_task(start_all(), name="start workers")
+    stopping = asyncio.create_task(stop.wait(), name="wait for a signal")
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            try:
+                starting.result()  # a start that failed raises here
+            except NATS_FAILURES as exc:
+                err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
+                raise typer.Exit(1) from None
+            await stopping
         err.print("stopping: finishing the batch in hand, then closing…")
     finally:
+        for task in (starting, stopping):
+            task.cancel()
+        await asyncio.gather(starting, stopping, return_exceptions=True)
         await monitor.drain()  # /readyz: stopping; /healthz still answers while the workers stop
-        for w in reversed(started):
-            await w.stop()
+        try:
+            # Bounded whatever a worker is doing: what is not acked by then is
+            # redelivered (to a replica, or after the restart).
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                for w in reversed(started):
+                    try:
+                        await w.stop()
+                    except Exception:  # one worker's failure must not keep the others running
+                        logging.getLogger("memq").exception("stopping %s failed", type(w).__name__)
+        except TimeoutError:
+            err.print(f"[yellow]workers did not stop within {STOP_TIMEOUT_S:.0f}s; exiting (unacked work is redelivered)[/]")
         await monitor.stop()
 
 

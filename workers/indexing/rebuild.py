@@ -12,6 +12,12 @@ deleted data does not come back.
 
 A scoped rebuild (one app or user) copies every doc outside the scope from
 the live generation, vectors included, and replays only the scope.
+
+Interrupting a rebuild is safe: a cancelled or failed one drops its unfinished
+generation, and one that could not (the process was killed, or stopping cut
+the clean-up short) leaves a generation that is never promoted, and that the
+next rebuild drops first. Rebuilds hold the ``index-rebuild`` lease, so any
+generation that is not live while one holds it was abandoned.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from contracts.ids import encode_token
 from contracts.subjects import EVENTS_WILDCARD, PREFIX, user_events_filter
 from workers.indexing.backends.base import IndexBackend
 from workers.indexing.indexer import Indexer
+from workers.lease import Lease
 from workers.query.floor import CommitFloor
 from workers.settings import Settings
 
@@ -37,6 +44,7 @@ log = logging.getLogger("memq.indexing")
 Progress = Callable[[int, int], None]  # (messages done, messages known so far)
 FETCH = 256
 COMMIT_WAIT_S = 120.0  # source sql: how long persistence may lag behind the stream
+REBUILD_LEASE = "index-rebuild"  # one rebuild at a time, across processes
 
 
 @dataclass
@@ -118,11 +126,43 @@ async def rebuild(
     user: str | None = None,
     engine=None,
     progress: Progress | None = None,
+    lease: bool = True,
 ) -> RebuildResult:
     """Fill a fresh generation with the indexer's embedder, promote it, then
-    replay the tail. ``source`` is ``stream`` or ``sql`` (``engine`` needed);
-    ``app``/``user`` limit the replay (the rest is copied from the live
-    generation). Raises on failure, after dropping the unfinished generation."""
+    replay the tail. Raises on failure or cancellation, after dropping the
+    unfinished generation.
+
+    :param source: ``stream`` (default) or ``sql`` (``engine`` needed).
+    :param app: only this app is replayed (the rest is copied from the live
+        generation); default None, everything.
+    :param user: only this user of ``app``; default None.
+    :param engine: the SQL engine for ``source="sql"``; default None.
+    :param progress: called with (messages done, messages known); default None.
+    :param lease: take the ``index-rebuild`` lease for the rebuild (default
+        True); False when the caller already holds it.
+    """
+    if not lease:
+        return await _rebuild(settings, js, indexer, source, app, user, engine, progress)
+    async with Lease(js, REBUILD_LEASE, replicas=settings.streams.replicas):
+        return await _rebuild(settings, js, indexer, source, app, user, engine, progress)
+
+
+async def drop_abandoned(backend: IndexBackend) -> list[str]:
+    """Drop every generation that is not live: rebuilds that were interrupted
+    before they could clean up. Call only while holding the rebuild lease
+    (otherwise it may be another process's rebuild in progress). Returns the
+    names dropped."""
+    live = await backend.live()
+    dropped = []
+    for meta in await backend.generations():
+        if live is None or meta.generation != live.generation:
+            log.warning("dropping index generation %s, left by an interrupted rebuild", meta.generation)
+            await backend.drop_generation(meta.generation)
+            dropped.append(meta.generation)
+    return dropped
+
+
+async def _rebuild(settings, js, indexer, source, app, user, engine, progress) -> RebuildResult:
     backend: IndexBackend = indexer.backend
     started = time.monotonic()
     scoped = app is not None or user is not None
@@ -130,6 +170,7 @@ async def rebuild(
     if scoped and live is None:
         raise ValueError("a scoped rebuild needs a live index to copy the rest from; rebuild everything first")
     replay: StreamReplay | None = None
+    await drop_abandoned(backend)
     target = await backend.create_generation(indexer.embedder.model, indexer.embedder.dim)
     log.info("rebuilding into %s (%s, source %s)", target.generation, target.model, source)
     subjects = scope_filter(app, user)
@@ -162,11 +203,7 @@ async def rebuild(
             await indexer.apply(indexer.decode(batch), generation=target.generation)
             replayed += len(batch)
     except BaseException:
-        if replay is not None:
-            await replay.close()
-        live = await backend.live()
-        if live is None or live.generation != target.generation:
-            await backend.drop_generation(target.generation)
+        await _abandon(backend, replay, target.generation)
         raise
     await replay.close()
     return RebuildResult(
@@ -177,6 +214,21 @@ async def rebuild(
         docs=indexer.totals.docs - docs_before,
         seconds=time.monotonic() - started,
     )
+
+
+async def _abandon(backend: IndexBackend, replay: StreamReplay | None, generation: str) -> None:
+    """Clean up after a failed or cancelled rebuild. A clean-up error is
+    logged, never raised: it must not replace the original exception (a
+    CancelledError turned into IndexUnavailable would make the worker retry
+    instead of stop); what is left is dropped by the next rebuild."""
+    try:
+        if replay is not None:
+            await replay.close()
+        live = await backend.live()
+        if live is None or live.generation != generation:
+            await backend.drop_generation(generation)
+    except Exception as exc:
+        log.warning("could not drop the unfinished index generation %s (%s); the next rebuild drops it", generation, exc)
 
 
 async def _copy_outside_scope(backend, generation, app, user, live, indexer) -> int:

@@ -13,6 +13,11 @@ generation (one replica at a time, under a lease) before any live writes, so
 vectors of two models never mix. Writes name the generation they were
 checked against: a write racing a switch to another generation fails and is
 retried against the new one, never lands in the wrong one.
+
+Stopping never waits for a rebuild: the preparation runs as a task that
+:meth:`IndexingWorker.stop` cancels (the rebuild drops its unfinished
+generation, and the next start rebuilds afresh), and the batch in hand gets
+``stop_grace_s`` to finish before it is cut short and naked for redelivery.
 """
 
 from __future__ import annotations
@@ -36,17 +41,26 @@ from workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavail
 from workers.indexing.embedders import open_embedder
 from workers.indexing.embedders.base import Embedder, EmbedderError
 from workers.indexing.indexer import Indexer, make_indexer
-from workers.indexing.rebuild import rebuild
+from workers.indexing.rebuild import REBUILD_LEASE, rebuild
 from workers.lease import Lease
 from workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")
 
 WORKER = "indexing"
-REBUILD_LEASE = "index-rebuild"
+PROGRESS_EVERY_S = 10.0  # how often a startup rebuild logs how far it is
 
 
 class IndexingWorker:
+    """One replica of the indexing worker.
+
+    :param settings: everything; ``settings.indexing`` above all.
+    :param backend: the index (default: the one the settings name, opened here).
+    :param embedder: the embedder (default: the one the settings name).
+    """
+
+    stop_grace_s = 5.0  # how long stop() lets the batch in hand finish before cutting it short
+
     def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
         self.settings = settings
         self.backend = backend
@@ -104,7 +118,12 @@ class IndexingWorker:
         if self.service is not None:
             await self.service.stop()
         if self.consumer is not None:
-            await self.consumer.stop()
+            try:
+                # Embedding a batch can take many seconds on a busy machine:
+                # cut it short (handle naks it) rather than hold the stop.
+                await asyncio.wait_for(self.consumer.stop(), self.stop_grace_s)
+            except asyncio.TimeoutError:
+                log.warning("stopping: the batch in hand took over %.0fs; it is redelivered", self.stop_grace_s)
             self.consumer = None
         if self.nc is not None:
             await self.nc.flush()
@@ -170,7 +189,7 @@ class IndexingWorker:
                         "the index holds %s/%d vectors and this worker embeds with %s/%d: rebuilding from the stream",
                         live.model, live.dim, self.embedder.model, self.embedder.dim,
                     )  # fmt: skip
-                result = await rebuild(self.settings, self.js, self.indexer)
+                result = await rebuild(self.settings, self.js, self.indexer, progress=self._progress(), lease=False)
                 log.info("rebuilt %d docs from %d messages in %.1fs", result.docs, result.replayed, result.seconds)
             self.generation = await self.backend.live()
         # A durable that does not exist yet need not re-index what the rebuild
@@ -181,6 +200,17 @@ class IndexingWorker:
             return None
         except NotFoundError:
             return replayed_to + 1 if replayed_to else None
+
+    def _progress(self):
+        last = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            nonlocal last
+            if time.monotonic() - last >= PROGRESS_EVERY_S:
+                last = time.monotonic()
+                log.info("rebuilding the index: %d of %d messages", done, total)
+
+        return progress
 
     # --- one batch --------------------------------------------------------------------
 
@@ -194,6 +224,14 @@ class IndexingWorker:
             metrics.processed(WORKER, "retried", len(msgs))
             await self._retry_later(msgs, exc)
             return
+        except asyncio.CancelledError:
+            # Stopping cut the batch short: hand it back now, not after ack_wait.
+            for msg in msgs:
+                try:
+                    await msg.nak()
+                except Exception:  # disconnected: redelivered after ack_wait anyway
+                    break
+            raise
         metrics.COMMIT_SECONDS.labels(WORKER).observe(time.perf_counter() - started)
         for msg in msgs:
             await msg.ack()

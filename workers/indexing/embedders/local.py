@@ -126,16 +126,18 @@ class LocalEmbedder:
         """Embed ``texts`` in the calling thread: a float32 array (len(texts), 384), rows L2-normalised."""
         if not texts:
             return np.zeros((0, DIM), dtype=np.float32)
-        encodings = self._tokenizer.encode_batch(list(texts))
-        lengths = [len(e.ids) for e in encodings]
-        # Batch texts of similar length together so little of each batch is padding.
-        order = sorted(range(len(texts)), key=lengths.__getitem__)
         out = np.empty((len(texts), DIM), dtype=np.float32)
-        size = self.settings.batch_size
-        for start in range(0, len(order), size):
-            rows = order[start : start + size]
-            out[rows] = self._run([encodings[i].ids for i in rows])
+        for rows in self._batches(texts):
+            out[[i for i, _ in rows]] = self._run([ids for _, ids in rows])
         return out
+
+    def _batches(self, texts: Sequence[str]) -> list[list[tuple[int, list[int]]]]:
+        """Model batches of ``(index in texts, token ids)``: texts of similar
+        length together, so little of each batch is padding."""
+        encodings = self._tokenizer.encode_batch(list(texts))
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        size = self.settings.batch_size
+        return [[(i, encodings[i].ids) for i in order[start : start + size]] for start in range(0, len(order), size)]
 
     def _run(self, ids_list: list[list[int]]) -> np.ndarray:
         width = max(len(ids) for ids in ids_list)
@@ -156,9 +158,15 @@ class LocalEmbedder:
             return []
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
-        vectors = await loop.run_in_executor(self._executor, self.embed_sync, list(texts))
+        # One executor call per model batch, not one for all texts: a
+        # cancelled embed (a worker stopping) then stops after one model
+        # batch, instead of the thread running on through hundreds of texts.
+        out = np.empty((len(texts), DIM), dtype=np.float32)
+        for rows in await loop.run_in_executor(self._executor, self._batches, list(texts)):
+            out[[i for i, _ in rows]] = await loop.run_in_executor(self._executor, self._run, [ids for _, ids in rows])
         metrics.embedded(self.model, len(texts), time.perf_counter() - started)
-        return vectors.tolist()
+        return out.tolist()
 
     async def close(self) -> None:
-        self._executor.shutdown(wait=True)
+        # In a thread: waiting for the model batch in flight must not block the event loop.
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
