@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import types
 import typing
 from dataclasses import dataclass
@@ -378,7 +379,9 @@ def generate(out: Path = GENERATED) -> list[Path]:
     for filename, text in pages.items():
         path = out / filename
         if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
+            tmp = path.with_name(f".{filename}.{os.getpid()}")
+            tmp.write_text(text)
+            os.replace(tmp, path)  # a build running beside this one never reads half a page
             changed.append(path)
     return changed
 
