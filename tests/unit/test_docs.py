@@ -133,3 +133,10 @@ def test_production_settings_quote_what_infra_sets():
                 assert value in cells[1] or Path(value).name in cells[1], f"{name}: infra sets {value!r}, deploy.md says {cells[1]!r}"
                 checked += 1
     assert checked >= 8, checked
+
+
+def test_compose_replica_defaults_are_quoted_right():
+    compose = dict(re.findall(r"\$\{(MEMQ_\w+_REPLICAS):-(\d+)\}", (ROOT / "infra/compose.yaml").read_text()))
+    names = ["MEMQ_PERSISTENCE_REPLICAS", "MEMQ_INDEXING_REPLICAS", "MEMQ_SUMMARIZER_REPLICAS", "MEMQ_QUERY_REPLICAS"]
+    page = " ".join((DOCS / "operations/deploy.md").read_text().split())
+    assert f"(defaults {', '.join(compose[n] for n in names)})" in page
