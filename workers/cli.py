@@ -121,8 +121,15 @@ async def _run_workers(
             err.print(f"starting the {k.value} worker…", highlight=False)
             await w.start()
             monitor.watch(k.value, w)
-        if on_ready is not None:
-            on_ready()
+        if on_ready is None:
+            return
+        # The indexing worker prepares its index in the background (a first
+        # run builds it): "ready" only once search answers too.
+        preparing = [w.ready for w in workers if isinstance(getattr(w, "ready", None), asyncio.Event)]
+        if not all(event.is_set() for event in preparing):
+            err.print("preparing the search index…", highlight=False)
+            await asyncio.gather(*(event.wait() for event in preparing))
+        on_ready()
 
     # Starting can take long on a busy machine (migrations, loading the
     # model): a signal meanwhile cancels it instead of waiting for it.

@@ -79,7 +79,8 @@ def test_up_then_demo_beside_it_needs_no_flags(memq_up):
     ready = log.index("memq ready:")
     assert f"memq ready: NATS {url}, data {memq_up.data_dir}, workers persistence, indexing, summarizer, query" in log
     assert "memq demo" not in log[:ready]  # not suggested before the workers run
-    assert log.index("starting the query worker") < log.index("query worker started") < ready  # the last one
+    assert log.index("starting the query worker") < log.index("query worker started") < ready
+    assert log.index("indexing worker started") < ready  # its index prepared in the background: search answers
     demo = subprocess.run(
         [MEMQ, "demo", "--events", "1000"], env=memq_env(memq_up.data_dir), capture_output=True, text=True, timeout=180
     )
