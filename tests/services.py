@@ -714,11 +714,14 @@ class Weaviate(Server):
         return kw
 
     def _ready(self) -> bool:
+        # Both APIs: the client needs gRPC for every query and batch, and on a
+        # busy machine the two need not come up together.
         try:
             with urllib.request.urlopen(f"http://{HOST}:{self.port}/v1/.well-known/ready", timeout=1) as r:
-                return r.status == 200
+                ready = r.status == 200
         except OSError:
             return False
+        return ready and port_open(HOST, self.grpc_port)
 
     @property
     def url(self) -> str:

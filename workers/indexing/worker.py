@@ -74,6 +74,7 @@ class IndexingWorker:
         self.ready = asyncio.Event()  # the index is usable and the consumer runs
         self._main: asyncio.Task | None = None
         self._stopping = asyncio.Event()
+        self._index_down = False  # the last batch failed on the index: ask it before embedding again
 
     @property
     def indexed(self) -> int:
@@ -219,8 +220,14 @@ class IndexingWorker:
         items = self.indexer.decode(msgs)
         started = time.perf_counter()
         try:
+            if self._index_down:
+                # Cheap before costly: while the index is away, re-embedding
+                # each redelivered batch only takes CPU from everything else.
+                await self.backend.live()
+            self._index_down = False
             await self.indexer.apply(items, generation=self.generation.generation)
         except (IndexUnavailable, EmbedderError, OSError) as exc:
+            self._index_down = isinstance(exc, IndexUnavailable)
             metrics.processed(WORKER, "retried", len(msgs))
             await self._retry_later(msgs, exc)
             return

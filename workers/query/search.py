@@ -36,25 +36,42 @@ class Searcher:
         self.backend = backend
         self.embedder = embedder
         self._opened = backend is not None and embedder is not None
-        self._lock = asyncio.Lock()
+        self._opening: asyncio.Task | None = None
         self._live: IndexMeta | None = None
         self._live_at = 0.0
 
     async def _open(self) -> None:
-        async with self._lock:
-            if self._opened:
-                return
-            try:
-                if self.backend is None:
-                    self.backend = open_backend(self.settings)
-                    await self.backend.open()
-                if self.embedder is None:
-                    self.embedder = await open_embedder(self.settings.indexing)
-            except (IndexUnavailable, EmbedderError, OSError) as exc:
-                raise Unavailable(f"search: the index is unavailable ({exc})") from None
-            self._opened = True
+        if self._opened:
+            return
+        # One opening shared by every caller, and shielded: a recall that
+        # times out must not cut it short (a Weaviate connect cancelled
+        # halfway left a client that failed every later search), nor start
+        # loading the model again and again.
+        if self._opening is None:
+            self._opening = asyncio.create_task(self._open_now(), name="open the index")
+            self._opening.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, even if no one waits
+        opening = self._opening
+        try:
+            await asyncio.shield(opening)
+        except (IndexUnavailable, EmbedderError, OSError) as exc:
+            raise Unavailable(f"search: the index is unavailable ({exc})") from None
+        finally:
+            if opening.done() and not self._opened and self._opening is opening:
+                self._opening = None  # it failed: the next call tries again
+
+    async def _open_now(self) -> None:
+        if self.backend is None:
+            backend = open_backend(self.settings)
+            await backend.open()
+            self.backend = backend  # only once open
+        if self.embedder is None:
+            self.embedder = await open_embedder(self.settings.indexing)
+        self._opened = True
 
     async def close(self) -> None:
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()
+            await asyncio.gather(self._opening, return_exceptions=True)
         if self.backend is not None:
             await self.backend.close()
         if self.embedder is not None:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import grpc
+import httpx
 import weaviate
 from weaviate.classes.config import Configure, DataType, Property, Tokenization, VectorDistances
 from weaviate.classes.data import DataObject
@@ -60,7 +62,9 @@ VECTOR = "default"  # the client's name for the one unnamed vector
 _KEYS = ("app", "user", "session", "user_key", "session_key", "author", "role", "doc_id")
 _RETURN = ["doc_id", "app", "user", "session", "seq", "author", "role", "timestamp", "text", "search_text"]
 _EXPLAIN = re.compile(r"Result Set (keyword|vector),\w+\) Document [\w-]+: original score ([-+\d.eE]+)")
-_CONNECTION_ERRORS = (WeaviateBaseError, OSError, asyncio.TimeoutError)
+# httpx errors other than ConnectError/ReadTimeout (a read cut by the server's
+# death: ReadError, RemoteProtocolError) come out of the client unwrapped.
+_CONNECTION_ERRORS = (WeaviateBaseError, OSError, asyncio.TimeoutError, httpx.HTTPError, grpc.RpcError)
 # gRPC's default reconnect backoff grows to 120 s: after a Weaviate outage of
 # ten seconds or so, searches stayed unavailable for up to a minute after the
 # server was back (tests/faults). Retry the connection at least every second.
@@ -69,6 +73,11 @@ GRPC_RECONNECT = [
     ("grpc.min_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+
+# A client that fails for this long is replaced by a fresh one (new HTTP pool,
+# new gRPC channel); reconnecting waits these delays between attempts.
+REOPEN_AFTER_S = 2.0
+RECONNECT_DELAYS_S = (0.2, 0.5, 1.0)  # refused at once while the server is down: cheap to retry
 
 Scoping = str  # "tenant" | "filter"
 
@@ -165,6 +174,14 @@ class WeaviateIndex:
     - ``scoping``: ``filter`` (default) or ``tenant``, for new generations; an
       existing generation keeps the scoping it was created with.
     - ``timeout_s``: per-request timeout (default 30).
+
+    The connection heals itself: a call with no connected client connects
+    first (at most once per ``RECONNECT_DELAYS_S`` step while that fails,
+    raising :class:`IndexUnavailable` in between), and a client whose calls
+    have failed for ``REOPEN_AFTER_S`` is replaced at the next call. A
+    connect that was interrupted (cancelled by a caller's timeout, say)
+    leaves no half-open client behind: such a client, never told the
+    server's version, failed every later call ("current version is 0.0.0").
     """
 
     name = "weaviate"
@@ -181,14 +198,26 @@ class WeaviateIndex:
         self._client: weaviate.WeaviateAsyncClient | None = None
         self._metas: dict[str, dict] = {}  # collection -> its description (never changes)
         self._live_scoping: Scoping | None = None  # cached; reset after any failure
+        self._lock = asyncio.Lock()  # one (re)connect at a time
+        self._failing_since: float | None = None  # first failure since the last success
+        self._attempts = 0  # reconnects since the last success
+        self._next_attempt = 0.0  # monotonic time before which no reconnect is tried
+        self._retired: dict[asyncio.Task, weaviate.WeaviateAsyncClient] = {}  # replaced, closed a little later
 
     # --- connection -----------------------------------------------------------
 
     async def open(self) -> None:
+        """Connect. Raises :class:`IndexUnavailable` if the server cannot be reached."""
+        async with self._lock:
+            if self._client is None:
+                self._client = await self._connect()
+                self._succeeded()
+
+    async def _connect(self) -> weaviate.WeaviateAsyncClient:
         s = self.settings
         url = urlsplit(s.url)
         secure = url.scheme == "https"
-        self._client = weaviate.use_async_with_custom(
+        client = weaviate.use_async_with_custom(
             http_host=url.hostname or "localhost",
             http_port=url.port or (443 if secure else 80),
             http_secure=secure,
@@ -203,20 +232,72 @@ class WeaviateIndex:
             skip_init_checks=True,  # else connect() asks PyPI for a newer client
         )
         try:
-            await self._client.connect()
-        except _CONNECTION_ERRORS as exc:
-            await self.close()
-            raise IndexUnavailable(f"Weaviate at {s.url}: {exc}") from None
+            await client.connect()
+        except BaseException as exc:  # cancelled too: never keep a client that does not know the server
+            await _close_quietly(client)
+            if isinstance(exc, _CONNECTION_ERRORS):
+                raise IndexUnavailable(f"Weaviate at {s.url}: {exc}") from None
+            raise
+        return client
+
+    async def _ready(self) -> None:
+        """Connect (again) if there is no client, or if the one there has
+        failed for ``REOPEN_AFTER_S``; raises IndexUnavailable meanwhile."""
+        if self._client is not None and not self._stale():
+            return
+        if self._lock.locked():  # another call is connecting: fail fast rather than queue behind it
+            raise IndexUnavailable(f"Weaviate at {self.settings.url}: reconnecting")
+        async with self._lock:
+            if self._client is not None and not self._stale():
+                return
+            now = time.monotonic()
+            if now < self._next_attempt:
+                raise IndexUnavailable(f"Weaviate at {self.settings.url}: reconnecting")
+            self._next_attempt = now + RECONNECT_DELAYS_S[min(self._attempts, len(RECONNECT_DELAYS_S) - 1)]
+            self._attempts += 1
+            old, self._client = self._client, None
+            if old is not None:
+                log.info("Weaviate calls have failed for %.0fs: reconnecting", now - (self._failing_since or now))
+                self._retire(old)
+            self._client = await self._connect()
+            self._failing_since = None
+
+    def _stale(self) -> bool:
+        since = self._failing_since
+        return since is not None and time.monotonic() - since >= REOPEN_AFTER_S and time.monotonic() >= self._next_attempt
+
+    def _succeeded(self) -> None:
+        self._failing_since, self._attempts, self._next_attempt = None, 0, 0.0
+
+    def _unavailable(self, exc: BaseException) -> IndexUnavailable:
+        """A failed call: the error to raise; the client is replaced if this goes on."""
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        return IndexUnavailable(f"Weaviate: {exc}")
+
+    def _retire(self, client: weaviate.WeaviateAsyncClient) -> None:
+        # Calls still in flight on it finish (or time out) first.
+        async def later() -> None:
+            await asyncio.sleep(self.settings.timeout_s)
+            await _close_quietly(client)
+
+        task = asyncio.create_task(later(), name="close a replaced Weaviate client")
+        self._retired[task] = client
+        task.add_done_callback(lambda t: self._retired.pop(t, None))
 
     async def close(self) -> None:
+        retired, self._retired = self._retired, {}
+        for task, client in retired.items():
+            task.cancel()
+            await _close_quietly(client)
         if self._client is not None:
-            await self._client.close()
-            self._client = None
+            client, self._client = self._client, None
+            await _close_quietly(client)
 
     @property
     def client(self) -> weaviate.WeaviateAsyncClient:
         if self._client is None:
-            raise RuntimeError("WeaviateIndex is not open: await open() first")
+            raise IndexUnavailable(f"Weaviate at {self.settings.url}: not connected")
         return self._client
 
     # --- generations ------------------------------------------------------------
@@ -250,10 +331,12 @@ class WeaviateIndex:
 
     async def live(self) -> IndexMeta | None:
         try:
+            await self._ready()
             name = await self._live_name()
             d = await self._describe(name) if name else None
         except _CONNECTION_ERRORS as exc:
-            raise IndexUnavailable(f"Weaviate: {exc}") from None
+            raise self._unavailable(exc) from None
+        self._succeeded()
         if d is None:
             self._live_scoping = None
             return None
@@ -262,15 +345,18 @@ class WeaviateIndex:
 
     async def generations(self) -> list[IndexMeta]:
         try:
+            await self._ready()
             found = await self.client.collections.list_all(simple=True)
         except _CONNECTION_ERRORS as exc:
-            raise IndexUnavailable(f"Weaviate: {exc}") from None
+            raise self._unavailable(exc) from None
+        self._succeeded()
         metas = [m for name, c in found.items() if (m := self._meta(name, c.description))]
         return sorted(metas, key=lambda m: int(self._gen_re.fullmatch(m.generation).group(1)))
 
     async def create_generation(self, model: str, dim: int) -> IndexMeta:
         scoping = self.settings.scoping
         try:
+            await self._ready()
             taken = [m.generation for m in await self.generations()]
             if live := await self._live_name():
                 taken.append(live)  # even a dangling alias's name stays unused
@@ -297,13 +383,15 @@ class WeaviateIndex:
                         continue
                     raise
                 self._meta(name, description)
+                self._succeeded()
                 return IndexMeta(generation=name, model=model, dim=dim, created_at=created)
         except _CONNECTION_ERRORS as exc:
-            raise IndexUnavailable(f"Weaviate: {exc}") from None
+            raise self._unavailable(exc) from None
         raise IndexUnavailable("could not find a free generation number")
 
     async def promote(self, generation: str) -> None:
         try:
+            await self._ready()
             if await self._describe(generation) is None:
                 raise ValueError(f"no generation {generation!r}")
             previous = await self._live_name()
@@ -323,17 +411,20 @@ class WeaviateIndex:
                 await self.client.collections.delete(previous)
                 self._metas.pop(previous, None)
         except _CONNECTION_ERRORS as exc:
-            raise IndexUnavailable(f"Weaviate: {exc}") from None
+            raise self._unavailable(exc) from None
+        self._succeeded()
 
     async def drop_generation(self, generation: str) -> None:
         if not self._gen_re.fullmatch(generation):
             raise ValueError(f"{generation!r} is not a generation of {self.alias}")
         try:
+            await self._ready()
             if await self._live_name() == generation:
                 raise ValueError(f"{generation} is live: promote another generation instead")
             await self.client.collections.delete(generation)
         except _CONNECTION_ERRORS as exc:
-            raise IndexUnavailable(f"Weaviate: {exc}") from None
+            raise self._unavailable(exc) from None
+        self._succeeded()
         self._metas.pop(generation, None)
 
     async def _target(self, generation: str | None) -> _Target | None:
@@ -351,7 +442,7 @@ class WeaviateIndex:
     def _failed(self, exc: BaseException, generation: str | None) -> IndexUnavailable:
         if generation is None:
             self._live_scoping = None  # promoted elsewhere, maybe to another scoping: re-read
-        return IndexUnavailable(f"Weaviate: {exc}")
+        return self._unavailable(exc)
 
     # --- writes -----------------------------------------------------------------
 
@@ -362,6 +453,7 @@ class WeaviateIndex:
             return
         groups: dict[str | None, list[DataObject]] = {}
         try:
+            await self._ready()
             target = await self._target(generation)
             if target is None:
                 raise IndexUnavailable("no live index generation: create and promote one first")
@@ -394,6 +486,7 @@ class WeaviateIndex:
             ))  # fmt: skip
         except _CONNECTION_ERRORS as exc:
             raise self._failed(exc, generation) from None
+        self._succeeded()  # the server answered, even if it refused some docs
         if errors:
             # A retry sends the same uuids again, so it converges.
             raise IndexUnavailable(f"{len(errors)} of {len(docs)} docs not indexed: {'; '.join(errors[:3])}")
@@ -423,12 +516,14 @@ class WeaviateIndex:
             Filter.by_property("seq").less_than(before_seq) if before_seq is not None else None,
         ])  # fmt: skip
         try:
+            await self._ready()
             if (target := await self._target(generation)) is None:
                 return
             tenant = tenant_name(scope_key(app, user)) if target.tenants else None
             await self._delete_many(target.name, tenant, where)
         except _CONNECTION_ERRORS as exc:
             raise self._failed(exc, generation) from None
+        self._succeeded()
 
     async def delete_user(
         self, app: str, user: str, *, before_seq: int | None = None, generation: str | None = None
@@ -439,6 +534,7 @@ class WeaviateIndex:
         user_key = scope_key(app, user)
         older = Filter.by_property("seq").less_than(before_seq) if before_seq is not None else None
         try:
+            await self._ready()
             if (target := await self._target(generation)) is None:
                 return
             if not target.tenants:
@@ -455,6 +551,7 @@ class WeaviateIndex:
             if _tenant_missing(exc):
                 return
             raise self._failed(exc, generation) from None
+        self._succeeded()
 
     # --- reads ------------------------------------------------------------------
 
@@ -473,6 +570,7 @@ class WeaviateIndex:
         if query.k <= 0 or (mode == "keyword" and not text):
             return []
         try:
+            await self._ready()
             if (target := await self._target(generation)) is None:
                 return []
             user_key = scope_key(query.app, query.user)
@@ -493,27 +591,30 @@ class WeaviateIndex:
                 res = await coll.query.bm25(
                     text, query_properties=["search_text"], return_metadata=MetadataQuery(score=True), **common
                 )
-                return [Hit(_doc(o), o.metadata.score, {"keyword": o.metadata.score}) for o in res.objects]
-            if mode == "vector":
+                hits = [Hit(_doc(o), o.metadata.score, {"keyword": o.metadata.score}) for o in res.objects]
+            elif mode == "vector":
                 res = await coll.query.near_vector(
                     _vector(vector), return_metadata=MetadataQuery(distance=True), **common
                 )
                 sims = [(o, 1.0 - o.metadata.distance) for o in res.objects]
-                return [Hit(_doc(o), s, {"vector": s}) for o, s in sims]
-            res = await coll.query.hybrid(
-                text,
-                vector=_vector(vector),
-                alpha=query.alpha,  # explicit: the server's default may change
-                fusion_type=HybridFusion.RELATIVE_SCORE,
-                query_properties=["search_text"],
-                return_metadata=MetadataQuery(score=True, explain_score=True),
-                **common,
-            )
-            return [Hit(_doc(o), o.metadata.score, _hybrid_scores(o.metadata)) for o in res.objects]
+                hits = [Hit(_doc(o), s, {"vector": s}) for o, s in sims]
+            else:
+                res = await coll.query.hybrid(
+                    text,
+                    vector=_vector(vector),
+                    alpha=query.alpha,  # explicit: the server's default may change
+                    fusion_type=HybridFusion.RELATIVE_SCORE,
+                    query_properties=["search_text"],
+                    return_metadata=MetadataQuery(score=True, explain_score=True),
+                    **common,
+                )
+                hits = [Hit(_doc(o), o.metadata.score, _hybrid_scores(o.metadata)) for o in res.objects]
         except _CONNECTION_ERRORS as exc:
             if _tenant_missing(exc):
                 return []  # the user has nothing indexed yet
             raise self._failed(exc, generation) from None
+        self._succeeded()
+        return hits
 
     def _scope_filter(self, app: str | None, user: str | None, tenants: bool) -> Any:
         if app is not None and user is not None:
@@ -534,6 +635,7 @@ class WeaviateIndex:
 
     async def count(self, *, app: str | None = None, user: str | None = None, generation: str | None = None) -> int:
         try:
+            await self._ready()
             if (target := await self._target(generation)) is None:
                 return 0
             where = self._scope_filter(app, user, target.tenants)
@@ -552,9 +654,11 @@ class WeaviateIndex:
                         raise
                 return res.total_count or 0
 
-            return sum(await asyncio.gather(*(one(t) for t in await self._tenants(target, app, user))))
+            total = sum(await asyncio.gather(*(one(t) for t in await self._tenants(target, app, user))))
         except _CONNECTION_ERRORS as exc:
             raise self._failed(exc, generation) from None
+        self._succeeded()
+        return total
 
     async def export(
         self, *, app: str | None = None, user: str | None = None, generation: str | None = None
@@ -563,6 +667,7 @@ class WeaviateIndex:
         walks use the server's cursor; filtered ones (the cursor takes no
         filter) page by ``seq``."""
         try:
+            await self._ready()
             if (target := await self._target(generation)) is None:
                 return
             for tenant in await self._tenants(target, app, user):
@@ -604,6 +709,13 @@ async def _by_seq(coll: Any, where: Any) -> AsyncIterator[Any]:
         seen |= {o.uuid for o in res.objects if o.properties["seq"] == top}
         if not fresh:
             page *= 2  # more docs share one seq than fit in a page
+
+
+async def _close_quietly(client: weaviate.WeaviateAsyncClient) -> None:
+    try:
+        await client.close()
+    except Exception as exc:  # closing a broken connection may fail too; nothing to keep
+        log.debug("closing a Weaviate client: %s", exc)
 
 
 def _hybrid_scores(metadata: Any) -> dict[str, float]:
