@@ -32,10 +32,10 @@ def default_data_dir() -> Path:
 class TLSSettings(BaseModel):
     """TLS for one connection; all paths optional (system CAs when unset)."""
 
-    enabled: bool = False
-    ca_file: Path | None = None
-    cert_file: Path | None = None
-    key_file: Path | None = None
+    enabled: bool = Field(default=False, description="TLS to this server")
+    ca_file: Path | None = Field(default=None, description="CA bundle that verifies the server (unset: the system CAs)")
+    cert_file: Path | None = Field(default=None, description="client certificate, for servers that verify clients")
+    key_file: Path | None = Field(default=None, description="the client certificate's key")
 
 
 class NatsSettings(BaseModel):
@@ -43,28 +43,30 @@ class NatsSettings(BaseModel):
         default=None,
         description="NATS server URL(s), comma-separated. Unset: the embedded server of `memq up`.",
     )
-    user: str | None = None
-    password: SecretStr | None = None
-    token: SecretStr | None = None
-    creds_file: Path | None = None
-    tls: TLSSettings = TLSSettings()
+    user: str | None = Field(
+        default=None, description="user of user/password auth (`workers`, `admin` or an app user of `accounts.conf`)"
+    )
+    password: SecretStr | None = Field(default=None, description="password of user/password auth")
+    token: SecretStr | None = Field(default=None, description="token auth")
+    creds_file: Path | None = Field(default=None, description="NATS credentials file (JWT + nkey)")
+    tls: TLSSettings = Field(default_factory=TLSSettings, description="TLS to NATS (`tls://` URLs)")
     inbox_prefix: str | None = Field(
         default=None, description="reply subjects' prefix; an app's user may only use _INBOX_<app> (see `memq nats accounts`)"
     )
-    connect_timeout_s: float = 5.0
-    name: str = "memq"
+    connect_timeout_s: float = Field(default=5.0, description="connect timeout")
+    name: str = Field(default="memq", description="connection name prefix (shown in NATS monitoring)")
 
 
 class StreamSettings(BaseModel):
-    events: str = "MEMQ_EVENTS"
-    dlq: str = "MEMQ_DLQ"
+    events: str = Field(default="MEMQ_EVENTS", description="the event log stream")
+    dlq: str = Field(default="MEMQ_DLQ", description="the dead-letter stream")
     replicas: int = Field(default=1, ge=1, le=5, description="R3 in production clusters")
-    storage: Literal["file", "memory"] = "file"
-    duplicate_window_s: float = Field(default=120.0, gt=0)
+    storage: Literal["file", "memory"] = Field(default="file", description="`file` or `memory`")
+    duplicate_window_s: float = Field(default=120.0, gt=0, description="JetStream dedupe window for `Nats-Msg-Id`")
     max_age_days: float = Field(default=0, ge=0, description="0 keeps the log forever (needed for replay)")
     max_bytes: int = Field(default=-1, description="-1: unlimited")
     max_message_bytes: int = Field(default=1024 * 1024, gt=0, description="larger messages are dead-lettered")
-    dlq_max_age_days: float = Field(default=30, ge=0)
+    dlq_max_age_days: float = Field(default=30, ge=0, description="how long dead letters are kept")
 
 
 class DatabaseSettings(BaseModel):
@@ -74,21 +76,27 @@ class DatabaseSettings(BaseModel):
         "or 'inmemory'. Unset: SQLite file in the data dir.",
     )
     password: SecretStr | None = Field(default=None, description="replaces the URL's password (keeps the URL free of secrets)")
-    tls: TLSSettings = Field(default_factory=TLSSettings, description="PostgreSQL: sslmode verify-full; MySQL: ssl_ca/cert/key")
-    pool_size: int = Field(default=5, ge=1)
-    echo: bool = False
-    migrate_on_start: bool = True
+    tls: TLSSettings = Field(
+        default_factory=TLSSettings,
+        description="PostgreSQL: `sslmode=verify-full` (chain and host name), MySQL: `ssl_ca`/`ssl_cert`/`ssl_key`; "
+        "libpq's `sslmode`/`sslrootcert`/`sslcert`/`sslkey` in a PostgreSQL URL work too",
+    )
+    pool_size: int = Field(default=5, ge=1, description="connections per process")
+    echo: bool = Field(default=False, description="log SQL")
+    migrate_on_start: bool = Field(
+        default=True, description="run Alembic migrations when a worker starts (serialised by a database lock)"
+    )
 
 
 class PersistenceSettings(BaseModel):
-    durable: str = "memq-persistence"
-    batch_size: int = Field(default=256, ge=1, le=10_000)
+    durable: str = Field(default="memq-persistence", description="durable consumer shared by the replicas")
+    batch_size: int = Field(default=256, ge=1, le=10_000, description="messages per transaction")
     batch_wait_s: float = Field(default=0.02, gt=0, description="longest wait to fill a batch")
     ack_wait_s: float = Field(default=30.0, gt=0, description="redelivery after a silent crash")
     retry_delays_s: list[float] = Field(
         default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the database is down"
     )
-    publish_changed: bool = True
+    publish_changed: bool = Field(default=True, description="announce commits on `memq.v1.changed.…`")
 
 
 class MemorySettings(BaseModel):
@@ -142,7 +150,7 @@ class CacheSettings(BaseModel):
 
 
 class QuerySettings(BaseModel):
-    queue_group: str = "memq-query"
+    queue_group: str = Field(default="memq-query", description="queue group shared by the query replicas")
     max_inflight: int = Field(default=256, ge=1, description="requests handled at once per replica")
     floor_refresh_s: float = Field(default=0.2, gt=0, description="how often the commit floor is re-read")
     apps: dict[str, dict[str, Any]] = Field(
@@ -158,41 +166,45 @@ class LocalEmbedderSettings(BaseModel):
 
 class OpenAIEmbedderSettings(BaseModel):
     base_url: str = Field(default="https://api.openai.com/v1", description="any OpenAI-compatible /v1 endpoint")
-    api_key: SecretStr | None = None
-    model: str = "text-embedding-3-small"
+    api_key: SecretStr | None = Field(default=None, description="bearer token (masked by `memq config`)")
+    model: str = Field(default="text-embedding-3-small", description="embedding model")
     dimensions: int | None = Field(default=None, ge=1, description="ask for shorter vectors (models that support it)")
-    batch_size: int = Field(default=64, ge=1, le=2048)
-    timeout_s: float = Field(default=30.0, gt=0)
+    batch_size: int = Field(default=64, ge=1, le=2048, description="texts per request")
+    timeout_s: float = Field(default=30.0, gt=0, description="per request")
     retries: int = Field(default=3, ge=0, description="on timeouts, 429 and 5xx, with backoff")
 
 
 class WeaviateSettings(BaseModel):
     url: str | None = Field(default=None, description="HTTP URL, e.g. http://localhost:8080. Unset: the embedded index")
-    grpc_port: int = Field(default=50051, ge=1, le=65535)
-    api_key: SecretStr | None = None
+    grpc_port: int = Field(default=50051, ge=1, le=65535, description="Weaviate's gRPC port (on the URL's host)")
+    api_key: SecretStr | None = Field(default=None, description="Weaviate API key (masked by `memq config`)")
     collection: str = Field(default="MemqMemory", description="the alias searches use; generations are MemqMemory_<n>")
     scoping: Literal["tenant", "filter"] = Field(
         default="filter", description="isolate users by filters (measured: imports faster, searches alike) or by multi-tenancy"
     )
-    timeout_s: float = Field(default=30.0, gt=0)
+    timeout_s: float = Field(default=30.0, gt=0, description="per request")
 
 
 class IndexingSettings(BaseModel):
-    durable: str = "memq-indexing"
+    durable: str = Field(default="memq-indexing", description="durable consumer shared by the indexing replicas")
     backend: Literal["auto", "weaviate", "embedded"] = Field(
         default="auto", description="auto: Weaviate when weaviate.url is set, else the embedded index"
     )
     # local (ONNX), openai, or none: a keyword-only (BM25) index, no model loaded
     # (described in docs/reference/setting-notes.toml)
-    embedder: Literal["local", "openai", "none"] = "local"
+    embedder: Literal["local", "openai", "none"] = Field(
+        default="local",
+        description="what embeds memories and search queries: `local` (ONNX, offline), `openai` "
+        "(an OpenAI-compatible endpoint) or `none` (a keyword-only index, no model loaded)",
+    )
     storage_scope: Literal["all", "conversational", "summaries_only"] = Field(
         default="all", description="what is indexed (Hector's storage_scope)"
     )
     context_turns: int = Field(
         default=1, ge=0, le=1, description="index each turn with the previous one (read from SQL); 0: alone"
     )
-    batch_size: int = Field(default=64, ge=1, le=4096)
-    batch_wait_s: float = Field(default=0.1, gt=0)
+    batch_size: int = Field(default=64, ge=1, le=4096, description="messages per batch (embedded together)")
+    batch_wait_s: float = Field(default=0.1, gt=0, description="longest wait to fill a batch")
     ack_wait_s: float = Field(default=120.0, gt=0, description="redelivery after a silent crash (embedding is slow)")
     retry_delays_s: list[float] = Field(default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the index is down")
     embedded_path: Path | None = Field(default=None, description="the embedded index file; default <data_dir>/index.db")
@@ -203,7 +215,7 @@ class IndexingSettings(BaseModel):
 
 class RecallSettings(BaseModel):
     auto_recall: bool = Field(default=True, description="context puts recalled memories first")
-    mode: Literal["keyword", "vector", "hybrid"] = "hybrid"
+    mode: Literal["keyword", "vector", "hybrid"] = Field(default="hybrid", description="how recall searches")
     alpha: float = Field(default=0.5, ge=0, le=1, description="hybrid: weight of the vector side")
     timeout_s: float = Field(default=2.0, gt=0, description="a slower recall is skipped, never blocks the context")
 
@@ -212,19 +224,21 @@ class LLMSettings(BaseModel):
     """An OpenAI-compatible chat completions endpoint (OpenAI, vLLM, Ollama, llama.cpp)."""
 
     base_url: str = Field(default="https://api.openai.com/v1", description="any OpenAI-compatible /v1 endpoint")
-    api_key: SecretStr | None = None
-    model: str = "gpt-4o-mini"
+    api_key: SecretStr | None = Field(default=None, description="bearer token (masked by `memq config`)")
+    model: str = Field(default="gpt-4o-mini", description="chat model")
     summarizer_model: str | None = Field(default=None, description="a cheaper model for summaries (Hector's summarizer_llm)")
     prompt: str | None = Field(default=None, description="template with {previous_summary}, {conversation}, {target_words}")
     max_tokens: int | None = Field(default=None, ge=1, description="default: the summary's token target")
-    temperature: float = Field(default=0.2, ge=0, le=2)
-    timeout_s: float = Field(default=60.0, gt=0)
+    temperature: float = Field(default=0.2, ge=0, le=2, description="sampling temperature")
+    timeout_s: float = Field(default=60.0, gt=0, description="per request")
     retries: int = Field(default=2, ge=0, description="on timeouts, 429 and 5xx, with backoff")
 
 
 class SummarizerSettings(BaseModel):
     kind: Literal["extractive", "llm"] = Field(default="extractive", description="extractive: offline, the embedded default")
-    queue_group: str = "memq-summarizer"
+    queue_group: str = Field(
+        default="memq-summarizer", description="queue group of the summarizer replicas (each commit notice is handled once)"
+    )
     sweep_interval_s: float = Field(default=30.0, gt=0, description="how often sessions over threshold are looked for")
     lease_ttl_s: float = Field(default=60.0, gt=0, description="a crashed summarizer's session is free again after this")
     retry_after_s: float = Field(default=30.0, gt=0, description="a failed session is tried again after this")
@@ -255,8 +269,10 @@ class Settings(BaseSettings):
         extra="ignore",
     )
 
-    data_dir: Path = Field(default_factory=default_data_dir)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    data_dir: Path = Field(default_factory=default_data_dir, description="embedded NATS data, SQLite file, run files")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default="INFO", description="log level of every command and worker"
+    )
     nats: NatsSettings = NatsSettings()
     streams: StreamSettings = StreamSettings()
     database: DatabaseSettings = DatabaseSettings()

@@ -27,7 +27,6 @@ from typing import Any, Literal
 DOCS = Path(__file__).resolve().parents[1]
 GENERATED = DOCS / "_generated"
 RESULTS = DOCS / "benchmarks" / "results"
-NOTES = DOCS / "reference" / "setting-notes.toml"
 
 
 # --- settings ---------------------------------------------------------------------
@@ -87,40 +86,23 @@ def settings() -> list[Setting]:
 
     from workers.settings import Settings
 
-    notes = setting_notes()
     out: list[Setting] = []
 
-    def walk(model: Any, prefix: str, section: str) -> None:
+    def walk(model: Any, prefix: str, section: str, context: str = "") -> None:
         for name, field in model.model_fields.items():
             env = f"{prefix}{name.upper()}"
             if _is_model(field.annotation):
-                walk(field.annotation, f"{env}__", section or name)
+                walk(field.annotation, f"{env}__", section or name, (field.description or "").strip())
                 continue
-            code = (field.description or "").strip()
-            note = notes.get(env, "").strip()
+            text = (field.description or "").strip()
+            if context:  # a shared model (TLS) says what it is for on its first setting
+                text, context = f"{text} ({context})" if text else context, ""
             secret = "SecretStr" in _type_name(field.annotation) or field.annotation is SecretStr
-            out.append(Setting(env, section, _type_name(field.annotation), _default(field), code or note, secret))
+            out.append(Setting(env, section, _type_name(field.annotation), _default(field), text, secret))
 
     walk(Settings, "MEMQ_", "")
     return out
 
-
-def code_descriptions() -> dict[str, str]:
-    """Variable name -> the ``Field(description=...)`` of each setting that has one."""
-    from workers.settings import Settings
-
-    out: dict[str, str] = {}
-
-    def walk(model: Any, prefix: str) -> None:
-        for name, field in model.model_fields.items():
-            env = f"{prefix}{name.upper()}"
-            if _is_model(field.annotation):
-                walk(field.annotation, f"{env}__")
-            elif field.description:
-                out[env] = field.description
-
-    walk(Settings, "MEMQ_")
-    return out
 
 
 def plain_defaults() -> dict[str, str]:
@@ -158,13 +140,6 @@ def plain_defaults() -> dict[str, str]:
     walk(Settings, "MEMQ_")
     return out
 
-
-def setting_notes() -> dict[str, str]:
-    """Prose for settings whose ``Field`` has no description:
-    ``docs/reference/setting-notes.toml``, keyed by variable name. Never defaults."""
-    import tomllib
-
-    return tomllib.loads(NOTES.read_text()) if NOTES.is_file() else {}
 
 
 def section_titles() -> dict[str, str]:
