@@ -83,6 +83,19 @@ class WorkerProcess:
             self.proc = subprocess.Popen([str(MEMQ), "worker", self.kind], env=self.env, stdout=log, stderr=log)
         return self
 
+    def wait_ready(self, timeout: float = 60.0) -> "WorkerProcess":
+        """Until the worker says it serves (`memq worker` prints a ready line
+        once started, the indexing worker once its index is prepared)."""
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while f"memq worker {self.kind} ready" not in self.log_path.read_text(errors="replace"):
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.kind} worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.kind} worker not ready within {timeout}s:\n{self.log_tail()}")
+            time.sleep(0.05)
+        return self
+
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import signal
 import time
@@ -226,7 +227,11 @@ def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -
     except bus.NatsNotFound as exc:
         err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
         raise typer.Exit(1) from None
-    _run_until_signal(lambda stop: _run_workers(settings, [kind], stop))
+
+    def ready() -> None:  # what an operator (or a test restarting a replica) waits for
+        err.print(f"memq worker {kind.value} ready (pid {os.getpid()})", markup=False, highlight=False)
+
+    _run_until_signal(lambda stop: _run_workers(settings, [kind], stop, on_ready=ready))
 
 
 @app.command()

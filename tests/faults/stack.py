@@ -63,7 +63,10 @@ class Stack:
         return pid
 
     def restart(self, kind: str, index: int = 0) -> None:
-        self.workers[kind][index] = self._spawn(kind)
+        """Start the replica again; returns once it serves, so that a fault's
+        recovery time is the system's, not the new process's start-up (imports,
+        loading the model: seconds on a busy machine)."""
+        self.workers[kind][index] = self._spawn(kind).wait_ready()
 
     def check_alive(self) -> None:
         dead = [
