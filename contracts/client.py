@@ -549,8 +549,9 @@ class MemoryClient:
         the recent window within the budget, with the token count of each part.
         The view's ``budget``, ``over_budget`` and ``note`` say, in every
         format, whether it fits: it does unless the strategy is ``all``
-        (``none``) or ``buffer_window``, or instruction and summary alone
-        do not fit.
+        (``none``) or ``buffer_window``, or the instruction alone does not
+        fit. A summary too long for the budget is cut to its newest part
+        (``note`` says so).
 
         :param strategy: as in :meth:`history`. Default: the app's strategy
             (``summary_buffer``, budget 8000, unless configured).

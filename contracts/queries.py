@@ -217,8 +217,9 @@ class HistoryView(_Reply):
 class ContextView(_Reply):
     """A model context. ``budget``, ``over_budget`` and ``note`` come in every
     format: a context is within its budget unless the strategy is ``all``
-    or ``buffer_window`` (which do not count tokens) or the instruction and
-    summary alone exceed it; ``note`` then says so in words."""
+    or ``buffer_window`` (which do not count tokens) or the instruction alone
+    exceeds it; ``note`` then says so in words. A checkpoint summary longer
+    than the budget allows is cut to its newest part, and ``note`` says that."""
 
     format: Literal["memq", "openai"]
     tokens: dict[str, int]  # per part: instruction, recalled, summary, window, total
@@ -226,7 +227,7 @@ class ContextView(_Reply):
     context: dict[str, Any] | None = None  # memq's own format
     budget: int | None = None  # the strategy's token budget
     over_budget: bool = False  # tokens["total"] > budget
-    note: str | None = None  # why it is over budget
+    note: str | None = None  # why it is over budget, or that the summary was cut to fit
 
 
 class ArtifactInfo(_Reply):

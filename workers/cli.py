@@ -599,7 +599,7 @@ def context(
     if view.over_budget:  # whatever the format
         console.print(f"[bold red]{escape(view.note or f'over the budget of {view.budget}')}[/]")
     else:
-        console.print(f"within the budget of {view.budget}")
+        console.print(f"within the budget of {view.budget}" + (f": {escape(view.note)}" if view.note else ""))
     messages = Table(title="messages")
     messages.add_column("#", justify="right")
     messages.add_column("role")

@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 from contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolResultPart
 from workers.memory import tokens as tk
 from workers.memory.context import (
+    CUT_MARK,
     RECALL_HEADER,
     SUMMARY_HEADER,
     assemble,
+    fit_summary,
     item_from_event,
     recall_message,
+    summary_message,
 )
 from workers.memory.strategies import Strategy
 
@@ -143,7 +146,7 @@ def test_all_names_itself_and_the_numbers_when_over():
     assert not fits.over_budget and fits.budget_note is None and fits.to_memq()["note"] is None
     # token-bounded: over only when the fixed parts alone do not fit
     crowded = assemble(history=items, events=events, strategy=Strategy(budget=20), instruction="Be brief. " * 20)
-    assert crowded.window == () and crowded.over_budget and "instruction and summary" in crowded.budget_note
+    assert crowded.window == () and crowded.over_budget and "instruction alone" in crowded.budget_note
 
 
 def tool_session(n: int):
@@ -368,3 +371,52 @@ def test_each_strategy_renders_exactly(kind):
         summary="s", recalled=[(77, text_event("user", "r"), 4)],
     )
     check_total(ctx)
+
+
+def summary_lines(n: int) -> str:
+    return "\n".join(f"[2026-05-{1 + i % 28:02d}] user: fact number {i} about " + " ".join(WORDS[: 3 + i % 5]) for i in range(n))
+
+
+@pytest.mark.parametrize("room", [0, 5, 12, 20, 40, 90, 300, 5000])
+def test_fit_summary_keeps_the_newest_lines_within_room(room):
+    summary = summary_lines(60)
+    fitted = fit_summary(summary, room)
+    if fitted is None:
+        assert room <= tk.message_tokens(summary_message(CUT_MARK))  # room for the mark alone: nothing worth sending
+        return
+    assert tk.message_tokens(summary_message(fitted)) <= room
+    if fitted == summary:
+        return
+    lines = fitted.splitlines()
+    assert lines[0].startswith(CUT_MARK)
+    if len(lines) > 1:  # whole lines: the newest ones, in order, and as many as fit
+        assert summary.endswith("\n".join(lines[1:]))
+        older = summary.splitlines()[-len(lines)]
+        assert tk.message_tokens(summary_message("\n".join([CUT_MARK, older, *lines[1:]]))) > room
+    else:  # not even the last line fits: its last tokens
+        assert summary.endswith(lines[0][len(CUT_MARK):])
+
+
+@pytest.mark.parametrize("budget", [60, 120, 250, 700])
+def test_a_summary_longer_than_the_budget_is_cut_and_the_newest_messages_keep_their_room(budget):
+    # The demo case: a summary written for the app's 8000 tokens, a request for 120.
+    items, events = session(30)
+    summary = summary_lines(200)
+    assert tk.message_tokens(summary_message(summary)) > 5 * budget
+    ctx = assemble(history=items, events=events, strategy=Strategy(budget=budget), summary=summary)
+    assert ctx.tokens.total <= budget and not ctx.over_budget
+    assert ctx.summary_cut and "summary was cut" in ctx.note and ctx.to_memq()["summary_cut"]
+    recent = sum(it.tokens for it in items[-3:])
+    if recent + tk.REPLY_PRIMING <= budget:  # min_recent 3 fit: they are kept
+        assert [it.seq for it in ctx.window][-3:] == [28, 29, 30]
+    if ctx.summary:
+        assert ctx.summary.startswith(CUT_MARK) and summary.endswith(ctx.summary.splitlines()[-1].removeprefix(CUT_MARK))
+    check_total(ctx)
+
+
+def test_a_summary_that_fits_is_kept_whole_and_all_never_cuts():
+    items, events = session(5)
+    ctx = assemble(history=items, events=events, strategy=Strategy(budget=8000), summary=summary_lines(20))
+    assert not ctx.summary_cut and ctx.note is None and ctx.summary == summary_lines(20)
+    everything = assemble(history=items, events=events, strategy=Strategy(kind="all", budget=50), summary=summary_lines(20))
+    assert not everything.summary_cut and everything.over_budget and everything.summary == summary_lines(20)

@@ -47,6 +47,46 @@ def summary_message(summary: str) -> dict[str, str]:
     return {"role": "system", "content": f"{SUMMARY_HEADER}\n{summary}"}
 
 
+CUT_MARK = "…"  # first line of a summary cut to fit: the model sees that it starts mid-way
+
+
+def fit_summary(summary: str, room: int, model: str | None = None) -> str | None:
+    """``summary`` whose summary message fits ``room`` tokens: whole if it
+    fits, else its newest lines (a summary is written oldest first) under a
+    :data:`CUT_MARK` line, else the last tokens of its last line; None when
+    not even the header fits.
+
+    Parameters:
+        summary: the checkpoint summary.
+        room: tokens its message may take.
+        model: the model to count for (default None: ``cl100k_base``).
+    """
+    if tk.message_tokens(summary_message(summary), model) <= room:
+        return summary
+
+    def cost(text: str) -> int:
+        return tk.message_tokens(summary_message(text), model)
+
+    lines = summary.splitlines()
+    # Per-line counts pick the tail in one pass; tokens may merge across a
+    # newline, so the exact count of the joined text has the last word.
+    free = room - cost(CUT_MARK)
+    start = len(lines)
+    while start > 0 and free - (tk.count_text(lines[start - 1], model) + 1) >= 0:
+        free -= tk.count_text(lines[start - 1], model) + 1
+        start -= 1
+    while start < len(lines) and cost("\n".join([CUT_MARK, *lines[start:]])) > room:
+        start += 1
+    if start < len(lines):
+        return "\n".join([CUT_MARK, *lines[start:]])
+    ids = tk.encoding_for(model).encode_ordinary(lines[-1] if lines else summary)
+    for n in range(min(len(ids), max(0, room - cost(CUT_MARK))), 0, -1):
+        text = CUT_MARK + tk.encoding_for(model).decode(ids[-n:])
+        if cost(text) <= room:
+            return text
+    return None
+
+
 def recall_message(recalled: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, str]:
     """One system message listing recalled events, each as
     ``- [date, role] text`` (the date helps with "when did..." questions)."""
@@ -107,12 +147,13 @@ class Context:
     model: str | None = None
     needs_summary: bool = False
     summarize_up_to: int | None = None
+    summary_cut: bool = False
 
     @property
     def over_budget(self) -> bool:
         """True when ``total`` exceeds the budget: possible for ``all`` and
-        ``buffer_window`` (not token-bounded), or when instruction and summary
-        alone do not fit."""
+        ``buffer_window`` (not token-bounded), or when the instruction alone
+        does not fit."""
         return self.tokens.total > self.strategy.budget
 
     @property
@@ -124,11 +165,22 @@ class Context:
             return None
         total, budget, kind = self.tokens.total, self.strategy.budget, self.strategy.kind
         if self.strategy.token_bounded:
-            why = "the instruction and summary alone do not fit"
+            why = "the instruction alone does not fit"
         else:
             what = "keeps every event" if kind == "all" else "counts messages, not tokens"
             why = f"strategy {kind} {what}; summary_buffer or token_window keep within the budget"
         return f"over budget: {total} tokens for a budget of {budget} ({why})"
+
+    @property
+    def note(self) -> str | None:
+        """What the caller should know about this context, in words: why it
+        is over budget (:attr:`budget_note`), or that the summary was cut to
+        fit; None when neither."""
+        if self.over_budget:
+            return self.budget_note
+        if self.summary_cut:
+            return f"the checkpoint summary was cut to its newest part to fit the budget of {self.strategy.budget}"
+        return None
 
     def to_openai(self) -> list[dict[str, Any]]:
         """OpenAI chat messages: system instruction, system recall block,
@@ -155,7 +207,8 @@ class Context:
             "strategy": self.strategy.to_dict(),
             "budget": self.strategy.budget,
             "over_budget": self.over_budget,
-            "note": self.budget_note,
+            "note": self.note,
+            "summary_cut": self.summary_cut,
             "tokens": self.tokens.to_dict(),
             "instruction": self.instruction,
             "recalled": [{"seq": seq, "event": dict(event)} for seq, event in self.recalled],
@@ -221,7 +274,10 @@ def assemble(
         model: the model to count for (default None: ``cl100k_base``).
 
     Order and budget: instruction, recalled memories, summary, recent window.
-    Instruction, summary and the 3 reply-priming tokens come first. Then:
+    Instruction, summary and the 3 reply-priming tokens come first; for
+    ``summary_buffer`` and ``token_window`` a summary that would not leave the
+    newest messages their room is cut to its newest part (:func:`fit_summary`,
+    ``summary_cut``). Then:
 
     - ``summary_buffer`` keeps every event after the checkpoint that fits
       (DESIGN §6); recalled memories get what is left.
@@ -236,6 +292,16 @@ def assemble(
     instruction = instruction or None
     summary = summary or None
     instruction_tokens = tk.message_tokens({"role": "system", "content": instruction}, model) if instruction else 0
+    summary_cut = False
+    if summary and strategy.token_bounded:
+        # A summary written for a larger budget (the app's) may not fit this
+        # request's: keep its newest part, and leave the newest messages
+        # (min_recent / preserve_recent) their room whenever they fit at all.
+        fixed = instruction_tokens + tk.REPLY_PRIMING
+        recent = sum(it.tokens for it in preserved(history, strategy))
+        room = strategy.budget - fixed - (recent if fixed + recent <= strategy.budget else 0)
+        fitted = fit_summary(summary, room, model)
+        summary_cut, summary = fitted != summary, fitted
     summary_tokens = tk.message_tokens(summary_message(summary), model) if summary else 0
     base = instruction_tokens + summary_tokens + tk.REPLY_PRIMING
     budget = strategy.budget
@@ -289,4 +355,5 @@ def assemble(
         model=model,
         needs_summary=base_selection.needs_summary,
         summarize_up_to=base_selection.summarize_up_to,
+        summary_cut=summary_cut,
     )

@@ -243,7 +243,7 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: "OpContext") ->
         # in every format, not only memq's: an OpenAI-format caller must learn it too
         budget=strategy.budget,
         over_budget=built.over_budget,
-        note=built.budget_note,
+        note=built.note,
     )
 
 
