@@ -146,5 +146,6 @@ class Searcher:
             found, _, _, _ = await asyncio.wait_for(self.hits(query), r.timeout_s)
             return found
         except (Unavailable, asyncio.TimeoutError) as exc:
-            log.warning("recall skipped: %s", exc or "timed out")
+            # (an exception is always truthy: test its text, which a timeout lacks)
+            log.warning("recall skipped: %s", str(exc) or f"no answer within {r.timeout_s}s")
             return []
