@@ -4,9 +4,12 @@ from SQL and check that every event is stored exactly once, in order."""
 from __future__ import annotations
 
 import asyncio
+import shutil
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -132,14 +135,25 @@ async def run_demo(settings: Settings, n_events: int, console: Console, timeout:
     return result
 
 
+def _memq_command() -> str:
+    """How to call memq again: ``memq`` when that is on PATH, else the path
+    this process was started with (``.venv/bin/memq`` after infra/dev.sh)."""
+    invoked = Path(sys.argv[0])
+    on_path = shutil.which("memq")
+    if invoked.name != "memq" or (on_path and Path(on_path).resolve() == invoked.resolve()):
+        return "memq"
+    return str(invoked)
+
+
 def _print_next_steps(console: Console, session: str) -> None:
     """Where the demo wrote, and the commands that show it (the CLI's app
     defaults to the demo's, so they need no --app)."""
     console.print(f"wrote session {session} of user {USER} in app {APP}; look at it with:", soft_wrap=True, highlight=False)
+    memq = _memq_command()
     for command in (
-        f"memq sessions show {session} --user {USER} --events 10",
-        f"memq history {session} --user {USER}",
-        f"memq context {session} --user {USER}",
+        f"{memq} sessions show {session} --user {USER} --events 10",
+        f"{memq} history {session} --user {USER}",
+        f"{memq} context {session} --user {USER}",
     ):
         console.print(f"  {command}", soft_wrap=True, markup=False, highlight=False)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -87,9 +88,11 @@ def test_up_then_demo_beside_it_needs_no_flags(memq_up):
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "OK: published 1000, stored 1000, duplicates 0, missing 0" in demo.stdout
     # It says where it wrote and how to look; the commands work as printed.
-    commands = [line.split() for line in demo.stdout.splitlines() if line.startswith("  memq ")]
+    steps = demo.stdout.split("look at it with:", 1)[1]
+    commands = [shlex.split(line) for line in steps.splitlines() if line.startswith("  ")]
     assert [c[1] for c in commands] == ["sessions", "history", "context"], demo.stdout
-    show = subprocess.run([MEMQ, *commands[0][1:]], env=memq_env(memq_up.data_dir), capture_output=True, text=True, timeout=60)
+    # As printed: `memq` only if that is on PATH, else the program it was run as.
+    show = subprocess.run(commands[0], env=memq_env(memq_up.data_dir), capture_output=True, text=True, timeout=60)
     assert show.returncode == 0 and "demo-user" in show.stdout, show.stdout + show.stderr
     assert memq_up.interrupt() == 0, memq_up.log.read_text()
     assert not memq_up.url_file.exists()  # embedded NATS stopped with it
