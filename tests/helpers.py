@@ -69,6 +69,22 @@ def running_query(settings: Settings):
     return running(QueryWorker(settings))
 
 
+async def run_memq(settings: Settings, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    """Run `memq ARGS` against ``settings``' NATS, database and data dir (in a
+    thread, so workers running in this loop keep serving it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
+    env.update(
+        MEMQ_NATS__URL=settings.nats.url,
+        MEMQ_DATABASE__URL=settings.database_url(),
+        MEMQ_DATA_DIR=str(settings.data_dir),
+        MEMQ_LOG_LEVEL="WARNING",
+        COLUMNS="200",  # rich wraps at 80 columns when it is not on a terminal
+    )
+    return await asyncio.to_thread(
+        subprocess.run, [str(MEMQ), *args], env=env, input=input, capture_output=True, text=True, timeout=120
+    )
+
+
 class WorkerProcess:
     """A real `memq worker <kind>` process (a replica); ``env`` adds variables."""
 

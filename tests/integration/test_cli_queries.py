@@ -4,22 +4,17 @@ NATS and SQLite), then `memq sessions|history|context|status` as subprocesses.""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from contracts.client import MemoryClient
 from contracts.errors import InvalidId, NotFound
 from contracts.schemas import Actions, Event, Message, TextPart, ToolCallPart, ToolResultPart
-from helpers import make_settings, running_query, running_worker
+from helpers import make_settings, run_memq, running_query, running_worker
 from workers.memory.tokens import count_event
 
-MEMQ = str(Path(sys.prefix) / "bin" / "memq")
 APP = "cli.app"  # a dot: subjects carry the encoded token
 USER = "ada@example.com"
 SESSION = "trip to Lyon"
@@ -151,19 +146,6 @@ async def test_sessions_page_newest_update_first_without_gaps(stack):
 # --- the commands ---------------------------------------------------------------
 
 
-async def memq(settings, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
-    """Run `memq ARGS` beside the in-process workers (in a thread: they share this loop)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
-    env.update(
-        MEMQ_NATS__URL=settings.nats.url,
-        MEMQ_DATABASE__URL=settings.database_url(),
-        MEMQ_DATA_DIR=str(settings.data_dir),
-        MEMQ_LOG_LEVEL="WARNING",
-        COLUMNS="200",  # rich wraps at 80 columns when it is not on a terminal
-    )
-    return await asyncio.to_thread(
-        subprocess.run, [MEMQ, *args], env=env, input=input, capture_output=True, text=True, timeout=120
-    )
 
 
 async def test_commands_show_sessions_history_context_and_status(stack):
@@ -171,32 +153,32 @@ async def test_commands_show_sessions_history_context_and_status(stack):
     await publish_conversation(client)
     await client.get_session(USER, SESSION)  # committed
 
-    listed = await memq(settings, "sessions", "list", "--app", APP)
+    listed = await run_memq(settings, "sessions", "list", "--app", APP)
     assert listed.returncode == 0, listed.stderr
     assert SESSION in listed.stdout and USER in listed.stdout and "1 session" in listed.stdout
 
-    shown = await memq(settings, "sessions", "show", "--app", APP, "--user", USER, SESSION, "--events", "2")
+    shown = await run_memq(settings, "sessions", "show", "--app", APP, "--user", USER, SESSION, "--events", "2")
     assert shown.returncode == 0, shown.stderr
     assert '"user:language": "French"' in shown.stdout and "There is a train at 8:04." in shown.stdout
 
-    history = await memq(settings, "history", "-a", APP, "-u", USER, SESSION, "--strategy", "all")
+    history = await run_memq(settings, "history", "-a", APP, "-u", USER, SESSION, "--strategy", "all")
     assert history.returncode == 0, history.stderr
     assert "Lyon in May is lovely" in history.stdout and '→ trains({"from": "Paris"})' in history.stdout
     read = ("-a", APP, "-u", USER, SESSION)
-    window = await memq(settings, "history", *read, "--strategy", "buffer_window", "--window", "1")
+    window = await run_memq(settings, "history", *read, "--strategy", "buffer_window", "--window", "1")
     assert "I want to visit Lyon" not in window.stdout and "8:04." in window.stdout
 
-    context = await memq(settings, "context", *read, "--format", "openai", "--instruction", "Speak {user:language}.")
+    context = await run_memq(settings, "context", *read, "--format", "openai", "--instruction", "Speak {user:language}.")
     assert context.returncode == 0, context.stderr
     for expected in ("instruction", "window", "total", "Speak French.", "tool_call_id"):
         assert expected in context.stdout, context.stdout
-    missing = await memq(settings, "context", "-a", APP, "-u", USER, SESSION, "--instruction", "{nope}")
+    missing = await run_memq(settings, "context", "-a", APP, "-u", USER, SESSION, "--instruction", "{nope}")
     assert missing.returncode == 1 and "template_key_missing" in missing.stderr
 
-    status = await memq(settings, "status")
+    status = await run_memq(settings, "status")
     assert status.returncode == 0, status.stderr
     assert "memq-persistence" in status.stdout and "memq-query" in status.stdout
-    report = json.loads((await memq(settings, "status", "--json")).stdout)
+    report = json.loads((await run_memq(settings, "status", "--json")).stdout)
     assert [(c["name"], c["pending"], c["ack_floor"]) for c in report["consumers"]] == [
         ("memq-persistence", 0, report["last_seq"])
     ]
@@ -204,13 +186,13 @@ async def test_commands_show_sessions_history_context_and_status(stack):
     assert sorted(instances) == ["memq-persistence", "memq-query"]
     assert instances["memq-query"]["requests"] >= 4 and report["dlq_messages"] == 0
 
-    refused = await memq(settings, "sessions", "delete", "-a", APP, "-u", USER, SESSION, input="n\n")
+    refused = await run_memq(settings, "sessions", "delete", "-a", APP, "-u", USER, SESSION, input="n\n")
     assert refused.returncode == 1 and "Aborted" in refused.stderr
-    deleted = await memq(settings, "sessions", "delete", "-a", APP, "-u", USER, SESSION, "--yes")
+    deleted = await run_memq(settings, "sessions", "delete", "-a", APP, "-u", USER, SESSION, "--yes")
     assert deleted.returncode == 0, deleted.stderr
     with pytest.raises(NotFound):
         await client.get_session(USER, SESSION)  # waits for the delete: it came from another process
-    gone = await memq(settings, "history", "-a", APP, "-u", USER, SESSION)
+    gone = await run_memq(settings, "history", "-a", APP, "-u", USER, SESSION)
     assert gone.returncode == 1 and "not_found" in gone.stderr
 
 
@@ -221,23 +203,23 @@ async def test_context_and_history_commands_say_when_over_budget(stack):
     everything = await client.context(USER, SESSION, strategy={"kind": "all"})
     budget = everything.tokens["total"] // 2
 
-    fits = await memq(settings, "context", *read, "--budget", str(budget), "--format", "openai")  # the default strategy
+    fits = await run_memq(settings, "context", *read, "--budget", str(budget), "--format", "openai")  # the default strategy
     assert fits.returncode == 0, fits.stderr
     assert f"within the budget of {budget}" in fits.stdout and "over budget" not in fits.stdout
     for kind in ("none", "all"):
-        over = await memq(settings, "context", *read, "--strategy", kind, "--budget", str(budget), "--format", "openai")
+        over = await run_memq(settings, "context", *read, "--strategy", kind, "--budget", str(budget), "--format", "openai")
         assert over.returncode == 0, over.stderr
         assert f"over budget: {everything.tokens['total']} tokens for a budget of {budget}" in over.stdout, over.stdout
-    window = await memq(settings, "context", *read, "--strategy", "buffer_window", "--format", "memq")
+    window = await run_memq(settings, "context", *read, "--strategy", "buffer_window", "--format", "memq")
     assert "strategy buffer_window" in window.stdout and "within the budget of 8000" in window.stdout
 
-    history = await memq(settings, "history", *read, "--strategy", "none", "--budget", str(budget))
+    history = await run_memq(settings, "history", *read, "--strategy", "none", "--budget", str(budget))
     assert history.returncode == 0, history.stderr
     assert "strategy all" in history.stdout and f"over the budget of {budget}" in history.stdout
 
 
 async def test_commands_without_a_query_service_say_what_to_run(nats_url, tmp_path):
     settings = make_settings(nats_url, f"sqlite+aiosqlite:///{tmp_path}/memq.db", tmp_path)
-    out = await memq(settings, "sessions", "list")
+    out = await run_memq(settings, "sessions", "list")
     assert out.returncode == 1
     assert "no query service is answering" in out.stderr and "memq up" in out.stderr

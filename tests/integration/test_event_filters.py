@@ -4,13 +4,8 @@ dialect, on the wire, through the client and through `memq`."""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import subprocess
 import time
 from datetime import datetime, timedelta
-from pathlib import Path
-import sys
 
 import nats
 import orjson
@@ -21,12 +16,11 @@ from contracts.client import MemoryClient
 from contracts.errors import InvalidRequest
 from contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolResultPart
 from contracts.subjects import request_subject
-from helpers import make_settings, running_query, running_worker
+from helpers import make_settings, run_memq, running_query, running_worker
 
 APP = "filters"
 USER = "u"
 SESSION = "s"
-MEMQ = str(Path(sys.prefix) / "bin" / "memq")
 NOW = time.time()
 DAY = 86400.0
 
@@ -166,16 +160,6 @@ async def test_filters_are_part_of_the_cache_key_and_the_wire_format(nats_url, s
             await nc.close()
 
 
-async def memq(settings, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
-    env.update(
-        MEMQ_NATS__URL=settings.nats.url,
-        MEMQ_DATABASE__URL=settings.database_url(),
-        MEMQ_DATA_DIR=str(settings.data_dir),
-        MEMQ_LOG_LEVEL="WARNING",
-        COLUMNS="200",
-    )
-    return await asyncio.to_thread(subprocess.run, [MEMQ, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
 async def test_cli_after_and_role(nats_url, sqlite_url, tmp_path):
@@ -186,25 +170,25 @@ async def test_cli_after_and_role(nats_url, sqlite_url, tmp_path):
             await client.get_session(USER, SESSION)  # committed
         read = ("-a", APP, "-u", USER, SESSION)
 
-        shown = await memq(settings, "sessions", "show", *read, "--after", "24h", "--role", "user")
+        shown = await run_memq(settings, "sessions", "show", *read, "--after", "24h", "--role", "user")
         assert shown.returncode == 0, shown.stderr
         assert "two hours ago" in shown.stdout and "ten minutes ago" in shown.stdout
         assert "three days ago" not in shown.stdout and "sunny" not in shown.stdout
 
-        history = await memq(settings, "history", *read, "--strategy", "all", "--after", "30m", "--role", "assistant")
+        history = await run_memq(settings, "history", *read, "--strategy", "all", "--after", "30m", "--role", "assistant")
         assert history.returncode == 0, history.stderr
         assert "answer ten minutes ago" in history.stdout
         assert history.stdout.count("ten minutes ago") == 1 and "sunny" not in history.stdout
 
         iso = datetime.fromtimestamp(NOW - 2 * DAY).isoformat(timespec="seconds")
-        since = await memq(settings, "history", *read, "--strategy", "all", "--after", iso, "--role", "tool")
+        since = await run_memq(settings, "history", *read, "--strategy", "all", "--after", iso, "--role", "tool")
         assert since.returncode == 0, since.stderr
         assert "weather" in since.stdout and "three days ago" not in since.stdout and "sunny" not in since.stdout
 
-        week = await memq(settings, "history", *read, "--strategy", "all", "--after", "7d")
+        week = await run_memq(settings, "history", *read, "--strategy", "all", "--after", "7d")
         assert "three days ago" in week.stdout
 
-        bad = await memq(settings, "history", *read, "--after", "yesterday")
+        bad = await run_memq(settings, "history", *read, "--after", "yesterday")
         assert bad.returncode == 2 and "24h" in bad.stderr
 
 
