@@ -361,6 +361,13 @@ StrategyOpt = Annotated[
 ]
 
 
+def _strategy_spec(kind: StrategyKind | None, **params: int | None) -> dict[str, Any] | None:
+    """The request's strategy override from the command's options: only
+    those given (None: the app's strategy as it is)."""
+    spec = {"kind": kind.value if kind else None, **params}
+    return {k: v for k, v in spec.items() if v is not None} or None
+
+
 # What each strategy's result depends on (for captions).
 STRATEGY_PARAMS = {
     "buffer_window": ("window", "turns"),
@@ -554,10 +561,9 @@ def history(
 ) -> None:
     """Show a session's history through a working-memory strategy, with token counts.
     --after/--role pick events first; the strategy then windows those."""
-    spec = {"kind": strategy.value if strategy else None, "budget": budget, "window": window}
-    spec = {k: v for k, v in spec.items() if v is not None}
+    spec = _strategy_spec(strategy, budget=budget, window=window)
     roles = [r.value for r in role or ()]
-    view = _with_client(app_id, lambda c: c.history(user, session, strategy=spec or None, after=after, roles=roles))
+    view = _with_client(app_id, lambda c: c.history(user, session, strategy=spec, after=after, roles=roles))
     if view.summary:
         console.print(Panel(Text(view.summary), title=f"summary up to seq {view.checkpoint_seq}"))
     kind = view.strategy.get("kind")
@@ -584,9 +590,9 @@ def context(
 ) -> None:
     """Show the context an agent would send to its model: token counts per part, then the messages.
     It fits the budget unless the strategy is all/none or buffer_window; then it says it is over."""
-    spec = {k: v for k, v in {"kind": strategy.value if strategy else None, "budget": budget}.items() if v is not None}
+    spec = _strategy_spec(strategy, budget=budget)
     view = _with_client(
-        app_id, lambda c: c.context(user, session, strategy=spec or None, format=format.value, instruction=instruction)
+        app_id, lambda c: c.context(user, session, strategy=spec, format=format.value, instruction=instruction)
     )
     tokens = Table(title=f"context of {session}")
     tokens.add_column("part")

@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from contracts.queries import STRATEGY_ALIASES
+from workers.memory.strategies import normalize_kind
 
 
 def default_data_dir() -> Path:
@@ -122,7 +122,7 @@ class MemorySettings(BaseModel):
     @field_validator("strategy", mode="before")
     @classmethod
     def _canonical_strategy(cls, value: Any) -> Any:
-        return STRATEGY_ALIASES.get(value, value) if isinstance(value, str) else value
+        return normalize_kind(value)
 
 
 class CacheSettings(BaseModel):

@@ -59,17 +59,16 @@ from contracts.queries import STRATEGY_ALIASES
 Kind = Literal["all", "buffer_window", "token_window", "summary_buffer"]
 KINDS: tuple[str, ...] = ("all", "buffer_window", "token_window", "summary_buffer")
 TOKEN_BOUNDED: frozenset[str] = frozenset({"token_window", "summary_buffer"})
-# Other names accepted wherever a strategy is named: Hector's config says
-# "none" for what memq calls "all".
-ALIASES: Mapping[str, str] = STRATEGY_ALIASES
-NAMES: tuple[str, ...] = (*KINDS, *ALIASES)
+# Other names accepted wherever a strategy is named (the wire's own list):
+# Hector's config says "none" for what memq calls "all".
+NAMES: tuple[str, ...] = (*KINDS, *STRATEGY_ALIASES)
 DEFAULT_KIND: Kind = "summary_buffer"  # budgeted out of the box (DESIGN §6)
 
 
 def normalize_kind(kind: Any) -> Any:
     """``kind`` with aliases resolved (``"none"`` -> ``"all"``); anything
     else is returned unchanged, for the caller's own validation."""
-    return ALIASES.get(kind, kind) if isinstance(kind, str) else kind
+    return STRATEGY_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
 
 
 @dataclass(frozen=True)
