@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from contracts import queries as q
@@ -156,17 +155,10 @@ async def session_get(conn: AsyncConnection, req: q.SessionGet, ctx: "OpContext"
             rows = await reads.events_after(conn, key, req.after_seq or 0, ctx.max_events + 1, only=only)
             if len(rows) > ctx.max_events:
                 rows = rows[: ctx.max_events]
-                truncated, total = True, await _count_after(conn, key, req.after_seq or 0, only)
+                # asked only when cut: how much the read left out
+                truncated, total = True, await reads.count_events_after(conn, key, req.after_seq or 0, only=only)
             events = [_stored(e) for e in rows]
     return q.SessionView(**_info(row), state=state, events=events, truncated=truncated, events_total=total)
-
-
-async def _count_after(conn: AsyncConnection, session_key: str, after_seq: int, only: reads.EventFilter) -> int:
-    """How many events of the session after ``after_seq`` pass ``only`` (asked
-    only when a read was cut, to say how much it left out)."""
-    e = reads.EVENTS.c
-    query = only.where(sa.select(sa.func.count()).where(e.session_key == session_key, e.seq > after_seq))
-    return int((await conn.execute(query)).scalar_one())
 
 
 async def sessions_list(conn: AsyncConnection, req: q.SessionsList, ctx: "OpContext") -> q.SessionsPage:

@@ -217,6 +217,12 @@ async def newest_events(
     return [_event(r) for r in (await conn.execute(q)).all()]
 
 
+async def count_events_after(conn, session_key: str, after_seq: int, *, only: EventFilter = NO_FILTER) -> int:
+    """How many events after ``after_seq`` pass ``only`` (default: all)."""
+    q = select(func.count()).where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
+    return int((await conn.execute(only.where(q))).scalar_one())
+
+
 async def events_after(
     conn, session_key: str, after_seq: int, limit: int, *, only: EventFilter = NO_FILTER
 ) -> list[StoredEvent]:
