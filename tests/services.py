@@ -60,11 +60,25 @@ class ServiceError(RuntimeError):
     """A server was found but did not start or answer."""
 
 
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that is free right now (the kernel picks it).
+
+    The kernel may hand the same ephemeral port to two binds in a row once the
+    first socket is closed, so a server asking for two ports (NATS: client and
+    monitor) could get one port twice and die on "address already in use".
+    Ports this process already handed out are never handed out again."""
+    with _handed_out_lock:
+        while True:
+            with socket.socket() as s:
+                s.bind((HOST, 0))
+                port = s.getsockname()[1]
+            if port not in _handed_out:
+                _handed_out.add(port)
+                return port
 
 
 def port_open(host: str, port: int) -> bool:
