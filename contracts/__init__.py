@@ -3,9 +3,9 @@
 Light dependencies only (nats-py, orjson, pydantic); never imports ``workers``.
 """
 
-from contracts.client import MemoryClient, SessionRef
-from contracts.errors import MemqError
-from contracts.schemas import (
+from memq.contracts.client import MemoryClient, SessionRef
+from memq.contracts.errors import MemqError
+from memq.contracts.schemas import (
     Actions,
     DataPart,
     Event,

@@ -6,16 +6,16 @@ session and the token a read-your-writes query waits for. Each message carries
 ``Nats-Msg-Id`` (the event or message id), so a retried publish inside the
 stream's duplicate window gets the original sequence back instead of a copy.
 
-Bad input fails before any I/O: :class:`~contracts.errors.InvalidId`,
-:class:`~contracts.errors.InvalidMessage` or :class:`~contracts.errors.Oversize`.
-NATS failures become :class:`~contracts.errors.PublishFailed`.
+Bad input fails before any I/O: :class:`~memq.contracts.errors.InvalidId`,
+:class:`~memq.contracts.errors.InvalidMessage` or :class:`~memq.contracts.errors.Oversize`.
+NATS failures become :class:`~memq.contracts.errors.PublishFailed`.
 
 Reads (:meth:`MemoryClient.get_session`, :meth:`~MemoryClient.history`,
 :meth:`~MemoryClient.context`, …) are core-NATS requests to the query service
-(:mod:`contracts.queries`) with typed replies; a refused request raises the
-service's typed error (:class:`~contracts.errors.NotFound`,
-:class:`~contracts.errors.Forbidden`, …) and no answer at all raises
-:class:`~contracts.errors.Unavailable`. By default every read carries the
+(:mod:`memq.contracts.queries`) with typed replies; a refused request raises the
+service's typed error (:class:`~memq.contracts.errors.NotFound`,
+:class:`~memq.contracts.errors.Forbidden`, …) and no answer at all raises
+:class:`~memq.contracts.errors.Unavailable`. By default every read carries the
 sequence of this client's last publish, so it sees the client's own writes.
 """
 
@@ -40,9 +40,9 @@ from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from contracts.codec import DEFAULT_MAX_BYTES, encode, subject_for
-from contracts.connection import DEFAULT_RECONNECT_ATTEMPTS, connect_nats
-from contracts.errors import (
+from memq.contracts.codec import DEFAULT_MAX_BYTES, encode, subject_for
+from memq.contracts.connection import DEFAULT_RECONNECT_ATTEMPTS, connect_nats
+from memq.contracts.errors import (
     Forbidden,
     InvalidMessage,
     InvalidRequest,
@@ -53,8 +53,8 @@ from contracts.errors import (
     Unavailable,
     error_from_dict,
 )
-from contracts.ids import encode_token, validate_id
-from contracts.queries import (
+from memq.contracts.ids import encode_token, validate_id
+from memq.contracts.queries import (
     REPLIES,
     REQUESTS,
     ArtifactsView,
@@ -68,7 +68,7 @@ from contracts.queries import (
     StateView,
     StrategySpec,
 )
-from contracts.schemas import (
+from memq.contracts.schemas import (
     ArtifactSaved,
     Event,
     EventAppended,
@@ -81,7 +81,7 @@ from contracts.schemas import (
     UserDeleted,
     new_id,
 )
-from contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, request_subject, status_subject
+from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, request_subject, status_subject
 
 MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
 # The server counts headers in max_payload and drops the connection of a client
@@ -158,10 +158,10 @@ _REPLY_TYPES: dict[str, type[Reply]] = {op: Reply[cls] for op, cls in REPLIES.it
 
 
 def build_request(app: str, op: str, **fields: Any) -> Any:
-    """Validate one request of ``op`` (a key of :data:`contracts.queries.REQUESTS`).
+    """Validate one request of ``op`` (a key of :data:`memq.contracts.queries.REQUESTS`).
 
-    Raises :class:`~contracts.errors.InvalidId` for a bad app, user or session
-    id, :class:`~contracts.errors.InvalidRequest` for anything else.
+    Raises :class:`~memq.contracts.errors.InvalidId` for a bad app, user or session
+    id, :class:`~memq.contracts.errors.InvalidRequest` for anything else.
     """
     if op not in REQUESTS:
         raise InvalidRequest(f"unknown query {op!r}; known: {', '.join(REQUESTS)}")
@@ -184,7 +184,7 @@ def encode_request(request: BaseModel) -> bytes:
 
 
 def parse_reply(op: str, data: bytes) -> Any:
-    """Decode a reply to ``op`` into its typed model (:data:`contracts.queries.REPLIES`),
+    """Decode a reply to ``op`` into its typed model (:data:`memq.contracts.queries.REPLIES`),
     or raise the typed error the service sent back."""
     try:
         # validate_json (not orjson + validate_python) so that bytes fields decode from base64.
@@ -214,14 +214,14 @@ class MemoryClient:
     :param inline_artifact_limit: artifacts up to this many bytes travel inline
         in the message; larger ones go to the object store. Default 256 KiB.
     :param max_message_bytes: encoded messages above this size raise
-        :class:`~contracts.errors.Oversize` before publishing. Default 1 MiB (the workers'
+        :class:`~memq.contracts.errors.Oversize` before publishing. Default 1 MiB (the workers'
         limit), capped by the server's ``max_payload`` minus ``HEADER_ROOM``.
     :param stream: the stream expected to capture the events. Default
         ``MEMQ_EVENTS``.
     :param consistent: read-your-writes by default. Default True: every read
         without an explicit ``min_seq`` carries :attr:`last_seq`, so the query
         service answers only once this client's own writes are committed (or
-        fails with :class:`~contracts.errors.NotCommitted`). False: reads do
+        fails with :class:`~memq.contracts.errors.NotCommitted`). False: reads do
         not wait.
     :param wait_ms: how long the service may wait for ``min_seq`` to be
         committed. Default 2000. A read times out after ``timeout + wait_ms``.
@@ -276,8 +276,8 @@ class MemoryClient:
 
         The first connect fails fast: each server is tried twice (the second
         ``reconnect_time_wait``, 2 s by default, after the first), then
-        :class:`~contracts.connection.NatsUnreachable` (an
-        :class:`~contracts.errors.Unavailable`) says which URL failed and
+        :class:`~memq.contracts.connection.NatsUnreachable` (an
+        :class:`~memq.contracts.errors.Unavailable`) says which URL failed and
         why, without nats-py's per-try tracebacks.
 
         :param servers: a URL, comma-separated URLs, or a list of them.
@@ -446,7 +446,7 @@ class MemoryClient:
         min_seq: int | None = None,
     ) -> SessionView:
         """A session with its merged state (``app:`` and ``user:`` keys prefixed,
-        as ADK shows them). Raises :class:`~contracts.errors.NotFound`.
+        as ADK shows them). Raises :class:`~memq.contracts.errors.NotFound`.
 
         :param events: include the events. Default False; implied by the
             filters below.
@@ -511,7 +511,7 @@ class MemoryClient:
     ) -> HistoryView:
         """A session's events through a working-memory strategy, with token counts.
 
-        :param strategy: a :class:`~contracts.queries.StrategySpec` or a dict of
+        :param strategy: a :class:`~memq.contracts.queries.StrategySpec` or a dict of
             its fields (``{"kind": "token_window", "budget": 4000}``). Unset
             fields take the app's settings. Default: the app's strategy.
         :param model: count tokens as this model does. Default: the app's model.
@@ -559,7 +559,7 @@ class MemoryClient:
         :param format: ``"memq"`` (default) or ``"openai"`` (chat messages).
         :param instruction: a system instruction template rendered from state:
             ``{key}``, ``{user:key}``, ``{key?}`` (empty if unset; without ``?``
-            an unset key raises :class:`~contracts.errors.TemplateKeyMissing`).
+            an unset key raises :class:`~memq.contracts.errors.TemplateKeyMissing`).
             Default: none.
         :param recall_limit: long-term memories to recall, 0..100. Default 5.
         :param message: a user message not stored yet (about to be sent):

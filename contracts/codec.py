@@ -6,9 +6,9 @@ import orjson
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from contracts.errors import InvalidMessage, Oversize, SubjectMismatch, UnsupportedVersion
-from contracts.schemas import SUPPORTED_VERSIONS, StreamMessage
-from contracts.subjects import Scope, events_subject, parse_events_subject
+from memq.contracts.errors import InvalidMessage, Oversize, SubjectMismatch, UnsupportedVersion
+from memq.contracts.schemas import SUPPORTED_VERSIONS, StreamMessage
+from memq.contracts.subjects import Scope, events_subject, parse_events_subject
 
 _ADAPTER: TypeAdapter[StreamMessage] = TypeAdapter(StreamMessage)
 

@@ -23,7 +23,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
-from contracts.errors import Unavailable
+from memq.contracts.errors import Unavailable
 
 log = logging.getLogger("memq.nats")
 
@@ -62,7 +62,7 @@ async def connect_nats(
     :param auth_hint: what to check when a server refused the credentials.
     :param options: any other :func:`nats.connect` option (``connect_timeout``,
         ``reconnect_time_wait``, auth, TLS, callbacks…).
-    :raises NatsUnreachable: (an :class:`~contracts.errors.Unavailable`) when
+    :raises NatsUnreachable: (an :class:`~memq.contracts.errors.Unavailable`) when
         no server could be reached or one refused the credentials.
     """
     urls = [u.strip() for u in servers.split(",")] if isinstance(servers, str) else list(servers)

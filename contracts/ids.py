@@ -13,7 +13,7 @@ import hashlib
 import re
 from functools import lru_cache
 
-from contracts.errors import InvalidId
+from memq.contracts.errors import InvalidId
 
 MAX_ID_BYTES = 256
 

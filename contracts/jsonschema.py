@@ -1,6 +1,6 @@
 """JSON Schema of every stream message, for producers in other languages.
 
-``python -m contracts.jsonschema [DIR]`` writes one ``<kind>.schema.json`` per
+``python -m memq.contracts.jsonschema [DIR]`` writes one ``<kind>.schema.json`` per
 message kind and ``stream-message.schema.json`` for the union (any message on
 ``MEMQ_EVENTS``); the default DIR is ``contracts/schemas``, where the files
 ship with the package. They are generated from the pydantic models, so the
@@ -14,10 +14,10 @@ What JSON Schema cannot say, and a producer must still respect:
 - integers anywhere in free-form JSON (state, metadata, data parts, tool
   arguments and results) fit in 64 bits (-2**63 .. 2**64-1);
 - the subject is ``memq.v1.ev.<app>.<user>[.<session>]`` with ids encoded by
-  :func:`contracts.ids.encode_token`, and must name the same ids as the body;
+  :func:`memq.contracts.ids.encode_token`, and must name the same ids as the body;
 - an artifact has exactly one of ``inline`` and ``object``;
 - the ``Nats-Msg-Id`` header is the message ``id`` (``event.id`` for events),
-  escaped like a subject token (:func:`contracts.ids.encode_token`: plain
+  escaped like a subject token (:func:`memq.contracts.ids.encode_token`: plain
   ``[A-Za-z0-9_-]`` ids are unchanged);
 - ``inline`` artifact bytes are base64 (URL-safe alphabet when we emit them;
   the standard one is accepted too).
@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from contracts.schemas import StreamMessage
+from memq.contracts.schemas import StreamMessage
 
 DEFAULT_DIR = Path(__file__).with_name("schemas")
 UNION_FILE = "stream-message.schema.json"

@@ -1,6 +1,6 @@
 """Request/reply schemas of the query service (core NATS, in no stream).
 
-A request goes to ``memq.v1.q.<app>.<op>`` (:func:`contracts.subjects.request_subject`)
+A request goes to ``memq.v1.q.<app>.<op>`` (:func:`memq.contracts.subjects.request_subject`)
 with a JSON body naming the same app; the reply is ``{"ok": true, "result": …}``
 or ``{"ok": false, "error": {"code": …, "message": …}}``. Every request may
 carry ``min_seq`` (the sequence of the caller's last publish): it is answered
@@ -14,8 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFound, Unavailable  # noqa: F401 - re-exported
-from contracts.schemas import AppId, NoNul, SessionId, Timestamp, UserId
+from memq.contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFound, Unavailable  # noqa: F401 - re-exported
+from memq.contracts.schemas import AppId, NoNul, SessionId, Timestamp, UserId
 
 QUERY_VERSION = 1
 OPS = (

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, Union
 import uuid_utils
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from contracts.errors import InvalidId
-from contracts.ids import encode_token, validate_id
+from memq.contracts.errors import InvalidId
+from memq.contracts.ids import encode_token, validate_id
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION})

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from contracts.errors import InvalidId
-from contracts.ids import decode_token, encode_token, scope_key
+from memq.contracts.errors import InvalidId
+from memq.contracts.ids import decode_token, encode_token, scope_key
 
 PREFIX = "memq.v1"
 EVENTS_STREAM = "MEMQ_EVENTS"

@@ -2,7 +2,7 @@
 
 ``search_memory`` lets the model search the user's long-term memory itself
 (Hector's search tool); :func:`run_search_memory` executes a call of it
-with a :class:`~contracts.client.MemoryClient` and returns the text to send
+with a :class:`~memq.contracts.client.MemoryClient` and returns the text to send
 back as the tool result.
 """
 
@@ -12,10 +12,10 @@ import json
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
-from contracts.queries import MAX_K
+from memq.contracts.queries import MAX_K
 
 if TYPE_CHECKING:
-    from contracts.client import MemoryClient
+    from memq.contracts.client import MemoryClient
 
 SEARCH_MEMORY: dict[str, Any] = {
     "type": "function",

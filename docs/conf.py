@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
-sys.path[:0] = [str(DOCS.parent), str(DOCS / "_ext")]  # the code (autodoc) and memq_refs
+sys.path[:0] = [str(DOCS / "_ext")]  # memq_refs; the code is imported as installed (memq.*)
 
 project = "memq"
 author = "the memq authors"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from workers.persistence.worker import PersistenceWorker
-from workers.settings import Settings
-from workers.sql import models
-from workers.sql.engine import create_engine, migrate
+from memq.workers.persistence.worker import PersistenceWorker
+from memq.workers.settings import Settings
+from memq.workers.sql import models
+from memq.workers.sql.engine import create_engine, migrate
 
 EVENTS = models.Event.__table__
 MEMQ = Path(sys.prefix) / "bin" / "memq"
@@ -64,7 +64,7 @@ def running_worker(settings: Settings):
 
 
 def running_query(settings: Settings):
-    from workers.query.service import QueryWorker
+    from memq.workers.query.service import QueryWorker
 
     return running(QueryWorker(settings))
 

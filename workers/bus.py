@@ -19,9 +19,9 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 
-from contracts.connection import NatsUnreachable, connect_nats  # noqa: F401 (what connect raises)
-from contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
-from workers.settings import NatsSettings, Settings, StreamSettings, mask_url
+from memq.contracts.connection import NatsUnreachable, connect_nats  # noqa: F401 (what connect raises)
+from memq.contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
+from memq.workers.settings import NatsSettings, Settings, StreamSettings, mask_url
 
 log = logging.getLogger("memq.bus")
 
@@ -39,7 +39,7 @@ class NatsNotFound(RuntimeError):
 def nats_url(settings: Settings) -> str:
     """The configured URL, else the one a running `memq up` left in the data
     dir. A URL file whose nats-server is gone (a crashed run) is not handed out."""
-    from workers.embedded import running_pid  # embedded -> settings only; no cycle
+    from memq.workers.embedded import running_pid  # embedded -> settings only; no cycle
 
     if settings.nats.url:
         return settings.nats.url
@@ -74,7 +74,7 @@ def connect_options(settings: Settings, name: str) -> dict[str, Any]:
         "name": f"{n.name}-{name}",
         "connect_timeout": n.connect_timeout_s,
         # Once connected, workers ride out a NATS restart; their first connect
-        # still fails after two tries per server (contracts.connection).
+        # still fails after two tries per server (memq.contracts.connection).
         "max_reconnect_attempts": -1,
         "reconnect_time_wait": 0.5,
     }
@@ -99,7 +99,7 @@ class NatsTLSError(RuntimeError):
 
 
 async def open_connection(options: dict[str, Any]) -> NATS:
-    """:func:`contracts.connection.connect_nats` with ``options`` (those of
+    """:func:`memq.contracts.connection.connect_nats` with ``options`` (those of
     :func:`nats.connect`), but a failed TLS handshake raises
     :class:`NatsTLSError` at once: nats-py would hang on it forever (nats.py#718).
 

@@ -24,10 +24,10 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from contracts.client import MemoryClient
-from contracts.errors import MemqError, NotFound
-from workers import bus
-from workers.settings import Settings, load_settings, mask_url
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import MemqError, NotFound
+from memq.workers import bus
+from memq.workers.settings import Settings, load_settings, mask_url
 
 # No locals in tracebacks: they would print settings, URLs and passwords.
 app = typer.Typer(
@@ -93,11 +93,11 @@ async def _run_workers(
     """Start ``kinds`` in this process (a line per worker: the indexing
     worker's start can be slow), call ``on_ready`` once all run, then run
     until ``stop``. A NATS that cannot be reached ends it with one line, exit 1."""
-    from workers.health import Monitor
-    from workers.indexing.worker import IndexingWorker
-    from workers.persistence.worker import PersistenceWorker
-    from workers.query.service import QueryWorker
-    from workers.summarizer.worker import SummarizerWorker
+    from memq.workers.health import Monitor
+    from memq.workers.indexing.worker import IndexingWorker
+    from memq.workers.persistence.worker import PersistenceWorker
+    from memq.workers.query.service import QueryWorker
+    from memq.workers.summarizer.worker import SummarizerWorker
 
     factories = {
         WorkerKind.persistence: PersistenceWorker,
@@ -172,7 +172,7 @@ def up(
     ),
 ) -> None:
     """Run the whole stack in one process: embedded NATS, SQLite and every worker."""
-    from workers.embedded import EmbeddedError, EmbeddedNats
+    from memq.workers.embedded import EmbeddedError, EmbeddedNats
 
     settings = _settings()
     embedded = None
@@ -212,7 +212,7 @@ def up(
 @app.command()
 def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -> None:
     """Run one worker kind alone (production). Several processes are replicas."""
-    from workers.sql.engine import is_in_memory
+    from memq.workers.sql.engine import is_in_memory
 
     settings = _settings()
     if is_in_memory(settings.database_url()):
@@ -237,7 +237,7 @@ def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -
 @app.command()
 def init() -> None:
     """Create or update the streams and migrate the database (idempotent)."""
-    from workers.sql.engine import create_engine, current_revision, migrate
+    from memq.workers.sql.engine import create_engine, current_revision, migrate
 
     settings = _settings()
 
@@ -265,7 +265,7 @@ def init() -> None:
 @app.command()
 def demo(events: int = typer.Option(100, "--events", "-n", min=1, help="Events to publish.")) -> None:
     """Publish a sample conversation, read it back from SQL, check it (exit 1 if wrong)."""
-    from workers.demo import run_demo
+    from memq.workers.demo import run_demo
 
     settings = _settings()
     try:
@@ -305,7 +305,7 @@ def show_config() -> None:
     console.print_json(json.dumps(shown))
 
 
-# --- reading sessions back: a thin layer over MemoryClient and workers.status ----
+# --- reading sessions back: a thin layer over MemoryClient and memq.workers.status ----
 
 T = TypeVar("T")
 DEFAULT_APP = "memq-demo"  # the app `memq demo` writes to, so the demo can be browsed without flags
@@ -673,11 +673,11 @@ def index_rebuild(
     """Rebuild the index into a fresh generation while the live one serves, then switch."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from workers.indexing.backends import open_backend
-    from workers.indexing.embedders import open_embedder
-    from workers.indexing.indexer import make_indexer
-    from workers.indexing.rebuild import rebuild
-    from workers.sql.engine import create_engine
+    from memq.workers.indexing.backends import open_backend
+    from memq.workers.indexing.embedders import open_embedder
+    from memq.workers.indexing.indexer import make_indexer
+    from memq.workers.indexing.rebuild import rebuild
+    from memq.workers.sql.engine import create_engine
 
     if user is not None and app_id is None:
         err.print("[red]--user needs --app[/]")
@@ -729,7 +729,7 @@ def status(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Show consumer lag per worker kind, live worker instances and dead letters."""
-    from workers.status import collect_status, render
+    from memq.workers.status import collect_status, render
 
     settings = _settings()
     report = _with_nats(lambda nc: collect_status(nc, settings.streams))
@@ -744,7 +744,7 @@ app.add_typer(dlq_app, name="dlq")
 
 
 def _dlq_filter(worker: str | None, code: str | None, seqs: list[int] | None):
-    from workers.dlq import DeadLetterFilter
+    from memq.workers.dlq import DeadLetterFilter
 
     return DeadLetterFilter(worker=worker, code=code, seqs=frozenset(seqs) if seqs else None)
 
@@ -757,7 +757,7 @@ def dlq_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """List dead letters, oldest first, with why each was given up on."""
-    from workers.dlq import list_dead_letters, summarize
+    from memq.workers.dlq import list_dead_letters, summarize
 
     settings = _settings()
     where = _dlq_filter(worker, code, None)
@@ -799,7 +799,7 @@ def dlq_replay(
     Fix the cause first (a setting, a worker bug, the database): a message
     that fails again is dead-lettered again, with its new reason.
     """
-    from workers.dlq import replay_dead_letters
+    from memq.workers.dlq import replay_dead_letters
 
     if not seqs and not all_:
         err.print("[red]name the dead letters to replay[/] (`memq dlq replay 3 7`), or pass --all (with --worker/--code filters)")
@@ -825,7 +825,7 @@ def dlq_replay(
         raise typer.Exit(1)
 
 
-# --- NATS accounts: per-app users and permissions (workers.security) ------------
+# --- NATS accounts: per-app users and permissions (memq.workers.security) ------------
 
 nats_app = typer.Typer(no_args_is_help=True, help="NATS server configuration for memq.")
 app.add_typer(nats_app, name="nats")
@@ -850,7 +850,7 @@ def nats_accounts(
     import os
     from pathlib import Path
 
-    from workers import security
+    from memq.workers import security
 
     try:
         names = security.user_names(apps, admin=admin)

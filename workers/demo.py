@@ -15,12 +15,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from contracts.client import MemoryClient
-from contracts.schemas import Actions, Event, Message, TextPart, ToolCallPart, ToolResultPart, new_id
-from workers import bus
-from workers.settings import Settings
-from workers.sql import reads
-from workers.sql.engine import create_engine
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Actions, Event, Message, TextPart, ToolCallPart, ToolResultPart, new_id
+from memq.workers import bus
+from memq.workers.settings import Settings
+from memq.workers.sql import reads
+from memq.workers.sql.engine import create_engine
 
 APP = "memq-demo"
 USER = "demo-user"

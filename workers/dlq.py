@@ -25,7 +25,7 @@ from typing import Any
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from contracts.subjects import DLQ_WILDCARD, dlq_subject
+from memq.contracts.subjects import DLQ_WILDCARD, dlq_subject
 
 REPLAY_ID_PREFIX = "memq-replay"
 
@@ -134,7 +134,7 @@ async def replay_dead_letters(
     same replay twice within the duplicate window (e.g. after a crash between
     publish and delete) appends it once.
     """
-    from contracts.subjects import PREFIX
+    from memq.contracts.subjects import PREFIX
 
     result = ReplayResult([], [])
     letters = [letter async for letter in iter_dead_letters(js, dlq_stream, where)]

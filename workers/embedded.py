@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from workers.settings import Settings
+from memq.workers.settings import Settings
 
 
 class EmbeddedError(RuntimeError):

@@ -3,7 +3,7 @@
 Served only when ``metrics.port`` is set (``MEMQ_METRICS__PORT``), so
 replicas on one host do not clash by default.
 
-- ``/metrics``: the registry of :mod:`workers.metrics`, by prometheus_client's
+- ``/metrics``: the registry of :mod:`memq.workers.metrics`, by prometheus_client's
   own WSGI app.
 - ``/healthz`` (liveness): 200 while the process's asyncio loop runs; a
   heartbeat the loop stamps every second or so, 503 once it is older than
@@ -52,9 +52,9 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
 from sqlalchemy import text
 
-from contracts.subjects import dlq_subject
-from workers import metrics
-from workers.settings import MetricsSettings, Settings
+from memq.contracts.subjects import dlq_subject
+from memq.workers import metrics
+from memq.workers.settings import MetricsSettings, Settings
 
 log = logging.getLogger("memq.health")
 

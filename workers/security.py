@@ -14,13 +14,13 @@ one event stream. Its users:
   ``memq.v1.q.<app>.>`` (its reads); subscribe only on its own inbox prefix
   (replies, PubAcks) and ``memq.v1.status.<app>.>``. No ``$JS.API``: with it
   an app could create a consumer and read every app's events. Because the
-  inbox is per app (``_INBOX_<app>``, see :func:`contracts.client.app_inbox_prefix`)
+  inbox is per app (``_INBOX_<app>``, see :func:`memq.contracts.client.app_inbox_prefix`)
   no app can read another's replies, which a shared ``_INBOX.>`` would allow.
 
 Large artifacts: the object store's subjects (``$O.<bucket>.C.<nuid>``) do
 not carry the app, so they cannot be fenced per app. App users therefore
 store artifacts inline only (up to the client's ``inline_artifact_limit``);
-a larger one fails with :class:`~contracts.errors.PublishFailed`.
+a larger one fails with :class:`~memq.contracts.errors.PublishFailed`.
 
 Passwords are stored as bcrypt hashes, which nats-server checks itself: the
 config file (often a Kubernetes ConfigMap, readable by many) then holds no
@@ -36,9 +36,9 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from contracts.client import app_inbox_prefix
-from contracts.ids import encode_token
-from contracts.subjects import PREFIX
+from memq.contracts.client import app_inbox_prefix
+from memq.contracts.ids import encode_token
+from memq.contracts.subjects import PREFIX
 
 ACCOUNT = "MEMQ"
 SYSTEM_ACCOUNT = "SYS"

@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from workers.memory.strategies import normalize_kind
+from memq.workers.memory.strategies import normalize_kind
 
 
 def default_data_dir() -> Path:
@@ -368,7 +368,7 @@ def _tls_query(tls: TLSSettings, names: dict[str, str], extra: dict[str, str]) -
 def database_url_with(url: str, password: SecretStr | None, tls: TLSSettings) -> str:
     """``url`` with ``password`` and the TLS settings in it, as the URL
     parameters each driver understands (libpq's for PostgreSQL, which
-    workers.sql.engine hands to asyncpg; SQLAlchemy's for MySQL)."""
+    memq.workers.sql.engine hands to asyncpg; SQLAlchemy's for MySQL)."""
     from sqlalchemy.engine import make_url
 
     u = make_url(url)

@@ -26,7 +26,7 @@ from nats.js.errors import NotFoundError
 from rich.console import Console
 from rich.table import Table
 
-from workers.settings import StreamSettings
+from memq.workers.settings import StreamSettings
 
 DISCOVERY_WAIT_S = 0.3
 

@@ -51,11 +51,11 @@ import helpers  # noqa: E402
 import locomo  # noqa: E402
 import services  # noqa: E402
 from benchlib import console, git_revision, machine_info, status, warn_if_busy  # noqa: E402
-from contracts.client import MemoryClient  # noqa: E402
-from contracts.errors import NotCommitted  # noqa: E402
-from workers.indexing.worker import IndexingWorker  # noqa: E402
-from workers.memory.extractive import split_sentences  # noqa: E402
-from workers.summarizer.worker import SummarizerWorker  # noqa: E402
+from memq.contracts.client import MemoryClient  # noqa: E402
+from memq.contracts.errors import NotCommitted  # noqa: E402
+from memq.workers.indexing.worker import IndexingWorker  # noqa: E402
+from memq.workers.memory.extractive import split_sentences  # noqa: E402
+from memq.workers.summarizer.worker import SummarizerWorker  # noqa: E402
 
 CHUNK = 20
 SESSION = "all"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import helpers
 import services
-from workers.settings import Settings
+from memq.workers.settings import Settings
 
 KINDS = ("persistence", "indexing", "summarizer", "query")
 # bus.connect names a worker's connection f"{settings.nats.name}-{worker}"

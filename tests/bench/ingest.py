@@ -73,12 +73,12 @@ from rich.table import Table  # noqa: E402
 from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
 import helpers  # noqa: E402
 import services  # noqa: E402
-from contracts.client import MemoryClient  # noqa: E402
-from contracts.codec import encode, subject_for  # noqa: E402
-from contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
-from contracts.subjects import CHANGED_WILDCARD, EVENTS_STREAM  # noqa: E402
-from workers import bus  # noqa: E402
-from workers.settings import StreamSettings  # noqa: E402
+from memq.contracts.client import MemoryClient  # noqa: E402
+from memq.contracts.codec import encode, subject_for  # noqa: E402
+from memq.contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
+from memq.contracts.subjects import CHANGED_WILDCARD, EVENTS_STREAM  # noqa: E402
+from memq.workers import bus  # noqa: E402
+from memq.workers.settings import StreamSettings  # noqa: E402
 
 APP = "bench"
 DURABLE = "memq-persistence"

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from contracts.schemas import Event, Message, TextPart
+from memq.contracts.schemas import Event, Message, TextPart
 
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 SCORED = (1, 2, 3, 4)  # adversarial questions are usually left out of scores

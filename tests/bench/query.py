@@ -97,13 +97,13 @@ from rich.table import Table  # noqa: E402
 from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
 import helpers  # noqa: E402
 import services  # noqa: E402
-from contracts.client import MemoryClient, build_request, encode_request  # noqa: E402
-from contracts.codec import encode, subject_for  # noqa: E402
-from contracts.ids import scope_key  # noqa: E402
-from contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart  # noqa: E402
-from contracts.subjects import EVENTS_STREAM, request_subject  # noqa: E402
-from workers.query.cache import RedisBackend, gen_keys  # noqa: E402
-from workers.sql.reads import encode_cursor  # noqa: E402
+from memq.contracts.client import MemoryClient, build_request, encode_request  # noqa: E402
+from memq.contracts.codec import encode, subject_for  # noqa: E402
+from memq.contracts.ids import scope_key  # noqa: E402
+from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart  # noqa: E402
+from memq.contracts.subjects import EVENTS_STREAM, request_subject  # noqa: E402
+from memq.workers.query.cache import RedisBackend, gen_keys  # noqa: E402
+from memq.workers.sql.reads import encode_cursor  # noqa: E402
 
 APP = "bench"
 LIST_APPS = ("bench-list10", "bench-list100k")

@@ -97,16 +97,16 @@ from benchlib import console, machine_info, percentile, status, warn_if_busy  # 
 from ingest import CommitWatch  # noqa: E402
 from query import make_events  # noqa: E402
 from scale_checks import Check, Snapshot, check_all  # noqa: E402
-from contracts.client import MemoryClient, build_request, encode_request  # noqa: E402
-from contracts.codec import decode_from_subject  # noqa: E402
-from contracts.errors import PublishFailed  # noqa: E402
-from contracts.schemas import Event  # noqa: E402
-from contracts.subjects import EVENTS_STREAM, EVENTS_WILDCARD, request_subject  # noqa: E402
-from workers import bus  # noqa: E402
-from workers.indexing.backends import open_backend  # noqa: E402
-from workers.memory.recall import doc_for  # noqa: E402
-from workers.settings import Settings, StreamSettings  # noqa: E402
-from workers.sql import models  # noqa: E402
+from memq.contracts.client import MemoryClient, build_request, encode_request  # noqa: E402
+from memq.contracts.codec import decode_from_subject  # noqa: E402
+from memq.contracts.errors import PublishFailed  # noqa: E402
+from memq.contracts.schemas import Event  # noqa: E402
+from memq.contracts.subjects import EVENTS_STREAM, EVENTS_WILDCARD, request_subject  # noqa: E402
+from memq.workers import bus  # noqa: E402
+from memq.workers.indexing.backends import open_backend  # noqa: E402
+from memq.workers.memory.recall import doc_for  # noqa: E402
+from memq.workers.settings import Settings, StreamSettings  # noqa: E402
+from memq.workers.sql import models  # noqa: E402
 
 APP = "bench"
 USERS = 10

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 import nats
 from sqlalchemy import select
 
-from workers.indexing.backends import open_backend
-from workers.memory.recall import doc_for
-from workers.settings import Settings
-from workers.sql import reads
-from workers.summarizer.worker import checkpoint_id
+from memq.workers.indexing.backends import open_backend
+from memq.workers.memory.recall import doc_for
+from memq.workers.settings import Settings
+from memq.workers.sql import reads
+from memq.workers.summarizer.worker import checkpoint_id
 
 from .load import Ledger
 

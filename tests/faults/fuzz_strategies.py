@@ -20,11 +20,11 @@ import orjson
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from contracts import queries as q
-from contracts.codec import encode, subject_for
-from contracts.errors import MemqError
-from contracts.ids import MAX_ID_BYTES, decode_token, encode_token
-from contracts.schemas import (
+from memq.contracts import queries as q
+from memq.contracts.codec import encode, subject_for
+from memq.contracts.errors import MemqError
+from memq.contracts.ids import MAX_ID_BYTES, decode_token, encode_token
+from memq.contracts.schemas import (
     KINDS,
     Actions,
     ArtifactSaved,
@@ -43,7 +43,7 @@ from contracts.schemas import (
     ToolResultPart,
     UserDeleted,
 )
-from contracts.subjects import PREFIX, events_subject
+from memq.contracts.subjects import PREFIX, events_subject
 
 # --- hostile strings ------------------------------------------------------------
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 from helpers import wait_for
 
-from contracts.client import MemoryClient
-from contracts.errors import NotFound
-from workers.sql.engine import create_engine
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import NotFound
+from memq.workers.sql.engine import create_engine
 
 from .checks import SqlReport, check_sql, checkpoint_problems, converge_index, settle
 from .load import Ledger, LoadDriver

@@ -16,10 +16,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from contracts.client import MemoryClient
-from contracts.errors import MemqError
-from contracts.ids import scope_key
-from contracts.schemas import Event, Message, TextPart
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import MemqError
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import Event, Message, TextPart
 
 SessionRef = tuple[str, str]  # (user, session)
 

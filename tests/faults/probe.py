@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 from itertools import pairwise
 from typing import Any
 
-from contracts.client import MemoryClient
-from contracts.errors import MemqError, Unavailable
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import MemqError, Unavailable
 
 from .load import Ledger, Sent, SessionRef
 

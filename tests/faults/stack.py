@@ -14,7 +14,7 @@ from typing import Any
 
 from helpers import WorkerProcess
 
-from workers.settings import Settings
+from memq.workers.settings import Settings
 
 
 def env_vars(overrides: dict[str, Any], prefix: str = "MEMQ") -> dict[str, str]:

@@ -40,9 +40,9 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from contracts.client import MemoryClient, parse_reply
-from contracts.codec import decode_from_subject
-from contracts.errors import (
+from memq.contracts.client import MemoryClient, parse_reply
+from memq.contracts.codec import decode_from_subject
+from memq.contracts.errors import (
     ERRORS_BY_CODE,
     InvalidId,
     InvalidMessage,
@@ -50,8 +50,8 @@ from contracts.errors import (
     MemqError,
     Oversize,
 )
-from contracts.ids import scope_key
-from contracts.schemas import Event, Message, TextPart
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import Event, Message, TextPart
 from faults.fuzz_strategies import (
     HOSTILE,
     LIMIT_IDS,
@@ -65,13 +65,13 @@ from faults.fuzz_strategies import (
     stream_regressions,
     valid_ids,
 )
-from workers.indexing.embedders.local import LocalEmbedder
-from workers.indexing.worker import IndexingWorker
-from workers.settings import LocalEmbedderSettings
-from workers.sql import models, reads
+from memq.workers.indexing.embedders.local import LocalEmbedder
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.settings import LocalEmbedderSettings
+from memq.workers.sql import models, reads
 
 MAX_BYTES = 16 * 1024  # the worker's limit here
-STREAM_MAX_BYTES = 2 * MAX_BYTES  # what the stream takes (workers.bus): oversize ones still reach the DLQ
+STREAM_MAX_BYTES = 2 * MAX_BYTES  # what the stream takes (memq.workers.bus): oversize ones still reach the DLQ
 NATS_MAX_PAYLOAD = 1024 * 1024  # nats-server's default
 TYPED_CODES = set(ERRORS_BY_CODE) - {MemqError.code}
 FUZZ = dict(

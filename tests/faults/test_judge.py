@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace as NS
 
-from contracts.errors import MemqError, NotCommitted, Unavailable, error_from_dict
+from memq.contracts.errors import MemqError, NotCommitted, Unavailable, error_from_dict
 
 from .load import Ledger
 from .probe import (

@@ -13,9 +13,9 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 
-from workers.indexing.backends.base import IndexUnavailable
-from workers.indexing.backends.weaviate import WeaviateIndex
-from workers.memory.recall import SearchQuery
+from memq.workers.indexing.backends.base import IndexUnavailable
+from memq.workers.indexing.backends.weaviate import WeaviateIndex
+from memq.workers.memory.recall import SearchQuery
 
 from .harness import Fault, Timing, run_fault
 

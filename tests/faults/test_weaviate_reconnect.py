@@ -17,10 +17,10 @@ import pytest
 from conftest import running
 from services import HOST, Weaviate, free_port
 
-from workers.indexing.backends.base import IndexUnavailable
-from workers.indexing.backends.weaviate import WeaviateIndex
-from workers.memory.recall import Doc, SearchQuery
-from workers.settings import WeaviateSettings
+from memq.workers.indexing.backends.base import IndexUnavailable
+from memq.workers.indexing.backends.weaviate import WeaviateIndex
+from memq.workers.memory.recall import Doc, SearchQuery
+from memq.workers.settings import WeaviateSettings
 
 pytestmark = [pytest.mark.services, pytest.mark.timeout(180)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
+from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
 
 
 @pytest.fixture(params=["memory", "redis"])

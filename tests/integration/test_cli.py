@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts.client import MemoryClient
-from contracts.schemas import Event, Message, TextPart
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Event, Message, TextPart
 from helpers import event_counts, wait_for
 from services import free_port
-from workers.sql.engine import create_engine
+from memq.workers.sql.engine import create_engine
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")
 
@@ -247,6 +247,6 @@ def test_init_is_idempotent(nats_url, tmp_path):
 def head_revision() -> str:
     from alembic.script import ScriptDirectory
 
-    from workers.sql.engine import MIGRATIONS_DIR
+    from memq.workers.sql.engine import MIGRATIONS_DIR
 
     return ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()

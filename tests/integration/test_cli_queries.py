@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-from contracts.client import MemoryClient
-from contracts.errors import InvalidId, NotFound
-from contracts.schemas import Actions, Event, Message, TextPart, ToolCallPart, ToolResultPart
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import InvalidId, NotFound
+from memq.contracts.schemas import Actions, Event, Message, TextPart, ToolCallPart, ToolResultPart
 from helpers import make_settings, run_memq, running_query, running_worker
-from workers.memory.tokens import count_event
+from memq.workers.memory.tokens import count_event
 
 APP = "cli.app"  # a dot: subjects carry the encoded token
 USER = "ada@example.com"

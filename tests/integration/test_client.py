@@ -10,14 +10,14 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 
-from contracts.client import MemoryClient, SessionRef
-from contracts.codec import decode_from_subject
-from contracts.errors import InvalidId, InvalidMessage, Oversize, PublishFailed
-from contracts.schemas import ArtifactSaved, Event, Message, TextPart
-from contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, events_subject
+from memq.contracts.client import MemoryClient, SessionRef
+from memq.contracts.codec import decode_from_subject
+from memq.contracts.errors import InvalidId, InvalidMessage, Oversize, PublishFailed
+from memq.contracts.schemas import ArtifactSaved, Event, Message, TextPart
+from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, events_subject
 from helpers import wait_for
-from workers.bus import ensure_streams
-from workers.settings import StreamSettings
+from memq.workers.bus import ensure_streams
+from memq.workers.settings import StreamSettings
 
 APP = "agent.one"  # a dot, so subjects must use the encoded token
 USER = "ada@example.com"
@@ -205,7 +205,7 @@ async def test_connect_to_a_dead_nats_fails_fast_with_one_clear_error(caplog) ->
     import logging
     import time
 
-    from contracts.errors import Unavailable
+    from memq.contracts.errors import Unavailable
     from services import free_port
 
     url = f"nats://agent:s3cret@127.0.0.1:{free_port()}"  # nobody listens there

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import nats
 
-from contracts import codec
-from contracts.schemas import Event, EventAppended, Message, TextPart
-from contracts.subjects import events_subject
+from memq.contracts import codec
+from memq.contracts.schemas import Event, EventAppended, Message, TextPart
+from memq.contracts.subjects import events_subject
 from helpers import make_settings, running_worker, wait_for
-from workers.sql import reads
+from memq.workers.sql import reads
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")
 APP = "dlq-app"
@@ -115,7 +115,7 @@ async def _has(engine, event_id: str) -> bool:
 
 
 async def test_a_decoder_bug_dead_letters_one_message_and_the_batch_goes_on(nats_url, sqlite_url, tmp_path, monkeypatch):
-    import workers.persistence.worker as persistence
+    import memq.workers.persistence.worker as persistence
 
     real = persistence.decode_from_subject
 

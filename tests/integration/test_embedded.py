@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
-from workers import bus
-from workers.embedded import EmbeddedError, EmbeddedNats, _port_is_free
-from workers.settings import Settings
+from memq.workers import bus
+from memq.workers.embedded import EmbeddedError, EmbeddedNats, _port_is_free
+from memq.workers.settings import Settings
 
 
 def time_wait_port() -> int:

@@ -12,10 +12,10 @@ import orjson
 import pytest
 from sqlalchemy import inspect as sa_inspect
 
-from contracts.client import MemoryClient
-from contracts.errors import InvalidRequest
-from contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolResultPart
-from contracts.subjects import request_subject
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import InvalidRequest
+from memq.contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolResultPart
+from memq.contracts.subjects import request_subject
 from helpers import make_settings, run_memq, running_query, running_worker
 
 APP = "filters"
@@ -201,8 +201,8 @@ async def test_times_keep_double_precision_on_every_dialect(request, db):
     from alembic.config import Config
     from sqlalchemy import insert, select
 
-    from workers.sql import models
-    from workers.sql.engine import MIGRATIONS_DIR, create_engine, migrate
+    from memq.workers.sql import models
+    from memq.workers.sql.engine import MIGRATIONS_DIR, create_engine, migrate
 
     events = models.Event.__table__
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 
 import pytest
 
-from workers.indexing.backends.base import IndexBackend
-from workers.memory.recall import Doc, SearchQuery, search_text
+from memq.workers.indexing.backends.base import IndexBackend
+from memq.workers.memory.recall import Doc, SearchQuery, search_text
 
 DIM = 8
 MODEL = "test:unit-vectors"
@@ -65,12 +65,12 @@ WEAVIATE = pytest.mark.services  # its server comes through getfixturevalue, uns
 @pytest.fixture(params=["embedded", pytest.param("weaviate-filter", marks=WEAVIATE), pytest.param("weaviate-tenant", marks=WEAVIATE)])
 async def index(request, tmp_path):
     if request.param == "embedded":
-        from workers.indexing.backends.embedded import EmbeddedIndex
+        from memq.workers.indexing.backends.embedded import EmbeddedIndex
 
         backend = EmbeddedIndex(tmp_path / "index.db")
     else:
-        from workers.indexing.backends.weaviate import WeaviateIndex
-        from workers.settings import WeaviateSettings
+        from memq.workers.indexing.backends.weaviate import WeaviateIndex
+        from memq.workers.settings import WeaviateSettings
 
         server = request.getfixturevalue("weaviate_server")
         backend = WeaviateIndex(

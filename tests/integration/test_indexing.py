@@ -12,18 +12,18 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
 
-from contracts.client import MemoryClient
-from contracts.errors import Unavailable
-from contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
-from contracts.tools import SEARCH_MEMORY, run_search_memory
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import Unavailable
+from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
+from memq.contracts.tools import SEARCH_MEMORY, run_search_memory
 from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
-from workers.indexing.backends import open_backend
-from workers.indexing.embedders.local import LocalEmbedder
-from workers.indexing.indexer import make_indexer
-from workers.indexing.rebuild import rebuild
-from workers.indexing.worker import IndexingWorker
-from workers.settings import LocalEmbedderSettings
-from workers.sql.engine import create_engine
+from memq.workers.indexing.backends import open_backend
+from memq.workers.indexing.embedders.local import LocalEmbedder
+from memq.workers.indexing.indexer import make_indexer
+from memq.workers.indexing.rebuild import rebuild
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.settings import LocalEmbedderSettings
+from memq.workers.sql.engine import create_engine
 
 APP = "idx-app"
 

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from conftest import running as running_service
-from contracts.client import MemoryClient
+from memq.contracts.client import MemoryClient
 from helpers import wait_for
 from services import Weaviate
 from test_indexing import APP, embedder, settings_for, stack, text  # noqa: F401 - the embedder fixture

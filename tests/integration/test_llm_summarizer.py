@@ -20,12 +20,12 @@ import pytest
 from pydantic import SecretStr
 
 from services import LlamaServer
-from workers.memory.extractive import Turn
-from workers.memory.tokens import count_text
-from workers.settings import LLMSettings
-from workers.summarizer import llm
-from workers.summarizer.llm import LLMSummarizer, fit
-from workers.summarizer.summarizers import Summarizer, SummarizerError
+from memq.workers.memory.extractive import Turn
+from memq.workers.memory.tokens import count_text
+from memq.workers.settings import LLMSettings
+from memq.workers.summarizer import llm
+from memq.workers.summarizer.llm import LLMSummarizer, fit
+from memq.workers.summarizer.summarizers import Summarizer, SummarizerError
 
 KEY = "sk-test-do-not-leak-5f1c2a"
 DAY = 86_400

@@ -16,10 +16,10 @@ import bcrypt
 import pytest
 
 from conftest import running as running_service
-from contracts.client import MemoryClient
+from memq.contracts.client import MemoryClient
 from helpers import MEMQ, WorkerProcess, make_settings, settings_env, wait_for
 from services import NatsServer, Postgres, Redis
-from workers import security
+from memq.workers import security
 
 pytestmark = pytest.mark.timeout(300)
 

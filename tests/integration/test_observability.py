@@ -23,17 +23,17 @@ import nats
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.client import MemoryClient
-from contracts.errors import NotFound
-from contracts.schemas import Event, Message, TextPart
-from contracts.subjects import events_subject, request_subject
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import NotFound
+from memq.contracts.schemas import Event, Message, TextPart
+from memq.contracts.subjects import events_subject, request_subject
 from helpers import make_settings, running, running_query, running_worker, wait_for
 from services import free_port
-from workers.health import Monitor
-from workers.indexing.embedders.local import LocalEmbedder
-from workers.indexing.worker import IndexingWorker
-from workers.settings import LocalEmbedderSettings, MetricsSettings, Settings
-from workers.summarizer.worker import SummarizerWorker
+from memq.workers.health import Monitor
+from memq.workers.indexing.embedders.local import LocalEmbedder
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.settings import LocalEmbedderSettings, MetricsSettings, Settings
+from memq.workers.summarizer.worker import SummarizerWorker
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")
 APP = "obs"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from workers.indexing.embedders.base import EmbedderError
-from workers.indexing.embedders.openai import OpenAIEmbedder
-from workers.settings import OpenAIEmbedderSettings
+from memq.workers.indexing.embedders.base import EmbedderError
+from memq.workers.indexing.embedders.openai import OpenAIEmbedder
+from memq.workers.settings import OpenAIEmbedderSettings
 
 KEY = "sk-do-not-print-me"
 

@@ -11,15 +11,15 @@ from sqlalchemy import text as sa_text
 from nats.js.api import StreamInfo
 from nats.js.errors import NotFoundError
 
-from contracts import codec
-from contracts.client import MemoryClient
-from contracts.schemas import Actions, Event, EventAppended, Message, TextPart
-from contracts.subjects import events_subject
+from memq.contracts import codec
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Actions, Event, EventAppended, Message, TextPart
+from memq.contracts.subjects import events_subject
 from helpers import event_counts, make_settings, running_worker, wait_for
-from workers.memory.commit_plan import Incoming
-from workers.memory.state import apply_in_order
-from workers.sql import reads
-from workers.sql.engine import create_engine
+from memq.workers.memory.commit_plan import Incoming
+from memq.workers.memory.state import apply_in_order
+from memq.workers.sql import reads
+from memq.workers.sql.engine import create_engine
 
 APP = "agent-x"
 
@@ -227,8 +227,8 @@ async def test_artifacts_are_versioned_and_large_ones_deleted_with_their_session
 
     from sqlalchemy import select
 
-    from contracts.subjects import ARTIFACT_BUCKET
-    from workers.sql import models
+    from memq.contracts.subjects import ARTIFACT_BUCKET
+    from memq.workers.sql import models
 
     settings = make_settings(nats_url, pg_url, tmp_path)
     big = bytes(range(256)) * (64 * 1024 * 4)  # 64 MiB

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from contracts.client import MemoryClient
-from contracts.schemas import Event, Message, TextPart
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Event, Message, TextPart
 from helpers import (
     WorkerProcess,
     event_counts,
@@ -15,7 +15,7 @@ from helpers import (
     wait_for,
     wait_for_consumer,
 )
-from workers.sql import reads
+from memq.workers.sql import reads
 
 APP = "faults"
 

@@ -12,11 +12,11 @@ import nats
 import orjson
 import pytest
 
-from contracts.client import MemoryClient
-from contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
-from contracts.subjects import request_subject
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
+from memq.contracts.subjects import request_subject
 from helpers import make_settings, running_query, running_worker
-from workers.memory.tokens import count_event
+from memq.workers.memory.tokens import count_event
 
 APP = "q-app"
 
@@ -179,7 +179,7 @@ async def test_history_counts_exactly_and_summary_buffer_keeps_everything_after_
             # keep only the summary here, ours keeps every later event.
             nc_js = nc.jetstream()
             checkpoint = CheckpointSaved(app=APP, user="u", session="s", summary="They counted words.", up_to_seq=seqs[9])
-            from contracts import codec
+            from memq.contracts import codec
 
             ack = await nc_js.publish(codec.subject_for(checkpoint), codec.encode(checkpoint))
             reply = await ask(nc, "history", session="s", min_seq=ack.seq, strategy={"kind": "summary_buffer"})

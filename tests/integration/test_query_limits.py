@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import running
-from contracts.client import MemoryClient
-from contracts.errors import Oversize
-from contracts.schemas import Event, Message, TextPart
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import Oversize
+from memq.contracts.schemas import Event, Message, TextPart
 from helpers import make_settings, running_query, running_worker
 from services import NatsServer
 

@@ -1,5 +1,5 @@
 """Per-app security at the broker, against a real nats-server started from the
-accounts config that `memq nats accounts` writes (workers.security).
+accounts config that `memq nats accounts` writes (memq.workers.security).
 
 Every worker kind runs as the ``workers`` user; apps A and B have their own
 users. A works end to end; B can touch nothing of A's (publish, request,
@@ -23,17 +23,17 @@ import pytest
 from pydantic import SecretStr
 
 from conftest import running as running_service
-from contracts.client import MemoryClient, app_inbox_prefix, build_request, encode_request, parse_reply
-from contracts.errors import Forbidden, PublishFailed
-from contracts.subjects import events_subject, request_subject, status_subject
+from memq.contracts.client import MemoryClient, app_inbox_prefix, build_request, encode_request, parse_reply
+from memq.contracts.errors import Forbidden, PublishFailed
+from memq.contracts.subjects import events_subject, request_subject, status_subject
 from helpers import make_settings, running, wait_for
 from services import NatsServer
-from workers import security
-from workers.indexing.worker import IndexingWorker
-from workers.persistence.worker import PersistenceWorker
-from workers.query.service import QueryWorker
-from workers.status import collect_status
-from workers.summarizer.worker import SummarizerWorker
+from memq.workers import security
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.persistence.worker import PersistenceWorker
+from memq.workers.query.service import QueryWorker
+from memq.workers.status import collect_status
+from memq.workers.summarizer.worker import SummarizerWorker
 
 pytestmark = pytest.mark.timeout(300)
 

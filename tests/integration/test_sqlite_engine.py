@@ -10,13 +10,13 @@ import time
 
 from sqlalchemy import text
 
-from workers.sql.engine import create_engine, current_revision, migrate
+from memq.workers.sql.engine import create_engine, current_revision, migrate
 
 # One process: import first, then migrate at the agreed moment, so that the
 # processes really start their migrations together.
 MIGRATE_AT = """
 import asyncio, sys, time
-from workers.sql.engine import create_engine, migrate
+from memq.workers.sql.engine import create_engine, migrate
 url, at = sys.argv[1], float(sys.argv[2])
 
 async def main():

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from contracts.client import MemoryClient
-from contracts.codec import encode
-from contracts.errors import InvalidMessage
-from contracts.schemas import StateSet
+from memq.contracts.client import MemoryClient
+from memq.contracts.codec import encode
+from memq.contracts.errors import InvalidMessage
+from memq.contracts.schemas import StateSet
 from helpers import make_settings, running_query, running_worker
-from workers.memory.commit_plan import Incoming
-from workers.persistence.store import SqlStore
-from workers.sql import reads
+from memq.workers.memory.commit_plan import Incoming
+from memq.workers.persistence.store import SqlStore
+from memq.workers.sql import reads
 
 APP = "state-del"
 

@@ -16,14 +16,14 @@ from pathlib import Path
 import nats
 import pytest
 
-from contracts.client import MemoryClient
-from contracts.schemas import Event, Message, TextPart
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Event, Message, TextPart
 from helpers import wait_for
-from workers import bus
-from workers.indexing.backends.embedded import EmbeddedIndex
-from workers.indexing.embedders.local import DIM, MODEL
-from workers.indexing.worker import IndexingWorker
-from workers.settings import Settings
+from memq.workers import bus
+from memq.workers.indexing.backends.embedded import EmbeddedIndex
+from memq.workers.indexing.embedders.local import DIM, MODEL
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.settings import Settings
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")
 APP = "rebuild-stop"

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from contracts.client import MemoryClient
-from contracts.schemas import Event, Message, TextPart
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Event, Message, TextPart
 from helpers import WorkerProcess, make_settings, running, running_query, running_worker, wait_for
-from workers.summarizer.summarizers import ExtractiveSummarizer, SummarizerError
-from workers.summarizer.worker import SummarizerWorker, checkpoint_id
-from workers.sql import models
-from workers.sql.engine import create_engine
+from memq.workers.summarizer.summarizers import ExtractiveSummarizer, SummarizerError
+from memq.workers.summarizer.worker import SummarizerWorker, checkpoint_id
+from memq.workers.sql import models
+from memq.workers.sql.engine import create_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import locomo  # noqa: E402
@@ -221,8 +221,8 @@ async def test_the_sweep_counts_the_summary_in_the_budget(request, db, nats_url,
     # the sweep (the fallback for lost notices) must find the session too.
     import nats
 
-    from contracts import codec
-    from contracts.schemas import CheckpointSaved
+    from memq.contracts import codec
+    from memq.contracts.schemas import CheckpointSaved
 
     s = summary_settings(nats_url, request.getfixturevalue(db), tmp_path)
     async with running_worker(s), running_query(s):
@@ -336,8 +336,8 @@ async def test_the_llm_summarizer_makes_checkpoints_through_a_real_server(nats_u
 
 
 def test_a_long_fold_is_summarized_in_chunks():
-    from workers.memory.extractive import Turn
-    from workers.summarizer.worker import chunked
+    from memq.workers.memory.extractive import Turn
+    from memq.workers.summarizer.worker import chunked
 
     turns = [Turn("a", "word " * 50) for _ in range(10)] + [Turn("b", "word " * 500)]
     chunks = chunked(turns, 200, None)

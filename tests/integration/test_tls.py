@@ -23,12 +23,12 @@ from sqlalchemy import text
 
 from conftest import running as running_service
 from services import NatsServer, Postgres, Redis, Weaviate, free_port
-from workers import bus
-from workers.indexing.backends.base import IndexUnavailable
-from workers.indexing.backends.weaviate import WeaviateIndex
-from workers.query.cache import RedisBackend
-from workers.settings import Settings, TLSSettings, WeaviateSettings
-from workers.sql.engine import create_engine, migrate
+from memq.workers import bus
+from memq.workers.indexing.backends.base import IndexUnavailable
+from memq.workers.indexing.backends.weaviate import WeaviateIndex
+from memq.workers.query.cache import RedisBackend
+from memq.workers.settings import Settings, TLSSettings, WeaviateSettings
+from memq.workers.sql.engine import create_engine, migrate
 
 pytestmark = pytest.mark.timeout(180)
 

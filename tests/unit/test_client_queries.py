@@ -18,8 +18,8 @@ import nats
 import orjson
 import pytest
 
-from contracts.client import MemoryClient, build_request, encode_request, parse_reply
-from contracts.errors import (
+from memq.contracts.client import MemoryClient, build_request, encode_request, parse_reply
+from memq.contracts.errors import (
     Forbidden,
     InvalidId,
     InvalidRequest,
@@ -29,10 +29,10 @@ from contracts.errors import (
     TemplateKeyMissing,
     Unavailable,
 )
-from contracts.queries import ContextView, HistoryView, SessionsPage, SessionView, StrategySpec
-from contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, request_subject
-from workers.bus import ensure_streams
-from workers.settings import StreamSettings
+from memq.contracts.queries import ContextView, HistoryView, SessionsPage, SessionView, StrategySpec
+from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, request_subject
+from memq.workers.bus import ensure_streams
+from memq.workers.settings import StreamSettings
 
 APP = "agent.one"  # a dot: the subject must carry the encoded token
 USER = "ada@example.com"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from contracts.codec import decode, decode_from_subject, encode, subject_for
-from contracts.errors import InvalidId, InvalidMessage, Oversize, SubjectMismatch, UnsupportedVersion
-from contracts.schemas import (
+from memq.contracts.codec import decode, decode_from_subject, encode, subject_for
+from memq.contracts.errors import InvalidId, InvalidMessage, Oversize, SubjectMismatch, UnsupportedVersion
+from memq.contracts.schemas import (
     KINDS,
     Actions,
     ArtifactSaved,
@@ -26,7 +26,7 @@ from contracts.schemas import (
     ToolResultPart,
     UserDeleted,
 )
-from contracts.subjects import events_subject
+from memq.contracts.subjects import events_subject
 
 SCOPE = {"app": "app.one", "user": "user ✓", "session": "s/1"}
 USER_SCOPE = {"app": "app.one", "user": "user ✓"}

@@ -9,7 +9,7 @@ import asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from contracts.schemas import (
+from memq.contracts.schemas import (
     Actions,
     CheckpointSaved,
     Event,
@@ -19,10 +19,10 @@ from contracts.schemas import (
     StateSet,
     UserDeleted,
 )
-from workers.memory.commit_plan import Incoming
-from workers.persistence.store import SqlStore
-from workers.sql import reads
-from workers.sql.engine import create_engine, migrate
+from memq.workers.memory.commit_plan import Incoming
+from memq.workers.persistence.store import SqlStore
+from memq.workers.sql import reads
+from memq.workers.sql.engine import create_engine, migrate
 
 APP = "app"
 USERS = ["u1", "u2"]
@@ -109,8 +109,8 @@ async def stored_ids(engine, user: str, session: str) -> list[str]:
     """Event and checkpoint ids of a session, in stream order."""
     from sqlalchemy import select, union_all
 
-    from contracts.ids import scope_key
-    from workers.sql import models
+    from memq.contracts.ids import scope_key
+    from memq.workers.sql import models
 
     e, c = models.Event.__table__, models.Checkpoint.__table__
     key = scope_key(APP, user, session)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolResultPart
-from workers.memory import tokens as tk
-from workers.memory.context import (
+from memq.contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolResultPart
+from memq.workers.memory import tokens as tk
+from memq.workers.memory.context import (
     CUT_MARK,
     RECALL_HEADER,
     SUMMARY_HEADER,
@@ -20,7 +20,7 @@ from workers.memory.context import (
     recall_message,
     summary_message,
 )
-from workers.memory.strategies import Strategy
+from memq.workers.memory.strategies import Strategy
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 

@@ -8,12 +8,12 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).parents[2]
-HEAVY = ("workers", "sqlalchemy", "sqlmodel", "faststream", "alembic", "typer", "rich", "redis")
+HEAVY = ("memq.workers", "sqlalchemy", "sqlmodel", "faststream", "alembic", "typer", "rich", "redis")
 
 
 def test_importing_the_client_loads_no_worker_code():
     code = (
-        "import sys, contracts, contracts.client, contracts.codec, contracts.jsonschema;"
+        "import sys, memq.contracts, memq.contracts.client, memq.contracts.codec, memq.contracts.jsonschema;"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)

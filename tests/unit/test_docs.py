@@ -38,7 +38,7 @@ def test_configuration_reference_lists_every_setting_with_its_default():
     page = memq_refs.settings_markdown()
     for s in memq_refs.settings():
         assert f"```{{envvar}} {s.env}\n" in page
-    from workers.settings import Settings
+    from memq.workers.settings import Settings
 
     assert Settings().persistence.batch_size == 256  # the example below
     assert "type `int` · default `256`" in page.split("MEMQ_PERSISTENCE__BATCH_SIZE", 1)[1].split("```{envvar}")[0]

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workers.indexing.backends.base import IndexUnavailable, UnknownGeneration
-from workers.indexing.backends.embedded import EmbeddedIndex, match_expression
-from workers.memory.recall import Doc, SearchQuery, relative_score_fusion, search_text
+from memq.workers.indexing.backends.base import IndexUnavailable, UnknownGeneration
+from memq.workers.indexing.backends.embedded import EmbeddedIndex, match_expression
+from memq.workers.memory.recall import Doc, SearchQuery, relative_score_fusion, search_text
 
 DIM = 8
 INJECTIONS = [

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
-from workers.indexing.embedders import local as local_mod
-from workers.indexing.embedders import open_embedder
-from workers.indexing.embedders import openai as openai_mod
-from workers.indexing.embedders.base import Embedder, EmbedderError
-from workers.indexing.embedders.local import LocalEmbedder, ModelFileError
-from workers.indexing.embedders.openai import OpenAIEmbedder
-from workers.settings import (
+from memq.workers.indexing.embedders import local as local_mod
+from memq.workers.indexing.embedders import open_embedder
+from memq.workers.indexing.embedders import openai as openai_mod
+from memq.workers.indexing.embedders.base import Embedder, EmbedderError
+from memq.workers.indexing.embedders.local import LocalEmbedder, ModelFileError
+from memq.workers.indexing.embedders.openai import OpenAIEmbedder
+from memq.workers.settings import (
     IndexingSettings,
     LocalEmbedderSettings,
     OpenAIEmbedderSettings,
@@ -144,8 +144,8 @@ async def test_open_embedder_local():
 _KEYWORD_ONLY = """
 import asyncio, sys
 sys.modules["onnxruntime"] = None  # any import of it raises ImportError
-from workers.indexing.embedders import open_embedder
-from workers.settings import IndexingSettings
+from memq.workers.indexing.embedders import open_embedder
+from memq.workers.settings import IndexingSettings
 
 async def main():
     embedder = await open_embedder(IndexingSettings(embedder="none"))
@@ -154,7 +154,7 @@ async def main():
     await embedder.close()
 
 asyncio.run(main())
-loaded = sorted(m for m in sys.modules if m.startswith(("workers.indexing.embedders.local", "tokenizers", "httpx")))
+loaded = sorted(m for m in sys.modules if m.startswith(("memq.workers.indexing.embedders.local", "tokenizers", "httpx")))
 assert not loaded, loaded
 """
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from workers.memory.extractive import ELLIPSIS, Turn, score, split_sentences, summarize
-from workers.memory.tokens import count_text
+from memq.workers.memory.extractive import ELLIPSIS, Turn, score, split_sentences, summarize
+from memq.workers.memory.tokens import count_text
 
 LOCOMO = Path("/work/shared/data/locomo/locomo-dev4.json")
 MAY_8 = datetime(2023, 5, 8, 13, 56, tzinfo=UTC).timestamp()

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from contracts.errors import InvalidId
-from contracts.ids import MAX_ID_BYTES, decode_token, encode_token, validate_id
-from contracts.subjects import Scope, events_subject, parse_events_subject
+from memq.contracts.errors import InvalidId
+from memq.contracts.ids import MAX_ID_BYTES, decode_token, encode_token, validate_id
+from memq.contracts.subjects import Scope, events_subject, parse_events_subject
 
 TOKEN = re.compile(r"[A-Za-z0-9_~-]+")
 

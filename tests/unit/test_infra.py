@@ -165,10 +165,10 @@ def route_hosts(text: str) -> set[tuple[str, int]]:
 
 
 def settings_field(env_name: str) -> str:
-    """Resolve ``MEMQ_A__B__C`` to a field of workers.settings.Settings, or raise ValueError."""
+    """Resolve ``MEMQ_A__B__C`` to a field of memq.workers.settings.Settings, or raise ValueError."""
     from pydantic import BaseModel
 
-    from workers.settings import Settings
+    from memq.workers.settings import Settings
 
     assert env_name.startswith("MEMQ_"), env_name
     parts = env_name[len("MEMQ_") :].lower().split("__")
@@ -194,7 +194,7 @@ def settings_field(env_name: str) -> str:
 
 def check_settings(env: dict[str, str], where: str) -> None:
     """Every MEMQ_* name is a setting, and together they load (values valid)."""
-    from workers.settings import Settings
+    from memq.workers.settings import Settings
 
     memq = {k: v for k, v in env.items() if k.startswith("MEMQ_")}
     for name in memq:
@@ -213,7 +213,7 @@ def check_settings(env: dict[str, str], where: str) -> None:
 
 
 def worker_kinds() -> set[str]:
-    from workers.cli import WorkerKind
+    from memq.workers.cli import WorkerKind
 
     return {k.value for k in WorkerKind}
 
@@ -222,7 +222,7 @@ def check_command(args: list[str], where: str) -> str:
     """``args`` is a memq command that exists; returns the worker kind, or ``init``."""
     import typer.main
 
-    from workers.cli import app
+    from memq.workers.cli import app
 
     commands = typer.main.get_command(app).commands
     assert args and args[0] in commands, f"{where}: `memq {' '.join(args)}` is no memq command"
@@ -413,7 +413,7 @@ def test_nats_jetstream_triggers_use_what_the_scaler_reads(tools: Path) -> None:
 
 
 def test_scaledobjects_watch_the_durable_consumer_of_the_worker_they_scale() -> None:
-    from workers.settings import IndexingSettings, PersistenceSettings, StreamSettings
+    from memq.workers.settings import IndexingSettings, PersistenceSettings, StreamSettings
 
     durable = {"persistence": PersistenceSettings().durable, "indexing": IndexingSettings().durable}
     scaled = {}

@@ -8,9 +8,9 @@ import jsonschema
 import orjson
 import pytest
 
-from contracts import jsonschema as export_schemas
-from contracts.codec import encode
-from contracts.schemas import KINDS, Event, EventAppended, Message, TextPart
+from memq.contracts import jsonschema as export_schemas
+from memq.contracts.codec import encode
+from memq.contracts.schemas import KINDS, Event, EventAppended, Message, TextPart
 
 from test_codec import MESSAGES
 
@@ -24,7 +24,7 @@ def _load(path) -> dict:
 def test_committed_files_equal_a_fresh_export(tmp_path) -> None:
     fresh = {p.name: _load(p) for p in export_schemas.export(tmp_path)}
     committed = {p.name: _load(p) for p in COMMITTED.glob("*.schema.json")}
-    assert committed == fresh, "schemas are stale: run `python -m contracts.jsonschema`"
+    assert committed == fresh, "schemas are stale: run `python -m memq.contracts.jsonschema`"
     assert len(fresh) == len(KINDS) + 1
 
 

@@ -13,9 +13,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from workers import metrics
-from workers.health import HealthState, HttpServer, Monitor, checks_for, durable_of, make_app
-from workers.settings import Settings
+from memq.workers import metrics
+from memq.workers.health import HealthState, HttpServer, Monitor, checks_for, durable_of, make_app
+from memq.workers.settings import Settings
 
 
 class Clock:

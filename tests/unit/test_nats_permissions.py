@@ -1,4 +1,4 @@
-"""NATS permissions for memq (workers.security): what each app's user may touch."""
+"""NATS permissions for memq (memq.workers.security): what each app's user may touch."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contracts.client import app_inbox_prefix
-from contracts.errors import InvalidId
-from contracts.subjects import events_subject, request_subject, status_subject
-from workers import security
+from memq.contracts.client import app_inbox_prefix
+from memq.contracts.errors import InvalidId
+from memq.contracts.subjects import events_subject, request_subject, status_subject
+from memq.workers import security
 
 ids = st.text(min_size=1, max_size=40).filter(lambda s: len(s.encode()) <= 256)
 

@@ -6,9 +6,9 @@ import nats.errors
 import orjson
 from sqlalchemy import exc as sa_exc
 
-from contracts import queries as q
-from workers.query.service import QueryWorker
-from workers.settings import Settings
+from memq.contracts import queries as q
+from memq.workers.query.service import QueryWorker
+from memq.workers.settings import Settings
 
 
 class FailingFloor:

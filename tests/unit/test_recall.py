@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.schemas import (
+from memq.contracts.schemas import (
     CheckpointSaved,
     Event,
     EventAppended,
@@ -15,7 +15,7 @@ from contracts.schemas import (
     ToolCallPart,
     ToolResultPart,
 )
-from workers.memory.recall import Doc, Hit, doc_for, doc_uuid, hit_dict, relative_score_fusion
+from memq.workers.memory.recall import Doc, Hit, doc_for, doc_uuid, hit_dict, relative_score_fusion
 
 
 def appended(role: str, *parts, author: str | None = None, ts: float = 1_683_504_000.0) -> EventAppended:
@@ -105,7 +105,7 @@ def test_hit_dict_has_hectors_search_result_fields():
 
 
 def test_a_turn_is_indexed_with_the_previous_one():
-    from workers.memory.recall import Turn
+    from memq.workers.memory.recall import Turn
 
     doc = doc_for(2, ASSISTANT, "all", previous=Turn("Caroline", "I adopted a puppy named Max"))
     assert doc.text == "Congratulations!"  # what a search returns stays the turn itself

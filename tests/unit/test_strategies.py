@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workers.memory.strategies import MIN_SUMMARY_TOKENS, Item, Selection, Strategy, fold, preserved, select
+from memq.workers.memory.strategies import MIN_SUMMARY_TOKENS, Item, Selection, Strategy, fold, preserved, select
 
 # --- generators ---------------------------------------------------------------
 
@@ -209,7 +209,7 @@ def test_summary_buffer_requests(items, strategy, reserved):
                 assert sum(it.tokens for it in items[c:]) + reserved > frac(strategy.budget, strategy.target)
     elif total + reserved > frac(strategy.budget, strategy.threshold):
         # over the threshold but nothing may be folded: min_recent covers it all
-        from workers.memory.strategies import recent_cut
+        from memq.workers.memory.strategies import recent_cut
 
         assert recent_cut(items, strategy.min_recent) == 0
 

@@ -9,10 +9,10 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from contracts import queries as q
-from workers import cli
-from workers.query.ops import strategy_for
-from workers.settings import MemorySettings, Settings
+from memq.contracts import queries as q
+from memq.workers import cli
+from memq.workers.query.ops import strategy_for
+from memq.workers.settings import MemorySettings, Settings
 
 
 def test_the_default_strategy_is_budgeted():

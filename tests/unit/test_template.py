@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contracts.errors import MemqError
-from workers.memory.state import merge_state
-from workers.memory.template import TemplateKeyError, placeholders, render
+from memq.contracts.errors import MemqError
+from memq.workers.memory.state import merge_state
+from memq.workers.memory.template import TemplateKeyError, placeholders, render
 
 
 def test_hector_doc_example():

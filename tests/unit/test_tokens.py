@@ -19,8 +19,8 @@ import pytest
 import tiktoken
 import tiktoken_ext.openai_public as openai_public
 
-from contracts.schemas import Event, FilePart, Message, TextPart, ToolCallPart, ToolResultPart
-from workers.memory import tokens as tk
+from memq.contracts.schemas import Event, FilePart, Message, TextPart, ToolCallPart, ToolResultPart
+from memq.workers.memory import tokens as tk
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ OFFLINE_SCRIPT = textwrap.dedent(
         return real_read(blobpath)
     tiktoken.load.read_file = no_download
 
-    from workers.memory import tokens as tk
+    from memq.workers.memory import tokens as tk
     import tiktoken
 
     out = {

@@ -14,12 +14,12 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from contracts.codec import decode_from_subject
-from contracts.errors import MemqError
-from workers.indexing.backends.base import IndexBackend
-from workers.indexing.embedders.base import Embedder
-from contracts.ids import scope_key
-from workers.memory.recall import SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
+from memq.contracts.codec import decode_from_subject
+from memq.contracts.errors import MemqError
+from memq.workers.indexing.backends.base import IndexBackend
+from memq.workers.indexing.embedders.base import Embedder
+from memq.contracts.ids import scope_key
+from memq.workers.memory.recall import SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
 
 log = logging.getLogger("memq.indexing")
 
@@ -40,7 +40,7 @@ class Indexer:
     embedder: Embedder
     scope: StorageScope = "all"
     max_message_bytes: int = 1024 * 1024
-    previous: Any = None  # workers.indexing.previous.PreviousTurns: each doc's previous turn; None: no context
+    previous: Any = None  # memq.workers.indexing.previous.PreviousTurns: each doc's previous turn; None: no context
     totals: Applied = field(default_factory=Applied)
 
     def decode(self, msgs: Sequence[Msg]) -> list[tuple[int, object]]:
@@ -126,9 +126,9 @@ def make_indexer(settings, backend: IndexBackend, embedder: Embedder, js, engine
     unless ``indexing.context_turns`` is 0."""
     previous = None
     if settings.indexing.context_turns:
-        from workers.indexing.previous import PreviousTurns
-        from workers.query.floor import CommitFloor
-        from workers.sql.engine import create_engine
+        from memq.workers.indexing.previous import PreviousTurns
+        from memq.workers.query.floor import CommitFloor
+        from memq.workers.sql.engine import create_engine
 
         engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)
         floor = CommitFloor(js, settings.streams.events, settings.persistence.durable)

@@ -13,12 +13,12 @@ from collections.abc import Mapping
 
 from sqlalchemy import select
 
-from contracts.errors import NotCommitted
-from contracts.schemas import Event, EventAppended
-from workers.indexing.backends.base import IndexUnavailable
-from workers.memory.recall import StorageScope, Turn, doc_for, turn_of
-from workers.query.floor import CommitFloor
-from workers.sql.reads import EVENTS
+from memq.contracts.errors import NotCommitted
+from memq.contracts.schemas import Event, EventAppended
+from memq.workers.indexing.backends.base import IndexUnavailable
+from memq.workers.memory.recall import StorageScope, Turn, doc_for, turn_of
+from memq.workers.query.floor import CommitFloor
+from memq.workers.sql.reads import EVENTS
 
 LOOKBACK = 5  # events looked at for one with text (tool calls may come between)
 

@@ -3,7 +3,7 @@
 The live generation keeps serving (and the live workers keep writing to it)
 while a new generation is filled from a replay: the event stream from
 sequence 1 through an ephemeral consumer, or a read of SQL. Then
-:meth:`~workers.indexing.backends.base.IndexBackend.promote` switches, and
+:meth:`~memq.workers.indexing.backends.base.IndexBackend.promote` switches, and
 the replay goes on over whatever arrived in the meantime (the *tail*), so no
 event that the live worker wrote only to the old generation is missed.
 Deletes replay in order with the events they delete, and the persistence
@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from contracts.ids import encode_token
-from contracts.subjects import EVENTS_WILDCARD, PREFIX, user_events_filter
-from workers.indexing.backends.base import IndexBackend
-from workers.indexing.indexer import Indexer
-from workers.lease import Lease
-from workers.query.floor import CommitFloor
-from workers.settings import Settings
+from memq.contracts.ids import encode_token
+from memq.contracts.subjects import EVENTS_WILDCARD, PREFIX, user_events_filter
+from memq.workers.indexing.backends.base import IndexBackend
+from memq.workers.indexing.indexer import Indexer
+from memq.workers.lease import Lease
+from memq.workers.query.floor import CommitFloor
+from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")
 
@@ -252,7 +252,7 @@ async def _copy_outside_scope(backend, generation, app, user, live, indexer) -> 
 
 
 async def _replay_sql(engine, indexer: Indexer, generation: str, app, user, progress) -> int:
-    from workers.sql import reads  # only the sql source needs SQL
+    from memq.workers.sql import reads  # only the sql source needs SQL
 
     done = 0
     total = await reads.count_indexable(engine, app=app, user=user)

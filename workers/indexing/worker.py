@@ -3,7 +3,7 @@
 The index is derived (SQL is the truth) and can always be rebuilt from the
 stream. One durable pull consumer (``memq-indexing``) is shared by all
 replicas. For each batch: decode, keep what the storage scope indexes
-(:func:`workers.memory.recall.doc_for`), embed, upsert, apply session and user
+(:func:`memq.workers.memory.recall.doc_for`), embed, upsert, apply session and user
 deletes in order, then ack. An index or embedder outage naks the batch with a
 growing delay: nothing is acked before it is indexed, and nothing is lost.
 
@@ -33,17 +33,17 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from nats.micro import add_service
 
-from contracts.subjects import EVENTS_WILDCARD
-from workers import bus, metrics
-from workers.consumer import BatchConsumer
-from workers.indexing.backends import open_backend
-from workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
-from workers.indexing.embedders import open_embedder
-from workers.indexing.embedders.base import Embedder, EmbedderError
-from workers.indexing.indexer import Indexer, make_indexer
-from workers.indexing.rebuild import REBUILD_LEASE, rebuild
-from workers.lease import Lease
-from workers.settings import Settings
+from memq.contracts.subjects import EVENTS_WILDCARD
+from memq.workers import bus, metrics
+from memq.workers.consumer import BatchConsumer
+from memq.workers.indexing.backends import open_backend
+from memq.workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
+from memq.workers.indexing.embedders import open_embedder
+from memq.workers.indexing.embedders.base import Embedder, EmbedderError
+from memq.workers.indexing.indexer import Indexer, make_indexer
+from memq.workers.indexing.rebuild import REBUILD_LEASE, rebuild
+from memq.workers.lease import Lease
+from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")
 

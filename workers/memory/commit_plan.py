@@ -9,7 +9,7 @@ make any commit order of several replicas equal stream order:
 - a delete at ``D`` removes rows with ``seq < D`` and leaves a tombstone, and
   writes to that scope with ``seq < D`` that arrive later are dropped here;
 - ``app:`` writes survive session and user deletes, as they would in order;
-- deleting a state key writes a tombstone (:data:`~workers.memory.state.DELETED`)
+- deleting a state key writes a tombstone (:data:`~memq.workers.memory.state.DELETED`)
   with the delete's ``seq``, ordered against sets by the rule above.
 """
 
@@ -22,8 +22,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from contracts.ids import scope_key
-from contracts.schemas import (
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import (
     ArtifactSaved,
     CheckpointSaved,
     EventAppended,
@@ -33,9 +33,9 @@ from contracts.schemas import (
     StreamMessage,
     UserDeleted,
 )
-from workers.memory.context import summary_message
-from workers.memory.state import DELETED, TOMBSTONE, split_delta, with_deletes
-from workers.memory.tokens import count_event, message_tokens
+from memq.workers.memory.context import summary_message
+from memq.workers.memory.state import DELETED, TOMBSTONE, split_delta, with_deletes
+from memq.workers.memory.tokens import count_event, message_tokens
 
 
 class UserRef(NamedTuple):

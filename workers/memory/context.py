@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from workers.memory import tokens as tk
-from workers.memory.strategies import Item, Selection, Strategy, preserved, select
+from memq.workers.memory import tokens as tk
+from memq.workers.memory.strategies import Item, Selection, Strategy, preserved, select
 
 RECALL_HEADER = "Memories recalled from earlier conversations (may be relevant):"
 SUMMARY_HEADER = "Summary of the conversation so far:"
@@ -133,7 +133,7 @@ class Context:
         strategy: the strategy applied.
         model: the model counted for.
         needs_summary / summarize_up_to: summary_buffer's request to the
-            summarizer (see :class:`~workers.memory.strategies.Selection`),
+            summarizer (see :class:`~memq.workers.memory.strategies.Selection`),
             judged without recalled memories, which vary per query.
     """
 
@@ -185,7 +185,7 @@ class Context:
     def to_openai(self) -> list[dict[str, Any]]:
         """OpenAI chat messages: system instruction, system recall block,
         system summary, then the window's events (see
-        :func:`~workers.memory.tokens.event_messages`)."""
+        :func:`~memq.workers.memory.tokens.event_messages`)."""
         out: list[dict[str, Any]] = []
         if self.instruction:
             out.append({"role": "system", "content": self.instruction})

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from workers.memory.tokens import count_text
+from memq.workers.memory.tokens import count_text
 
 ELLIPSIS = "…"
 MIN_SCORE = 0.0  # at or below: chit-chat ("Hey Mel!", "lol"), not kept even when room is left

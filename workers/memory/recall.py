@@ -25,8 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from contracts.ids import scope_key
-from workers.memory import tokens as tk
+from memq.contracts.ids import scope_key
+from memq.workers.memory import tokens as tk
 
 StorageScope = Literal["all", "conversational", "summaries_only"]
 STORAGE_SCOPES: tuple[str, ...] = ("all", "conversational", "summaries_only")
@@ -135,7 +135,7 @@ def search_text(author: str, text: str, timestamp: float | None, previous: Turn 
 def doc_for(seq: int, message: Any, scope: StorageScope, previous: Turn | None = None) -> Doc | None:
     """The doc a stream message contributes under ``scope``, or None.
 
-    ``message`` is a decoded stream message (:data:`contracts.schemas.StreamMessage`);
+    ``message`` is a decoded stream message (:data:`memq.contracts.schemas.StreamMessage`);
     ``previous`` is the session's previous turn that has a doc under the same
     scope (None: the first, or no context wanted). Checkpoints take none.
     """

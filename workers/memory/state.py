@@ -35,7 +35,7 @@ TOMBSTONE = ""
 
 def with_deletes(delta: Mapping[str, Any], deleted: Iterable[str] = ()) -> dict[str, Any]:
     """One delta that sets ``delta`` and deletes ``deleted`` (a
-    :class:`~contracts.schemas.StateSet` checks that they do not overlap)."""
+    :class:`~memq.contracts.schemas.StateSet` checks that they do not overlap)."""
     return {**delta, **dict.fromkeys(deleted, DELETED)}
 
 

@@ -1,7 +1,7 @@
 """Working-memory strategies (DESIGN §6): which recent events a model sees.
 
 Pure functions over already-counted :class:`Item` s (one per event, counted
-once at persist time with :func:`workers.memory.tokens.count_event`).
+once at persist time with :func:`memq.workers.memory.tokens.count_event`).
 
 Strategies, after Hector (``pkg/memory``, ``pkg/config/agent.go``
 ``ContextConfig``, ``docs/guides/agents.md``) and Synapse
@@ -54,7 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
-from contracts.queries import STRATEGY_ALIASES
+from memq.contracts.queries import STRATEGY_ALIASES
 
 Kind = Literal["all", "buffer_window", "token_window", "summary_buffer"]
 KINDS: tuple[str, ...] = ("all", "buffer_window", "token_window", "summary_buffer")
@@ -78,7 +78,7 @@ class Item:
     Attributes:
         seq: the event's stream sequence (its position in the session).
         role: ``user``, ``assistant``, ``system`` or ``tool``.
-        tokens: :func:`~workers.memory.tokens.count_event` of the event.
+        tokens: :func:`~memq.workers.memory.tokens.count_event` of the event.
         call_ids: ids of the tool calls made in this event.
         result_ids: ids of the tool calls answered in this event.
     """

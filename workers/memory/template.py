@@ -6,7 +6,7 @@ Syntax (Hector ``pkg/instruction/template.go``):
     session-scoped state ``key``.
 ``{user:key}`` / ``{app:key}`` / ``{temp:key}``
     user-, app- and temp-scoped state, looked up under that prefixed name,
-    which is how :func:`workers.memory.state.merge_state` presents it.
+    which is how :func:`memq.workers.memory.state.merge_state` presents it.
 ``{artifact.name}``
     the text of an artifact, when the caller passes ``artifacts``.
 ``{key?}``
@@ -33,8 +33,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from contracts.errors import MemqError
-from workers.memory.tokens import dumps
+from memq.contracts.errors import MemqError
+from memq.workers.memory.tokens import dumps
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
 _NAME = re.compile(r"(?:(?:app|user|temp):)?[^\W\d]\w*")

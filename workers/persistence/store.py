@@ -1,6 +1,6 @@
 """Commits a batch of stream messages to SQL in one transaction.
 
-The policy (which rows, which tombstones) is :mod:`workers.memory.commit_plan`;
+The policy (which rows, which tombstones) is :mod:`memq.workers.memory.commit_plan`;
 this module only talks to the database.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import and_, bindparam, case, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from workers.memory.commit_plan import (
+from memq.workers.memory.commit_plan import (
     CommitPlan,
     Incoming,
     Scopes,
@@ -21,8 +21,8 @@ from workers.memory.commit_plan import (
     plan_commit,
     state_rows,
 )
-from workers.sql import models
-from workers.sql.engine import dialect_name, greatest, insert_ignore, upsert_if_newer
+from memq.workers.sql import models
+from memq.workers.sql.engine import dialect_name, greatest, insert_ignore, upsert_if_newer
 
 USERS = models.User.__table__
 SESSIONS = models.Session.__table__

@@ -11,7 +11,7 @@ adding processes scales out with no coordination. For each batch:
 
 A database outage naks the batch with a growing delay: nothing is acked before
 it is durable, and nothing is lost. Acks are explicit, per message (see
-:mod:`workers.consumer` for why this loop does not use FastStream's).
+:mod:`memq.workers.consumer` for why this loop does not use FastStream's).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
-from contracts.codec import decode_from_subject
-from contracts.errors import Internal, MemqError
-from contracts.subjects import (
+from memq.contracts.codec import decode_from_subject
+from memq.contracts.errors import Internal, MemqError
+from memq.contracts.subjects import (
     ARTIFACT_BUCKET,
     EVENTS_WILDCARD,
     changed_subject,
@@ -41,12 +41,12 @@ from contracts.subjects import (
     events_subject,
     user_events_filter,
 )
-from workers import bus, metrics
-from workers.consumer import BatchConsumer
-from workers.memory.commit_plan import Incoming
-from workers.persistence.store import CommitResult, SqlStore
-from workers.settings import Settings
-from workers.sql.engine import create_engine, migrate
+from memq.workers import bus, metrics
+from memq.workers.consumer import BatchConsumer
+from memq.workers.memory.commit_plan import Incoming
+from memq.workers.persistence.store import CommitResult, SqlStore
+from memq.workers.settings import Settings
+from memq.workers.sql.engine import create_engine, migrate
 
 log = logging.getLogger("memq.persistence")
 

@@ -24,8 +24,8 @@ from typing import Protocol
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from contracts.ids import scope_key
-from workers import metrics
+from memq.contracts.ids import scope_key
+from memq.workers import metrics
 
 log = logging.getLogger("memq.cache")
 

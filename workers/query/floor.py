@@ -15,7 +15,7 @@ import time
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from contracts.errors import NotCommitted
+from memq.contracts.errors import NotCommitted
 
 
 class CommitFloor:

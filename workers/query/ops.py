@@ -2,7 +2,7 @@
 
 Each op takes a validated request and a connection and returns a reply model.
 The policy (strategies, context assembly, templates) is pure and lives in
-:mod:`workers.memory`; this module only decides what to read.
+:mod:`memq.workers.memory`; this module only decides what to read.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from contracts import queries as q
-from contracts.errors import InvalidRequest, NotFound, Unavailable
-from contracts.ids import scope_key
-from workers.memory.context import assemble, item_from_event
-from workers.memory.recall import recalled_event
-from workers.memory.tokens import event_text
-from workers.memory.strategies import Item, Strategy, select
-from workers.memory.template import render
-from workers.settings import MemorySettings
-from workers.sql import reads
+from memq.contracts import queries as q
+from memq.contracts.errors import InvalidRequest, NotFound, Unavailable
+from memq.contracts.ids import scope_key
+from memq.workers.memory.context import assemble, item_from_event
+from memq.workers.memory.recall import recalled_event
+from memq.workers.memory.tokens import event_text
+from memq.workers.memory.strategies import Item, Strategy, select
+from memq.workers.memory.template import render
+from memq.workers.settings import MemorySettings
+from memq.workers.sql import reads
 
 PAGE = 256  # events read per round trip when walking a session backwards
 RECALL_MARGIN = 10  # extra recall candidates, for those already in the window
@@ -304,7 +304,7 @@ class OpContext:
     memory: MemorySettings
     apps: Mapping[str, Mapping[str, Any]]
     max_events: int = q.MAX_EVENTS  # a whole-session read returns at most this many (and says so)
-    searcher: Any = None  # workers.query.search.Searcher: search and recall
+    searcher: Any = None  # memq.workers.query.search.Searcher: search and recall
 
     def strategy(self, app: str, spec: q.StrategySpec | None) -> Strategy:
         return strategy_for(self.memory, self.apps.get(app, {}), spec)

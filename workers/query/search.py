@@ -16,14 +16,14 @@ import logging
 import time
 from dataclasses import replace
 
-from contracts import queries as q
-from contracts.errors import Unavailable
-from workers.indexing.backends import open_backend
-from workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
-from workers.indexing.embedders import open_embedder
-from workers.indexing.embedders.base import Embedder, EmbedderError
-from workers.memory.recall import Hit, SearchQuery, hit_dict
-from workers.settings import Settings
+from memq.contracts import queries as q
+from memq.contracts.errors import Unavailable
+from memq.workers.indexing.backends import open_backend
+from memq.workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
+from memq.workers.indexing.embedders import open_embedder
+from memq.workers.indexing.embedders.base import Embedder, EmbedderError
+from memq.workers.memory.recall import Hit, SearchQuery, hit_dict
+from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.query")
 

@@ -7,7 +7,7 @@ each request it:
 
 1. validates the body and refuses one that names another app than its subject;
 2. waits, bounded, until the caller's ``min_seq`` is committed (read-your-writes);
-3. answers from the cache, or from SQL through the op in :mod:`workers.query.ops`
+3. answers from the cache, or from SQL through the op in :mod:`memq.workers.query.ops`
    and fills the cache;
 4. always replies: a typed error rather than silence or a hang.
 
@@ -31,17 +31,17 @@ from nats.micro.service import Service
 from pydantic import ValidationError
 from sqlalchemy import exc as sa_exc
 
-from contracts import queries as q
-from contracts.errors import Forbidden, Internal, InvalidRequest, MemqError, Oversize, Unavailable
-from contracts.ids import decode_token
-from contracts.subjects import CHANGED_WILDCARD, PREFIX
-from workers import bus, metrics
-from workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
-from workers.query.floor import CommitFloor
-from workers.query.ops import CACHED, NO_SQL, OPS, OpContext
-from workers.query.search import Searcher
-from workers.settings import Settings
-from workers.sql.engine import create_engine, migrate
+from memq.contracts import queries as q
+from memq.contracts.errors import Forbidden, Internal, InvalidRequest, MemqError, Oversize, Unavailable
+from memq.contracts.ids import decode_token
+from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX
+from memq.workers import bus, metrics
+from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
+from memq.workers.query.floor import CommitFloor
+from memq.workers.query.ops import CACHED, NO_SQL, OPS, OpContext
+from memq.workers.query.search import Searcher
+from memq.workers.settings import Settings
+from memq.workers.sql.engine import create_engine, migrate
 
 log = logging.getLogger("memq.query")
 

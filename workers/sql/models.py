@@ -1,7 +1,7 @@
 """The SQL schema (the source of truth), as SQLModel tables.
 
 Sessions and users are keyed by a sha256 digest of their ids
-(:func:`contracts.ids.scope_key`): three 256-byte id columns would exceed
+(:func:`memq.contracts.ids.scope_key`): three 256-byte id columns would exceed
 MySQL's 3072-byte index limit. Every row carries ``seq``, the stream sequence
 of the message that wrote it, which is what makes commits from several
 replicas order-independent (a write wins only over older sequences) and lets a

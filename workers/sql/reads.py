@@ -17,9 +17,9 @@ import orjson
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from contracts.ids import scope_key
-from workers.memory.state import TOMBSTONE, merge_state
-from workers.sql import models
+from memq.contracts.ids import scope_key
+from memq.workers.memory.state import TOMBSTONE, merge_state
+from memq.workers.sql import models
 
 SESSIONS = models.Session.__table__
 EVENTS = models.Event.__table__
@@ -173,7 +173,7 @@ async def latest_checkpoint(conn, session_key: str) -> CheckpointRow | None:
 
 @dataclass(frozen=True)
 class EventFilter:
-    """Which events of a session a read keeps (see :class:`contracts.queries.SessionGet`).
+    """Which events of a session a read keeps (see :class:`memq.contracts.queries.SessionGet`).
 
     :param after: only events with ``timestamp > after`` (unix seconds). Default None: any.
     :param roles: only events whose message has one of these roles. Default (): any.
@@ -323,7 +323,7 @@ async def indexable_messages(engine: AsyncEngine, *, app: str | None = None, use
     """Yield lists of ``(seq, stream message)`` rebuilt from SQL, session by
     session (each read is a range scan on (session_key, seq)); within a
     session, events and checkpoints in seq order. Deleted data is not in SQL."""
-    from contracts.schemas import CheckpointSaved, Event, EventAppended  # the wire models
+    from memq.contracts.schemas import CheckpointSaved, Event, EventAppended  # the wire models
 
     async with engine.connect() as conn:
         sessions = (await conn.execute(_visible_sessions(app, user).order_by(SESSIONS.c.key))).all()

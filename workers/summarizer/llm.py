@@ -6,7 +6,7 @@ Works with OpenAI, vLLM, Ollama and the llama.cpp server. The summary is
 hierarchical: the previous checkpoint's summary is folded into the new one.
 
 The reply is trimmed and, if longer than the target (counted with
-:func:`workers.memory.tokens.count_text`, which may differ from the model's own
+:func:`memq.workers.memory.tokens.count_text`, which may differ from the model's own
 tokenizer), cut at a sentence or word boundary. The API key is sent only as a
 Bearer header and never appears in logs or errors.
 """
@@ -20,12 +20,12 @@ from datetime import UTC, datetime
 
 import httpx
 
-from workers import http_retry
+from memq.workers import http_retry
 
-from workers.memory.extractive import Turn
-from workers.memory.tokens import count_text
-from workers.settings import LLMSettings, mask_url
-from workers.summarizer.summarizers import SummarizerError
+from memq.workers.memory.extractive import Turn
+from memq.workers.memory.tokens import count_text
+from memq.workers.settings import LLMSettings, mask_url
+from memq.workers.summarizer.summarizers import SummarizerError
 
 log = logging.getLogger("memq.summarizer.llm")
 

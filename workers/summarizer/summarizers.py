@@ -1,5 +1,5 @@
 """Summarizers behind one Protocol: the offline extractive one (the embedded
-default) and an OpenAI-compatible LLM (:mod:`workers.summarizer.llm`)."""
+default) and an OpenAI-compatible LLM (:mod:`memq.workers.summarizer.llm`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from workers.memory import extractive
-from workers.memory.extractive import Turn
-from workers.settings import SummarizerSettings
+from memq.workers.memory import extractive
+from memq.workers.memory.extractive import Turn
+from memq.workers.settings import SummarizerSettings
 
 
 class SummarizerError(Exception):
@@ -29,7 +29,7 @@ class Summarizer(Protocol):
 
 class ExtractiveSummarizer:
     """Keeps the sentences that carry names, dates, numbers and decisions
-    (:mod:`workers.memory.extractive`); offline and deterministic."""
+    (:mod:`memq.workers.memory.extractive`); offline and deterministic."""
 
     name = "extractive"
 
@@ -43,7 +43,7 @@ class ExtractiveSummarizer:
 
 def open_summarizer(settings: SummarizerSettings) -> Summarizer:
     if settings.kind == "llm":
-        from workers.summarizer.llm import LLMSummarizer
+        from memq.workers.summarizer.llm import LLMSummarizer
 
         return LLMSummarizer(settings.llm)
     return ExtractiveSummarizer()

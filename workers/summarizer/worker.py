@@ -6,7 +6,7 @@ a queue group) and a periodic sweep of SQL for sessions over the threshold,
 so a lost notice delays a summary but never loses one.
 
 For a session whose app uses ``summary_buffer``, the pure policy
-(:func:`workers.memory.strategies.fold`) says whether a summary is due and
+(:func:`memq.workers.memory.strategies.fold`) says whether a summary is due and
 up to which sequence. The worker then:
 
 1. takes the session's lease (a NATS KV key with a TTL): one summarizer per
@@ -36,22 +36,22 @@ from nats.aio.msg import Msg
 from nats.micro import add_service
 from sqlalchemy import func, select
 
-from contracts.codec import encode, subject_for
-from contracts.ids import scope_key
-from contracts.schemas import CheckpointSaved
-from contracts.subjects import CHANGED_WILDCARD, status_subject
-from workers import bus, metrics
-from workers.lease import Lease
-from workers.memory.extractive import Turn
-from workers.memory.strategies import Strategy, fold
-from workers.memory.tokens import count_text, event_text
-from contracts.errors import NotCommitted
-from workers.query.floor import CommitFloor
-from workers.query.ops import load_window, strategy_for
-from workers.settings import Settings
-from workers.sql import reads
-from workers.sql.engine import create_engine, migrate
-from workers.summarizer.summarizers import Summarizer, SummarizerError, open_summarizer
+from memq.contracts.codec import encode, subject_for
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import CheckpointSaved
+from memq.contracts.subjects import CHANGED_WILDCARD, status_subject
+from memq.workers import bus, metrics
+from memq.workers.lease import Lease
+from memq.workers.memory.extractive import Turn
+from memq.workers.memory.strategies import Strategy, fold
+from memq.workers.memory.tokens import count_text, event_text
+from memq.contracts.errors import NotCommitted
+from memq.workers.query.floor import CommitFloor
+from memq.workers.query.ops import load_window, strategy_for
+from memq.workers.settings import Settings
+from memq.workers.sql import reads
+from memq.workers.sql.engine import create_engine, migrate
+from memq.workers.summarizer.summarizers import Summarizer, SummarizerError, open_summarizer
 
 log = logging.getLogger("memq.summarizer")
 

@@ -8,7 +8,7 @@ fills a fresh generation while the live one keeps serving, then
 generation records the embedding model and dimension of its vectors, so a
 model change is detected and never mixes vectors.
 
-Writes are idempotent: a doc's key is :attr:`workers.memory.recall.Doc.uuid`,
+Writes are idempotent: a doc's key is :attr:`memq.workers.memory.recall.Doc.uuid`,
 so re-indexing an event overwrites the same object.
 """
 
@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from workers.memory.recall import Doc, Hit, SearchQuery
+from memq.workers.memory.recall import Doc, Hit, SearchQuery
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ Layout of the file:
 
 - ``generations`` (id, name, model, dim, created_at) and a one-row ``live``
   pointer. Generation ``g<n>`` owns the tables ``docs_<n>`` and ``fts_<n>``.
-- ``docs_<n>``: one row per :class:`~workers.memory.recall.Doc`, keyed by its
+- ``docs_<n>``: one row per :class:`~memq.workers.memory.recall.Doc`, keyed by its
   uuid, with the vector as a float32 little-endian BLOB (empty in a
   keyword-only generation, ``dim`` 0: ``indexing.embedder = "none"``).
 - ``fts_<n>``: an *external-content* FTS5 index over ``docs_<n>``'s
@@ -51,9 +51,9 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from contracts.ids import scope_key
-from workers.indexing.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
-from workers.memory.recall import Doc, Hit, SearchQuery, relative_score_fusion
+from memq.contracts.ids import scope_key
+from memq.workers.indexing.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
+from memq.workers.memory.recall import Doc, Hit, SearchQuery, relative_score_fusion
 
 T = TypeVar("T")
 
@@ -251,7 +251,7 @@ class _Matrix:
 
 
 class EmbeddedIndex:
-    """The embedded :class:`~workers.indexing.backends.base.IndexBackend`.
+    """The embedded :class:`~memq.workers.indexing.backends.base.IndexBackend`.
 
     :param path: the SQLite file (created, with its directory, if missing).
     :param busy_timeout_s: how long a write waits for another process's write

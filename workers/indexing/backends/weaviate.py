@@ -45,10 +45,10 @@ from weaviate.classes.init import AdditionalConfig, Auth, GrpcConfig, Timeout
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery, Sort
 from weaviate.exceptions import WeaviateBaseError, WeaviateInsertManyAllFailedError
 
-from contracts.ids import scope_key
-from workers.indexing.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
-from workers.memory.recall import Doc, Hit, SearchQuery
-from workers.settings import WeaviateSettings
+from memq.contracts.ids import scope_key
+from memq.workers.indexing.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
+from memq.workers.memory.recall import Doc, Hit, SearchQuery
+from memq.workers.settings import WeaviateSettings
 
 log = logging.getLogger("memq.indexing.weaviate")
 
@@ -161,9 +161,9 @@ class _Target:
 
 
 class WeaviateIndex:
-    """:class:`~workers.indexing.backends.base.IndexBackend` on a Weaviate server.
+    """:class:`~memq.workers.indexing.backends.base.IndexBackend` on a Weaviate server.
 
-    Parameters (all in ``settings``, a :class:`~workers.settings.WeaviateSettings`):
+    Parameters (all in ``settings``, a :class:`~memq.workers.settings.WeaviateSettings`):
 
     - ``url``: HTTP URL, e.g. ``http://localhost:8080`` (``https`` makes gRPC
       use TLS too); required here.

@@ -28,8 +28,8 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from workers import metrics
-from workers.settings import LocalEmbedderSettings
+from memq.workers import metrics
+from memq.workers.settings import LocalEmbedderSettings
 
 MODEL = "local:all-MiniLM-L6-v2-int8"
 DIM = 384
