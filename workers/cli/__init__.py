@@ -1,0 +1,20 @@
+"""The `memq` command: a thin layer over the library (typer + rich).
+
+One typer app (:mod:`.common`); each module adds its commands to it:
+:mod:`.run` (up, worker, init, demo, config), :mod:`.reads` (sessions,
+history, context, search), :mod:`.ops` (index, status, dlq) and
+:mod:`.accounts` (nats accounts).
+"""
+
+import importlib
+
+from memq.workers.cli.common import app
+
+# Imported in this order, which is the order of `memq --help` (an import
+# sorter would reorder plain import lines).
+for _module in ("run", "reads", "ops", "accounts"):
+    importlib.import_module(f"{__name__}.{_module}")
+
+from memq.workers.cli.run import WorkerKind  # noqa: E402 (after the commands are registered)
+
+__all__ = ["WorkerKind", "app"]

@@ -1,0 +1,3 @@
+from memq.workers.cli import app
+
+app()

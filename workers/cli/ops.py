@@ -1,0 +1,186 @@
+"""Operating memq: rebuild the index, show status, inspect and replay dead letters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from enum import Enum
+from typing import Annotated
+
+import typer
+from nats.aio.client import Client as NATS
+from rich.markup import escape
+from rich.table import Table
+
+from memq.workers.cli.common import _settings, _short, _with_nats, app, console, err
+
+
+index_app = typer.Typer(no_args_is_help=True, help="Inspect and rebuild the long-term memory index.")
+app.add_typer(index_app, name="index")
+
+
+class RebuildSource(str, Enum):
+    stream = "stream"
+    sql = "sql"
+
+
+@index_app.command("rebuild")
+def index_rebuild(
+    app_id: Annotated[str | None, typer.Option("--app", "-a", help="Only this app (the rest is copied).")] = None,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user (needs --app).")] = None,
+    source: Annotated[RebuildSource, typer.Option(help="Replay the event stream, or read SQL.")] = RebuildSource.stream,
+) -> None:
+    """Rebuild the index into a fresh generation while the live one serves, then switch."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from memq.workers.index.backends import open_backend
+    from memq.workers.index.embedders import open_embedder
+    from memq.workers.indexing.indexer import make_indexer
+    from memq.workers.indexing.rebuild import rebuild
+    from memq.workers.sql.engine import create_engine
+
+    if user is not None and app_id is None:
+        err.print("[red]--user needs --app[/]")
+        raise typer.Exit(2)
+    settings = _settings()
+
+    async def work(nc: NATS):
+        backend = open_backend(settings)
+        await backend.open()
+        embedder = await open_embedder(settings.indexing)
+        engine = create_engine(settings.database_url())  # the SQL source, and each turn's previous one
+        indexer = make_indexer(settings, backend, embedder, nc.jetstream(), engine=engine)
+        columns = (
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:>8.0f} msg/s"), TimeRemainingColumn(),
+        )  # fmt: skip
+        try:
+            with Progress(*columns, console=err) as bar:
+                task = bar.add_task(f"rebuilding ({embedder.model})", total=None, rate=0.0)
+                started = asyncio.get_running_loop().time()
+
+                def progress(done: int, total: int) -> None:
+                    elapsed = asyncio.get_running_loop().time() - started
+                    bar.update(task, completed=done, total=total, rate=done / elapsed if elapsed > 0 else 0.0)
+
+                return await rebuild(
+                    settings, nc.jetstream(), indexer, source=source.value, app=app_id, user=user,
+                    engine=engine if source is RebuildSource.sql else None, progress=progress,
+                )  # fmt: skip
+        finally:
+            await backend.close()
+            await embedder.close()
+            await engine.dispose()
+
+    try:
+        result = _with_nats(work)
+    except ValueError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    console.print(
+        f"index {result.generation} is live: {result.docs} docs from {result.replayed} messages"
+        + (f" (+{result.copied} copied)" if result.copied else "")
+        + f", {result.model}, in {result.seconds:.1f}s"
+    )
+
+
+@app.command()
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """Show consumer lag per worker kind, live worker instances and dead letters."""
+    from memq.workers.status import collect_status, render
+
+    settings = _settings()
+    report = _with_nats(lambda nc: collect_status(nc, settings.streams))
+    if as_json:
+        console.print_json(json.dumps(report.to_dict()))
+    else:
+        render(report, console)
+
+
+dlq_app = typer.Typer(no_args_is_help=True, help="Inspect dead letters and send them back once fixed.")
+app.add_typer(dlq_app, name="dlq")
+
+
+def _dlq_filter(worker: str | None, code: str | None, seqs: list[int] | None):
+    from memq.workers.dlq import DeadLetterFilter
+
+    return DeadLetterFilter(worker=worker, code=code, seqs=frozenset(seqs) if seqs else None)
+
+
+@dlq_app.command("list")
+def dlq_list(
+    worker: Annotated[str | None, typer.Option("--worker", "-w", help="Only this worker's dead letters.")] = None,
+    code: Annotated[str | None, typer.Option("--code", "-c", help="Only this error code, e.g. oversize.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Show at most this many.")] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """List dead letters, oldest first, with why each was given up on."""
+    from memq.workers.dlq import list_dead_letters, summarize
+
+    settings = _settings()
+    where = _dlq_filter(worker, code, None)
+    letters = _with_nats(lambda nc: list_dead_letters(nc.jetstream(), settings.streams.dlq, where, limit))
+    if as_json:
+        console.print_json(json.dumps([letter.to_dict() for letter in letters]))
+        return
+    table = Table(title=f"dead letters in {settings.streams.dlq}" + (f" (first {limit})" if len(letters) == limit else ""))
+    for column in ("seq", "time", "worker", "code", "reason", "original subject", "orig seq", "bytes"):
+        table.add_column(column, justify="right" if column in ("seq", "orig seq", "bytes") else "left")
+    for letter in letters:
+        table.add_row(
+            str(letter.seq),
+            str(letter.time or "")[:19],
+            letter.worker,
+            letter.code,
+            escape(_short(letter.reason, 120)),
+            escape(letter.original_subject),
+            str(letter.original_seq or ""),
+            str(letter.size),
+        )
+    if not letters:
+        table.caption = "no dead letters"
+    else:
+        table.caption = ", ".join(f"{w}/{c}: {n}" for w, c, n in summarize(letters))
+    console.print(table)
+
+
+@dlq_app.command("replay")
+def dlq_replay(
+    seqs: Annotated[list[int] | None, typer.Argument(help="DLQ sequence numbers to replay (see `memq dlq list`).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Replay every dead letter that matches the filters.")] = False,
+    worker: Annotated[str | None, typer.Option("--worker", "-w", help="Only this worker's dead letters.")] = None,
+    code: Annotated[str | None, typer.Option("--code", "-c", help="Only this error code.")] = None,
+    keep: Annotated[bool, typer.Option("--keep", help="Leave the dead letters in the DLQ after replaying.")] = False,
+) -> None:
+    """Publish dead letters again on their original subjects, then delete them.
+
+    Fix the cause first (a setting, a worker bug, the database): a message
+    that fails again is dead-lettered again, with its new reason.
+    """
+    from memq.workers.dlq import replay_dead_letters
+
+    if not seqs and not all_:
+        err.print("[red]name the dead letters to replay[/] (`memq dlq replay 3 7`), or pass --all (with --worker/--code filters)")
+        raise typer.Exit(2)
+    settings = _settings()
+    where = _dlq_filter(worker, code, seqs)
+
+    def replayed(letter) -> None:
+        console.print(f"replayed dead letter {letter.seq} ({letter.code}) onto {escape(letter.original_subject)}")
+
+    result = _with_nats(
+        lambda nc: replay_dead_letters(
+            nc.jetstream(), settings.streams.dlq, settings.streams.events, where, keep=keep, on_replayed=replayed
+        )
+    )
+    for seq, why in result.skipped:
+        err.print(f"[yellow]skipped dead letter {seq}:[/] {escape(why)}")
+    missing = sorted(set(seqs or ()) - set(result.replayed) - {seq for seq, _ in result.skipped})
+    if missing:
+        err.print(f"[yellow]no such dead letter (or filtered out):[/] {', '.join(map(str, missing))}")
+    console.print(f"{len(result.replayed)} replayed" + ("" if keep else ", deleted from the DLQ"))
+    if result.skipped or missing:
+        raise typer.Exit(1)
+

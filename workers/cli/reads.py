@@ -1,0 +1,337 @@
+"""Reading sessions back: a thin layer over MemoryClient (sessions, history,
+context, search)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from datetime import datetime
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+from rich.json import JSON
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import NotFound
+from memq.workers.cli.common import _short, _with_client, app, console, err
+
+
+DEFAULT_APP = "memq-demo"  # the app `memq demo` writes to, so the demo can be browsed without flags
+AppOpt = Annotated[
+    str, typer.Option("--app", "-a", envvar="MEMQ_APP", help="App id (memq-demo is the one `memq demo` writes to).")
+]
+UserOpt = Annotated[str, typer.Option("--user", "-u", help="User id.")]
+SessionArg = Annotated[str, typer.Argument(help="Session id.")]
+BudgetOpt = Annotated[int | None, typer.Option(min=1, help="Token budget. Default: the app's setting (8000).")]
+_SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_after(text: str) -> float:
+    """``--after``: a span back from now (``30m``, ``24h``, ``7d``; s/m/h/d/w)
+    or an ISO datetime (without a zone: local time), as unix seconds."""
+    span = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text.lower())
+    if span:
+        return time.time() - float(span[1]) * _SPAN_UNITS[span[2]]
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: use a span like 30m, 24h, 7d or an ISO datetime") from None
+
+
+class MessageRole(str, Enum):
+    user = "user"
+    assistant = "assistant"
+    system = "system"
+    tool = "tool"
+
+
+AfterOpt = Annotated[
+    float | None,
+    typer.Option(parser=parse_after, metavar="SPAN|DATETIME", help="Only events after: 24h, 30m, 7d or an ISO datetime."),
+]
+RoleOpt = Annotated[list[MessageRole] | None, typer.Option("--role", help="Only events with this role (repeatable).")]
+
+sessions_app = typer.Typer(no_args_is_help=True, help="List, show and delete sessions.")
+app.add_typer(sessions_app, name="sessions")
+
+
+class StrategyKind(str, Enum):
+    all = "all"
+    none = "none"  # Hector's name for all
+    buffer_window = "buffer_window"
+    token_window = "token_window"
+    summary_buffer = "summary_buffer"
+
+
+StrategyOpt = Annotated[
+    StrategyKind | None,
+    typer.Option(help="Working-memory strategy (none = all). Default: the app's (summary_buffer unless configured)."),
+]
+
+
+def _strategy_spec(kind: StrategyKind | None, **params: int | None) -> dict[str, Any] | None:
+    """The request's strategy override from the command's options: only
+    those given (None: the app's strategy as it is)."""
+    spec = {"kind": kind.value if kind else None, **params}
+    return {k: v for k, v in spec.items() if v is not None} or None
+
+
+# What each strategy's result depends on (for captions).
+STRATEGY_PARAMS = {
+    "buffer_window": ("window", "turns"),
+    "token_window": ("budget", "preserve_recent"),
+    "summary_buffer": ("budget", "threshold", "target", "min_recent"),
+}
+
+
+class ContextFormat(str, Enum):
+    memq = "memq"
+    openai = "openai"
+
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+
+def _event_text(event: dict[str, Any]) -> str:
+    """One line per part: text as is, tool calls and results as arrows."""
+    lines = []
+    for part in (event.get("message") or {}).get("parts", []):
+        kind = part.get("type")
+        if kind == "text":
+            lines.append(part.get("text", ""))
+        elif kind == "tool_call":
+            lines.append(f"→ {part.get('name')}({json.dumps(part.get('args', {}), ensure_ascii=False)})")
+        elif kind == "tool_result":
+            lines.append(f"← {part.get('name', '')}: {json.dumps(part.get('result'), ensure_ascii=False)}")
+        else:
+            lines.append(json.dumps(part, ensure_ascii=False))
+    if delta := (event.get("actions") or {}).get("state_delta"):
+        lines.append(f"state {json.dumps(delta, ensure_ascii=False)}")
+    return _short("\n".join(lines))
+
+
+def _events_table(title: str, events: list, caption: str | None = None) -> Table:
+    table = Table(title=title, caption=caption)
+    table.add_column("seq", justify="right")
+    table.add_column("role")
+    table.add_column("author")
+    table.add_column("message", overflow="fold")
+    table.add_column("tokens", justify="right")
+    for stored in events:
+        message = stored.event.get("message") or {}
+        table.add_row(
+            str(stored.seq),
+            message.get("role", "-"),
+            Text(stored.event.get("author", "")),
+            Text(_event_text(stored.event)),
+            str(stored.tokens),
+        )
+    return table
+
+
+@sessions_app.command("list")
+def sessions_list(
+    app_id: AppOpt = DEFAULT_APP,
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's sessions.")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=500, help="Sessions per page.")] = 50,
+    every: Annotated[bool, typer.Option("--all", help="Follow the cursors through every page.")] = False,
+) -> None:
+    """List sessions, most recently updated first (one page unless --all)."""
+
+    async def fetch(client: MemoryClient) -> tuple[list, bool]:
+        if not every:
+            page = await client.list_sessions(user, limit=limit)
+            return page.sessions, page.next_cursor is not None
+        found = []
+        with err.status("fetching sessions…") as progress:
+            async for info in client.iter_sessions(user, page_size=limit):
+                found.append(info)
+                if len(found) % limit == 0:
+                    progress.update(f"fetching sessions… {len(found)}")
+        return found, False
+
+    found, more = _with_client(app_id, fetch)
+    table = Table(title=f"sessions of {app_id}" + (f", user {user}" if user else ""))
+    for column in ("user", "session", "updated", "created", "last seq"):
+        table.add_column(column, justify="right" if column == "last seq" else "left")
+    for s in found:
+        table.add_row(Text(s.user), Text(s.session), _when(s.updated_at), _when(s.created_at), str(s.last_seq))
+    table.caption = f"{len(found)} session{'' if len(found) == 1 else 's'}" + (": more with --all" if more else "")
+    console.print(table)
+
+
+@sessions_app.command("show")
+def sessions_show(
+    session: SessionArg,
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    events: Annotated[int, typer.Option("--events", "-e", min=0, help="Show the last N events.")] = 0,
+    after: AfterOpt = None,
+    role: RoleOpt = None,
+) -> None:
+    """Show a session: its ids, times and merged state (app: and user: keys prefixed).
+    With --after or --role, also the events that pass them (the last N with --events)."""
+    roles = [r.value for r in role or ()]
+    view = _with_client(
+        app_id, lambda c: c.get_session(user, session, num_recent_events=events or None, after=after, roles=roles)
+    )
+    console.print(
+        Panel.fit(
+            Text(
+                f"app       {view.app}\nuser      {view.user}\nsession   {view.session}\n"
+                f"created   {_when(view.created_at)}\nupdated   {_when(view.updated_at)}\nlast seq  {view.last_seq}"
+            ),
+            title="session",
+        )
+    )
+    console.print(Panel.fit(JSON.from_data(view.state), title="state"))
+    if view.events is not None and (view.events or after is not None or roles):
+        console.print(_events_table(f"{'last ' if events else ''}{len(view.events)} events", view.events))
+
+
+@sessions_app.command("delete")
+def sessions_delete(
+    session: SessionArg,
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Delete a session everywhere: SQL, index, cache and the stream itself.
+    A session that does not exist is an error (exit 1): nothing is published."""
+
+    async def exists(client: MemoryClient) -> bool:
+        try:
+            await client.get_session(user, session)
+        except NotFound:
+            return False
+        return True
+
+    if not _with_client(app_id, exists):
+        err.print(
+            f"[red]no session {escape(repr(session))} of user {escape(repr(user))} in app {escape(repr(app_id))}:[/] "
+            "nothing deleted (see `memq sessions list`)",
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
+    if not yes:
+        typer.confirm(f"Delete session {session!r} of user {user!r} in app {app_id!r} for good?", abort=True)
+    seq = _with_client(app_id, lambda c: c.delete_session(user, session))
+    console.print(f"delete published at seq {seq}: the workers remove the session everywhere.")
+
+
+@app.command()
+def history(
+    session: SessionArg,
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    strategy: StrategyOpt = None,
+    budget: BudgetOpt = None,
+    window: Annotated[int | None, typer.Option(min=1, help="buffer_window: last N messages (default 20).")] = None,
+    after: AfterOpt = None,
+    role: RoleOpt = None,
+) -> None:
+    """Show a session's history through a working-memory strategy, with token counts.
+    --after/--role pick events first; the strategy then windows those."""
+    spec = _strategy_spec(strategy, budget=budget, window=window)
+    roles = [r.value for r in role or ()]
+    view = _with_client(app_id, lambda c: c.history(user, session, strategy=spec, after=after, roles=roles))
+    if view.summary:
+        console.print(Panel(Text(view.summary), title=f"summary up to seq {view.checkpoint_seq}"))
+    kind = view.strategy.get("kind")
+    params = ", ".join(f"{k} {view.strategy[k]}" for k in STRATEGY_PARAMS.get(kind, ()) if view.strategy.get(k))
+    caption = f"strategy {kind}{f' ({params})' if params else ''}: {view.tokens} tokens"
+    if view.over_budget:
+        caption += f", over the budget of {view.strategy.get('budget')}"
+    elif view.needs_summary:
+        caption += ", over the summary threshold"
+    console.print(_events_table(f"history of {session}", view.events, caption))
+
+
+@app.command()
+def context(
+    session: SessionArg,
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    format: Annotated[ContextFormat, typer.Option(help="memq (with per-part details) or openai.")] = ContextFormat.memq,
+    strategy: StrategyOpt = None,
+    budget: BudgetOpt = None,
+    instruction: Annotated[
+        str | None, typer.Option(help="Instruction template rendered from state, e.g. 'Answer in {user:language}.'")
+    ] = None,
+) -> None:
+    """Show the context an agent would send to its model: token counts per part, then the messages.
+    It fits the budget unless the strategy is all/none or buffer_window; then it says it is over."""
+    spec = _strategy_spec(strategy, budget=budget)
+    view = _with_client(
+        app_id, lambda c: c.context(user, session, strategy=spec, format=format.value, instruction=instruction)
+    )
+    tokens = Table(title=f"context of {session}")
+    tokens.add_column("part")
+    tokens.add_column("tokens", justify="right")
+    for part, count in view.tokens.items():
+        tokens.add_row(part, str(count), style="bold" if part == "total" else None)
+    console.print(tokens)
+    if view.context:  # memq format: how it was counted
+        console.print(f"strategy {view.context['strategy']['kind']}, encoding {view.context.get('encoding')}")
+    if view.over_budget:  # whatever the format
+        console.print(f"[bold red]{escape(view.note or f'over the budget of {view.budget}')}[/]")
+    else:
+        console.print(f"within the budget of {view.budget}" + (f": {escape(view.note)}" if view.note else ""))
+    messages = Table(title="messages")
+    messages.add_column("#", justify="right")
+    messages.add_column("role")
+    messages.add_column("content", overflow="fold")
+    for i, message in enumerate(view.messages, 1):
+        rest = {k: v for k, v in message.items() if k not in ("role", "content")}
+        content = message.get("content") or ""
+        if rest:  # tool calls, tool_call_id
+            content = f"{content}\n{json.dumps(rest, ensure_ascii=False)}".strip()
+        messages.add_row(str(i), message.get("role", ""), Text(_short(content, 2000)))
+    console.print(messages)
+
+
+class SearchModeOpt(str, Enum):
+    hybrid = "hybrid"
+    keyword = "keyword"
+    vector = "vector"
+
+
+@app.command()
+def search(
+    query: Annotated[str, typer.Argument(help="What to look for.")],
+    user: UserOpt,
+    app_id: AppOpt = DEFAULT_APP,
+    session: Annotated[str | None, typer.Option("--session", "-s", help="Only this session.")] = None,
+    mode: Annotated[SearchModeOpt, typer.Option(help="keyword (BM25), vector, or hybrid.")] = SearchModeOpt.hybrid,
+    k: Annotated[int, typer.Option("--k", "-k", min=1, max=100, help="Results.")] = 10,
+    author: Annotated[list[str] | None, typer.Option(help="Only these authors (repeatable).")] = None,
+    role: Annotated[list[str] | None, typer.Option(help="Only these roles (repeatable).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """Search a user's long-term memory, best first."""
+    found = _with_client(
+        app_id,
+        lambda c: c.search(user, query, session=session, mode=mode.value, k=k, authors=author or (), roles=role or ()),
+    )
+    if as_json:
+        console.print_json(found.model_dump_json())
+        return
+    table = Table(title=f"memories of {user} for {query!r}", caption=f"{mode.value if not found.note else found.mode}, {found.model}")
+    for column in ("score", "when", "session", "author", "content"):
+        table.add_column(column, justify="right" if column == "score" else "left", overflow="fold")
+    for r in found.results:
+        table.add_row(f"{r.score:.3f}", _when(r.timestamp), Text(r.session_id), Text(r.author), Text(_short(r.content)))
+    if found.note:
+        err.print(f"[yellow]note:[/] {found.note}")
+    console.print(table)
+
+

@@ -1,0 +1,259 @@
+"""Running memq: `memq up` (the whole stack in one process), `memq worker`
+(one kind, a replica), `memq init`, `memq demo` and `memq config`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from enum import Enum
+
+import typer
+from rich.markup import escape
+
+from memq.workers import bus
+from memq.workers.settings import Settings
+from memq.workers.cli.common import (
+    NATS_FAILURES,
+    _database_shown,
+    _masked_nats_url,
+    _settings,
+    app,
+    console,
+    err,
+)
+
+
+class WorkerKind(str, Enum):
+    persistence = "persistence"
+    indexing = "indexing"
+    summarizer = "summarizer"
+    query = "query"
+
+
+
+def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run ``main(stop)``; SIGINT/SIGTERM set ``stop`` so it can shut down cleanly."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    asyncio.run(runner())
+
+
+# Ctrl-C to exit within 10 s, whatever runs: the workers get this long to
+# stop, and the embedded NATS server and the interpreter the rest.
+STOP_TIMEOUT_S = 7.0
+
+
+async def _run_workers(
+    settings: Settings, kinds: list[WorkerKind], stop: asyncio.Event, on_ready: Callable[[], None] | None = None
+) -> None:
+    """Start ``kinds`` in this process (a line per worker: the indexing
+    worker's start can be slow), call ``on_ready`` once all run, then run
+    until ``stop``. A NATS that cannot be reached ends it with one line, exit 1."""
+    from memq.workers.health import Monitor
+    from memq.workers.indexing.worker import IndexingWorker
+    from memq.workers.persistence.worker import PersistenceWorker
+    from memq.workers.query.service import QueryWorker
+    from memq.workers.summarizer.worker import SummarizerWorker
+
+    factories = {
+        WorkerKind.persistence: PersistenceWorker,
+        WorkerKind.indexing: IndexingWorker,
+        WorkerKind.summarizer: SummarizerWorker,
+        WorkerKind.query: QueryWorker,
+    }
+    # One metrics/health server for every worker of the process (if metrics.port is set);
+    # up before the workers, so liveness answers during a slow start.
+    monitor = Monitor(settings)
+    try:
+        await monitor.start([k.value for k in kinds])
+    except OSError as exc:
+        err.print(f"[red]cannot serve metrics on {settings.metrics.host}:{settings.metrics.port}:[/] {exc.strerror or exc}")
+        raise typer.Exit(1) from None
+    workers = [factories[k](settings) for k in kinds]
+    started = []
+
+    async def start_all() -> None:
+        for k, w in zip(kinds, workers):
+            started.append(w)  # stopped even if its start is cut short
+            err.print(f"starting the {k.value} worker…", highlight=False)
+            await w.start()
+            monitor.watch(k.value, w)
+        if on_ready is None:
+            return
+        # The indexing worker prepares its index in the background (a first
+        # run builds it): "ready" only once search answers too.
+        preparing = [w.ready for w in workers if isinstance(getattr(w, "ready", None), asyncio.Event)]
+        if not all(event.is_set() for event in preparing):
+            err.print("preparing the search index…", highlight=False)
+            await asyncio.gather(*(event.wait() for event in preparing))
+        on_ready()
+
+    # Starting can take long on a busy machine (migrations, loading the
+    # model): a signal meanwhile cancels it instead of waiting for it.
+    starting = asyncio.create_task(start_all(), name="start workers")
+    stopping = asyncio.create_task(stop.wait(), name="wait for a signal")
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            try:
+                starting.result()  # a start that failed raises here
+            except NATS_FAILURES as exc:
+                err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
+                raise typer.Exit(1) from None
+            await stopping
+        err.print("stopping: finishing the batch in hand, then closing…")
+    finally:
+        for task in (starting, stopping):
+            task.cancel()
+        await asyncio.gather(starting, stopping, return_exceptions=True)
+        await monitor.drain()  # /readyz: stopping; /healthz still answers while the workers stop
+        try:
+            # Bounded whatever a worker is doing: what is not acked by then is
+            # redelivered (to a replica, or after the restart).
+            async with asyncio.timeout(STOP_TIMEOUT_S):
+                for w in reversed(started):
+                    try:
+                        await w.stop()
+                    except Exception:  # one worker's failure must not keep the others running
+                        logging.getLogger("memq").exception("stopping %s failed", type(w).__name__)
+        except TimeoutError:
+            err.print(f"[yellow]workers did not stop within {STOP_TIMEOUT_S:.0f}s; exiting (unacked work is redelivered)[/]")
+        await monitor.stop()
+
+
+@app.command()
+def up(
+    nats_port: int = typer.Option(
+        4222, help="Port of the embedded nats-server; 0: any free port. A taken port is an error."
+    ),
+) -> None:
+    """Run the whole stack in one process: embedded NATS, SQLite and every worker."""
+    from memq.workers.embedded import EmbeddedError, EmbeddedNats
+
+    settings = _settings()
+    embedded = None
+    if not settings.nats.url:
+        embedded = EmbeddedNats(settings, port=nats_port)
+        try:
+            url = embedded.start()
+        except EmbeddedError as exc:
+            err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
+            raise typer.Exit(1) from None
+        if embedded.stale_files_removed:
+            err.print(f"removed the run files a crashed `memq up` left in {settings.run_dir}", soft_wrap=True)
+    else:
+        url = _masked_nats_url(settings.nats.url)
+    kinds = list(WorkerKind)
+    err.print(
+        f"starting memq: NATS {url}{' (embedded)' if embedded else ''}, database {_database_shown(settings)}, "
+        f"data {settings.data_dir}",
+        soft_wrap=True, markup=False, highlight=False,
+    )  # fmt: skip
+
+    def ready() -> None:
+        console.print(
+            f"memq ready: NATS {url}, data {settings.data_dir}, workers {', '.join(k.value for k in kinds)}"
+            " — try `memq demo` in another terminal; Ctrl-C stops cleanly.",
+            soft_wrap=True, markup=False, highlight=False,
+        )  # fmt: skip
+
+    try:
+        _run_until_signal(lambda stop: _run_workers(settings, kinds, stop, on_ready=ready))
+    finally:
+        if embedded:
+            embedded.stop()
+    console.print("memq stopped; every acked event is in SQL, the rest waits in the stream.")
+
+
+@app.command()
+def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -> None:
+    """Run one worker kind alone (production). Several processes are replicas."""
+    from memq.workers.sql.engine import is_in_memory
+
+    settings = _settings()
+    if is_in_memory(settings.database_url()):
+        err.print(
+            "[red]the inmemory database lives inside one process, which a lone `memq worker` cannot share:[/] "
+            "run `memq up` (every worker in one process), or set MEMQ_DATABASE__URL to a SQLite file or a server",
+            soft_wrap=True,
+        )
+        raise typer.Exit(2)
+    try:
+        bus.nats_url(settings)
+    except bus.NatsNotFound as exc:
+        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
+        raise typer.Exit(1) from None
+
+    def ready() -> None:  # what an operator (or a test restarting a replica) waits for
+        err.print(f"memq worker {kind.value} ready (pid {os.getpid()})", markup=False, highlight=False)
+
+    _run_until_signal(lambda stop: _run_workers(settings, [kind], stop, on_ready=ready))
+
+
+@app.command()
+def init() -> None:
+    """Create or update the streams and migrate the database (idempotent)."""
+    from memq.workers.sql.engine import create_engine, current_revision, migrate
+
+    settings = _settings()
+
+    async def main() -> None:
+        nc = await bus.connect(settings, "init")
+        try:
+            for name, outcome in (await bus.ensure_streams(nc.jetstream(), settings.streams)).items():
+                console.print(f"stream {name}: {outcome}")
+        finally:
+            await nc.close()
+        engine = create_engine(settings.database_url())
+        try:
+            await migrate(engine)
+            console.print(f"database: at revision {await current_revision(engine)}")
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(main())
+    except NATS_FAILURES as exc:
+        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
+        raise typer.Exit(1) from None
+
+
+@app.command()
+def demo(events: int = typer.Option(100, "--events", "-n", min=1, help="Events to publish.")) -> None:
+    """Publish a sample conversation, read it back from SQL, check it (exit 1 if wrong)."""
+    from memq.workers.demo import run_demo
+
+    settings = _settings()
+    try:
+        result = asyncio.run(run_demo(settings, events, console))
+    except NATS_FAILURES as exc:
+        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
+        raise typer.Exit(1) from None
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@app.command("config")
+def show_config() -> None:
+    """Print the effective settings (secrets masked). ``nats.url`` and
+    ``database.url`` are the ones in use: the configured URL, else the
+    embedded server of a running `memq up` (or "not running: …"), and the
+    SQLite file in the data dir."""
+    settings = _settings()
+    shown = settings.public_dict()
+    try:
+        shown["nats"]["url"] = _masked_nats_url(bus.nats_url(settings))
+    except bus.NatsNotFound as exc:
+        stale = (settings.run_dir / "nats.url").is_file()
+        shown["nats"]["url"] = str(exc) if stale else "not running: set MEMQ_NATS__URL, or start `memq up`"
+    shown["database"]["url"] = _database_shown(settings)
+    console.print_json(json.dumps(shown))
