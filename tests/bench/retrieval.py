@@ -49,7 +49,7 @@ import locomo  # noqa: E402
 import services  # noqa: E402
 from benchlib import console, git_revision, machine_info, status, warn_if_busy  # noqa: E402
 from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.workers.indexing.embedders.local import LocalEmbedder  # noqa: E402
+from memq.workers.index.embedders.local import LocalEmbedder  # noqa: E402
 from memq.workers.indexing.worker import IndexingWorker  # noqa: E402
 from memq.workers.memory.recall import Turn, search_text  # noqa: E402
 from memq.workers.settings import LocalEmbedderSettings, Settings  # noqa: E402

@@ -6,7 +6,7 @@ Usage::
 
 One Weaviate server (``tests/services.py``, the pinned build from
 ``infra/scripts/install-weaviate.sh``) on loopback, and two index generations
-in it through :class:`~memq.workers.indexing.backends.weaviate.WeaviateIndex`:
+in it through :class:`~memq.workers.index.backends.weaviate.WeaviateIndex`:
 ``scoping="filter"`` (one shard, ``user_key`` filter on every query) and
 ``scoping="tenant"`` (one tenant per user). Both get the same data, and every
 measurement alternates between them (filter, tenant, filter, …), so a slow
@@ -50,7 +50,7 @@ from rich.table import Table  # noqa: E402
 
 import services  # noqa: E402
 from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
-from memq.workers.indexing.backends.weaviate import WeaviateIndex  # noqa: E402
+from memq.workers.index.backends.weaviate import WeaviateIndex  # noqa: E402
 from memq.workers.memory.recall import Doc, SearchQuery, search_text  # noqa: E402
 from memq.workers.settings import WeaviateSettings  # noqa: E402
 

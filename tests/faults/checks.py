@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import nats
 from sqlalchemy import select
 
-from memq.workers.indexing.backends import open_backend
+from memq.workers.index.backends import open_backend
 from memq.workers.memory.recall import doc_for
 from memq.workers.settings import Settings
 from memq.workers.sql import reads

@@ -65,7 +65,7 @@ from faults.fuzz_strategies import (
     stream_regressions,
     valid_ids,
 )
-from memq.workers.indexing.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.settings import LocalEmbedderSettings
 from memq.workers.sql import models, reads

@@ -13,8 +13,8 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 
-from memq.workers.indexing.backends.base import IndexUnavailable
-from memq.workers.indexing.backends.weaviate import WeaviateIndex
+from memq.workers.index.backends.base import IndexUnavailable
+from memq.workers.index.backends.weaviate import WeaviateIndex
 from memq.workers.memory.recall import SearchQuery
 
 from .harness import Fault, Timing, run_fault
@@ -137,7 +137,7 @@ async def test_weaviate_killed(stack, fresh_nats, pg_url, own_weaviate):
         back.append(time.monotonic())
 
     # Down long enough for gRPC's default reconnect backoff to grow to seconds
-    # (GRPC_RECONNECT in workers/indexing/backends/weaviate.py). Recovery is
+    # (GRPC_RECONNECT in workers/index/backends/weaviate.py). Recovery is
     # slower here: a batch insert in flight sits out the client's own retries
     # (up to 15 s), then the backlog is embedded.
     timing = Timing(down_s=8, recover_s=15)

@@ -17,8 +17,8 @@ import pytest
 from conftest import running
 from services import HOST, Weaviate, free_port
 
-from memq.workers.indexing.backends.base import IndexUnavailable
-from memq.workers.indexing.backends.weaviate import WeaviateIndex
+from memq.workers.index.backends.base import IndexUnavailable
+from memq.workers.index.backends.weaviate import WeaviateIndex
 from memq.workers.memory.recall import Doc, SearchQuery
 from memq.workers.settings import WeaviateSettings
 

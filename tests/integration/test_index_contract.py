@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from memq.workers.indexing.backends.base import IndexBackend
+from memq.workers.index.backends.base import IndexBackend
 from memq.workers.memory.recall import Doc, SearchQuery, search_text
 
 DIM = 8
@@ -65,11 +65,11 @@ WEAVIATE = pytest.mark.services  # its server comes through getfixturevalue, uns
 @pytest.fixture(params=["embedded", pytest.param("weaviate-filter", marks=WEAVIATE), pytest.param("weaviate-tenant", marks=WEAVIATE)])
 async def index(request, tmp_path):
     if request.param == "embedded":
-        from memq.workers.indexing.backends.embedded import EmbeddedIndex
+        from memq.workers.index.backends.embedded import EmbeddedIndex
 
         backend = EmbeddedIndex(tmp_path / "index.db")
     else:
-        from memq.workers.indexing.backends.weaviate import WeaviateIndex
+        from memq.workers.index.backends.weaviate import WeaviateIndex
         from memq.workers.settings import WeaviateSettings
 
         server = request.getfixturevalue("weaviate_server")

@@ -17,8 +17,8 @@ from memq.contracts.errors import Unavailable
 from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
 from memq.contracts.tools import SEARCH_MEMORY, run_search_memory
 from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
-from memq.workers.indexing.backends import open_backend
-from memq.workers.indexing.embedders.local import LocalEmbedder
+from memq.workers.index.backends import open_backend
+from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing.indexer import make_indexer
 from memq.workers.indexing.rebuild import rebuild
 from memq.workers.indexing.worker import IndexingWorker

@@ -30,7 +30,7 @@ from memq.contracts.subjects import events_subject, request_subject
 from helpers import make_settings, running, running_query, running_worker, wait_for
 from services import free_port
 from memq.workers.health import Monitor
-from memq.workers.indexing.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.settings import LocalEmbedderSettings, MetricsSettings, Settings
 from memq.workers.summarizer.worker import SummarizerWorker

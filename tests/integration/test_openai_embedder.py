@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 from pydantic import SecretStr
 
-from memq.workers.indexing.embedders.base import EmbedderError
-from memq.workers.indexing.embedders.openai import OpenAIEmbedder
+from memq.workers.index.embedders.base import EmbedderError
+from memq.workers.index.embedders.openai import OpenAIEmbedder
 from memq.workers.settings import OpenAIEmbedderSettings
 
 KEY = "sk-do-not-print-me"

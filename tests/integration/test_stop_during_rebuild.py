@@ -20,8 +20,8 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
 from helpers import wait_for
 from memq.workers import bus
-from memq.workers.indexing.backends.embedded import EmbeddedIndex
-from memq.workers.indexing.embedders.local import DIM, MODEL
+from memq.workers.index.backends.embedded import EmbeddedIndex
+from memq.workers.index.embedders.local import DIM, MODEL
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.settings import Settings
 

@@ -24,8 +24,8 @@ from sqlalchemy import text
 from conftest import running as running_service
 from services import NatsServer, Postgres, Redis, Weaviate, free_port
 from memq.workers import bus
-from memq.workers.indexing.backends.base import IndexUnavailable
-from memq.workers.indexing.backends.weaviate import WeaviateIndex
+from memq.workers.index.backends.base import IndexUnavailable
+from memq.workers.index.backends.weaviate import WeaviateIndex
 from memq.workers.query.cache import RedisBackend
 from memq.workers.settings import Settings, TLSSettings, WeaviateSettings
 from memq.workers.sql.engine import create_engine, migrate

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memq.workers.indexing.backends.base import IndexUnavailable, UnknownGeneration
-from memq.workers.indexing.backends.embedded import EmbeddedIndex, match_expression
+from memq.workers.index.backends.base import IndexUnavailable, UnknownGeneration
+from memq.workers.index.backends.embedded import EmbeddedIndex, match_expression
 from memq.workers.memory.recall import Doc, SearchQuery, relative_score_fusion, search_text
 
 DIM = 8

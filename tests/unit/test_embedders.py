@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
-from memq.workers.indexing.embedders import local as local_mod
-from memq.workers.indexing.embedders import open_embedder
-from memq.workers.indexing.embedders import openai as openai_mod
-from memq.workers.indexing.embedders.base import Embedder, EmbedderError
-from memq.workers.indexing.embedders.local import LocalEmbedder, ModelFileError
-from memq.workers.indexing.embedders.openai import OpenAIEmbedder
+from memq.workers.index.embedders import local as local_mod
+from memq.workers.index.embedders import open_embedder
+from memq.workers.index.embedders import openai as openai_mod
+from memq.workers.index.embedders.base import Embedder, EmbedderError
+from memq.workers.index.embedders.local import LocalEmbedder, ModelFileError
+from memq.workers.index.embedders.openai import OpenAIEmbedder
 from memq.workers.settings import (
     IndexingSettings,
     LocalEmbedderSettings,
@@ -144,7 +144,7 @@ async def test_open_embedder_local():
 _KEYWORD_ONLY = """
 import asyncio, sys
 sys.modules["onnxruntime"] = None  # any import of it raises ImportError
-from memq.workers.indexing.embedders import open_embedder
+from memq.workers.index.embedders import open_embedder
 from memq.workers.settings import IndexingSettings
 
 async def main():
@@ -154,7 +154,7 @@ async def main():
     await embedder.close()
 
 asyncio.run(main())
-loaded = sorted(m for m in sys.modules if m.startswith(("memq.workers.indexing.embedders.local", "tokenizers", "httpx")))
+loaded = sorted(m for m in sys.modules if m.startswith(("memq.workers.index.embedders.local", "tokenizers", "httpx")))
 assert not loaded, loaded
 """
 

@@ -16,8 +16,8 @@ from nats.aio.msg import Msg
 
 from memq.contracts.codec import decode_from_subject
 from memq.contracts.errors import MemqError
-from memq.workers.indexing.backends.base import IndexBackend
-from memq.workers.indexing.embedders.base import Embedder
+from memq.workers.index.backends.base import IndexBackend
+from memq.workers.index.embedders.base import Embedder
 from memq.contracts.ids import scope_key
 from memq.workers.memory.recall import SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
 
@@ -127,7 +127,7 @@ def make_indexer(settings, backend: IndexBackend, embedder: Embedder, js, engine
     previous = None
     if settings.indexing.context_turns:
         from memq.workers.indexing.previous import PreviousTurns
-        from memq.workers.query.floor import CommitFloor
+        from memq.workers.commit_floor import CommitFloor
         from memq.workers.sql.engine import create_engine
 
         engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)

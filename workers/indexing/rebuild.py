@@ -3,7 +3,7 @@
 The live generation keeps serving (and the live workers keep writing to it)
 while a new generation is filled from a replay: the event stream from
 sequence 1 through an ephemeral consumer, or a read of SQL. Then
-:meth:`~memq.workers.indexing.backends.base.IndexBackend.promote` switches, and
+:meth:`~memq.workers.index.backends.base.IndexBackend.promote` switches, and
 the replay goes on over whatever arrived in the meantime (the *tail*), so no
 event that the live worker wrote only to the old generation is missed.
 Deletes replay in order with the events they delete, and the persistence
@@ -33,10 +33,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from memq.contracts.ids import encode_token
 from memq.contracts.subjects import EVENTS_WILDCARD, PREFIX, user_events_filter
-from memq.workers.indexing.backends.base import IndexBackend
+from memq.workers.index.backends.base import IndexBackend
 from memq.workers.indexing.indexer import Indexer
 from memq.workers.lease import Lease
-from memq.workers.query.floor import CommitFloor
+from memq.workers.commit_floor import CommitFloor
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")

@@ -36,10 +36,10 @@ from nats.micro import add_service
 from memq.contracts.subjects import EVENTS_WILDCARD
 from memq.workers import bus, metrics
 from memq.workers.consumer import BatchConsumer
-from memq.workers.indexing.backends import open_backend
-from memq.workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
-from memq.workers.indexing.embedders import open_embedder
-from memq.workers.indexing.embedders.base import Embedder, EmbedderError
+from memq.workers.index.backends import open_backend
+from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
+from memq.workers.index.embedders import open_embedder
+from memq.workers.index.embedders.base import Embedder, EmbedderError
 from memq.workers.indexing.indexer import Indexer, make_indexer
 from memq.workers.indexing.rebuild import REBUILD_LEASE, rebuild
 from memq.workers.lease import Lease

@@ -18,10 +18,10 @@ from dataclasses import replace
 
 from memq.contracts import queries as q
 from memq.contracts.errors import Unavailable
-from memq.workers.indexing.backends import open_backend
-from memq.workers.indexing.backends.base import IndexBackend, IndexMeta, IndexUnavailable
-from memq.workers.indexing.embedders import open_embedder
-from memq.workers.indexing.embedders.base import Embedder, EmbedderError
+from memq.workers.index.backends import open_backend
+from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
+from memq.workers.index.embedders import open_embedder
+from memq.workers.index.embedders.base import Embedder, EmbedderError
 from memq.workers.memory.recall import Hit, SearchQuery, hit_dict
 from memq.workers.settings import Settings
 

@@ -36,8 +36,8 @@ from memq.contracts.errors import Forbidden, Internal, InvalidRequest, MemqError
 from memq.contracts.ids import decode_token
 from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX
 from memq.workers import bus, metrics
+from memq.workers.commit_floor import CommitFloor
 from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
-from memq.workers.query.floor import CommitFloor
 from memq.workers.query.ops import CACHED, NO_SQL, OPS, OpContext
 from memq.workers.query.search import Searcher
 from memq.workers.settings import Settings

@@ -46,7 +46,7 @@ from memq.workers.memory.extractive import Turn
 from memq.workers.memory.strategies import Strategy, fold
 from memq.workers.memory.tokens import count_text, event_text
 from memq.contracts.errors import NotCommitted
-from memq.workers.query.floor import CommitFloor
+from memq.workers.commit_floor import CommitFloor
 from memq.workers.query.ops import load_window, strategy_for
 from memq.workers.settings import Settings
 from memq.workers.sql import reads

@@ -46,7 +46,7 @@ from weaviate.classes.query import Filter, HybridFusion, MetadataQuery, Sort
 from weaviate.exceptions import WeaviateBaseError, WeaviateInsertManyAllFailedError
 
 from memq.contracts.ids import scope_key
-from memq.workers.indexing.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
+from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
 from memq.workers.memory.recall import Doc, Hit, SearchQuery
 from memq.workers.settings import WeaviateSettings
 
@@ -161,7 +161,7 @@ class _Target:
 
 
 class WeaviateIndex:
-    """:class:`~memq.workers.indexing.backends.base.IndexBackend` on a Weaviate server.
+    """:class:`~memq.workers.index.backends.base.IndexBackend` on a Weaviate server.
 
     Parameters (all in ``settings``, a :class:`~memq.workers.settings.WeaviateSettings`):
 

@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from memq.contracts.ids import scope_key
-from memq.workers.indexing.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
+from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
 from memq.workers.memory.recall import Doc, Hit, SearchQuery, relative_score_fusion
 
 T = TypeVar("T")
@@ -251,7 +251,7 @@ class _Matrix:
 
 
 class EmbeddedIndex:
-    """The embedded :class:`~memq.workers.indexing.backends.base.IndexBackend`.
+    """The embedded :class:`~memq.workers.index.backends.base.IndexBackend`.
 
     :param path: the SQLite file (created, with its directory, if missing).
     :param busy_timeout_s: how long a write waits for another process's write

@@ -16,7 +16,7 @@ MODEL = "none"
 
 
 class KeywordOnly:
-    """:class:`~memq.workers.indexing.embedders.base.Embedder` with no vectors
+    """:class:`~memq.workers.index.embedders.base.Embedder` with no vectors
     (``model`` ``"none"``, ``dim`` 0)."""
 
     model = MODEL

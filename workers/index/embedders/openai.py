@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 
 from memq.workers import http_retry, metrics
-from memq.workers.indexing.embedders.base import EmbedderError
+from memq.workers.index.embedders.base import EmbedderError
 from memq.workers.settings import OpenAIEmbedderSettings, mask_url
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class OpenAIEmbedder:
             (default 3); any other 4xx fails at once.
 
     ``dim`` is ``dimensions`` when set, else 0 until :meth:`open` (or the first
-    call) learns it from a reply; :func:`~memq.workers.indexing.embedders.open_embedder`
+    call) learns it from a reply; :func:`~memq.workers.index.embedders.open_embedder`
     calls :meth:`open`.
     """
 

@@ -4,7 +4,7 @@
 ``openai:text-embedding-3-small@512``); it is recorded with every index
 generation, and a different ``model`` or ``dim`` means a rebuild.
 
-``dim`` 0 means no vectors at all (:class:`~memq.workers.indexing.embedders.none.KeywordOnly`):
+``dim`` 0 means no vectors at all (:class:`~memq.workers.index.embedders.none.KeywordOnly`):
 the index is keyword-only and is searched by BM25 alone.
 """
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from memq.workers.indexing.embedders.base import Embedder, EmbedderError
+from memq.workers.index.embedders.base import Embedder, EmbedderError
 from memq.workers.settings import IndexingSettings
 
 __all__ = ["Embedder", "EmbedderError", "open_embedder"]
@@ -22,11 +22,11 @@ async def open_embedder(settings: IndexingSettings) -> Embedder:
     httpx, and ``none`` neither (nor a model file).
     """
     if settings.embedder == "none":
-        from memq.workers.indexing.embedders.none import KeywordOnly
+        from memq.workers.index.embedders.none import KeywordOnly
 
         return KeywordOnly()
     if settings.embedder == "openai":
-        from memq.workers.indexing.embedders.openai import OpenAIEmbedder
+        from memq.workers.index.embedders.openai import OpenAIEmbedder
 
         embedder = OpenAIEmbedder(settings.openai)
         try:
@@ -34,7 +34,7 @@ async def open_embedder(settings: IndexingSettings) -> Embedder:
         except BaseException:
             await embedder.close()
             raise
-    from memq.workers.indexing.embedders.local import LocalEmbedder
+    from memq.workers.index.embedders.local import LocalEmbedder
 
     # Hashing and loading the model takes a moment: keep the event loop free.
     return await asyncio.to_thread(LocalEmbedder, settings.local)
