@@ -5,6 +5,7 @@
 #                                   go-install the pinned Weaviate (cached in ~/.cache/memq-tools)
 #   infra/dev.sh test [pytest args] setup + services, then pytest (default: the whole suite, -q)
 #   infra/dev.sh up [args]          setup, then `memq up`
+#   infra/dev.sh check              setup, then ruff, mypy and the import layering (infra/scripts/check.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -89,12 +90,16 @@ case $cmd in
     [[ $# -gt 0 ]] || set -- -q
     "$PY" -m pytest "$@"  # not exec: the EXIT trap above may still have to run
     ;;
+  check)
+    setup
+    exec bash infra/scripts/check.sh
+    ;;
   up)
     setup workers ""  # no test tools; pip shows progress: the first run takes a minute or two
     exec .venv/bin/memq up "$@"
     ;;
   *)
-    sed -n 2,6p infra/dev.sh >&2
+    sed -n 2,7p infra/dev.sh >&2
     exit 2
     ;;
 esac
