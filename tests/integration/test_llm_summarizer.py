@@ -25,7 +25,7 @@ from memq.workers.memory.tokens import count_text
 from memq.workers.settings import LLMSettings
 from memq.workers.summarizer import llm
 from memq.workers.summarizer.llm import LLMSummarizer, fit
-from memq.workers.summarizer.summarizers import Summarizer, SummarizerError
+from memq.workers.summarizer.base import Summarizer, SummarizerError
 
 KEY = "sk-test-do-not-leak-5f1c2a"
 DAY = 86_400

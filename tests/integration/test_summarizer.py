@@ -19,7 +19,8 @@ from sqlalchemy import select
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
 from helpers import WorkerProcess, make_settings, running, running_query, running_worker, wait_for
-from memq.workers.summarizer.summarizers import ExtractiveSummarizer, SummarizerError
+from memq.workers.summarizer.base import SummarizerError
+from memq.workers.summarizer.summarizers import ExtractiveSummarizer
 from memq.workers.summarizer.worker import SummarizerWorker, checkpoint_id
 from memq.workers.sql import models
 from memq.workers.sql.engine import create_engine

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from memq.contracts import queries as q
 from memq.workers import cli
-from memq.workers.query.ops import strategy_for
+from memq.workers.memory.strategies import strategy_for
 from memq.workers.settings import MemorySettings, Settings
 
 

@@ -52,9 +52,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
-from memq.contracts.queries import STRATEGY_ALIASES
+from memq.contracts.errors import InvalidRequest
+from memq.contracts.queries import STRATEGY_ALIASES, StrategySpec
 
 Kind = Literal["all", "buffer_window", "token_window", "summary_buffer"]
 KINDS: tuple[str, ...] = ("all", "buffer_window", "token_window", "summary_buffer")
@@ -165,6 +166,34 @@ class Strategy:
         if self.kind == "summary_buffer":
             return self.min_recent
         return 0
+
+
+class SupportsModelDump(Protocol):
+    """A pydantic model, as far as :func:`strategy_for` needs one (memory/
+    stays free of the settings module, which imports this one)."""
+
+    def model_dump(self, *, exclude: Any = None, exclude_none: bool = False) -> dict[str, Any]: ...
+
+
+def strategy_for(
+    defaults: SupportsModelDump, app_overrides: Mapping[str, Any], spec: StrategySpec | None
+) -> Strategy:
+    """The strategy in force: the deployment's defaults (``MemorySettings``),
+    then per-app settings, then the request's override. Settings name the
+    kind ``strategy``; a bad combination is the caller's :class:`InvalidRequest`."""
+    merged = defaults.model_dump(exclude={"model"})
+    merged["kind"] = merged.pop("strategy")
+    overrides = dict(app_overrides)
+    if "strategy" in overrides:
+        overrides["kind"] = overrides.pop("strategy")
+    overrides.pop("model", None)
+    merged.update(overrides)
+    if spec is not None:
+        merged.update(spec.model_dump(exclude_none=True))
+    try:
+        return Strategy.from_dict(merged)
+    except ValueError as exc:
+        raise InvalidRequest(f"strategy: {exc}") from None
 
 
 @dataclass(frozen=True)

@@ -171,6 +171,34 @@ async def latest_checkpoint(conn, session_key: str) -> CheckpointRow | None:
     return CheckpointRow(row.seq, row.up_to_seq, row.summary, row.tokens) if row else None
 
 
+
+async def sessions_over_tokens(conn, limit: int) -> list[tuple[str, str, str]]:
+    """(app, user, session) of every live session whose tokens after its
+    latest checkpoint, plus that checkpoint's summary, pass ``limit``: the
+    summarizer's sweep, one aggregate query."""
+    s, e, c = SESSIONS, EVENTS, CHECKPOINTS
+    latest = select(c.c.session_key, func.max(c.c.up_to_seq).label("up")).group_by(c.c.session_key).subquery()
+    # The summary counts in the budget too (as in strategies.select), so
+    # its tokens join the sum: that of the latest checkpoint's row(s).
+    summary = (
+        select(c.c.session_key, func.max(c.c.tokens).label("tokens"))
+        .join(latest, (latest.c.session_key == c.c.session_key) & (latest.c.up == c.c.up_to_seq))
+        .group_by(c.c.session_key)
+        .subquery()
+    )
+    q = (
+        select(s.c.app, s.c.user_id, s.c.session_id)
+        .select_from(
+            s.join(e, e.c.session_key == s.c.key)
+            .outerjoin(latest, latest.c.session_key == s.c.key)
+            .outerjoin(summary, summary.c.session_key == s.c.key)
+        )
+        .where(s.c.last_seq > s.c.deleted_seq, e.c.seq > func.coalesce(latest.c.up, 0))
+        .group_by(s.c.key, s.c.app, s.c.user_id, s.c.session_id)
+        .having(func.sum(e.c.tokens) + func.coalesce(func.max(summary.c.tokens), 0) > limit)
+    )
+    return [(r.app, r.user_id, r.session_id) for r in (await conn.execute(q)).all()]
+
 @dataclass(frozen=True)
 class EventFilter:
     """Which events of a session a read keeps (see :class:`memq.contracts.queries.SessionGet`).

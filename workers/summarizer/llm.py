@@ -25,7 +25,7 @@ from memq.workers import http_retry
 from memq.workers.memory.extractive import Turn
 from memq.workers.memory.tokens import count_text
 from memq.workers.settings import LLMSettings, mask_url
-from memq.workers.summarizer.summarizers import SummarizerError
+from memq.workers.summarizer.base import SummarizerError
 
 log = logging.getLogger("memq.summarizer.llm")
 

@@ -1,30 +1,15 @@
-"""Summarizers behind one Protocol: the offline extractive one (the embedded
+"""Summarizers behind one Protocol (:mod:`.base`): the offline extractive one (the embedded
 default) and an OpenAI-compatible LLM (:mod:`memq.workers.summarizer.llm`)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
 
 from memq.workers.memory import extractive
 from memq.workers.memory.extractive import Turn
 from memq.workers.settings import SummarizerSettings
-
-
-class SummarizerError(Exception):
-    """The summary could not be made now (endpoint down, timeout, bad reply); retry later."""
-
-
-@runtime_checkable
-class Summarizer(Protocol):
-    name: str
-
-    async def summarize(self, turns: Sequence[Turn], *, previous: str | None, target_tokens: int) -> str:
-        """A summary of ``previous`` (the last checkpoint's summary, or None)
-        followed by ``turns``, in about ``target_tokens`` tokens."""
-
-    async def close(self) -> None: ...
+from memq.workers.summarizer.base import Summarizer
 
 
 class ExtractiveSummarizer:

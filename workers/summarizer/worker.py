@@ -34,7 +34,6 @@ import orjson
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.micro import add_service
-from sqlalchemy import func, select
 
 from memq.contracts.codec import encode, subject_for
 from memq.contracts.ids import scope_key
@@ -43,15 +42,16 @@ from memq.contracts.subjects import CHANGED_WILDCARD, status_subject
 from memq.workers import bus, metrics
 from memq.workers.lease import Lease
 from memq.workers.memory.extractive import Turn
-from memq.workers.memory.strategies import Strategy, fold
+from memq.workers.memory.strategies import Strategy, fold, strategy_for
 from memq.workers.memory.tokens import count_text, event_text
 from memq.contracts.errors import NotCommitted
 from memq.workers.commit_floor import CommitFloor
-from memq.workers.query.ops import load_window, strategy_for
 from memq.workers.settings import Settings
 from memq.workers.sql import reads
 from memq.workers.sql.engine import create_engine, migrate
-from memq.workers.summarizer.summarizers import Summarizer, SummarizerError, open_summarizer
+from memq.workers.sql.window import load_window
+from memq.workers.summarizer.base import Summarizer, SummarizerError
+from memq.workers.summarizer.summarizers import open_summarizer
 
 log = logging.getLogger("memq.summarizer")
 
@@ -178,26 +178,8 @@ class SummarizerWorker:
         ]
         if not limits:
             return []
-        s, e, c = reads.SESSIONS, reads.EVENTS, reads.CHECKPOINTS
-        latest = select(c.c.session_key, func.max(c.c.up_to_seq).label("up")).group_by(c.c.session_key).subquery()
-        # The summary counts in the budget too (as in strategies.select), so
-        # its tokens join the sum: that of the latest checkpoint's row(s).
-        summary = select(c.c.session_key, func.max(c.c.tokens).label("tokens")).join(
-            latest, (latest.c.session_key == c.c.session_key) & (latest.c.up == c.c.up_to_seq)
-        ).group_by(c.c.session_key).subquery()
-        q = (
-            select(s.c.app, s.c.user_id, s.c.session_id)
-            .select_from(
-                s.join(e, e.c.session_key == s.c.key)
-                .outerjoin(latest, latest.c.session_key == s.c.key)
-                .outerjoin(summary, summary.c.session_key == s.c.key)
-            )
-            .where(s.c.last_seq > s.c.deleted_seq, e.c.seq > func.coalesce(latest.c.up, 0))
-            .group_by(s.c.key, s.c.app, s.c.user_id, s.c.session_id)
-            .having(func.sum(e.c.tokens) + func.coalesce(func.max(summary.c.tokens), 0) > min(limits))
-        )
         async with self.engine.connect() as conn:
-            return [tuple(r) for r in (await conn.execute(q)).all()]
+            return await reads.sessions_over_tokens(conn, min(limits))
 
     def _strategy(self, app: str | None) -> Strategy:
         overrides = self.settings.query.apps.get(app, {}) if app else {}
