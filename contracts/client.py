@@ -1,4 +1,4 @@
-"""The async client an agent uses to write into memq (DESIGN §1, §5).
+"""The async client an agent uses to write into memq (docs/design.md: Shape, Guarantees).
 
 Every write is one message on ``MEMQ_EVENTS``. A method returns once JetStream
 has acknowledged it, with its stream sequence: the message's position in the

@@ -1,4 +1,4 @@
-"""Versioned message schemas (DESIGN §4), after Hector/ADK's event model.
+"""Versioned message schemas (docs/design.md, Data model), after Hector/ADK's event model.
 
 Every message on ``MEMQ_EVENTS`` is one JSON object with ``v`` (schema
 version) and ``kind``; :data:`StreamMessage` is the tagged union of all kinds.

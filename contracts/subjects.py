@@ -1,4 +1,4 @@
-"""The subject scheme (DESIGN §3). Every subject carries the app.
+"""The subject scheme (docs/design.md, Subjects and identity). Every subject carries the app.
 
 - ``memq.v1.ev.<app>.<user>.<session>``  session-scoped messages (events,
   session create/delete, state, artifacts), captured by ``MEMQ_EVENTS``

@@ -781,7 +781,7 @@ class LlamaServer(Server):
     ``url`` is the ``/v1`` root for ``base_url``. It serves any ``model`` name
     (unknown names fall back to its one model, and replies echo the name sent).
     A real endpoint for the LLM summarizer's protocol, timeouts and retries;
-    a base model's summaries are not meaningful (DESIGN §11).
+    a base model's summaries are not meaningful (docs/design.md, Facts that bite).
     """
 
     name = "llama"

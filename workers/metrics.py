@@ -27,7 +27,7 @@ process_collector.ProcessCollector(registry=REGISTRY)
 platform_collector.PlatformCollector(registry=REGISTRY)
 gc_collector.GCCollector(registry=REGISTRY)
 
-# Buckets, chosen from the figures in DESIGN §11 (seconds unless said).
+# Buckets, chosen from the measured cost of each step (docs/benchmarks; seconds unless said).
 # Messages per fetched batch: persistence fetches up to 256, indexing 64.
 BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 # A SQL transaction of a batch: ~1 ms (a few rows, SQLite) to seconds (10k rows, PostgreSQL under load).

@@ -1,5 +1,5 @@
 """Whatever the batching and the commit order of replicas, SQL ends equal to
-applying the stream in order (DESIGN §4). Run against the real SQL store on
+applying the stream in order (docs/design.md, Guarantees). Run against the real SQL store on
 SQLite in memory, with hypothesis choosing messages, batches and order."""
 
 from __future__ import annotations

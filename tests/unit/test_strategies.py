@@ -219,7 +219,7 @@ def test_summary_buffer_requests(items, strategy, reserved):
 
 def test_defaults_are_hectors():
     s = Strategy()
-    # budgeted by default, as Hector v1 and Synapse (DESIGN §6)
+    # budgeted by default, as Hector v1 and Synapse (docs/design.md, Working memory and recall)
     assert (s.kind, s.window, s.budget, s.threshold, s.target, s.preserve_recent, s.min_recent) == (
         "summary_buffer",
         20,

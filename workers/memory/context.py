@@ -1,4 +1,4 @@
-"""What an agent sends to its model (DESIGN §6): instruction, recalled
+"""What an agent sends to its model (docs/design.md, Working memory and recall): instruction, recalled
 long-term memories, the latest summary and the recent window, within one
 token budget, with the exact count of each part.
 
@@ -280,7 +280,7 @@ def assemble(
     ``summary_cut``). Then:
 
     - ``summary_buffer`` keeps every event after the checkpoint that fits
-      (DESIGN §6); recalled memories get what is left.
+      (docs/design.md, Working memory and recall); recalled memories get what is left.
     - ``token_window`` reserves recalled memories before choosing the window
       (the window is selected with ``reserved`` = instruction + summary +
       recalled + priming), but never lets them crowd out ``preserve_recent``.

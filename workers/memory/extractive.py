@@ -1,4 +1,4 @@
-"""Offline extractive summarizer: the embedded default (DESIGN §6).
+"""Offline extractive summarizer: the embedded default (docs/design.md, Working memory and recall).
 
 The summarizer worker folds the oldest events of a session into a checkpoint
 summary, and the previous checkpoint into the new one. :func:`summarize` keeps

@@ -1,4 +1,4 @@
-"""Working-memory strategies (DESIGN §6): which recent events a model sees.
+"""Working-memory strategies (docs/design.md, Working memory and recall): which recent events a model sees.
 
 Pure functions over already-counted :class:`Item` s (one per event, counted
 once at persist time with :func:`memq.workers.memory.tokens.count_event`).
@@ -63,7 +63,7 @@ TOKEN_BOUNDED: frozenset[str] = frozenset({"token_window", "summary_buffer"})
 # Other names accepted wherever a strategy is named (the wire's own list):
 # Hector's config says "none" for what memq calls "all".
 NAMES: tuple[str, ...] = (*KINDS, *STRATEGY_ALIASES)
-DEFAULT_KIND: Kind = "summary_buffer"  # budgeted out of the box (DESIGN §6)
+DEFAULT_KIND: Kind = "summary_buffer"  # budgeted out of the box (docs/design.md, Working memory and recall)
 
 
 def normalize_kind(kind: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Exact, offline token counting with tiktoken (DESIGN §6).
+"""Exact, offline token counting with tiktoken (docs/design.md, Working memory and recall).
 
 Nothing here downloads. tiktoken normally fetches its encoding files from
 ``openaipublic.blob.core.windows.net`` on first use and keeps them in

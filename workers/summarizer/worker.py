@@ -1,5 +1,5 @@
 """The summarizer worker: checkpoint summaries that keep endless sessions
-within their token budget (DESIGN §6, ``summary_buffer``).
+within their token budget (docs/design.md, Working memory and recall: ``summary_buffer``).
 
 Triggers: commit notices (``memq.v1.changed.>``, one replica per notice via
 a queue group) and a periodic sweep of SQL for sessions over the threshold,

