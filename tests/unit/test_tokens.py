@@ -20,6 +20,7 @@ import tiktoken
 import tiktoken_ext.openai_public as openai_public
 
 from memq.contracts.schemas import Event, FilePart, Message, TextPart, ToolCallPart, ToolResultPart
+from memq.workers import encodings as enc
 from memq.workers.memory import tokens as tk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def offline_encodings():
     # tiktoken used directly (as these tests do) only works offline once
     # memq has filled its cache; memq's own functions do this themselves.
-    tk.install_offline_encodings()
+    enc.install_offline_encodings()
 
 # The cookbook's example conversation; the OpenAI API counted 129 prompt
 # tokens for gpt-3.5-turbo / gpt-4 and 124 for gpt-4o / gpt-4o-mini.
@@ -131,10 +132,10 @@ def test_cl100k_loads_offline_from_an_empty_cache_dir(tmp_path):
     assert out["gpt4"] == "cl100k_base"
     assert out["count"] == out["plain"] == 6  # the cookbook's "tiktoken is great!"
     assert out["for_model"] == "cl100k_base"  # plain tiktoken works offline too
-    name = hashlib.sha1(tk.ENCODING_URLS["cl100k_base"].encode()).hexdigest()
+    name = hashlib.sha1(enc.ENCODING_URLS["cl100k_base"].encode()).hexdigest()
     assert name in out["files"]
     data = (cache / name).read_bytes()
-    assert hashlib.sha256(data).hexdigest() == tk.ENCODING_SHA256["cl100k_base"]
+    assert hashlib.sha256(data).hexdigest() == enc.ENCODING_SHA256["cl100k_base"]
 
 
 def test_default_cache_dir_is_memq_owned(tmp_path):
@@ -145,30 +146,30 @@ def test_default_cache_dir_is_memq_owned(tmp_path):
 
 def test_pinned_hashes_equal_tiktokens_own():
     # tiktoken pins the same sha256 in its constructors: two independent pins.
-    assert tk.ENCODING_SHA256["cl100k_base"] in inspect.getsource(openai_public.cl100k_base)
-    assert tk.ENCODING_SHA256["o200k_base"] in inspect.getsource(openai_public.o200k_base)
-    assert tk.ENCODING_URLS["cl100k_base"] in inspect.getsource(openai_public.cl100k_base)
-    assert tk.ENCODING_URLS["o200k_base"] in inspect.getsource(openai_public.o200k_base)
+    assert enc.ENCODING_SHA256["cl100k_base"] in inspect.getsource(openai_public.cl100k_base)
+    assert enc.ENCODING_SHA256["o200k_base"] in inspect.getsource(openai_public.o200k_base)
+    assert enc.ENCODING_URLS["cl100k_base"] in inspect.getsource(openai_public.cl100k_base)
+    assert enc.ENCODING_URLS["o200k_base"] in inspect.getsource(openai_public.o200k_base)
 
 
 def test_packaged_file_matches_the_pin():
-    data = tk._cl100k_source()
+    data = enc._cl100k_source()
     assert data is not None
-    assert hashlib.sha256(data).hexdigest() == tk.ENCODING_SHA256["cl100k_base"]
+    assert hashlib.sha256(data).hexdigest() == enc.ENCODING_SHA256["cl100k_base"]
 
 
 def test_a_corrupt_cached_file_is_replaced(tmp_path):
-    target = tmp_path / tk.cache_file_name("cl100k_base")
+    target = tmp_path / enc.cache_file_name("cl100k_base")
     target.write_bytes(b"not an encoding")
-    assert tk._install_one("cl100k_base", tmp_path)
-    assert hashlib.sha256(target.read_bytes()).hexdigest() == tk.ENCODING_SHA256["cl100k_base"]
+    assert enc._install_one("cl100k_base", tmp_path)
+    assert hashlib.sha256(target.read_bytes()).hexdigest() == enc.ENCODING_SHA256["cl100k_base"]
 
 
 def test_a_packaged_file_with_the_wrong_hash_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setitem(tk._SOURCES, "cl100k_base", lambda: b"tampered")
-    with pytest.raises(tk.OfflineEncodingError, match="sha256"):
-        tk._install_one("cl100k_base", tmp_path)
-    assert not (tmp_path / tk.cache_file_name("cl100k_base")).exists()
+    monkeypatch.setitem(enc._SOURCES, "cl100k_base", lambda: b"tampered")
+    with pytest.raises(enc.OfflineEncodingError, match="sha256"):
+        enc._install_one("cl100k_base", tmp_path)
+    assert not (tmp_path / enc.cache_file_name("cl100k_base")).exists()
 
 
 def test_quicktok_vocab_rebuilds_the_official_file_byte_for_byte():
@@ -180,10 +181,10 @@ def test_quicktok_vocab_rebuilds_the_official_file_byte_for_byte():
     blob = struct.pack("<I", len(records)) + b"".join(
         struct.pack("<H", len(tok)) + tok + struct.pack("<I", rank) for tok, rank in records
     )
-    rebuilt = tk.quicktok_vocab_to_tiktoken(blob)
-    assert hashlib.sha256(rebuilt).hexdigest() == tk.ENCODING_SHA256["cl100k_base"]
+    rebuilt = enc.quicktok_vocab_to_tiktoken(blob)
+    assert hashlib.sha256(rebuilt).hexdigest() == enc.ENCODING_SHA256["cl100k_base"]
     with pytest.raises(ValueError, match="trailing"):
-        tk.quicktok_vocab_to_tiktoken(blob + b"x")
+        enc.quicktok_vocab_to_tiktoken(blob + b"x")
 
 
 def test_o200k_models_are_exact_or_flagged():
