@@ -29,12 +29,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
 import nats
-import orjson
 import nats.errors
 import nats.js.errors
+import orjson
 from nats.aio.client import Client
 from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
@@ -51,23 +51,25 @@ from memq.contracts.errors import (
     Oversize,
     PublishFailed,
     Unavailable,
-    error_from_dict,
+    validation_details,
 )
 from memq.contracts.ids import encode_token, validate_id
 from memq.contracts.queries import (
-    REPLIES,
-    REQUESTS,
+    OPS,
     ArtifactsView,
     ArtifactView,
+    ContextFormat,
     ContextView,
     HistoryView,
-    SessionInfo,
+    SearchMode,
     SearchResults,
+    SessionInfo,
     SessionsPage,
     SessionView,
     StateView,
     StrategySpec,
 )
+from memq.contracts.replies import parse_reply
 from memq.contracts.schemas import (
     ArtifactSaved,
     Event,
@@ -81,7 +83,13 @@ from memq.contracts.schemas import (
     UserDeleted,
     new_id,
 )
-from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, request_subject, status_subject
+from memq.contracts.subjects import (
+    ARTIFACT_BUCKET,
+    EVENTS_STREAM,
+    artifact_object_name,
+    request_subject,
+    status_subject,
+)
 
 MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
 # The server counts headers in max_payload and drops the connection of a client
@@ -91,11 +99,8 @@ EXPECTED_STREAM_MISMATCH = 10060  # JetStream err_code: the subject is in anothe
 Role = Literal["user", "assistant", "system", "tool"]
 After = float | datetime | timedelta | None
 Strategy = StrategySpec | dict[str, Any] | None
-ContextFormat = Literal["memq", "openai"]
-SearchMode = Literal["keyword", "vector", "hybrid"]
 ModelFn = Callable[[list[dict[str, Any]]], Any]  # messages -> str | obj with .content (or an awaitable of it)
 _Prepared = tuple[str, bytes, dict[str, str]]  # subject, payload, headers
-R = TypeVar("R", bound=BaseModel)
 
 
 def unix_time(after: After) -> float | None:
@@ -146,33 +151,22 @@ class SessionRef:
 # --- the query wire format (pure: no I/O) ---------------------------------------
 
 
-class Reply(BaseModel, Generic[R]):
-    """A query reply: ``{"ok": true, "result": …}`` or ``{"ok": false, "error": {"code", "message"}}``."""
-
-    ok: bool
-    result: R | None = None
-    error: dict[str, Any] | None = None
-
-
-_REPLY_TYPES: dict[str, type[Reply]] = {op: Reply[cls] for op, cls in REPLIES.items()}
-
-
 def build_request(app: str, op: str, **fields: Any) -> Any:
-    """Validate one request of ``op`` (a key of :data:`memq.contracts.queries.REQUESTS`).
+    """Validate one request of ``op`` (a key of :data:`memq.contracts.queries.OPS`).
 
     Raises :class:`~memq.contracts.errors.InvalidId` for a bad app, user or session
     id, :class:`~memq.contracts.errors.InvalidRequest` for anything else.
     """
-    if op not in REQUESTS:
-        raise InvalidRequest(f"unknown query {op!r}; known: {', '.join(REQUESTS)}")
+    if op not in OPS:
+        raise InvalidRequest(f"unknown query {op!r}; known: {', '.join(OPS)}")
     validate_id(app, "app")
     for what in ("user", "session"):
         if fields.get(what) is not None:
             validate_id(fields[what], what)
     try:
-        return REQUESTS[op](app=app, **fields)
+        return OPS[op].request(app=app, **fields)
     except ValidationError as exc:
-        raise InvalidRequest(f"invalid {op} request: {_details(exc)}") from None
+        raise InvalidRequest(f"invalid {op} request: {validation_details(exc)}") from None
 
 
 def encode_request(request: BaseModel) -> bytes:
@@ -181,25 +175,6 @@ def encode_request(request: BaseModel) -> bytes:
         return request.model_dump_json(exclude_none=True).encode()
     except PydanticSerializationError as exc:  # e.g. a lone surrogate in a string
         raise InvalidRequest(f"request cannot be encoded as JSON: {exc}") from None
-
-
-def parse_reply(op: str, data: bytes) -> Any:
-    """Decode a reply to ``op`` into its typed model (:data:`memq.contracts.queries.REPLIES`),
-    or raise the typed error the service sent back."""
-    try:
-        # validate_json (not orjson + validate_python) so that bytes fields decode from base64.
-        reply = _REPLY_TYPES[op].model_validate_json(data)
-    except ValidationError as exc:
-        raise MemqError(f"malformed {op} reply from the query service: {_details(exc)}") from None
-    if not reply.ok:
-        raise error_from_dict(reply.error or {"message": f"{op} failed without an error"})
-    if reply.result is None:
-        raise MemqError(f"malformed {op} reply from the query service: ok without a result")
-    return reply.result
-
-
-def _details(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:3])
 
 
 class MemoryClient:
@@ -349,7 +324,7 @@ class MemoryClient:
         try:
             event = Event(author=author, message=Message(role=role, parts=[TextPart(text=text)]))
         except ValidationError as exc:  # a bad role or text: typed, like every other method
-            raise InvalidMessage(f"invalid text event: {_details(exc)}") from None
+            raise InvalidMessage(f"invalid text event: {validation_details(exc)}") from None
         return await self.append(user, session, event)
 
     async def append_many(self, user: str, session: str, events: Sequence[Event]) -> list[int]:
@@ -623,7 +598,7 @@ class MemoryClient:
             wait (the index trails commits by the time embedding takes).
         """
         return await self._query(
-            "search", min_seq, ryw=False, user=user, query=query, session=session, mode=mode, k=k,
+            "search", min_seq, user=user, query=query, session=session, mode=mode, k=k,
             authors=list(authors), roles=list(roles), since=since, until=until, alpha=alpha,
         )  # fmt: skip
 
@@ -674,9 +649,11 @@ class MemoryClient:
 
         return chat
 
-    async def _query(self, op: str, min_seq: int | None, *, ryw: bool = True, **fields: Any) -> Any:
-        if min_seq is None and ryw:
-            min_seq = self.last_seq if self.consistent else None
+    async def _query(self, op: str, min_seq: int | None, **fields: Any) -> Any:
+        # Read-your-writes by default, where min_seq waits for commits: a
+        # search's waits for the index, which trails commits (see search()).
+        if min_seq is None and self.consistent and OPS[op].waits_for == "persistence":
+            min_seq = self.last_seq
         request = build_request(self.app, op, min_seq=min_seq or None, wait_ms=self.wait_ms, **fields)
         subject = request_subject(self.app, op)
         timeout = self.timeout + request.wait_ms / 1000
@@ -719,7 +696,7 @@ class MemoryClient:
         try:
             return cls(app=self.app, **fields)
         except ValidationError as exc:
-            raise InvalidMessage(f"invalid {cls.__name__}: {_details(exc)}") from None
+            raise InvalidMessage(f"invalid {cls.__name__}: {validation_details(exc)}") from None
 
     def _prepare(self, message: Any) -> _Prepared:
         data = encode(message)

@@ -115,6 +115,12 @@ ERRORS_BY_CODE: dict[str, type[MemqError]] = {
 }
 
 
+def validation_details(exc) -> str:
+    """The first three problems of a pydantic ``ValidationError``, one line:
+    ``loc: msg; …`` (duck-typed, so that this module needs no pydantic)."""
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:3])
+
+
 def error_from_dict(data: dict) -> MemqError:
     """Rebuild a typed error from its wire form ``{"code", "message"}``."""
     cls = ERRORS_BY_CODE.get(str(data.get("code")), MemqError)

@@ -2,7 +2,10 @@
 
 A request goes to ``memq.v1.q.<app>.<op>`` (:func:`memq.contracts.subjects.request_subject`)
 with a JSON body naming the same app; the reply is ``{"ok": true, "result": …}``
-or ``{"ok": false, "error": {"code": …, "message": …}}``. Every request may
+or ``{"ok": false, "error": {"code": …, "message": …}}`` (the envelope:
+:mod:`memq.contracts.replies`). :data:`OPS` names every op with its request
+and reply models, for the client, the query worker and the exported
+schemas alike. Every request may
 carry ``min_seq`` (the sequence of the caller's last publish): it is answered
 only once that sequence is committed (read-your-writes), or fails with
 ``not_committed`` after ``wait_ms``.
@@ -10,7 +13,8 @@ only once that sequence is committed (read-your-writes), or fails with
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -18,20 +22,21 @@ from memq.contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFo
 from memq.contracts.schemas import AppId, NoNul, SessionId, Timestamp, UserId
 
 QUERY_VERSION = 1
-OPS = (
-    "session.get",
-    "sessions.list",
-    "state.get",
-    "history",
-    "context",
-    "artifacts.list",
-    "artifacts.get",
-    "search",
-)
 MAX_PAGE = 500
 MAX_K = 100
 MAX_EVENTS = 10_000  # events a whole-session read returns at most (the reply says when it stops short)
-STRATEGY_ALIASES = {"none": "all"}  # Hector's name for "include all history"
+
+# The vocabularies a request names, defined here once: the workers' settings
+# and the CLI derive their choices from these.
+StrategyKind = Literal["all", "buffer_window", "token_window", "summary_buffer"]
+STRATEGY_KINDS: tuple[StrategyKind, ...] = get_args(StrategyKind)
+STRATEGY_ALIASES: dict[str, StrategyKind] = {"none": "all"}  # Hector's name for "include all history"
+StrategyName = Literal[StrategyKind, "none"]  # what a request may say: a kind or an alias
+STRATEGY_NAMES: tuple[str, ...] = (*STRATEGY_KINDS, *STRATEGY_ALIASES)
+SearchMode = Literal["keyword", "vector", "hybrid"]
+SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
+ContextFormat = Literal["memq", "openai"]
+CONTEXT_FORMATS: tuple[ContextFormat, ...] = get_args(ContextFormat)
 
 
 class _Request(BaseModel):
@@ -52,7 +57,7 @@ class StrategySpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["all", "none", "buffer_window", "token_window", "summary_buffer"] | None = None
+    kind: StrategyName | None = None
     window: int | None = Field(default=None, ge=1, le=100_000)
     turns: int | None = Field(default=None, ge=1, le=100_000)
     budget: int | None = Field(default=None, ge=1, le=10_000_000)
@@ -112,7 +117,7 @@ class ContextGet(_Request):
     session: SessionId
     strategy: StrategySpec | None = None
     model: str | None = Field(default=None, max_length=128)
-    format: Literal["memq", "openai"] = "memq"
+    format: ContextFormat = "memq"
     instruction: str | None = Field(default=None, max_length=200_000, description="template rendered from state")
     recall_limit: int = Field(default=5, ge=0, le=100)
     message: str | None = Field(
@@ -140,25 +145,13 @@ class Search(_Request):
 
     query: str = Field(min_length=1, max_length=8192)
     session: SessionId | None = None
-    mode: Literal["keyword", "vector", "hybrid"] = "hybrid"
+    mode: SearchMode = "hybrid"
     k: int = Field(default=10, ge=1, le=MAX_K)
     authors: list[str] = Field(default_factory=list, max_length=50)
     roles: list[Literal["user", "assistant", "system", "tool", "summary"]] = Field(default_factory=list, max_length=5)
     since: float | None = Field(default=None, description="timestamp >= since (unix seconds)")
     until: float | None = Field(default=None, description="timestamp < until (unix seconds)")
     alpha: float | None = Field(default=None, ge=0, le=1, description="hybrid: weight of the vector side")
-
-
-REQUESTS: dict[str, type[_Request]] = {
-    "session.get": SessionGet,
-    "sessions.list": SessionsList,
-    "state.get": StateGet,
-    "history": HistoryGet,
-    "context": ContextGet,
-    "artifacts.list": ArtifactsList,
-    "artifacts.get": ArtifactGet,
-    "search": Search,
-}
 
 
 # --- replies -------------------------------------------------------------------
@@ -221,7 +214,7 @@ class ContextView(_Reply):
     exceeds it; ``note`` then says so in words. A checkpoint summary longer
     than the budget allows is cut to its newest part, and ``note`` says that."""
 
-    format: Literal["memq", "openai"]
+    format: ContextFormat
     tokens: dict[str, int]  # per part: instruction, recalled, summary, window, total
     messages: list[dict[str, Any]]
     context: dict[str, Any] | None = None  # memq's own format
@@ -269,18 +262,43 @@ class SearchResult(_Reply):
 
 class SearchResults(_Reply):
     results: list[SearchResult]  # best first
-    mode: Literal["keyword", "vector", "hybrid"]  # what answered (see note)
+    mode: SearchMode  # what answered (see note)
     model: str | None = None  # the embedding model of the index
     note: str | None = None  # why the mode differs from the one asked for
 
 
-REPLIES: dict[str, type[_Reply]] = {
-    "session.get": SessionView,
-    "sessions.list": SessionsPage,
-    "state.get": StateView,
-    "history": HistoryView,
-    "context": ContextView,
-    "artifacts.list": ArtifactsView,
-    "artifacts.get": ArtifactView,
-    "search": SearchResults,
+# --- the registry ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueryOp:
+    """One query op of the contract: what it is called (the last subject
+    token), what it takes and what it answers. The client, the query worker,
+    the JSON Schemas and the AsyncAPI document all read :data:`OPS`; facts
+    only the worker needs (caching, SQL) live beside its handlers, keyed by
+    these names."""
+
+    name: str
+    request: type[_Request]
+    reply: type[_Reply]
+    summary: str
+    # Whose progress a request's ``min_seq`` waits for: the persistence
+    # worker's commits (read-your-writes), or the indexing worker's.
+    waits_for: Literal["persistence", "indexing"] = "persistence"
+
+
+OPS: dict[str, QueryOp] = {
+    op.name: op
+    for op in (
+        QueryOp("session.get", SessionGet, SessionView, "A session, its merged state and, when asked, its events."),
+        QueryOp("sessions.list", SessionsList, SessionsPage, "A page of an app's sessions, of one user or of all."),
+        QueryOp("state.get", StateGet, StateView, "The merged app, user and (with a session) session state."),
+        QueryOp("history", HistoryGet, HistoryView, "A session's events as a working-memory strategy keeps them."),
+        QueryOp(
+            "context", ContextGet, ContextView, "A model context: instruction, recalled memories, summary, window."
+        ),
+        QueryOp("artifacts.list", ArtifactsList, ArtifactsView, "The artifacts of a session."),
+        QueryOp("artifacts.get", ArtifactGet, ArtifactView, "One version of an artifact: inline bytes or an object."),
+        QueryOp("search", Search, SearchResults, "Long-term memory search within one app and user.", "indexing"),
+    )
 }

@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from memq.contracts.queries import SearchMode, StrategyKind
 from memq.workers.memory.strategies import normalize_kind
 
 
@@ -107,7 +108,7 @@ class MemorySettings(BaseModel):
     a context fits ``budget`` out of the box; ``all`` (Hector's ``none``,
     accepted and stored as ``all``) keeps everything and says when over."""
 
-    strategy: Literal["all", "buffer_window", "token_window", "summary_buffer"] = Field(
+    strategy: StrategyKind = Field(
         default="summary_buffer", description="working-memory strategy; 'none' (Hector) means 'all'"
     )
     window: int = Field(default=20, ge=1, description="buffer_window: last N messages")
@@ -215,7 +216,7 @@ class IndexingSettings(BaseModel):
 
 class RecallSettings(BaseModel):
     auto_recall: bool = Field(default=True, description="context puts recalled memories first")
-    mode: Literal["keyword", "vector", "hybrid"] = Field(default="hybrid", description="how recall searches")
+    mode: SearchMode = Field(default="hybrid", description="how recall searches")
     alpha: float = Field(default=0.5, ge=0, le=1, description="hybrid: weight of the vector side")
     timeout_s: float = Field(default=2.0, gt=0, description="a slower recall is skipped, never blocks the context")
 

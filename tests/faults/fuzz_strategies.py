@@ -524,7 +524,7 @@ def _op_fields(op: str, users, sessions) -> st.SearchStrategy[dict]:
 
 @st.composite
 def valid_request_docs(draw, app: str, users, sessions):
-    op = draw(st.sampled_from(q.OPS))
+    op = draw(st.sampled_from(tuple(q.OPS)))
     doc = {"v": 1, "app": app, **draw(_op_fields(op, users, sessions))}
     if draw(st.integers(0, 4)) == 0:  # read-your-writes, kept short: a long wait only slows the suite
         doc.update(min_seq=draw(st.integers(1, 3)), wait_ms=draw(st.integers(0, 200)))
@@ -575,7 +575,7 @@ def request_verdict(op: str, app_token: str, body: bytes) -> tuple[bool, str]:
     if not isinstance(raw, dict) or raw.get("v") != q.QUERY_VERSION:
         return False, "not a v1 JSON object"
     try:
-        req = q.REQUESTS[op].model_validate(raw)
+        req = q.OPS[op].request.model_validate(raw)
     except (ValidationError, MemqError) as exc:
         return False, str(exc)
     if req.app != app:

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotFound
+from memq.contracts.queries import ContextFormat, SearchMode, StrategyName
 from memq.workers.cli.common import _short, _with_client, app, console, err
 
 
@@ -61,24 +62,18 @@ sessions_app = typer.Typer(no_args_is_help=True, help="List, show and delete ses
 app.add_typer(sessions_app, name="sessions")
 
 
-class StrategyKind(str, Enum):
-    all = "all"
-    none = "none"  # Hector's name for all
-    buffer_window = "buffer_window"
-    token_window = "token_window"
-    summary_buffer = "summary_buffer"
-
-
+# The choices of --strategy, --format and --mode are the contract's own
+# (memq.contracts.queries), so the CLI offers what a request may say.
 StrategyOpt = Annotated[
-    StrategyKind | None,
+    StrategyName | None,
     typer.Option(help="Working-memory strategy (none = all). Default: the app's (summary_buffer unless configured)."),
 ]
 
 
-def _strategy_spec(kind: StrategyKind | None, **params: int | None) -> dict[str, Any] | None:
+def _strategy_spec(kind: StrategyName | None, **params: int | None) -> dict[str, Any] | None:
     """The request's strategy override from the command's options: only
     those given (None: the app's strategy as it is)."""
-    spec = {"kind": kind.value if kind else None, **params}
+    spec = {"kind": kind, **params}
     return {k: v for k, v in spec.items() if v is not None} or None
 
 
@@ -88,11 +83,6 @@ STRATEGY_PARAMS = {
     "token_window": ("budget", "preserve_recent"),
     "summary_buffer": ("budget", "threshold", "target", "min_recent"),
 }
-
-
-class ContextFormat(str, Enum):
-    memq = "memq"
-    openai = "openai"
 
 
 
@@ -261,7 +251,7 @@ def context(
     session: SessionArg,
     user: UserOpt,
     app_id: AppOpt = DEFAULT_APP,
-    format: Annotated[ContextFormat, typer.Option(help="memq (with per-part details) or openai.")] = ContextFormat.memq,
+    format: Annotated[ContextFormat, typer.Option(help="memq (with per-part details) or openai.")] = "memq",
     strategy: StrategyOpt = None,
     budget: BudgetOpt = None,
     instruction: Annotated[
@@ -272,7 +262,7 @@ def context(
     It fits the budget unless the strategy is all/none or buffer_window; then it says it is over."""
     spec = _strategy_spec(strategy, budget=budget)
     view = _with_client(
-        app_id, lambda c: c.context(user, session, strategy=spec, format=format.value, instruction=instruction)
+        app_id, lambda c: c.context(user, session, strategy=spec, format=format, instruction=instruction)
     )
     tokens = Table(title=f"context of {session}")
     tokens.add_column("part")
@@ -299,19 +289,13 @@ def context(
     console.print(messages)
 
 
-class SearchModeOpt(str, Enum):
-    hybrid = "hybrid"
-    keyword = "keyword"
-    vector = "vector"
-
-
 @app.command()
 def search(
     query: Annotated[str, typer.Argument(help="What to look for.")],
     user: UserOpt,
     app_id: AppOpt = DEFAULT_APP,
     session: Annotated[str | None, typer.Option("--session", "-s", help="Only this session.")] = None,
-    mode: Annotated[SearchModeOpt, typer.Option(help="keyword (BM25), vector, or hybrid.")] = SearchModeOpt.hybrid,
+    mode: Annotated[SearchMode, typer.Option(help="keyword (BM25), vector, or hybrid.")] = "hybrid",
     k: Annotated[int, typer.Option("--k", "-k", min=1, max=100, help="Results.")] = 10,
     author: Annotated[list[str] | None, typer.Option(help="Only these authors (repeatable).")] = None,
     role: Annotated[list[str] | None, typer.Option(help="Only these roles (repeatable).")] = None,
@@ -320,12 +304,12 @@ def search(
     """Search a user's long-term memory, best first."""
     found = _with_client(
         app_id,
-        lambda c: c.search(user, query, session=session, mode=mode.value, k=k, authors=author or (), roles=role or ()),
+        lambda c: c.search(user, query, session=session, mode=mode, k=k, authors=author or (), roles=role or ()),
     )
     if as_json:
         console.print_json(found.model_dump_json())
         return
-    table = Table(title=f"memories of {user} for {query!r}", caption=f"{mode.value if not found.note else found.mode}, {found.model}")
+    table = Table(title=f"memories of {user} for {query!r}", caption=f"{mode if not found.note else found.mode}, {found.model}")
     for column in ("score", "when", "session", "author", "content"):
         table.add_column(column, justify="right" if column == "score" else "left", overflow="fold")
     for r in found.results:

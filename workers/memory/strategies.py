@@ -52,17 +52,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from memq.contracts.errors import InvalidRequest
-from memq.contracts.queries import STRATEGY_ALIASES, StrategySpec
+from memq.contracts.queries import STRATEGY_ALIASES, STRATEGY_KINDS, STRATEGY_NAMES, StrategyKind, StrategySpec
 
-Kind = Literal["all", "buffer_window", "token_window", "summary_buffer"]
-KINDS: tuple[str, ...] = ("all", "buffer_window", "token_window", "summary_buffer")
+# The strategy kinds are the contract's (memq.contracts.queries); other names
+# accepted wherever a strategy is named (Hector's "none" for what memq calls
+# "all") are in NAMES.
+Kind = StrategyKind
+KINDS: tuple[str, ...] = STRATEGY_KINDS
 TOKEN_BOUNDED: frozenset[str] = frozenset({"token_window", "summary_buffer"})
-# Other names accepted wherever a strategy is named (the wire's own list):
-# Hector's config says "none" for what memq calls "all".
-NAMES: tuple[str, ...] = (*KINDS, *STRATEGY_ALIASES)
+NAMES: tuple[str, ...] = STRATEGY_NAMES
 DEFAULT_KIND: Kind = "summary_buffer"  # budgeted out of the box (docs/design.md, Working memory and recall)
 
 

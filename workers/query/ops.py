@@ -7,7 +7,7 @@ The policy (strategies, context assembly, templates) is pure and lives in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -228,17 +228,27 @@ class OpContext:
         return strategy_for(self.memory, self.apps.get(app, {}), spec)
 
 
-OPS = {
-    "session.get": session_get,
-    "sessions.list": sessions_list,
-    "state.get": state_get,
-    "history": history,
-    "context": context,
-    "artifacts.list": artifacts_list,
-    "artifacts.get": artifact_get,
-    "search": search,
+@dataclass(frozen=True)
+class Handler:
+    """How the query worker answers one op of :data:`memq.contracts.queries.OPS`:
+    facts the contract leaves to the worker."""
+
+    run: Callable[[AsyncConnection | None, Any, OpContext], Awaitable[q._Reply]]
+    # The answer depends on one session (or one user's state) and is cached;
+    # a page of sessions changes with every commit in the app and is not.
+    cached: bool
+    sql: bool = True  # runs on a database connection (else it gets None)
+
+
+# Keyed by the contract's op names; tests/unit/test_query_registry.py checks
+# that every op of the contract has a handler and no handler lacks an op.
+HANDLERS: dict[str, Handler] = {
+    "session.get": Handler(session_get, cached=True),
+    "sessions.list": Handler(sessions_list, cached=False),
+    "state.get": Handler(state_get, cached=True),
+    "history": Handler(history, cached=True),
+    "context": Handler(context, cached=True),
+    "artifacts.list": Handler(artifacts_list, cached=True),
+    "artifacts.get": Handler(artifact_get, cached=True),
+    "search": Handler(search, cached=False, sql=False),
 }
-NO_SQL = frozenset({"search"})
-# Answers of these depend on one session (or one user's state) and are cached;
-# a page of sessions changes with every commit in the app and is not.
-CACHED = frozenset({"session.get", "state.get", "history", "context", "artifacts.list", "artifacts.get"})

@@ -32,13 +32,22 @@ from pydantic import ValidationError
 from sqlalchemy import exc as sa_exc
 
 from memq.contracts import queries as q
-from memq.contracts.errors import Forbidden, Internal, InvalidRequest, MemqError, Oversize, Unavailable
+from memq.contracts.errors import (
+    Forbidden,
+    Internal,
+    InvalidRequest,
+    MemqError,
+    Oversize,
+    Unavailable,
+    validation_details,
+)
 from memq.contracts.ids import decode_token
+from memq.contracts.replies import error_body, ok_body
 from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX
 from memq.workers import bus, metrics
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
-from memq.workers.query.ops import CACHED, NO_SQL, OPS, OpContext
+from memq.workers.query.ops import HANDLERS, OpContext
 from memq.workers.query.search import Searcher
 from memq.workers.settings import Settings
 from memq.workers.sql.engine import create_engine, migrate
@@ -64,16 +73,6 @@ def build_cache(settings: Settings) -> QueryCache:
             raise ValueError("cache.backend is redis but MEMQ_CACHE__REDIS_URL is not set")
         return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s), c.ttl_s)
     return QueryCache(local, None, c.ttl_s)
-
-
-def error_body(exc: MemqError) -> bytes:
-    # Capped: a message may quote the request (a 200 kB "v", say), and a reply
-    # over NATS' max_payload never reaches the requester.
-    return orjson.dumps({"ok": False, "error": {"code": exc.code, "message": exc.message[:2000]}})
-
-
-def ok_body(reply: q._Reply) -> bytes:
-    return b'{"ok":true,"result":' + reply.model_dump_json().encode() + b"}"
 
 
 class QueryWorker:
@@ -107,7 +106,7 @@ class QueryWorker:
             description="memq sessions, history, context and search",
             queue_group=s.query.queue_group,
         )
-        for op in OPS:
+        for op in q.OPS:
             await self.service.add_endpoint(
                 name=op.replace(".", "-"), subject=f"{PREFIX}.q.*.{op}", handler=self._handler(op)
             )
@@ -121,7 +120,7 @@ class QueryWorker:
                 )
             )
         tiers = " + ".join(type(t).__name__ for t in self.cache.tiers) or "none"
-        log.info("query worker started (%d ops, cache: %s)", len(OPS), tiers)
+        log.info("query worker started (%d ops, cache: %s)", len(q.OPS), tiers)
 
     async def stop(self) -> None:
         if self.service is not None:
@@ -145,6 +144,8 @@ class QueryWorker:
     # --- requests ---------------------------------------------------------------
 
     def _handler(self, op: str):
+        cached = HANDLERS[op].cached  # a missing handler fails the start, not a request
+
         async def handle(request: Request) -> None:
             started = time.perf_counter()
             try:
@@ -154,7 +155,7 @@ class QueryWorker:
                 await request.respond(error_body(exc))
                 metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
-            key = _request_key(op, req) if op in CACHED and self.cache.enabled else None
+            key = _request_key(op, req) if cached and self.cache.enabled else None
             # A hit in this replica's own cache tier needs no I/O either:
             # answering it here saves a task per request on the hottest path.
             if key is not None and (body := self._local_hit(req, key)) is not None:
@@ -198,7 +199,7 @@ class QueryWorker:
         when the op or the settings do not cache."""
         try:
             if req.min_seq is not None:
-                floor = self.index_floor if op == "search" else self.floor
+                floor = self.index_floor if q.OPS[op].waits_for == "indexing" else self.floor
                 await floor.wait_for(req.min_seq, req.wait_ms / 1000)
             if key is not None:
                 return await self._cached(op, req, key)
@@ -229,19 +230,19 @@ class QueryWorker:
         if raw.get("v") != q.QUERY_VERSION:
             raise InvalidRequest(f"query version {raw.get('v')!r} is not supported (supported: {q.QUERY_VERSION})")
         try:
-            req = q.REQUESTS[op].model_validate(raw)
+            req = q.OPS[op].request.model_validate(raw)
         except ValidationError as exc:
-            details = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:3])
-            raise InvalidRequest(f"invalid {op} request: {details}") from None
+            raise InvalidRequest(f"invalid {op} request: {validation_details(exc)}") from None
         if req.app != app:
             raise Forbidden(f"request for app {req.app!r} sent on app {app!r}'s subject")
         return req
 
     async def _run(self, op: str, req: q._Request) -> q._Reply:
-        if op in NO_SQL:
-            return await OPS[op](None, req, self.ctx)
+        handler = HANDLERS[op]
+        if not handler.sql:
+            return await handler.run(None, req, self.ctx)
         async with self.engine.connect() as conn:
-            return await OPS[op](conn, req, self.ctx)
+            return await handler.run(conn, req, self.ctx)
 
     def _local_hit(self, req: q._Request, key: str) -> bytes | None:
         """The answer if this replica's own tier has it, fresh enough for the
