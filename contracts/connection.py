@@ -13,7 +13,6 @@ reconnect.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -81,7 +80,7 @@ async def connect_nats(
         nc = await nats.connect(
             urls, error_cb=on_error, max_reconnect_attempts=FIRST_CONNECT_ATTEMPTS, **options
         )
-    except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, nats.errors.Error, OSError) as exc:
         raise NatsUnreachable(unreachable_message(urls, failures or [exc], hint, auth_hint)) from None
     nc.options["max_reconnect_attempts"] = max_reconnect_attempts
     connected = True

@@ -9,7 +9,7 @@ State keys carry their scope as a prefix: none = session, ``user:``, ``app:``,
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Final, Literal
 
 import uuid_utils
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from memq.contracts.errors import InvalidId
 from memq.contracts.ids import encode_token, validate_id
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1  # Final: its type is Literal[1], the field type of `v`
 SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION})
 MAX_STATE_KEY_BYTES = 256
 MAX_FILENAME_BYTES = 256
@@ -132,7 +132,7 @@ class FilePart(_Model):
 
 
 Part = Annotated[
-    Union[TextPart, DataPart, ToolCallPart, ToolResultPart, FilePart],
+    TextPart | DataPart | ToolCallPart | ToolResultPart | FilePart,
     Field(discriminator="type"),
 ]
 
@@ -233,7 +233,7 @@ class StateSet(_Envelope):
     timestamp: Timestamp = Field(default_factory=time.time)
 
     @model_validator(mode="after")
-    def _scoped_keys_need_a_session(self) -> "StateSet":
+    def _scoped_keys_need_a_session(self) -> StateSet:
         if self.session is None:
             bad = [k for k in [*self.delta, *(self.delete or ())] if not k.startswith(("user:", "app:", "temp:"))]
             if bad:
@@ -267,7 +267,7 @@ class ArtifactSaved(_SessionEnvelope):
     model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
     @model_validator(mode="after")
-    def _exactly_one_body(self) -> "ArtifactSaved":
+    def _exactly_one_body(self) -> ArtifactSaved:
         if (self.inline is None) == (self.object is None):
             raise ValueError("an artifact needs exactly one of 'inline' or 'object'")
         if len(self.filename.encode("utf-8", "surrogatepass")) > MAX_FILENAME_BYTES:
@@ -291,7 +291,7 @@ class CheckpointSaved(_SessionEnvelope):
 
 
 StreamMessage = Annotated[
-    Union[EventAppended, SessionCreated, SessionDeleted, UserDeleted, StateSet, ArtifactSaved, CheckpointSaved],
+    EventAppended | SessionCreated | SessionDeleted | UserDeleted | StateSet | ArtifactSaved | CheckpointSaved,
     Field(discriminator="kind"),
 ]
 

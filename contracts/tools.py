@@ -9,7 +9,7 @@ back as the tool result.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from memq.contracts.queries import MAX_K
@@ -49,7 +49,7 @@ SEARCH_MEMORY: dict[str, Any] = {
 }
 
 
-async def run_search_memory(client: "MemoryClient", user: str, arguments: str | dict[str, Any]) -> str:
+async def run_search_memory(client: MemoryClient, user: str, arguments: str | dict[str, Any]) -> str:
     """Execute one ``search_memory`` call (its JSON ``arguments`` as the model
     sent them) and return the tool result: one line per memory, best first."""
     args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments)
@@ -60,6 +60,6 @@ async def run_search_memory(client: "MemoryClient", user: str, arguments: str | 
         return "No memories found."
     lines = []
     for r in results.results:
-        date = datetime.fromtimestamp(r.timestamp, tz=timezone.utc).strftime("%Y-%m-%d")
+        date = datetime.fromtimestamp(r.timestamp, tz=UTC).strftime("%Y-%m-%d")
         lines.append(f"- [{date}, {r.author}] {r.content}")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ import socket
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
 
 log = logging.getLogger("memq.lease")
 
@@ -42,7 +43,7 @@ class Lease:
         self.owner = f"{socket.gethostname()}:{os.getpid()}".encode()
         self.revision: int | None = None
         self.lost = asyncio.Event()  # set if another holder took over
-        self._kv = None
+        self._kv: KeyValue | None = None
         self._keeper: asyncio.Task | None = None
 
     async def acquire(self) -> bool:
@@ -61,10 +62,12 @@ class Lease:
             await asyncio.sleep(poll_s)
 
     async def _keep(self) -> None:
+        kv = self._kv
+        assert kv is not None, "started by acquire()"
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
-                self.revision = await self._kv.update(self.key, self.owner, last=self.revision)
+                self.revision = await kv.update(self.key, self.owner, last=self.revision)
             except KeyWrongLastSequenceError:
                 log.warning("lease %s was lost (expired and taken)", self.key)
                 self.lost.set()
@@ -77,14 +80,14 @@ class Lease:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
             self._keeper = None
-        if self.revision is not None and not self.lost.is_set():
+        if self._kv is not None and self.revision is not None and not self.lost.is_set():
             try:
                 await self._kv.delete(self.key, last=self.revision)
             except Exception as exc:  # it expires anyway
                 log.debug("releasing lease %s: %s", self.key, exc)
         self.revision = None
 
-    async def __aenter__(self) -> "Lease":
+    async def __aenter__(self) -> Lease:
         await self.wait_acquire()
         return self
 

@@ -17,8 +17,15 @@ Cache hit rate is a PromQL ratio::
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client import gc_collector, platform_collector, process_collector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    gc_collector,
+    platform_collector,
+    process_collector,
+)
 
 # Our own registry rather than prometheus_client's global one: /metrics shows
 # memq's metrics (and the process's), not whatever else a library registers.

@@ -106,8 +106,9 @@ def collect_scopes(items: Iterable[Incoming]) -> Scopes:
         m = item.message
         user_key, session_key = keys_of(m)
         scopes.users.setdefault(user_key, UserRef(m.app, m.user))
-        if session_key:
-            scopes.sessions.setdefault(session_key, SessionRef(m.app, m.user, m.session, user_key))
+        session: str | None = getattr(m, "session", None)
+        if session_key and session:
+            scopes.sessions.setdefault(session_key, SessionRef(m.app, m.user, session, user_key))
     return scopes
 
 
@@ -126,7 +127,8 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
         if isinstance(m, UserDeleted):
             plan.user_deletes[user_key] = max(seq, plan.user_deletes.get(user_key, 0))
         elif isinstance(m, SessionDeleted):
-            plan.session_deletes[session_key] = max(seq, plan.session_deletes.get(session_key, 0))
+            key = scope_key(m.app, m.user, m.session)
+            plan.session_deletes[key] = max(seq, plan.session_deletes.get(key, 0))
 
     def user_tomb(user_key: str) -> int:
         return max(tombstones.users.get(user_key, 0), plan.user_deletes.get(user_key, 0))
@@ -210,9 +212,10 @@ def _event_row(seq: int, session_key: str, m: EventAppended) -> dict[str, Any]:
 def _artifact_row(seq: int, session_key: str, m: ArtifactSaved) -> dict[str, Any]:
     if m.inline is not None:
         size, digest, bucket, name = len(m.inline), hashlib.sha256(m.inline).hexdigest(), None, None
-    else:
-        ref = m.object
+    elif (ref := m.object) is not None:
         size, digest, bucket, name = ref.size, ref.sha256, ref.bucket, ref.name
+    else:  # the schema refuses an artifact with neither
+        raise ValueError("artifact.save without inline data or an object reference")
     return {
         "session_key": session_key,
         "artifact_id": m.id,

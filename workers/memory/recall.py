@@ -67,7 +67,7 @@ class Doc:
     def session_key(self) -> str:
         return scope_key(self.app, self.user, self.session)
 
-    def with_vector(self, vector: Sequence[float]) -> "Doc":
+    def with_vector(self, vector: Sequence[float]) -> Doc:
         return replace(self, vector=vector)
 
 

@@ -145,7 +145,7 @@ class Searcher:
         try:
             found, _, _, _ = await asyncio.wait_for(self.hits(query), r.timeout_s)
             return found
-        except (Unavailable, asyncio.TimeoutError) as exc:
+        except (TimeoutError, Unavailable) as exc:
             # (an exception is always truthy: test its text, which a timeout lacks)
             log.warning("recall skipped: %s", str(exc) or f"no answer within {r.timeout_s}s")
             return []

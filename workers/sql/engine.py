@@ -11,8 +11,8 @@ import logging
 import os
 import ssl
 import weakref
-from collections.abc import AsyncIterator
-from functools import lru_cache
+from collections.abc import AsyncIterator, Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ def create_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncE
     if is_in_memory(u):
         return _shared_memory_engine(url, echo)
     kwargs: dict[str, Any] = {"echo": echo}
-    if u.get_backend_name() == "sqlite":
+    if u.get_backend_name() == "sqlite" and u.database:
         Path(u.database).parent.mkdir(parents=True, exist_ok=True)
         kwargs["connect_args"] = {"timeout": 30}
     else:
@@ -72,6 +72,8 @@ class _SharedEngine(AsyncEngine):
     only the last ``dispose()`` closes it (and with it the in-memory database)."""
 
     __slots__ = ("owners", "release")
+    owners: int
+    release: Callable[[], object]
 
     async def dispose(self, close: bool = True) -> None:
         self.owners -= 1
@@ -120,6 +122,11 @@ def _shared_memory_engine(url: str, echo: bool) -> AsyncEngine:
 _LIBPQ_TLS = ("sslmode", "sslrootcert", "sslcert", "sslkey")
 
 
+def _last(value: str | tuple[str, ...]) -> str:
+    """A URL parameter given more than once: the last one wins, as in a libpq DSN."""
+    return value if isinstance(value, str) else value[-1]
+
+
 def _asyncpg_tls(u: URL) -> tuple[URL, ssl.SSLContext | str | None]:
     """libpq's TLS URL parameters as asyncpg's ``ssl`` argument: asyncpg reads
     them only from a DSN, and SQLAlchemy hands it keywords instead.
@@ -127,7 +134,7 @@ def _asyncpg_tls(u: URL) -> tuple[URL, ssl.SSLContext | str | None]:
     ``verify-full`` checks the chain and the host name, ``verify-ca`` the
     chain only; other modes (``require``, ``prefer``…) pass through as is.
     """
-    params = {k: u.query[k] for k in _LIBPQ_TLS if k in u.query}
+    params = {k: _last(u.query[k]) for k in _LIBPQ_TLS if k in u.query}
     if not params:
         return u, None
     u = u.difference_update_query(_LIBPQ_TLS)
@@ -224,7 +231,7 @@ def _insert(dialect: str, table: Table):
 # which cost ~40 % of the worker's CPU.
 
 
-@lru_cache(maxsize=None)
+@cache
 def insert_ignore(dialect: str, table: Table):
     """INSERT that skips rows whose primary key exists (idempotent inserts)."""
     stmt = _insert(dialect, table)
@@ -235,7 +242,7 @@ def insert_ignore(dialect: str, table: Table):
     return stmt.on_conflict_do_nothing()
 
 
-@lru_cache(maxsize=None)
+@cache
 def upsert_if_newer(dialect: str, table: Table, value: str = "value"):
     """INSERT, or UPDATE ``value`` and ``seq`` only where the incoming seq is newer.
 

@@ -15,6 +15,7 @@ from sqlalchemy import BigInteger, Column, Float, Index, LargeBinary, String, Te
 from sqlalchemy.dialects import mysql
 from sqlmodel import Field, SQLModel
 
+
 # Case- and accent-sensitive comparison on MySQL/MariaDB, whose default
 # collations would make the ids "A" and "a" collide.
 def Id(length: int = 256) -> String:  # noqa: N802 - reads like a type
