@@ -1,8 +1,10 @@
-"""`memq dlq list|replay`: inspect dead letters and send them back once fixed.
+"""Dead letters: sending them (:class:`DeadLetters`, used by the workers) and
+`memq dlq list|replay`, to inspect them and send them back once fixed.
 
 A dead letter is the original message body in ``MEMQ_DLQ`` with headers that
-say which worker gave up on it, why (``Memq-Error-Code``, ``Memq-Error``) and
-where it came from (``Memq-Original-Subject``, ``Memq-Original-Seq``).
+say which worker gave up on it, why and where it came from; the protocol, and
+the only code that writes or reads those headers, is
+:mod:`memq.contracts.dlq`.
 
 Replaying publishes the body again on its original subject, so every worker
 kind sees it anew, and then deletes the dead letter. Effects are keyed by
@@ -17,17 +19,37 @@ anything, and the DLQ is small by nature.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from memq.contracts.subjects import DLQ_WILDCARD, dlq_subject
+from memq.contracts.dlq import ERROR, ORIGINAL_SUBJECT, DeadLetterHeaders, replay_headers
+from memq.contracts.subjects import DLQ_WILDCARD, PREFIX, dlq_subject
+from memq.workers import metrics
 
-REPLAY_ID_PREFIX = "memq-replay"
+
+class DeadLetters:
+    """Publishes a message no worker can process to ``MEMQ_DLQ``, with the reason."""
+
+    def __init__(self, js: JetStreamContext, worker: str):
+        self.js = js
+        self.subject = dlq_subject(worker)
+        self.worker = worker
+        self.log = logging.getLogger(f"memq.{worker}")  # logged as the worker that gave up
+
+    async def send(self, msg: Msg, code: str, reason: str) -> None:
+        meta = msg.metadata
+        letter = DeadLetterHeaders(self.worker, code, reason, msg.subject, meta.sequence.stream)
+        headers = letter.to_headers(meta.stream)
+        await self.js.publish(self.subject, msg.data, headers=headers)
+        metrics.DEAD_LETTERED.labels(self.worker, code).inc()
+        self.log.warning("dead-lettered seq %s: %s: %s", meta.sequence.stream, code, headers[ERROR])
 
 
 @dataclass
@@ -69,16 +91,15 @@ class DeadLetterFilter:
 
 
 def _to_letter(raw: Any) -> DeadLetter:
-    headers = raw.headers or {}
-    original_seq = headers.get("Memq-Original-Seq")
+    why = DeadLetterHeaders.from_headers(raw.headers, raw.subject)
     return DeadLetter(
         seq=raw.seq,
         time=getattr(raw, "time", None),
-        worker=headers.get("Memq-Worker", raw.subject.rsplit(".", 1)[-1]),
-        code=headers.get("Memq-Error-Code", ""),
-        reason=headers.get("Memq-Error", ""),
-        original_subject=headers.get("Memq-Original-Subject", ""),
-        original_seq=int(original_seq) if original_seq and original_seq.isdigit() else None,
+        worker=why.worker,
+        code=why.code,
+        reason=why.reason,
+        original_subject=why.original_subject,
+        original_seq=why.original_seq,
         size=len(raw.data or b""),
         data=raw.data or b"",
     )
@@ -113,7 +134,7 @@ async def list_dead_letters(
 def _replayable(letter: DeadLetter, events_prefix: str) -> str | None:
     """Why ``letter`` cannot be replayed, or None."""
     if not letter.original_subject:
-        return "no Memq-Original-Subject header"
+        return f"no {ORIGINAL_SUBJECT} header"
     if not letter.original_subject.startswith(events_prefix):
         return f"original subject {letter.original_subject!r} is not an event subject"
     return None
@@ -134,8 +155,6 @@ async def replay_dead_letters(
     same replay twice within the duplicate window (e.g. after a crash between
     publish and delete) appends it once.
     """
-    from memq.contracts.subjects import PREFIX
-
     result = ReplayResult([], [])
     letters = [letter async for letter in iter_dead_letters(js, dlq_stream, where)]
     for letter in letters:
@@ -143,10 +162,7 @@ async def replay_dead_letters(
         if why:
             result.skipped.append((letter.seq, why))
             continue
-        headers = {
-            "Nats-Msg-Id": f"{REPLAY_ID_PREFIX}:{dlq_stream}:{letter.seq}",
-            "Memq-Replayed-From": str(letter.seq),
-        }
+        headers = replay_headers(dlq_stream, letter.seq)
         await js.publish(letter.original_subject, letter.data, headers=headers, stream=events_stream)
         if not keep:
             await js.delete_msg(dlq_stream, letter.seq)

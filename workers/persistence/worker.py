@@ -37,12 +37,12 @@ from memq.contracts.subjects import (
     ARTIFACT_BUCKET,
     EVENTS_WILDCARD,
     changed_subject,
-    dlq_subject,
     events_subject,
     user_events_filter,
 )
 from memq.workers import bus, metrics
 from memq.workers.consumer import BatchConsumer
+from memq.workers.dlq import DeadLetters
 from memq.workers.memory.commit_plan import Incoming
 from memq.workers.persistence.store import CommitResult, SqlStore
 from memq.workers.settings import Settings
@@ -52,33 +52,6 @@ log = logging.getLogger("memq.persistence")
 
 WORKER = "persistence"
 MAX_CONFLICT_RETRIES = 5
-
-
-class DeadLetters:
-    """Publishes a message no worker can process to ``MEMQ_DLQ``, with the reason."""
-
-    def __init__(self, js: JetStreamContext, worker: str):
-        self.js = js
-        self.subject = dlq_subject(worker)
-        self.worker = worker
-
-    async def send(self, msg: Msg, code: str, reason: str) -> None:
-        meta = msg.metadata
-        # One line of ASCII, for the header and the log alike: reasons quote
-        # the input (CR/LF would forge log lines), and non-ASCII header values
-        # come back from nats-py's get_msg as email.header.Header, not str.
-        reason = reason[:2000].replace("\r", " ").replace("\n", " ").encode("ascii", "backslashreplace").decode()
-        headers = {
-            "Nats-Msg-Id": f"{self.worker}:{meta.stream}:{meta.sequence.stream}",
-            "Memq-Worker": self.worker,
-            "Memq-Error-Code": code,
-            "Memq-Error": reason,
-            "Memq-Original-Subject": msg.subject,
-            "Memq-Original-Seq": str(meta.sequence.stream),
-        }
-        await self.js.publish(self.subject, msg.data, headers=headers)
-        metrics.DEAD_LETTERED.labels(self.worker, code).inc()
-        log.warning("dead-lettered seq %s: %s: %s", meta.sequence.stream, code, reason)
 
 
 class PersistenceWorker:
