@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from memq.contracts import queries as q
 from memq.workers import cli
+from memq.workers.cli import reads as cli_reads
 from memq.workers.memory.strategies import strategy_for
 from memq.workers.settings import MemorySettings, Settings
 
@@ -53,7 +54,7 @@ def test_the_context_command_takes_a_strategy(monkeypatch):
                 note="over budget: 500 tokens for a budget of 120 (strategy all keeps every event)",
             )
 
-    monkeypatch.setattr(cli, "_with_client", lambda app, work: asyncio.run(work(FakeClient())))
+    monkeypatch.setattr(cli_reads, "_with_client", lambda app, work: asyncio.run(work(FakeClient())))
     out = CliRunner().invoke(
         cli.app, ["context", "-u", "u", "s", "--strategy", "none", "--budget", "120", "--format", "openai"],
         env={"COLUMNS": "200"},
