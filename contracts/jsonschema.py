@@ -37,7 +37,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
 from memq.contracts.queries import OPS
 from memq.contracts.replies import ErrorReply, reply_type
@@ -54,7 +54,7 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 REQUIRED_ON_WIRE = ("v", "kind", "type", "id", "timestamp")
 
 
-def message_classes() -> dict[str, type]:
+def message_classes() -> dict[str, type[BaseModel]]:
     """The message model of each kind, in the union's order."""
     union = typing.get_args(StreamMessage)[0]
     return {cls.model_fields["kind"].default: cls for cls in typing.get_args(union)}

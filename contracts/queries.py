@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from memq.contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFound, Unavailable  # noqa: F401 - re-exported
 from memq.contracts.schemas import AppId, NoNul, SessionId, Timestamp, UserId
 
-QUERY_VERSION = 1
+QUERY_VERSION: Literal[1] = 1
 MAX_PAGE = 500
 MAX_K = 100
 MAX_EVENTS = 10_000  # events a whole-session read returns at most (the reply says when it stops short)

@@ -233,7 +233,8 @@ class Handler:
     """How the query worker answers one op of :data:`memq.contracts.queries.OPS`:
     facts the contract leaves to the worker."""
 
-    run: Callable[[AsyncConnection | None, Any, OpContext], Awaitable[q._Reply]]
+    # (connection, request, context): each handler takes its own request type
+    run: Callable[..., Awaitable[q._Reply]]
     # The answer depends on one session (or one user's state) and is cached;
     # a page of sessions changes with every commit in the app and is not.
     cached: bool
