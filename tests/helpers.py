@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from memq.workers.app import Process
 from memq.workers.persistence.worker import PersistenceWorker
 from memq.workers.settings import Settings
 from memq.workers.sql import models
@@ -51,12 +52,14 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 @asynccontextmanager
 async def running(worker):
-    """Start a worker (persistence or query) in this process; stop it after."""
-    await worker.start()
+    """Run one worker component (any kind) as a worker process would: alone
+    in its own FastStream app, on its own NATS connection; stop it after."""
+    process = Process(worker.settings, [worker])
     try:
+        await process.start()
         yield worker
     finally:
-        await worker.stop()
+        await process.stop()
 
 
 def running_worker(settings: Settings):

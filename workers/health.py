@@ -11,7 +11,9 @@ replicas on one host do not clash by default.
 - ``/readyz`` (readiness): 200 when every worker kind of the process has
   started and each of its checks passes; else 503 with a JSON body naming the
   failed checks. Checks, run by the loop every ``metrics.refresh_s`` (each
-  bounded by ``metrics.check_timeout_s``):
+  bounded by ``metrics.check_timeout_s``), are those the registry of worker
+  kinds names (:mod:`memq.workers.kinds`; the checks themselves are in
+  :mod:`memq.workers.readiness`):
 
   ============ ===========================================================
   persistence  ``nats`` connected, ``consumer`` fetching, ``database`` answers ``SELECT 1``
@@ -42,7 +44,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
@@ -50,19 +52,14 @@ import orjson
 from nats.js.errors import NotFoundError
 from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
-from sqlalchemy import text
 
 from memq.contracts.subjects import dlq_subject
 from memq.workers import metrics
+from memq.workers.kinds import KINDS
+from memq.workers.readiness import Check, NotReady
 from memq.workers.settings import MetricsSettings, Settings
 
 log = logging.getLogger("memq.health")
-
-Check = Callable[[], Awaitable[None]]
-
-
-class NotReady(Exception):
-    """A readiness check failed; the message says why."""
 
 
 # --- what the HTTP threads read ---------------------------------------------
@@ -154,73 +151,17 @@ class HttpServer:
         self.httpd.server_close()
 
 
-# --- readiness checks, per worker kind --------------------------------------
-
-
-def _nats(worker) -> Check:
-    async def check() -> None:
-        nc = worker.nc
-        if nc is None or not nc.is_connected:
-            reconnecting = nc is not None and nc.is_reconnecting
-            raise NotReady("not connected to NATS" + (" (reconnecting)" if reconnecting else ""))
-
-    return check
-
-
-def _database(worker) -> Check:
-    async def check() -> None:
-        async with worker.engine.connect() as conn:
-            await conn.execute(text("SELECT 1"))
-
-    return check
-
-
-def _attribute(worker, name: str, why: str) -> Check:
-    async def check() -> None:
-        if getattr(worker, name, None) is None:
-            raise NotReady(why)
-
-    return check
-
-
-def _consumer(worker) -> Check:
-    async def check() -> None:
-        consumer = getattr(worker, "consumer", None)
-        if consumer is None or not consumer.running:
-            raise NotReady("the consumer is not fetching")
-
-    return check
-
-
-def _index(worker) -> Check:
-    async def check() -> None:
-        if not worker.ready.is_set():
-            raise NotReady("preparing the index (rebuilding, or the index is unreachable)")
-        await worker.backend.live()  # one cheap read: the index answers
-
-    return check
+# --- readiness checks and durables, from the registry of kinds ----------------
 
 
 def checks_for(kind: str, worker) -> dict[str, Check]:
     """The readiness checks of one started worker (see the module doc)."""
-    checks = {"nats": _nats(worker)}
-    if kind == "persistence":
-        checks["consumer"] = _consumer(worker)
-        checks["database"] = _database(worker)
-    elif kind == "indexing":
-        checks["index"] = _index(worker)
-        checks["consumer"] = _consumer(worker)
-    elif kind == "summarizer":
-        checks["database"] = _database(worker)
-    elif kind == "query":
-        checks["service"] = _attribute(worker, "service", "the query service is not registered")
-        checks["database"] = _database(worker)
-    return checks
+    return KINDS[kind].readiness(worker)
 
 
 def durable_of(kind: str, settings: Settings) -> str | None:
-    """The durable consumer a worker kind reads the stream with (query and summarizer have none)."""
-    return {"persistence": settings.persistence.durable, "indexing": settings.indexing.durable}.get(kind)
+    """The durable consumer a worker kind reads the stream with, if any."""
+    return KINDS[kind].durable(settings)
 
 
 def _why(exc: BaseException) -> str:
@@ -311,14 +252,14 @@ class Monitor:
                 log.exception("health refresh failed")
             try:
                 await asyncio.wait_for(self._wake.wait(), self.config.refresh_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def refresh(self) -> None:
         """Run every check and re-read the JetStream gauges, once."""
         named = [(f"{kind}.{name}", check) for kind, w in self.workers for name, check in checks_for(kind, w).items()]
         outcomes = await asyncio.gather(*(self._run(check) for _, check in named))
-        results = dict(zip((name for name, _ in named), outcomes))
+        results = dict(zip((name for name, _ in named), outcomes, strict=True))
         for name, why in results.items():
             metrics.READY.labels(name).set(0 if why else 1)
         failed = {n: w for n, w in results.items() if w}
@@ -331,7 +272,7 @@ class Monitor:
         try:
             await asyncio.wait_for(check(), self.config.check_timeout_s)
             return None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return f"no answer within {self.config.check_timeout_s}s"
         except Exception as exc:
             return _why(exc)

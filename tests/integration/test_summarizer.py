@@ -237,6 +237,7 @@ async def test_the_sweep_counts_the_summary_in_the_budget(request, db, nats_url,
             view = await client.history("u", "s", min_seq=seqs[-1])
             assert view.needs_summary and view.checkpoint_seq == first
         worker = SummarizerWorker(s)
+        worker.engine = create_engine(s.database_url())  # what a process would hand it; not started
         try:
             assert await worker.sessions_over_threshold() == [(APP, "u", "s")]
         finally:

@@ -24,7 +24,6 @@ async def answer_with(exc: Exception, tmp_path) -> dict:
     worker.floor = FailingFloor(exc)
     req = q.HistoryGet(app="a", user="u", session="s", min_seq=5)
     body = orjson.loads(await worker.answer("history", req, None))
-    await worker.engine.dispose()
     return body["error"]
 
 

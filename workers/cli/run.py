@@ -15,7 +15,6 @@ import typer
 from rich.markup import escape
 
 from memq.workers import bus
-from memq.workers.settings import Settings
 from memq.workers.cli.common import (
     NATS_FAILURES,
     _database_shown,
@@ -25,13 +24,11 @@ from memq.workers.cli.common import (
     console,
     err,
 )
+from memq.workers.kinds import KINDS
+from memq.workers.settings import Settings
 
-
-class WorkerKind(str, Enum):
-    persistence = "persistence"
-    indexing = "indexing"
-    summarizer = "summarizer"
-    query = "query"
+# The kinds `memq worker` takes, from the registry (in start order).
+WorkerKind = Enum("WorkerKind", {name: name for name in KINDS}, type=str)
 
 
 
@@ -56,43 +53,37 @@ STOP_TIMEOUT_S = 7.0
 async def _run_workers(
     settings: Settings, kinds: list[WorkerKind], stop: asyncio.Event, on_ready: Callable[[], None] | None = None
 ) -> None:
-    """Start ``kinds`` in this process (a line per worker: the indexing
-    worker's start can be slow), call ``on_ready`` once all run, then run
-    until ``stop``. A NATS that cannot be reached ends it with one line, exit 1."""
+    """Run ``kinds`` in this process as one FastStream app (:mod:`memq.workers.app`;
+    a line per worker as it starts: the indexing worker's start can be slow),
+    call ``on_ready`` once all run, then run until ``stop``. A NATS that
+    cannot be reached ends it with one line, exit 1."""
+    from memq.workers.app import assemble
     from memq.workers.health import Monitor
-    from memq.workers.indexing.worker import IndexingWorker
-    from memq.workers.persistence.worker import PersistenceWorker
-    from memq.workers.query.service import QueryWorker
-    from memq.workers.summarizer.worker import SummarizerWorker
 
-    factories = {
-        WorkerKind.persistence: PersistenceWorker,
-        WorkerKind.indexing: IndexingWorker,
-        WorkerKind.summarizer: SummarizerWorker,
-        WorkerKind.query: QueryWorker,
-    }
+    names = [k.value for k in kinds]
     # One metrics/health server for every worker of the process (if metrics.port is set);
     # up before the workers, so liveness answers during a slow start.
     monitor = Monitor(settings)
     try:
-        await monitor.start([k.value for k in kinds])
+        await monitor.start(names)
     except OSError as exc:
         err.print(f"[red]cannot serve metrics on {settings.metrics.host}:{settings.metrics.port}:[/] {exc.strerror or exc}")
         raise typer.Exit(1) from None
-    workers = [factories[k](settings) for k in kinds]
-    started = []
+
+    def starting(kind: str) -> None:
+        err.print(f"starting the {kind} worker…", highlight=False)
+
+    process = assemble(settings, names, on_starting=starting)
 
     async def start_all() -> None:
-        for k, w in zip(kinds, workers):
-            started.append(w)  # stopped even if its start is cut short
-            err.print(f"starting the {k.value} worker…", highlight=False)
-            await w.start()
-            monitor.watch(k.value, w)
+        await process.start()
+        for kind, component in zip(names, process.components, strict=True):
+            monitor.watch(kind, component)
         if on_ready is None:
             return
         # The indexing worker prepares its index in the background (a first
         # run builds it): "ready" only once search answers too.
-        preparing = [w.ready for w in workers if isinstance(getattr(w, "ready", None), asyncio.Event)]
+        preparing = [c.ready for c in process.components if isinstance(getattr(c, "ready", None), asyncio.Event)]
         if not all(event.is_set() for event in preparing):
             err.print("preparing the search index…", highlight=False)
             await asyncio.gather(*(event.wait() for event in preparing))
@@ -100,34 +91,32 @@ async def _run_workers(
 
     # Starting can take long on a busy machine (migrations, loading the
     # model): a signal meanwhile cancels it instead of waiting for it.
-    starting = asyncio.create_task(start_all(), name="start workers")
+    starting_task = asyncio.create_task(start_all(), name="start workers")
     stopping = asyncio.create_task(stop.wait(), name="wait for a signal")
     try:
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
+        await asyncio.wait({starting_task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting_task.done():
             try:
-                starting.result()  # a start that failed raises here
+                starting_task.result()  # a start that failed raises here
             except NATS_FAILURES as exc:
                 err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
                 raise typer.Exit(1) from None
             await stopping
         err.print("stopping: finishing the batch in hand, then closing…")
     finally:
-        for task in (starting, stopping):
+        for task in (starting_task, stopping):
             task.cancel()
-        await asyncio.gather(starting, stopping, return_exceptions=True)
+        await asyncio.gather(starting_task, stopping, return_exceptions=True)
         await monitor.drain()  # /readyz: stopping; /healthz still answers while the workers stop
         try:
             # Bounded whatever a worker is doing: what is not acked by then is
             # redelivered (to a replica, or after the restart).
             async with asyncio.timeout(STOP_TIMEOUT_S):
-                for w in reversed(started):
-                    try:
-                        await w.stop()
-                    except Exception:  # one worker's failure must not keep the others running
-                        logging.getLogger("memq").exception("stopping %s failed", type(w).__name__)
+                await process.stop()  # every component, even one whose start was cut short
         except TimeoutError:
             err.print(f"[yellow]workers did not stop within {STOP_TIMEOUT_S:.0f}s; exiting (unacked work is redelivered)[/]")
+        except Exception:
+            logging.getLogger("memq").exception("stopping the workers failed")
         await monitor.stop()
 
 

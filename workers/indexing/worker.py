@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
+from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -34,9 +36,8 @@ from nats.js.errors import NotFoundError
 from nats.micro import add_service
 
 from memq.contracts.subjects import EVENTS_WILDCARD
-from memq.workers import bus, metrics
+from memq.workers import metrics
 from memq.workers.consumer import BatchConsumer
-from memq.workers.index.backends import open_backend
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
 from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders.base import Embedder, EmbedderError
@@ -45,6 +46,9 @@ from memq.workers.indexing.rebuild import REBUILD_LEASE, rebuild
 from memq.workers.lease import Lease
 from memq.workers.settings import Settings
 
+if TYPE_CHECKING:
+    from memq.workers.app import Resources
+
 log = logging.getLogger("memq.indexing")
 
 WORKER = "indexing"
@@ -52,18 +56,20 @@ PROGRESS_EVERY_S = 10.0  # how often a startup rebuild logs how far it is
 
 
 class IndexingWorker:
-    """One replica of the indexing worker.
+    """The indexing component of a worker process (:mod:`memq.workers.app`).
 
     :param settings: everything; ``settings.indexing`` above all.
-    :param backend: the index (default: the one the settings name, opened here).
-    :param embedder: the embedder (default: the one the settings name).
+    :param backend: the index (default: the process's, which it closes).
+    :param embedder: the embedder (default: the one the settings name, opened here).
     """
 
+    KIND = "indexing"
     stop_grace_s = 5.0  # how long stop() lets the batch in hand finish before cutting it short
 
     def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
         self.settings = settings
         self.backend = backend
+        self._own_backend = backend is not None  # given here: closed here
         self.embedder = embedder
         self.indexer: Indexer | None = None
         self.generation: IndexMeta | None = None  # where live writes go
@@ -80,7 +86,7 @@ class IndexingWorker:
     def indexed(self) -> int:
         return self.indexer.totals.docs if self.indexer else 0
 
-    # --- lifecycle ----------------------------------------------------------------
+    # --- lifecycle (driven by the process's FastStream hooks) ----------------------
 
     def consumer_config(self, start_seq: int | None = None) -> ConsumerConfig:
         s = self.settings.indexing
@@ -94,18 +100,23 @@ class IndexingWorker:
             max_ack_pending=max(1000, s.batch_size * 8),
         )
 
-    async def start(self) -> None:
-        """Connect, then prepare the index and consume in the background: an
-        index server that is down at start delays indexing, not the worker."""
-        s = self.settings
-        self.nc = await bus.connect(s, WORKER)
-        self.js = self.nc.jetstream()
-        await bus.ensure_streams(self.js, s.streams)
-        if self.embedder is None:
-            self.embedder = await open_embedder(s.indexing)
+    def router(self) -> NatsRouter:
+        """No FastStream subscribers: the event log is read by the owned batch
+        consumer (:mod:`memq.workers.consumer` says why)."""
+        return NatsRouter()
+
+    async def open(self, nc: NATS, resources: Resources) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
         if self.backend is None:
-            self.backend = open_backend(s)
-        self.indexer = make_indexer(s, self.backend, self.embedder, self.js)
+            self.backend = resources.index
+        if self.embedder is None:
+            self.embedder = await open_embedder(self.settings.indexing)
+        self.indexer = make_indexer(self.settings, self.backend, self.embedder, self.js)
+
+    async def start(self) -> None:
+        """Prepare the index and consume in the background: an index server
+        that is down at start delays indexing, not the worker."""
         self.service = await add_service(
             self.nc, name="memq-indexing", version="0.1.0", description="memq: embeds the event log into the index"
         )
@@ -126,11 +137,7 @@ class IndexingWorker:
             except asyncio.TimeoutError:
                 log.warning("stopping: the batch in hand took over %.0fs; it is redelivered", self.stop_grace_s)
             self.consumer = None
-        if self.nc is not None:
-            await self.nc.flush()
-            await self.nc.close()
-            self.nc = None
-        if self.backend is not None:
+        if self.backend is not None and self._own_backend:
             await self.backend.close()
         if self.indexer is not None and self.indexer.previous is not None:
             await self.indexer.previous.engine.dispose()
@@ -271,13 +278,3 @@ class IndexingWorker:
         for msg in msgs:
             await msg.nak(delay=delay)
         await asyncio.sleep(delay)  # hold the loop too: fetching more now would fail again
-
-
-async def run(settings: Settings, stop: asyncio.Event) -> None:
-    worker = IndexingWorker(settings)
-    await worker.start()
-    try:
-        await stop.wait()
-    finally:
-        await worker.stop()
-

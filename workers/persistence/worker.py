@@ -20,33 +20,38 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import orjson
+from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.micro import add_service
 from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.micro import add_service
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from memq.contracts.codec import decode_from_subject
 from memq.contracts.errors import Internal, MemqError
+from memq.contracts.notices import CommitNotice
 from memq.contracts.subjects import (
     ARTIFACT_BUCKET,
+    CHANGED_WILDCARD,
     EVENTS_WILDCARD,
     changed_subject,
     events_subject,
     user_events_filter,
 )
-from memq.workers import bus, metrics
+from memq.workers import metrics
 from memq.workers.consumer import BatchConsumer
 from memq.workers.dlq import DeadLetters
 from memq.workers.memory.commit_plan import Incoming
 from memq.workers.persistence.store import CommitResult, SqlStore
 from memq.workers.settings import Settings
-from memq.workers.sql.engine import create_engine, migrate
+
+if TYPE_CHECKING:
+    from memq.workers.app import Resources
 
 log = logging.getLogger("memq.persistence")
 
@@ -55,22 +60,25 @@ MAX_CONFLICT_RETRIES = 5
 
 
 class PersistenceWorker:
-    """Owns the SQL engine and the handling of one batch; see module doc."""
+    """The persistence component of a worker process (:mod:`memq.workers.app`):
+    the batch consumer on the process's connection and the handling of one
+    batch; see the module doc. The process hands it the SQL engine."""
 
-    def __init__(self, settings: Settings, *, engine=None):
+    KIND = "persistence"
+
+    def __init__(self, settings: Settings):
         self.settings = settings
-        self.engine = engine or create_engine(
-            settings.database_url(), pool_size=settings.database.pool_size, echo=settings.database.echo
-        )
-        self.store = SqlStore(self.engine)
+        self.engine = None  # the process's, from open()
+        self.store: SqlStore | None = None
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None
         self.consumer: BatchConsumer | None = None
         self.service = None
         self.dlq: DeadLetters | None = None
+        self.notices = None  # the commit-notice publisher, declared by router()
         self.committed = 0  # messages committed by this process (for status and tests)
 
-    # --- lifecycle ----------------------------------------------------------
+    # --- lifecycle (driven by the process's FastStream hooks) ------------------
 
     def consumer_config(self) -> ConsumerConfig:
         p = self.settings.persistence
@@ -83,14 +91,27 @@ class PersistenceWorker:
             max_ack_pending=max(1000, p.batch_size * 8),
         )
 
+    def router(self) -> NatsRouter:
+        """What this kind says on FastStream: the commit notices it publishes."""
+        router = NatsRouter()
+        self.notices = router.publisher(
+            CHANGED_WILDCARD,
+            schema=CommitNotice,
+            title="memq.v1.changed.<app>.<user>[.<session>]:publish",
+            description="After every commit: what a session or user committed (caches drop it, "
+            "the summarizer looks whether a summary is due). Core NATS.",
+        )
+        return router
+
+    async def open(self, nc: NATS, resources: Resources) -> None:
+        self.engine = resources.engine
+        self.store = SqlStore(self.engine)
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.dlq = DeadLetters(self.js, WORKER)
+
     async def start(self) -> None:
         s = self.settings
-        if s.database.migrate_on_start:
-            await migrate(self.engine)
-        self.nc = await bus.connect(s, WORKER)
-        self.js = self.nc.jetstream()
-        await bus.ensure_streams(self.js, s.streams)
-        self.dlq = DeadLetters(self.js, WORKER)
         self.consumer = BatchConsumer(
             self.js,
             stream=s.streams.events,
@@ -109,17 +130,14 @@ class PersistenceWorker:
         log.info("persistence worker started (durable %s)", s.persistence.durable)
 
     async def stop(self) -> None:
+        """Finish and ack the batch in hand; the process then drains the
+        connection (acks and notices go out) and disposes of the engine."""
         if self.service is not None:
             await self.service.stop()
             self.service = None
         if self.consumer is not None:
             await self.consumer.stop()  # the batch in hand finishes and is acked
             self.consumer = None
-        if self.nc is not None:
-            await self.nc.flush()  # acks and change notices out before closing
-            await self.nc.close()
-            self.nc = None
-        await self.engine.dispose()
 
     # --- one batch ------------------------------------------------------------
 
@@ -259,11 +277,12 @@ class PersistenceWorker:
         apps_changed = {app for app, _ in plan.app_state}
         users_changed = {user_key for user_key, _ in plan.user_state}
 
-        async def notice(app: str, user: str, session: str | None, user_key: str, **body) -> None:
-            body.update(app=app, user=user, app_state=app in apps_changed, user_state=user_key in users_changed)
-            if session is not None:
-                body["session"] = session
-            await self.nc.publish(changed_subject(app, user, session), orjson.dumps(body))
+        async def notice(app: str, user: str, session: str | None, user_key: str, **fields) -> None:
+            body = CommitNotice(
+                app=app, user=user, session=session, app_state=app in apps_changed,
+                user_state=user_key in users_changed, **fields,
+            )  # fmt: skip
+            await self.nc.publish(changed_subject(app, user, session), body.encode())
 
         for session_key, touch in plan.touched.items():
             s = scopes.sessions[session_key]
@@ -277,6 +296,7 @@ class PersistenceWorker:
             elif user_key in users_changed or u.app in apps_changed:
                 await notice(u.app, u.user, None, user_key)
 
+
 def _reason(exc: Exception) -> str:
     """The driver's own message, without SQLAlchemy's statement and parameters."""
     orig = getattr(exc, "orig", None)
@@ -286,14 +306,3 @@ def _reason(exc: Exception) -> str:
 def _is_conflict(exc: sa_exc.OperationalError) -> bool:
     text = str(exc.orig).lower() if exc.orig else str(exc).lower()
     return any(s in text for s in ("deadlock", "could not serialize", "lock wait timeout", "database is locked"))
-
-
-async def run(settings: Settings, stop: asyncio.Event) -> None:
-    """Run one persistence worker until ``stop`` is set."""
-    worker = PersistenceWorker(settings)
-    await worker.start()
-    try:
-        await stop.wait()
-    finally:
-        await worker.stop()
-

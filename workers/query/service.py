@@ -20,10 +20,12 @@ import asyncio
 import hashlib
 import logging
 import time
+from typing import TYPE_CHECKING, Annotated
 
 import orjson
+from faststream import Context
+from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.micro import add_service
 from nats.micro.request import Request
@@ -42,15 +44,18 @@ from memq.contracts.errors import (
     validation_details,
 )
 from memq.contracts.ids import decode_token
+from memq.contracts.notices import CommitNotice
 from memq.contracts.replies import error_body, ok_body
 from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX
-from memq.workers import bus, metrics
+from memq.workers import metrics
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
 from memq.workers.query.ops import HANDLERS, OpContext
 from memq.workers.query.search import Searcher
 from memq.workers.settings import Settings
-from memq.workers.sql.engine import create_engine, migrate
+
+if TYPE_CHECKING:
+    from memq.workers.app import Resources
 
 log = logging.getLogger("memq.query")
 
@@ -60,11 +65,17 @@ SERVICE_VERSION = "0.1.0"
 _NOT_IN_CACHE_KEY = {"min_seq", "wait_ms", "v"}
 
 
+def cache_backend(settings: Settings) -> str:
+    """``none``, ``memory`` or ``redis``: what ``cache.backend`` comes to."""
+    c = settings.cache
+    if c.backend == "auto":
+        return "redis" if c.redis_url is not None else "memory"
+    return c.backend
+
+
 def build_cache(settings: Settings) -> QueryCache:
     c = settings.cache
-    backend = c.backend
-    if backend == "auto":
-        backend = "redis" if c.redis_url is not None else "memory"
+    backend = cache_backend(settings)
     if backend == "none":
         return QueryCache(None, None, c.ttl_s)
     local = MemoryBackend(c.max_entries, c.max_bytes) if (backend == "memory" or c.local) else None
@@ -76,48 +87,68 @@ def build_cache(settings: Settings) -> QueryCache:
 
 
 class QueryWorker:
-    def __init__(self, settings: Settings, *, engine=None):
+    """The query component of a worker process (:mod:`memq.workers.app`); see
+    the module doc. The process hands it the SQL engine and the cache."""
+
+    KIND = "query"
+
+    def __init__(self, settings: Settings):
         self.settings = settings
-        self.engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)
+        self.engine = None  # the process's, from open()
+        self.cache: QueryCache | None = None  # the process's, from open()
         self.searcher = Searcher(settings)
         self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
-        self.cache = build_cache(settings)
         self.nc: NATS | None = None
         self.service: Service | None = None
         self.floor: CommitFloor | None = None
+        self.index_floor: CommitFloor | None = None
         self._slots = asyncio.Semaphore(settings.query.max_inflight)
         self._tasks: set[asyncio.Task] = set()
 
-    async def start(self) -> None:
+    # --- lifecycle (driven by the process's FastStream hooks) ------------------
+
+    def router(self) -> NatsRouter:
+        """Cache invalidation by commit notices. Every replica must hear every
+        notice for its own (local) tier; the shared (Redis) tier needs each
+        notice once, from one replica (a queue group)."""
+        router = NatsRouter()
+        router.subscriber(
+            CHANGED_WILDCARD,
+            title="memq.v1.changed.>:query-local",
+            description="Query worker: drop this replica's cached answers that a commit made stale.",
+        )(self.invalidate_local)
+        if cache_backend(self.settings) == "redis":
+            router.subscriber(
+                CHANGED_WILDCARD,
+                queue=f"{self.settings.query.queue_group}-cache",
+                title="memq.v1.changed.>:query-shared",
+                description="Query worker: drop the shared (Redis) cache's stale answers (one replica per notice).",
+            )(self.invalidate_shared)
+        return router
+
+    async def open(self, nc: NATS, resources: Resources) -> None:
         s = self.settings
-        if s.database.migrate_on_start:
-            await migrate(self.engine)
-        # Notices may be lost while disconnected: forget the local tier then.
-        self.nc = await bus.connect(s, "query", reconnected_cb=self._reconnected)
-        js = self.nc.jetstream()
-        await bus.ensure_streams(js, s.streams)
+        self.engine = resources.engine
+        self.cache = resources.cache
+        self.nc = nc
+        js = nc.jetstream()
         self.floor = CommitFloor(js, s.streams.events, s.persistence.durable, s.query.floor_refresh_s)
         # search's min_seq waits for the indexing worker instead
         self.index_floor = CommitFloor(js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s)
+
+    async def start(self) -> None:
+        """Register the endpoints (after the invalidation subscribers run, so
+        no answer is cached that a notice should have dropped)."""
         self.service = await add_service(
             self.nc,
             name=SERVICE_NAME,
             version=SERVICE_VERSION,
             description="memq sessions, history, context and search",
-            queue_group=s.query.queue_group,
+            queue_group=self.settings.query.queue_group,
         )
         for op in q.OPS:
             await self.service.add_endpoint(
                 name=op.replace(".", "-"), subject=f"{PREFIX}.q.*.{op}", handler=self._handler(op)
-            )
-        # Every replica must hear every notice for its own (local) tier; the
-        # shared (Redis) tier needs each notice once, from one replica.
-        self._subscriptions = [await self.nc.subscribe(CHANGED_WILDCARD, cb=self._on_change_local)]
-        if self.cache.shared is not None:
-            self._subscriptions.append(
-                await self.nc.subscribe(
-                    CHANGED_WILDCARD, queue=f"{s.query.queue_group}-cache", cb=self._on_change_shared
-                )
             )
         tiers = " + ".join(type(t).__name__ for t in self.cache.tiers) or "none"
         log.info("query worker started (%d ops, cache: %s)", len(q.OPS), tiers)
@@ -128,18 +159,12 @@ class QueryWorker:
             self.service = None
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.nc is not None:
-            for sub in self._subscriptions:
-                await sub.unsubscribe()
-            await self.nc.flush()
-            await self.nc.close()
-            self.nc = None
-        await self.cache.close()
         await self.searcher.close()
-        await self.engine.dispose()
 
-    async def _reconnected(self) -> None:
-        self.cache.clear_local()
+    async def reconnected(self) -> None:
+        """Notices may have been lost while disconnected: forget the local tier."""
+        if self.cache is not None:
+            self.cache.clear_local()
 
     # --- requests ---------------------------------------------------------------
 
@@ -266,13 +291,11 @@ class QueryWorker:
 
     # --- invalidation -------------------------------------------------------------
 
-    async def _on_change_local(self, msg: Msg) -> None:
-        if (notice := _notice(msg)) is not None:
-            await self.cache.invalidate_local(**notice)
+    async def invalidate_local(self, notice: CommitNotice, cache: Annotated[QueryCache, Context("cache")]) -> None:
+        await cache.invalidate_local(**_scope(notice))
 
-    async def _on_change_shared(self, msg: Msg) -> None:
-        if (notice := _notice(msg)) is not None:
-            await self.cache.invalidate_shared(**notice)
+    async def invalidate_shared(self, notice: CommitNotice, cache: Annotated[QueryCache, Context("cache")]) -> None:
+        await cache.invalidate_shared(**_scope(notice))
 
 
 def _request_key(op: str, req: q._Request) -> str:
@@ -280,16 +303,9 @@ def _request_key(op: str, req: q._Request) -> str:
     return hashlib.sha1(orjson.dumps([op, key_fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _notice(msg: Msg) -> dict | None:
-    try:
-        notice = orjson.loads(msg.data)
-        return dict(
-            app=notice["app"],
-            user=notice.get("user"),
-            session=notice.get("session"),
-            app_state=bool(notice.get("app_state")),
-            user_state=bool(notice.get("user_state")),
-        )
-    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
-        log.warning("ignoring a malformed change notice on %s: %s", msg.subject, exc)
-        return None
+def _scope(notice: CommitNotice) -> dict:
+    """What a notice makes stale, as the cache's invalidate_* take it."""
+    return dict(
+        app=notice.app, user=notice.user, session=notice.session,
+        app_state=notice.app_state, user_state=notice.user_state,
+    )  # fmt: skip

@@ -29,29 +29,32 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import orjson
+from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.micro import add_service
 
 from memq.contracts.codec import encode, subject_for
+from memq.contracts.errors import NotCommitted
 from memq.contracts.ids import scope_key
+from memq.contracts.notices import CommitNotice, StatusEvent
 from memq.contracts.schemas import CheckpointSaved
 from memq.contracts.subjects import CHANGED_WILDCARD, status_subject
-from memq.workers import bus, metrics
+from memq.workers import metrics
+from memq.workers.commit_floor import CommitFloor
 from memq.workers.lease import Lease
 from memq.workers.memory.extractive import Turn
 from memq.workers.memory.strategies import Strategy, fold, strategy_for
 from memq.workers.memory.tokens import count_text, event_text
-from memq.contracts.errors import NotCommitted
-from memq.workers.commit_floor import CommitFloor
 from memq.workers.settings import Settings
 from memq.workers.sql import reads
-from memq.workers.sql.engine import create_engine, migrate
 from memq.workers.sql.window import load_window
 from memq.workers.summarizer.base import Summarizer, SummarizerError
 from memq.workers.summarizer.summarizers import open_summarizer
+
+if TYPE_CHECKING:
+    from memq.workers.app import Resources
 
 log = logging.getLogger("memq.summarizer")
 
@@ -86,66 +89,86 @@ class Stats:
 
 
 class SummarizerWorker:
-    def __init__(self, settings: Settings, *, engine=None, summarizer: Summarizer | None = None):
+    """The summarizer component of a worker process (:mod:`memq.workers.app`);
+    see the module doc. The process hands it the SQL engine."""
+
+    KIND = "summarizer"
+
+    def __init__(self, settings: Settings, *, summarizer: Summarizer | None = None):
         self.settings = settings
-        self.engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)
+        self.engine = None  # the process's, from open()
         self.summarizer = summarizer
         self.nc: NATS | None = None
         self.js = None
+        self.floor: CommitFloor | None = None
         self.service = None
+        self.status = None  # the status-event publisher, declared by router()
         self.stats = Stats()
         self._slots = asyncio.Semaphore(settings.summarizer.max_concurrent)
         self._pending: set[tuple[str, str, str]] = set()  # sessions queued or in progress here
         self._retry_at: dict[tuple[str, str, str], float] = {}
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
+        self._triggered = False  # open: notices may schedule work
 
-    async def start(self) -> None:
+    # --- lifecycle (driven by the process's FastStream hooks) ----------------------
+
+    def router(self) -> NatsRouter:
+        """The trigger (commit notices, one replica each) and the status events."""
+        router = NatsRouter()
+        router.subscriber(
+            CHANGED_WILDCARD,
+            queue=self.settings.summarizer.queue_group,
+            title="memq.v1.changed.>:summarizer",
+            description="Summarizer trigger: a committed session may be due a checkpoint summary "
+            "(one replica per notice, by queue group). A periodic sweep catches lost notices.",
+        )(self.on_commit)
+        self.status = router.publisher(
+            "memq.v1.status.{app}.{user}.{session}",
+            schema=StatusEvent,
+            title="memq.v1.status.<app>.<user>.<session>:publish",
+            description="What the summarizer is doing to a session: summarizing, then summarized "
+            "or failed. Core NATS; clients watch it (MemoryClient.watch_status).",
+        )
+        return router
+
+    async def open(self, nc: NATS, resources: Resources) -> None:
         s = self.settings
-        if s.database.migrate_on_start:
-            await migrate(self.engine)
+        self.engine = resources.engine
         if self.summarizer is None:
             self.summarizer = open_summarizer(s.summarizer)
-        self.nc = await bus.connect(s, WORKER)
-        self.js = self.nc.jetstream()
-        await bus.ensure_streams(self.js, s.streams)
+        self.nc = nc
+        self.js = nc.jetstream()
         self.floor = CommitFloor(self.js, s.streams.events, s.persistence.durable)
-        self._sub = await self.nc.subscribe(CHANGED_WILDCARD, queue=s.summarizer.queue_group, cb=self._on_change)
+        self._triggered = True
+
+    async def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="summarizer sweep")
         self.service = await add_service(
             self.nc, name="memq-summarizer", version="0.1.0", description="memq: checkpoint summaries"
         )
-        log.info("summarizer worker started (%s)", s.summarizer.kind)
+        log.info("summarizer worker started (%s)", self.settings.summarizer.kind)
 
     async def stop(self) -> None:
+        self._triggered = False
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
         if self.service is not None:
             await self.service.stop()
-        if self.nc is not None:
-            await self._sub.unsubscribe()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.nc is not None:
-            await self.nc.flush()
-            await self.nc.close()
-            self.nc = None
         if self.summarizer is not None:
             await self.summarizer.close()
-        await self.engine.dispose()
 
     # --- triggers -------------------------------------------------------------------
 
-    async def _on_change(self, msg: Msg) -> None:
-        try:
-            notice = orjson.loads(msg.data)
-        except orjson.JSONDecodeError:
+    async def on_commit(self, notice: CommitNotice) -> None:
+        """A commit notice: look whether the session is due a summary."""
+        if not self._triggered or notice.deleted or notice.session is None:
             return
-        if notice.get("deleted") or "session" not in notice:
-            return
-        self.schedule(notice["app"], notice["user"], notice["session"])
+        self.schedule(notice.app, notice.user, notice.session)
 
     def schedule(self, app: str, user: str, session: str) -> None:
         key = (app, user, session)
@@ -286,15 +309,6 @@ class SummarizerWorker:
                  " (duplicate)" if ack.duplicate else "")  # fmt: skip
         return ack
 
-    async def _status(self, app: str, user: str, session: str, state: str, **extra) -> None:
-        body = {"app": app, "user": user, "session": session, "state": state, **extra}
-        await self.nc.publish(status_subject(app, user, session), orjson.dumps(body))
-
-
-async def run(settings: Settings, stop: asyncio.Event) -> None:
-    worker = SummarizerWorker(settings)
-    await worker.start()
-    try:
-        await stop.wait()
-    finally:
-        await worker.stop()
+    async def _status(self, app: str, user: str, session: str, state: str, up_to_seq: int | None = None) -> None:
+        event = StatusEvent(app=app, user=user, session=session, state=state, up_to_seq=up_to_seq)
+        await self.status.publish(event.encode(), subject=status_subject(app, user, session))

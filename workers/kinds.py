@@ -1,0 +1,90 @@
+"""The worker kinds, in one registry: what a process can run.
+
+Everything that differs by kind is here: the component that does the work
+(imported only when the kind runs: the indexing kind loads an ML stack), the
+readiness checks ``/readyz`` runs against it (by name, from
+:mod:`memq.workers.readiness`), and the durable consumer it reads the event
+log with, if any (for the consumer gauges). The process runtime
+(:mod:`memq.workers.app`), the health monitor and the CLI take them from
+here; none of them names a kind.
+
+``KINDS`` is in start order: the kinds that write SQL and the index first,
+the query worker (which reads them) last.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memq.workers import readiness
+from memq.workers.readiness import Check
+from memq.workers.settings import Settings
+
+
+def _no_durable(settings: Settings) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    description: str
+    component: str  # "module:Class"; the class takes (settings) and builds its router
+    checks: tuple[str, ...]
+    durable: Callable[[Settings], str | None] = field(default=_no_durable)
+    uses_sql: bool = False  # needs the migrated database (migrations run once per process)
+
+    def component_class(self) -> type:
+        module, _, name = self.component.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def make(self, settings: Settings) -> Any:
+        return self.component_class()(settings)
+
+    def readiness(self, worker: Any) -> dict[str, Check]:
+        """The named checks of one started component of this kind."""
+        return {name: readiness.CHECKS[name](worker) for name in self.checks}
+
+
+KINDS: dict[str, Kind] = {
+    kind.name: kind
+    for kind in (
+        Kind(
+            "persistence",
+            "commits the event log to SQL, the source of truth",
+            "memq.workers.persistence.worker:PersistenceWorker",
+            checks=("nats", "consumer", "database"),
+            durable=lambda s: s.persistence.durable,
+            uses_sql=True,
+        ),
+        Kind(
+            "indexing",
+            "embeds the event log into the long-term memory index",
+            "memq.workers.indexing.worker:IndexingWorker",
+            checks=("nats", "index", "consumer"),
+            durable=lambda s: s.indexing.durable,
+        ),
+        Kind(
+            "summarizer",
+            "checkpoint summaries that keep long sessions within budget",
+            "memq.workers.summarizer.worker:SummarizerWorker",
+            checks=("nats", "database"),
+            uses_sql=True,
+        ),
+        Kind(
+            "query",
+            "sessions, history, context and search over request/reply",
+            "memq.workers.query.service:QueryWorker",
+            checks=("nats", "service", "database"),
+            uses_sql=True,
+        ),
+    )
+}
+
+
+def kind_of(worker: Any) -> Kind:
+    """The kind a component belongs to (its class's ``KIND``)."""
+    return KINDS[worker.KIND]
