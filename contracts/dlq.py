@@ -2,13 +2,13 @@
 
 A worker that gives up on a message (it can never be processed: bad input, a
 row the database refuses) publishes the body unchanged on
-``memq.v1.dlq.<worker>`` (:func:`memq.contracts.subjects.dlq_subject`) with
+``memq.v1.dlq.<worker>`` (``memq.contracts.subjects.dlq_subject``) with
 these headers, and goes on:
 
 - ``Memq-Worker``: the worker kind that gave up (``persistence``, ...).
 - ``Memq-Error-Code``: a code from :mod:`memq.contracts.errors`, or a
   worker's own (``storage_rejected``).
-- ``Memq-Error``: why, one line of ASCII, at most :data:`MAX_REASON` chars.
+- ``Memq-Error``: why, one line of ASCII, at most ``MAX_REASON`` (2000) characters.
 - ``Memq-Original-Subject`` and ``Memq-Original-Seq``: where the message was
   in ``MEMQ_EVENTS``; a replay publishes it on that subject again.
 - ``Nats-Msg-Id``: ``<worker>:<stream>:<seq>``, so a worker that dead-letters
@@ -39,7 +39,7 @@ MAX_REASON = 2000  # characters of Memq-Error; the body stays as it was
 
 
 def one_line(reason: str) -> str:
-    """``reason`` as one line of ASCII, cut to :data:`MAX_REASON`.
+    """``reason`` as one line of ASCII, cut to ``MAX_REASON`` characters.
 
     Reasons quote the input: CR/LF would forge header and log lines, and
     non-ASCII header values come back from nats-py's ``get_msg`` as
