@@ -3,9 +3,9 @@
 A request goes to ``memq.v1.q.<app>.<op>`` (:func:`memq.contracts.subjects.request_subject`)
 with a JSON body naming the same app; the reply is ``{"ok": true, "result": …}``
 or ``{"ok": false, "error": {"code": …, "message": …}}`` (the envelope:
-:mod:`memq.contracts.replies`). :data:`OPS` names every op with its request
-and reply models, for the client, the query worker and the exported
-schemas alike. Every request may
+``memq.contracts.replies``). ``OPS`` names every op with its request and
+reply models, for the client, the query worker and the exported schemas
+alike. Every request may
 carry ``min_seq`` (the sequence of the caller's last publish): it is answered
 only once that sequence is committed (read-your-writes), or fails with
 ``not_committed`` after ``wait_ms``.

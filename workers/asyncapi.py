@@ -162,7 +162,7 @@ def _add_events(doc: dict[str, Any], server: list[dict[str, str]]) -> None:
         doc["components"]["messages"][f"event.{kind}"] = {
             "name": kind,
             "title": f"{kind} message",
-            "summary": _first_line(cls.__doc__),
+            "summary": _first_paragraph(cls.__doc__),
             "contentType": "application/json",
             "headers": EVENT_HEADERS,
             "payload": {"$ref": SCHEMAS + name},
@@ -317,7 +317,7 @@ def _asyncapi_schemas(value: Any) -> Any:
     return value
 
 
-def _first_line(doc: str | None) -> str:
+def _first_paragraph(doc: str | None) -> str:
     return (doc or "").strip().split("\n\n")[0].replace("\n", " ")
 
 
