@@ -41,10 +41,11 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from faststream import FastStream
-from faststream.middlewares import AckPolicy
-from faststream.nats import NatsBroker
+from faststream.middlewares import AckPolicy, ExceptionMiddleware
+from faststream.nats import NatsBroker, NatsMessage
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
+from pydantic import ValidationError
 
 from memq.workers import bus
 from memq.workers.kinds import KINDS, Kind, kind_of
@@ -59,6 +60,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("memq.app")
 
 DRAIN_TIMEOUT_S = 5  # a drain past this closes anyway: unacked work is redelivered
+
+
+async def _malformed(exc: ValidationError, message: NatsMessage) -> None:
+    """A notice that does not parse is logged in one line and dropped: it is
+    no instruction to anyone, and the subscriber goes on with the next."""
+    errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:3])
+    log.warning("ignoring a malformed notice on %s: %s", message.raw_message.subject, errors)
 
 
 class MemqBroker(NatsBroker):
@@ -89,6 +97,8 @@ class MemqBroker(NatsBroker):
             # handler raises. memq's JetStream consumers ack explicitly (owned
             # loop); should a FastStream one appear, a failure must redeliver.
             ack_policy=AckPolicy.NACK_ON_ERROR,
+            # Every FastStream subscriber takes a typed notice (contracts.notices).
+            middlewares=[ExceptionMiddleware(handlers={ValidationError: _malformed})],
             graceful_timeout=5.0,
         )
 

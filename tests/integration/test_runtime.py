@@ -1,0 +1,168 @@
+"""The worker process as a FastStream app (memq.workers.app): every kind on
+one NATS connection, typed notices on both sides, a bad notice logged and
+survived, and a dead NATS failing the start fast."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import urllib.request
+
+import nats
+import pytest
+from faststream import FastStream
+from helpers import make_settings, wait_for
+
+from memq.contracts.client import MemoryClient
+from memq.contracts.notices import CommitNotice, StatusEvent
+from memq.contracts.schemas import Event, Message, TextPart
+from memq.contracts.subjects import CHANGED_WILDCARD, changed_subject
+from memq.workers import bus
+from memq.workers.app import Process, assemble, build_app
+from memq.workers.kinds import KINDS
+
+APP = "rt"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def said(text: str) -> Event:
+    return Event(author="user", message=Message(role="user", parts=[TextPart(text=text)]))
+
+
+def connz(monitor_port: int) -> list[dict]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{monitor_port}/connz?limit=1000", timeout=5) as r:
+        return json.loads(r.read())["connections"] or []
+
+
+def test_the_app_is_built_without_connecting(tmp_path):
+    # No NATS URL and no `memq up`: building must not look for one.
+    settings = make_settings("", "sqlite+aiosqlite:///" + str(tmp_path / "x.db"), tmp_path)
+    app = build_app(settings)
+    assert isinstance(app, FastStream)
+    # The summarizer's trigger (a queue group) and the query's invalidation of
+    # its local tier (every replica); no shared cache tier is configured.
+    subscribers = sorted((sub.subject.template, sub.queue) for sub in app.broker.subscribers)
+    assert subscribers == [(CHANGED_WILDCARD, ""), (CHANGED_WILDCARD, settings.summarizer.queue_group)]
+    publishers = sorted(pub.subject.template for pub in app.broker.publishers)
+    assert publishers == [CHANGED_WILDCARD, "memq.v1.status.{app}.{user}.{session}"]
+    process = assemble(settings, ["persistence", "query"])
+    assert [k.name for k in process.kinds] == ["persistence", "query"]
+    assert process.broker._connection is None
+
+
+async def test_every_kind_runs_on_the_one_connection_of_its_process(fresh_nats, sqlite_url, tmp_path):
+    settings = make_settings(fresh_nats.url, sqlite_url, tmp_path)
+    settings.indexing.embedder = "none"  # no model to load: this test is about connections
+    before = {c["cid"] for c in connz(fresh_nats.monitor_port)}
+    process = assemble(settings, list(KINDS))
+    await process.start()
+    try:
+        mine = [c for c in connz(fresh_nats.monitor_port) if c["cid"] not in before]
+        assert [c.get("name") for c in mine] == [f"{settings.nats.name}-workers"]
+        nc = process.connection
+        for component in process.components:
+            assert component.nc is nc
+        await asyncio.wait_for(process.component("indexing").ready.wait(), 60)
+        # The hot paths too: the batch consumers' and the micro services' subscriptions are on it.
+        assert process.component("persistence").consumer.js._nc is nc
+        assert process.component("query").service is not None
+        assert len(connz(fresh_nats.monitor_port)) == len(before) + 1
+        # ...and they work on it: a write commits, a read answers through the cache path.
+        async with await MemoryClient.connect(fresh_nats.url, app=APP) as client:
+            seq = await client.append("ada", "s1", said("hello"))
+            history = await client.history("ada", "s1", min_seq=seq)
+            assert [e.seq for e in history.events] == [seq]
+    finally:
+        await process.stop()
+    assert process.broker._connection is None
+
+
+async def test_notices_are_typed_on_both_sides(nats_url, sqlite_url, tmp_path):
+    """What persistence publishes parses as a CommitNotice, with the same
+    JSON fields as before the types (nothing on the wire changed)."""
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    listener = await nats.connect(nats_url)
+    seen: list[bytes] = []
+
+    async def heard(msg) -> None:
+        seen.append(msg.data)
+
+    await listener.subscribe(CHANGED_WILDCARD, cb=heard)
+    process = assemble(settings, ["persistence"])
+    await process.start()
+    try:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seq = await client.append("ada", "s1", said("hi"))
+            await wait_for(lambda: _true(bool(seen)), timeout=30, what="a commit notice")
+    finally:
+        await process.stop()
+        await listener.close()
+    raw = json.loads(seen[0])
+    assert raw == {"app": APP, "user": "ada", "session": "s1", "seq": seq, "app_state": False, "user_state": False}
+    notice = CommitNotice.model_validate_json(seen[0])
+    assert notice.encode() == seen[0] and not notice.deleted
+
+
+def test_notice_models_round_trip_and_ignore_unknown_fields():
+    deleted = CommitNotice(app="a", user="u", seq=9, deleted=True)
+    assert json.loads(deleted.encode()) == {
+        "app": "a", "user": "u", "seq": 9, "deleted": True, "app_state": False, "user_state": False
+    }  # fmt: skip
+    assert CommitNotice.model_validate_json(deleted.encode()) == deleted
+    newer = CommitNotice.model_validate_json(b'{"app": "a", "user": "u", "from_the_future": 1}')
+    assert newer.session is None and newer.seq is None
+    status = StatusEvent(app="a", user="u", session="s", state="summarizing", up_to_seq=4)
+    assert json.loads(status.encode()) == {"app": "a", "user": "u", "session": "s", "state": "summarizing", "up_to_seq": 4}
+    assert StatusEvent.model_validate_json(status.encode()) == status
+
+
+async def test_a_bad_commit_notice_is_logged_and_the_next_one_still_works(nats_url, sqlite_url, tmp_path, caplog):
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    process = assemble(settings, ["query"])
+    await process.start()
+    query = process.component("query")
+    dropped: list[dict] = []
+    real = query.cache.invalidate_local
+
+    async def spy(**scope) -> None:
+        dropped.append(scope)
+        await real(**scope)
+
+    query.cache.invalidate_local = spy
+    publisher = await nats.connect(nats_url)
+    try:
+        with caplog.at_level(logging.WARNING):
+            for body in (b"not json", b'{"user": "no app"}', b"[1, 2]"):
+                await publisher.publish(changed_subject(APP, "ada", "s1"), body)
+            good = CommitNotice(app=APP, user="ada", session="s1", seq=3)
+            await publisher.publish(changed_subject(APP, "ada", "s1"), good.encode())
+            await publisher.flush()
+            await wait_for(lambda: _true(bool(dropped)), timeout=10, what="the good notice")
+        assert dropped == [{"app": APP, "user": "ada", "session": "s1", "app_state": False, "user_state": False}]
+        malformed = [r for r in caplog.records if "malformed notice" in r.getMessage()]
+        assert len(malformed) == 3, [r.getMessage() for r in caplog.records]
+        assert all(r.levelno == logging.WARNING and r.exc_info is None for r in malformed)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no traceback elsewhere either
+        assert process.connection.is_connected
+    finally:
+        await publisher.close()
+        await process.stop()
+
+
+async def test_a_dead_nats_fails_the_start_fast_and_stop_still_works(tmp_path, sqlite_url):
+    from services import free_port
+
+    settings = make_settings(f"nats://127.0.0.1:{free_port()}", sqlite_url, tmp_path)
+    process = Process(settings, [KINDS["persistence"].make(settings)])
+    started = time.monotonic()
+    with pytest.raises(bus.NatsUnreachable, match="cannot reach NATS"):
+        await process.start()
+    assert time.monotonic() - started < 10
+    await process.stop()  # nothing to undo, and no error
+
+
+async def _true(value: bool) -> bool:
+    return value
