@@ -36,7 +36,7 @@ types() {
 run "mypy" types
 
 if grep -q '^\[tool\.importlinter\]' pyproject.toml; then
-  run "import layering" "$BIN/lint-imports"
+  run "import layering" "$BIN/lint-imports" --no-cache
 fi
 
 if ((${#failed[@]})); then
