@@ -1,0 +1,33 @@
+"""tests/bench/runtime.py runs at its smallest size, and the owned batch
+consumer it measures acks every message once, with no batch redelivered."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "runtime.py"
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def test_the_runtime_benchmark_runs_and_the_owned_consumer_loses_nothing(tmp_path):
+    out = tmp_path / "runtime.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--runs", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=200,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "batch consume" in done.stdout and "request/reply" in done.stdout
+    result = json.loads(out.read_text())
+    assert result["machine"]["faststream"] and result["machine"]["cpu"]
+    consume, reply = result["results"]["consume"], result["results"]["reply"]
+    assert set(consume) == {"owned BatchConsumer (nats-py)", "FastStream PullSub(batch=True)"}
+    owned = consume["owned BatchConsumer (nats-py)"]
+    assert owned["per_s"] > 0 and owned["missing"] == [0] and owned["late_batches"] == [0]
+    assert set(reply) == {"nats micro endpoint", "FastStream subscriber"}
+    assert all(row["p50_ms"] > 0 and row["per_s"] > 0 for row in reply.values())
