@@ -21,8 +21,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-
-from services import LlamaEmbeddingServer, LlamaServer, MariaDB, NatsCluster, NatsServer, Postgres, Redis, Server, ServiceUnavailable, Weaviate
+from services import (
+    LlamaEmbeddingServer,
+    LlamaServer,
+    MariaDB,
+    NatsCluster,
+    NatsServer,
+    Postgres,
+    Redis,
+    Server,
+    ServiceUnavailable,
+    Weaviate,
+)
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

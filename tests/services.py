@@ -415,7 +415,7 @@ class NatsCluster:
     def url(self) -> str:
         return ",".join(n.url for n in self.nodes)
 
-    def start(self) -> "NatsCluster":
+    def start(self) -> NatsCluster:
         # JetStream is ready only once a quorum of nodes is up: start them all
         # first, then wait for each.
         for n in self.nodes:
@@ -428,7 +428,7 @@ class NatsCluster:
         for n in self.nodes:
             n.close()
 
-    def __enter__(self) -> "NatsCluster":
+    def __enter__(self) -> NatsCluster:
         try:
             return self.start()
         except BaseException:

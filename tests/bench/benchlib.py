@@ -35,7 +35,7 @@ def machine_info() -> dict:
         nats_version = "unknown"
     return {
         "git": git_revision(),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "nproc": len(os.sched_getaffinity(0)),
         "cpu": model,
         "python": platform.python_version(),

@@ -45,12 +45,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
 
-from rich.table import Table  # noqa: E402
-
 import helpers  # noqa: E402
 import locomo  # noqa: E402
 import services  # noqa: E402
 from benchlib import console, git_revision, machine_info, status, warn_if_busy  # noqa: E402
+from rich.table import Table  # noqa: E402
+
 from memq.contracts.client import MemoryClient  # noqa: E402
 from memq.contracts.errors import NotCommitted  # noqa: E402
 from memq.workers.indexing.worker import IndexingWorker  # noqa: E402

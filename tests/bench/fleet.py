@@ -23,6 +23,7 @@ from pathlib import Path
 
 import helpers
 import services
+
 from memq.workers.settings import Settings
 
 KINDS = ("persistence", "indexing", "summarizer", "query")
@@ -96,7 +97,7 @@ class Replica(helpers.WorkerProcess):
         self.killed = False
         self.last: Usage | None = None  # the last sample while it ran
 
-    def start(self) -> "Replica":
+    def start(self) -> Replica:
         with open(self.log_path, "ab") as log:
             # PDEATHSIG follows the forking thread: start replicas from the main thread.
             self.proc = subprocess.Popen(

@@ -64,15 +64,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
 
+import helpers  # noqa: E402
 import nats  # noqa: E402
 import orjson  # noqa: E402
+import services  # noqa: E402
+from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
 from nats.js.api import StorageType, StreamConfig  # noqa: E402
 from nats.js.errors import NotFoundError  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
-import helpers  # noqa: E402
-import services  # noqa: E402
 from memq.contracts.client import MemoryClient  # noqa: E402
 from memq.contracts.codec import encode, subject_for  # noqa: E402
 from memq.contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402

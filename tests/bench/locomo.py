@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from memq.contracts.schemas import Event, Message, TextPart
@@ -60,7 +60,7 @@ class Conversation:
 
 def parse_date(text: str) -> float:
     """"1:56 pm on 8 May, 2023" → a UTC timestamp."""
-    return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=timezone.utc).timestamp()
+    return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC).timestamp()
 
 
 def normalise_evidence(raw: list[str], known: set[str]) -> list[str]:

@@ -84,19 +84,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
 
-import nats  # noqa: E402
-import orjson  # noqa: E402
-from nats.js.api import DeliverPolicy  # noqa: E402
-from rich.table import Table  # noqa: E402
-from sqlalchemy import select  # noqa: E402
-
 import fleet as fleetlib  # noqa: E402
 import helpers  # noqa: E402
+import nats  # noqa: E402
+import orjson  # noqa: E402
 import services  # noqa: E402
 from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
 from ingest import CommitWatch  # noqa: E402
+from nats.js.api import DeliverPolicy  # noqa: E402
 from query import make_events  # noqa: E402
+from rich.table import Table  # noqa: E402
 from scale_checks import Check, Snapshot, check_all  # noqa: E402
+from sqlalchemy import select  # noqa: E402
+
 from memq.contracts.client import MemoryClient, build_request, encode_request  # noqa: E402
 from memq.contracts.codec import decode_from_subject  # noqa: E402
 from memq.contracts.errors import PublishFailed  # noqa: E402
@@ -307,7 +307,7 @@ async def wait_floor(js, durable: str, seq: int, timeout: float, fleet: fleetlib
             last = await floor(js, durable)
             if last >= seq:
                 return now()
-        except (nats.errors.Error, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.Error):
             pass
         if now() > deadline:
             raise TimeoutError(f"{durable}: ack floor {last} below {seq} after {timeout:.0f}s")
@@ -486,7 +486,7 @@ class Appender:
                 try:
                     await asyncio.wait_for(until.wait(), delay)
                     break
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             event = self.events[self.n % len(self.events)].model_copy(update={"id": str(uuid.uuid4())})
             key = self.sessions[self.n % len(self.sessions)]

@@ -46,10 +46,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services
 
 import numpy as np  # noqa: E402
-from rich.table import Table  # noqa: E402
-
 import services  # noqa: E402
 from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
+from rich.table import Table  # noqa: E402
+
 from memq.workers.index.backends.weaviate import WeaviateIndex  # noqa: E402
 from memq.workers.memory.recall import Doc, SearchQuery, search_text  # noqa: E402
 from memq.workers.settings import WeaviateSettings  # noqa: E402

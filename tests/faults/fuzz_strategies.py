@@ -495,7 +495,10 @@ models = st.sampled_from(["gpt-4o", "gpt-3.5-turbo", "cl100k_base", "o200k_base"
 
 def _op_fields(op: str, users, sessions) -> st.SearchStrategy[dict]:
     user, session = users, sessions
-    optional = lambda s: st.none() | s
+
+    def optional(s):
+        return st.none() | s
+
     fields = {
         "session.get": dict(
             user=user, session=session, events=st.booleans(),
@@ -600,7 +603,9 @@ def _valid(label: str, message) -> StreamCase:
 def stream_regressions() -> list[StreamCase]:
     scope = dict(app="reg-app", user="reg-user", session="reg-session")
     text = Message(role="user", parts=[TextPart(text="hi")])
-    event = lambda eid, **kw: EventAppended(**scope, event=Event(id=eid, message=text, **kw))
+
+    def event(eid, **kw):
+        return EventAppended(**scope, event=Event(id=eid, message=text, **kw))
 
     def put(path, value):
         def change(doc):

@@ -40,18 +40,6 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from memq.contracts.client import MemoryClient, parse_reply
-from memq.contracts.codec import decode_from_subject
-from memq.contracts.errors import (
-    ERRORS_BY_CODE,
-    InvalidId,
-    InvalidMessage,
-    InvalidRequest,
-    MemqError,
-    Oversize,
-)
-from memq.contracts.ids import scope_key
-from memq.contracts.schemas import Event, Message, TextPart
 from faults.fuzz_strategies import (
     HOSTILE,
     LIMIT_IDS,
@@ -65,6 +53,18 @@ from faults.fuzz_strategies import (
     stream_regressions,
     valid_ids,
 )
+from memq.contracts.client import MemoryClient, parse_reply
+from memq.contracts.codec import decode_from_subject
+from memq.contracts.errors import (
+    ERRORS_BY_CODE,
+    InvalidId,
+    InvalidMessage,
+    InvalidRequest,
+    MemqError,
+    Oversize,
+)
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.settings import LocalEmbedderSettings

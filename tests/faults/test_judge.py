@@ -70,7 +70,9 @@ def test_history_and_context():
     assert not judge_history(_history(seen("e2"), checkpoint_seq=11), ledger=lg, ref=REF, expected=(), complete=False)
 
     def ctx(window, recalled):
-        ev = lambda s, i, role="user": {"seq": s, "event": {"id": i, "message": {"role": role}}}
+        def ev(s, i, role="user"):
+            return {"seq": s, "event": {"id": i, "message": {"role": role}}}
+
         return NS(context={"window": [ev(s, i) for s, i in window], "recalled": [ev(s, i, r) for s, i, r in recalled]})
 
     window = seen("e0", "e1", "e2")

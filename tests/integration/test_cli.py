@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import event_counts, wait_for
+from services import free_port
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
-from helpers import event_counts, wait_for
-from services import free_port
 from memq.workers.sql.engine import create_engine
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")

@@ -8,11 +8,11 @@ import json
 import os
 
 import pytest
+from helpers import make_settings, run_memq, running_query, running_worker
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import InvalidId, NotFound
 from memq.contracts.schemas import Actions, Event, Message, TextPart, ToolCallPart, ToolResultPart
-from helpers import make_settings, run_memq, running_query, running_worker
 from memq.workers.memory.tokens import count_event
 
 APP = "cli.app"  # a dot: subjects carry the encoded token

@@ -8,6 +8,7 @@ import os
 
 import nats
 import pytest
+from helpers import wait_for
 from nats.js.api import StreamConfig
 
 from memq.contracts.client import MemoryClient, SessionRef
@@ -15,7 +16,6 @@ from memq.contracts.codec import decode_from_subject
 from memq.contracts.errors import InvalidId, InvalidMessage, Oversize, PublishFailed
 from memq.contracts.schemas import ArtifactSaved, Event, Message, TextPart
 from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, events_subject
-from helpers import wait_for
 from memq.workers.bus import ensure_streams
 from memq.workers.settings import StreamSettings
 
@@ -205,8 +205,9 @@ async def test_connect_to_a_dead_nats_fails_fast_with_one_clear_error(caplog) ->
     import logging
     import time
 
-    from memq.contracts.errors import Unavailable
     from services import free_port
+
+    from memq.contracts.errors import Unavailable
 
     url = f"nats://agent:s3cret@127.0.0.1:{free_port()}"  # nobody listens there
     started = time.monotonic()

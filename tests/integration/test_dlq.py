@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import nats
+from helpers import make_settings, running_worker, wait_for
 
 from memq.contracts import codec
 from memq.contracts.schemas import Event, EventAppended, Message, TextPart
 from memq.contracts.subjects import events_subject
-from helpers import make_settings, running_worker, wait_for
 from memq.workers.sql import reads
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")
@@ -46,7 +46,6 @@ async def test_list_shows_reasons_and_replay_commits_once_fixed(nats_url, sqlite
         await js.publish(events_subject(APP, "u", "s"), b"{not json")
         await js.publish(codec.subject_for(big), codec.encode(big))
         await wait_for(lambda: _equals(dlq_count(js), 2), what="two dead letters")
-        engine = worker.engine
 
         listed = memq(nats_url, tmp_path, "dlq", "list", "--json")
         assert listed.returncode == 0, listed.stderr

@@ -10,13 +10,13 @@ from datetime import datetime, timedelta
 import nats
 import orjson
 import pytest
+from helpers import make_settings, run_memq, running_query, running_worker
 from sqlalchemy import inspect as sa_inspect
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import InvalidRequest
 from memq.contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolResultPart
 from memq.contracts.subjects import request_subject
-from helpers import make_settings, run_memq, running_query, running_worker
 
 APP = "filters"
 USER = "u"

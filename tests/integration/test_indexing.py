@@ -11,13 +11,12 @@ import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
+from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Unavailable
 from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
 from memq.contracts.tools import SEARCH_MEMORY, run_search_memory
-from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
-from memq.workers.index.backends import open_backend
 from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing.indexer import make_indexer
 from memq.workers.indexing.rebuild import rebuild

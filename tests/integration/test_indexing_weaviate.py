@@ -7,12 +7,12 @@ import asyncio
 import uuid
 
 import pytest
-
 from conftest import running as running_service
-from memq.contracts.client import MemoryClient
 from helpers import wait_for
 from services import Weaviate
 from test_indexing import APP, embedder, settings_for, stack, text  # noqa: F401 - the embedder fixture
+
+from memq.contracts.client import MemoryClient
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -29,7 +29,7 @@ async def floor(indexing) -> int:
     return info.ack_floor.stream_seq
 
 
-async def test_search_on_weaviate(nats_url, sqlite_url, tmp_path, embedder, weaviate_server):
+async def test_search_on_weaviate(nats_url, sqlite_url, tmp_path, embedder, weaviate_server):  # noqa: F811 - the fixture imported above
     s = weaviate_settings(nats_url, sqlite_url, tmp_path, weaviate_server)
     async with stack(s, embedder):
         async with await MemoryClient.connect(nats_url, app=APP) as client:
@@ -43,7 +43,7 @@ async def test_search_on_weaviate(nats_url, sqlite_url, tmp_path, embedder, weav
             assert (await client.search("bob", "puppy", mode="keyword")).results == []
 
 
-async def test_weaviate_outage_loses_nothing(nats_url, sqlite_url, tmp_path, embedder):
+async def test_weaviate_outage_loses_nothing(nats_url, sqlite_url, tmp_path, embedder):  # noqa: F811 - the fixture imported above
     with running_service(Weaviate) as server:  # our own: this test kills it
         s = weaviate_settings(nats_url, sqlite_url, tmp_path, server)
         async with stack(s, embedder, query=False) as (indexing, _):

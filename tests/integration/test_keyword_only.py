@@ -11,10 +11,10 @@ import uuid
 from contextlib import AsyncExitStack
 
 import pytest
+from helpers import make_settings, running, running_query, running_worker
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
-from helpers import make_settings, running, running_query, running_worker
 from memq.workers.indexing.worker import IndexingWorker
 
 APP = "kw-app"

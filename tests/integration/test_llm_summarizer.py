@@ -18,14 +18,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 from pydantic import SecretStr
-
 from services import LlamaServer
+
 from memq.workers.memory.extractive import Turn
 from memq.workers.memory.tokens import count_text
 from memq.workers.settings import LLMSettings
 from memq.workers.summarizer import llm
-from memq.workers.summarizer.llm import LLMSummarizer, fit
 from memq.workers.summarizer.base import Summarizer, SummarizerError
+from memq.workers.summarizer.llm import LLMSummarizer, fit
 
 KEY = "sk-test-do-not-leak-5f1c2a"
 DAY = 86_400

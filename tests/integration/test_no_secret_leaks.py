@@ -14,11 +14,11 @@ from urllib.parse import quote
 
 import bcrypt
 import pytest
-
 from conftest import running as running_service
-from memq.contracts.client import MemoryClient
 from helpers import MEMQ, WorkerProcess, make_settings, settings_env, wait_for
 from services import NatsServer, Postgres, Redis
+
+from memq.contracts.client import MemoryClient
 from memq.workers import security
 
 pytestmark = pytest.mark.timeout(300)

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import nats
 import pytest
+from helpers import make_settings, running, running_query, running_worker, wait_for
 from prometheus_client.parser import text_string_to_metric_families
+from services import free_port
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotFound
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.contracts.subjects import events_subject, request_subject
-from helpers import make_settings, running, running_query, running_worker, wait_for
-from services import free_port
 from memq.workers.health import Monitor
 from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing.worker import IndexingWorker

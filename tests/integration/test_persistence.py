@@ -7,15 +7,15 @@ import asyncio
 import nats
 import orjson
 import pytest
-from sqlalchemy import text as sa_text
+from helpers import event_counts, make_settings, running_worker, wait_for
 from nats.js.api import StreamInfo
 from nats.js.errors import NotFoundError
+from sqlalchemy import text as sa_text
 
 from memq.contracts import codec
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Actions, Event, EventAppended, Message, TextPart
 from memq.contracts.subjects import events_subject
-from helpers import event_counts, make_settings, running_worker, wait_for
 from memq.workers.memory.commit_plan import Incoming
 from memq.workers.memory.state import apply_in_order
 from memq.workers.sql import reads

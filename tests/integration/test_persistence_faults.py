@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from memq.contracts.client import MemoryClient
-from memq.contracts.schemas import Event, Message, TextPart
 from helpers import (
     WorkerProcess,
     event_counts,
@@ -15,6 +13,9 @@ from helpers import (
     wait_for,
     wait_for_consumer,
 )
+
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.sql import reads
 
 APP = "faults"

@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 import nats
 import orjson
 import pytest
+from helpers import make_settings, running_query, running_worker
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
 from memq.contracts.subjects import request_subject
-from helpers import make_settings, running_query, running_worker
 from memq.workers.memory.tokens import count_event
 
 APP = "q-app"

@@ -17,17 +17,17 @@ from dataclasses import dataclass, field
 
 import nats
 import nats.errors
-from nats.js.errors import NotFoundError
 import orjson
 import pytest
-from pydantic import SecretStr
-
 from conftest import running as running_service
+from helpers import make_settings, running, wait_for
+from nats.js.errors import NotFoundError
+from pydantic import SecretStr
+from services import NatsServer
+
 from memq.contracts.client import MemoryClient, app_inbox_prefix, build_request, encode_request, parse_reply
 from memq.contracts.errors import Forbidden, PublishFailed
 from memq.contracts.subjects import events_subject, request_subject, status_subject
-from helpers import make_settings, running, wait_for
-from services import NatsServer
 from memq.workers import security
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.persistence.worker import PersistenceWorker

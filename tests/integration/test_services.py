@@ -11,9 +11,8 @@ from pathlib import Path
 import asyncmy
 import asyncpg
 import nats
-from sqlalchemy.engine import make_url
-
 from services import HOST, port_open
+from sqlalchemy.engine import make_url
 
 
 async def test_nats_answers(nats_server):

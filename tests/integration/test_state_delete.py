@@ -5,13 +5,13 @@ query worker, in the session, ``user:`` and ``app:`` scopes."""
 from __future__ import annotations
 
 import pytest
+from helpers import make_settings, running_query, running_worker
 from pydantic import ValidationError
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.codec import encode
 from memq.contracts.errors import InvalidMessage
 from memq.contracts.schemas import StateSet
-from helpers import make_settings, running_query, running_worker
 from memq.workers.memory.commit_plan import Incoming
 from memq.workers.persistence.store import SqlStore
 from memq.workers.sql import reads

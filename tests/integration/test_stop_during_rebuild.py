@@ -15,10 +15,10 @@ from pathlib import Path
 
 import nats
 import pytest
+from helpers import running, wait_for
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
-from helpers import wait_for
 from memq.workers import bus
 from memq.workers.index.backends.embedded import EmbeddedIndex
 from memq.workers.index.embedders.local import DIM, MODEL
@@ -178,12 +178,8 @@ async def test_a_generation_left_by_a_killed_rebuild_is_dropped_at_the_next_star
     index = await open_index(tmp_path / "index.db")
     try:
         left = await index.create_generation(MODEL, DIM)  # as a killed rebuild leaves it
-        worker = IndexingWorker(settings)
-        await worker.start()
-        try:
+        async with running(IndexingWorker(settings)) as worker:
             await asyncio.wait_for(worker.ready.wait(), 120)
-        finally:
-            await worker.stop()
         live = await index.live()
         assert live is not None and live.generation != left.generation
         assert [g.generation for g in await index.generations()] == [live.generation]

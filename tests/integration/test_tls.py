@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 import trustme
+from conftest import running as running_service
 from pydantic import SecretStr
+from services import NatsServer, Postgres, Redis, Weaviate, free_port
 from sqlalchemy import text
 
-from conftest import running as running_service
-from services import NatsServer, Postgres, Redis, Weaviate, free_port
 from memq.workers import bus
 from memq.workers.index.backends.base import IndexUnavailable
 from memq.workers.index.backends.weaviate import WeaviateIndex

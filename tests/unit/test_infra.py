@@ -796,7 +796,7 @@ def test_compose_nats_nodes_mount_infra_nats_and_a_volume_for_the_store(compose:
         for path in conf_paths(text, "cert_file", "key_file", "ca_file"):
             assert any(path.startswith(t.rstrip("/") + "/") for t in mounts), f"{path} is not mounted"
         assert conf_env_vars(accounts) <= set(service["environment"]), "a password accounts.conf reads is not given"
-        for host, port in route_hosts(text):
+        for host, _port in route_hosts(text):
             assert host in compose["services"], f"route to {host}"
         assert conf_port(text, "listen", "cluster") == 6222 and conf_port(text, "listen") == 4222
 
