@@ -27,6 +27,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
 from memq.contracts.dlq import ERROR, ORIGINAL_SUBJECT, DeadLetterHeaders, replay_headers
@@ -90,11 +91,14 @@ class DeadLetterFilter:
         return (self.code is None or letter.code == self.code) and (self.seqs is None or letter.seq in self.seqs)
 
 
-def _to_letter(raw: Any) -> DeadLetter:
+def _to_letter(raw: RawStreamMsg) -> DeadLetter:
+    # get_msg fills both for every stored message; None is only the fields' default
+    if raw.seq is None or raw.subject is None:
+        raise ValueError(f"a stored message without its sequence or subject: {raw!r}")
     why = DeadLetterHeaders.from_headers(raw.headers, raw.subject)
     return DeadLetter(
         seq=raw.seq,
-        time=getattr(raw, "time", None),
+        time=raw.time,
         worker=why.worker,
         code=why.code,
         reason=why.reason,
@@ -117,7 +121,7 @@ async def iter_dead_letters(js: JetStreamContext, stream: str, where: DeadLetter
         letter = _to_letter(raw)
         if where.matches(letter):
             yield letter
-        seq = raw.seq + 1
+        seq = letter.seq + 1
 
 
 async def list_dead_letters(

@@ -139,9 +139,7 @@ def _install_one(encoding: str, directory: Path) -> bool:
         return False
     actual = hashlib.sha256(data).hexdigest()
     if actual != expected:
-        raise OfflineEncodingError(
-            f"{encoding}: the packaged encoding file has sha256 {actual}, expected {expected}"
-        )
+        raise OfflineEncodingError(f"{encoding}: the packaged encoding file has sha256 {actual}, expected {expected}")
     directory.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
@@ -149,7 +147,7 @@ def _install_one(encoding: str, directory: Path) -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _installed(directory: str) -> frozenset[str]:
     path = Path(directory)
     found = {name for name in ENCODING_URLS if _install_one(name, path)}

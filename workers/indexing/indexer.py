@@ -10,16 +10,20 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
 
 from memq.contracts.codec import decode_from_subject
 from memq.contracts.errors import MemqError
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import EventAppended, SessionDeleted, StreamMessage, UserDeleted
 from memq.workers.index.backends.base import IndexBackend
 from memq.workers.index.embedders.base import Embedder
-from memq.contracts.ids import scope_key
 from memq.workers.memory.recall import SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
+
+if TYPE_CHECKING:
+    from memq.workers.indexing.previous import PreviousTurns
 
 log = logging.getLogger("memq.indexing")
 
@@ -40,11 +44,11 @@ class Indexer:
     embedder: Embedder
     scope: StorageScope = "all"
     max_message_bytes: int = 1024 * 1024
-    previous: Any = None  # memq.workers.indexing.previous.PreviousTurns: each doc's previous turn; None: no context
+    previous: PreviousTurns | None = None  # each doc's previous turn; None: no context
     totals: Applied = field(default_factory=Applied)
 
-    def decode(self, msgs: Sequence[Msg]) -> list[tuple[int, object]]:
-        out = []
+    def decode(self, msgs: Sequence[Msg]) -> list[tuple[int, StreamMessage]]:
+        out: list[tuple[int, StreamMessage]] = []
         for msg in msgs:
             try:
                 out.append((msg.metadata.sequence.stream, decode_from_subject(msg.subject, msg.data, max_bytes=self.max_message_bytes)))
@@ -57,7 +61,7 @@ class Indexer:
                 self.totals.skipped += 1
         return out
 
-    async def apply(self, items: Sequence[tuple[int, object]], *, generation: str | None = None) -> Applied:
+    async def apply(self, items: Sequence[tuple[int, StreamMessage]], *, generation: str | None = None) -> Applied:
         """Apply decoded ``(seq, message)`` pairs in order. Deletes cut the
         batch: docs before a delete are written first, so the delete (bounded
         by its own seq) removes them and spares anything newer."""
@@ -66,25 +70,26 @@ class Indexer:
         last = await self._previous_turns(items)
         owners: dict[str, tuple[str, str]] = {}
         for seq, message in items:
-            kind = getattr(message, "kind", None)
-            key = scope_key(message.app, message.user, message.session) if getattr(message, "session", None) else None
+            key = _session_key(message)
             if key is not None:
                 owners[key] = (message.app, message.user)
-            if kind in ("session.delete", "user.delete"):
+            if isinstance(message, (SessionDeleted, UserDeleted)):
                 await self._write(pending, generation, done)
                 pending = []
                 # a session recreated after its delete starts without context
-                gone = [k for k, (app, user) in owners.items() if (app, user) == (message.app, message.user)]
-                for k in [key] if kind == "session.delete" else gone:
-                    last.pop(k, None)
-                if kind == "session.delete":
+                if isinstance(message, SessionDeleted):
+                    last.pop(scope_key(message.app, message.user, message.session), None)
                     await self.backend.delete_session(
                         message.app, message.user, message.session, before_seq=seq, generation=generation
                     )
                 else:
+                    for k, owner in owners.items():
+                        if owner == (message.app, message.user):
+                            last.pop(k, None)
                     await self.backend.delete_user(message.app, message.user, before_seq=seq, generation=generation)
                 done.deletes += 1
-            elif (doc := doc_for(seq, message, self.scope, last.get(key))) is not None:
+            # docs come only from a session's events and checkpoints: a message without a session has none
+            elif key is not None and (doc := doc_for(seq, message, self.scope, last.get(key))) is not None:
                 pending.append(doc)
                 if self.previous is not None and doc.role != SUMMARY_ROLE:
                     last[key] = turn_of(doc)
@@ -95,14 +100,14 @@ class Indexer:
         self.totals.last_seq = max(self.totals.last_seq, done.last_seq)
         return done
 
-    async def _previous_turns(self, items) -> dict[str, Turn]:
+    async def _previous_turns(self, items: Sequence[tuple[int, StreamMessage]]) -> dict[str, Turn]:
         """The turn before the first event of each session in the batch; the
         batch itself provides the rest, in order."""
         if self.previous is None:
             return {}
-        firsts: dict[str, tuple[int, Any]] = {}
+        firsts: dict[str, tuple[int, EventAppended]] = {}
         for seq, message in items:
-            if getattr(message, "kind", None) == "event":
+            if isinstance(message, EventAppended):
                 firsts.setdefault(scope_key(message.app, message.user, message.session), (seq, message))
         return await self.previous.before(firsts)
 
@@ -111,7 +116,8 @@ class Indexer:
             return
         t0 = time.perf_counter()
         if self.embedder.dim:
-            docs = [d.with_vector(v) for d, v in zip(docs, await self.embedder.embed([d.search_text for d in docs]))]
+            vectors = await self.embedder.embed([d.search_text for d in docs])
+            docs = [d.with_vector(v) for d, v in zip(docs, vectors, strict=True)]  # one vector per text, or fail
         # else a keyword-only index (dim 0): docs go in without vectors
         t1 = time.perf_counter()
         await self.backend.upsert(docs, generation=generation)
@@ -120,14 +126,21 @@ class Indexer:
         done.docs += len(docs)
 
 
+def _session_key(message: StreamMessage) -> str | None:
+    """The key of the session a message belongs to; None for a user delete
+    and for a state set without a session."""
+    session = None if isinstance(message, UserDeleted) else message.session
+    return scope_key(message.app, message.user, session) if session else None
+
+
 def make_indexer(settings, backend: IndexBackend, embedder: Embedder, js, engine=None) -> Indexer:
     """The indexer as the settings want it: with the previous turn as
     context (reading SQL; ``engine`` default: one for the settings' database)
     unless ``indexing.context_turns`` is 0."""
     previous = None
     if settings.indexing.context_turns:
-        from memq.workers.indexing.previous import PreviousTurns
         from memq.workers.commit_floor import CommitFloor
+        from memq.workers.indexing.previous import PreviousTurns
         from memq.workers.sql.engine import create_engine
 
         engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)

@@ -22,7 +22,6 @@ generation that is not live while one holds it was abandoned.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -33,10 +32,10 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from memq.contracts.ids import encode_token
 from memq.contracts.subjects import EVENTS_WILDCARD, PREFIX, user_events_filter
+from memq.workers.commit_floor import CommitFloor
 from memq.workers.index.backends.base import IndexBackend
 from memq.workers.indexing.indexer import Indexer
 from memq.workers.lease import Lease
-from memq.workers.commit_floor import CommitFloor
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")
@@ -76,7 +75,7 @@ class StreamReplay:
 
     def __init__(self, js: JetStreamContext, stream: str, subjects: list[str], start_seq: int | None = None):
         self.js, self.stream, self.subjects, self.start_seq = js, stream, subjects, start_seq
-        self._sub = None
+        self._sub: JetStreamContext.PullSubscription | None = None  # set by open()
 
     async def open(self) -> int:
         """Create the consumer; returns how many messages it has to deliver now."""
@@ -92,14 +91,16 @@ class StreamReplay:
         info = await self.js.add_consumer(self.stream, config)
         self._name = info.name
         self._sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=self.stream)
-        return info.num_pending
+        return info.num_pending or 0  # a new consumer's info always has it; None only in the type
 
     async def batches(self) -> AsyncIterator[list]:
         """Batches until nothing is pending at this moment."""
+        if self._sub is None:
+            raise RuntimeError("StreamReplay.batches() before open()")
         while True:
             try:
                 msgs = await self._sub.fetch(FETCH, timeout=1.0)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 return
             if not msgs:
                 return

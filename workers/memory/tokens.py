@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
@@ -234,7 +234,7 @@ def event_time(event: Mapping[str, Any]) -> str | None:
     ts = event.get("timestamp")
     if not isinstance(ts, (int, float)):
         return None
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
 
 
 def event_messages(event: Mapping[str, Any]) -> list[dict[str, Any]]:

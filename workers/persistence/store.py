@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import and_, bindparam, case, delete, select, update
+from sqlalchemy import Select, and_, bindparam, case, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from memq.workers.memory.commit_plan import (
@@ -24,14 +24,14 @@ from memq.workers.memory.commit_plan import (
 from memq.workers.sql import models
 from memq.workers.sql.engine import dialect_name, greatest, insert_ignore, upsert_if_newer
 
-USERS = models.User.__table__
-SESSIONS = models.Session.__table__
-EVENTS = models.Event.__table__
-ARTIFACTS = models.Artifact.__table__
-APP_STATE = models.AppState.__table__
-USER_STATE = models.UserState.__table__
-SESSION_STATE = models.SessionState.__table__
-CHECKPOINTS = models.Checkpoint.__table__
+USERS = models.table_of(models.User)
+SESSIONS = models.table_of(models.Session)
+EVENTS = models.table_of(models.Event)
+ARTIFACTS = models.table_of(models.Artifact)
+APP_STATE = models.table_of(models.AppState)
+USER_STATE = models.table_of(models.UserState)
+SESSION_STATE = models.table_of(models.SessionState)
+CHECKPOINTS = models.table_of(models.Checkpoint)
 SESSION_DATA = (EVENTS, SESSION_STATE, ARTIFACTS, CHECKPOINTS)  # rows that belong to one session
 
 
@@ -123,9 +123,10 @@ class SqlStore:
                 .values(deleted_seq=greatest(d, SESSIONS.c.deleted_seq, seq))
             )
             await conn.execute(delete(USER_STATE).where(and_(USER_STATE.c.user_key == user_key, USER_STATE.c.seq < seq)))
-            of_user = select(SESSIONS.c.key).where(SESSIONS.c.user_key == user_key)
+            user_sessions = select(SESSIONS.c.key).where(SESSIONS.c.user_key == user_key)
+            of_user: Select[str] | list[str] = user_sessions
             if d == "mysql":  # MySQL cannot delete with a subquery over a locked table
-                of_user = [k for (k,) in (await conn.execute(of_user)).all()]
+                of_user = [k for (k,) in (await conn.execute(user_sessions)).all()]
             for table in SESSION_DATA:
                 await conn.execute(delete(table).where(and_(table.c.session_key.in_(of_user), table.c.seq < seq)))
         for session_key, seq in sorted(plan.session_deletes.items()):

@@ -68,6 +68,12 @@ class Searcher:
             self.embedder = await open_embedder(self.settings.indexing)
         self._opened = True
 
+    def _index(self) -> tuple[IndexBackend, Embedder]:
+        """The backend and the embedder, which _open() has set."""
+        if self.backend is None or self.embedder is None:
+            raise RuntimeError("the Searcher's index is used before _open()")
+        return self.backend, self.embedder
+
     async def close(self) -> None:
         if self._opening is not None and not self._opening.done():
             self._opening.cancel()
@@ -79,19 +85,21 @@ class Searcher:
 
     async def live(self) -> IndexMeta | None:
         if self._live is None or time.monotonic() - self._live_at > LIVE_REFRESH_S:
-            self._live = await self.backend.live()
+            backend, _ = self._index()
+            self._live = await backend.live()
             self._live_at = time.monotonic()
         return self._live
 
     async def hits(self, query: SearchQuery) -> tuple[list[Hit], str, str | None, str | None]:
         """``(hits, mode used, index model, note)``. Raises Unavailable."""
         await self._open()
+        backend, embedder = self._index()
         try:
             live = await self.live()
             if live is None:
                 raise Unavailable("search: no index has been built yet (is `memq worker indexing` running?)")
             mode, note = query.mode, None
-            if mode != "keyword" and 0 in (live.dim, self.embedder.dim):
+            if mode != "keyword" and 0 in (live.dim, embedder.dim):
                 mode = "keyword"
                 note = (
                     "the index is keyword-only (indexing.embedder = none): answered by keyword"
@@ -99,16 +107,16 @@ class Searcher:
                     else f"this worker has no embedder (indexing.embedder = none) for the index's "
                     f"{live.model} vectors: answered by keyword"
                 )
-            elif mode != "keyword" and (live.model, live.dim) != (self.embedder.model, self.embedder.dim):
+            elif mode != "keyword" and (live.model, live.dim) != (embedder.model, embedder.dim):
                 mode = "keyword"
                 note = (
-                    f"the index holds {live.model} vectors and this worker embeds with {self.embedder.model}: "
+                    f"the index holds {live.model} vectors and this worker embeds with {embedder.model}: "
                     "answered by keyword until both use the same model"
                 )
             vector = None
             if mode != "keyword":
-                [vector] = await self.embedder.embed([query.text])
-            found = await self.backend.search(
+                [vector] = await embedder.embed([query.text])
+            found = await backend.search(
                 replace(query, mode=mode, vector=vector), generation=live.generation
             )
             return found, mode, live.model, note

@@ -11,7 +11,7 @@ Schema changes go through Alembic (``workers/sql/migrations``).
 
 from __future__ import annotations
 
-from sqlalchemy import BigInteger, Column, Float, Index, LargeBinary, String, Text
+from sqlalchemy import BigInteger, Column, Float, Index, LargeBinary, String, Table, Text
 from sqlalchemy.dialects import mysql
 from sqlmodel import Field, SQLModel
 
@@ -168,3 +168,10 @@ class Checkpoint(SQLModel, table=True):
 
 metadata = SQLModel.metadata
 TABLES = (User, Session, Event, AppState, UserState, SessionState, Artifact, Checkpoint)
+
+
+def table_of(model: type[SQLModel]) -> Table:
+    """The Core table behind a model, for queries written in SQLAlchemy Core."""
+    # SQLModel's metaclass sets __table__ on every table=True model, but the
+    # class does not declare it for type checkers.
+    return model.__table__  # type: ignore[attr-defined]

@@ -7,11 +7,10 @@ the latest checkpoint by (session, up_to_seq). None reads a whole session.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import base64
 import re
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from sqlalchemy import func, or_, select
@@ -21,10 +20,13 @@ from memq.contracts.ids import scope_key
 from memq.workers.memory.state import TOMBSTONE, merge_state
 from memq.workers.sql import models
 
-SESSIONS = models.Session.__table__
-EVENTS = models.Event.__table__
-CHECKPOINTS = models.Checkpoint.__table__
-ARTIFACTS = models.Artifact.__table__
+SESSIONS = models.table_of(models.Session)
+EVENTS = models.table_of(models.Event)
+CHECKPOINTS = models.table_of(models.Checkpoint)
+ARTIFACTS = models.table_of(models.Artifact)
+APP_STATE = models.table_of(models.AppState)
+USER_STATE = models.table_of(models.UserState)
+SESSION_STATE = models.table_of(models.SessionState)
 
 
 @dataclass(frozen=True)
@@ -305,17 +307,17 @@ def _live_values(rows) -> dict[str, Any]:
 
 
 async def merged_state(conn, app: str, user: str, session: str | None) -> dict[str, Any]:
-    rows = await conn.execute(select(models.AppState.key, models.AppState.value).where(models.AppState.app == app))
+    rows = await conn.execute(select(APP_STATE.c.key, APP_STATE.c.value).where(APP_STATE.c.app == app))
     app_state = _live_values(rows)
     rows = await conn.execute(
-        select(models.UserState.key, models.UserState.value).where(models.UserState.user_key == scope_key(app, user))
+        select(USER_STATE.c.key, USER_STATE.c.value).where(USER_STATE.c.user_key == scope_key(app, user))
     )
     user_state = _live_values(rows)
     session_state: dict[str, Any] = {}
     if session is not None:
         rows = await conn.execute(
-            select(models.SessionState.key, models.SessionState.value).where(
-                models.SessionState.session_key == scope_key(app, user, session)
+            select(SESSION_STATE.c.key, SESSION_STATE.c.value).where(
+                SESSION_STATE.c.session_key == scope_key(app, user, session)
             )
         )
         session_state = _live_values(rows)

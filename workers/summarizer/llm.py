@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 import httpx
 
 from memq.workers import http_retry
-
 from memq.workers.memory.extractive import Turn
 from memq.workers.memory.tokens import count_text
 from memq.workers.settings import LLMSettings, mask_url

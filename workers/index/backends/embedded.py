@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import numpy as np
 
@@ -290,10 +290,22 @@ class EmbeddedIndex:
         except sqlite3.DatabaseError as exc:  # locked past the timeout, corrupt, I/O error, disk full
             raise IndexUnavailable(f"embedded index {self.path}: {exc}") from exc
 
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """The connection, which only code that _run() calls after open() uses."""
+        if self._db is None:
+            raise RuntimeError("EmbeddedIndex: call open() first")
+        return self._db
+
     def _tx(self, write: bool = False) -> _Transaction:
         """A transaction on the connection. Writes take the write lock up front
         (IMMEDIATE): a read that later upgrades could fail with SQLITE_BUSY."""
-        return _Transaction(self._db, "IMMEDIATE" if write else "DEFERRED")
+        return _Transaction(self._conn, "IMMEDIATE" if write else "DEFERRED")
+
+    @overload
+    def _gen(self, name: str) -> _Gen: ...
+    @overload
+    def _gen(self, name: str | None) -> _Gen | None: ...
 
     def _gen(self, name: str | None) -> _Gen | None:
         """The named generation (UnknownGeneration if there is none), or the live one
@@ -301,9 +313,9 @@ class EmbeddedIndex:
         returns cannot be dropped before the transaction ends."""
         cols = "g.id, g.name, g.model, g.dim, g.created_at"
         if name is None:
-            row = self._db.execute(f"SELECT {cols} FROM live JOIN generations g ON g.id = live.generation").fetchone()
+            row = self._conn.execute(f"SELECT {cols} FROM live JOIN generations g ON g.id = live.generation").fetchone()
             return _Gen(*row) if row else None
-        row = self._db.execute(f"SELECT {cols} FROM generations g WHERE g.name = ?", (name,)).fetchone()
+        row = self._conn.execute(f"SELECT {cols} FROM generations g WHERE g.name = ?", (name,)).fetchone()
         if row is None:
             raise UnknownGeneration(f"no index generation {name!r} in {self.path}")
         return _Gen(*row)
@@ -320,13 +332,13 @@ class EmbeddedIndex:
         delete, after which caches reload in full."""
         out = {}
         for uk in user_keys:
-            self._db.execute(
+            self._conn.execute(
                 "INSERT INTO versions (generation, user_key, version, deleted) VALUES (?, ?, 1, ?)"
                 " ON CONFLICT (generation, user_key) DO UPDATE SET"
                 " version = version + 1, deleted = CASE WHEN ? THEN version + 1 ELSE deleted END",
                 (gen.id, uk, int(deleted), deleted),
             )
-            out[uk] = self._db.execute(
+            out[uk] = self._conn.execute(
                 "SELECT version FROM versions WHERE generation = ? AND user_key = ?", (gen.id, uk)
             ).fetchone()[0]
         return out
@@ -396,7 +408,7 @@ class EmbeddedIndex:
     async def generations(self) -> list[IndexMeta]:
         rows = await self._run(
             self._read,
-            lambda: self._db.execute("SELECT id, name, model, dim, created_at FROM generations ORDER BY id").fetchall(),
+            lambda: self._conn.execute("SELECT id, name, model, dim, created_at FROM generations ORDER BY id").fetchall(),
         )
         return [_Gen(*r).meta for r in rows]
 
@@ -409,11 +421,11 @@ class EmbeddedIndex:
 
     def _create_generation(self, model: str, dim: int) -> _Gen:
         with self._tx(write=True):
-            n = self._db.execute(
+            n = self._conn.execute(
                 "INSERT INTO generations (name, model, dim, created_at) VALUES ('', ?, ?, ?)", (model, dim, time.time())
             ).lastrowid
-            self._db.execute("UPDATE generations SET name = 'g' || id WHERE id = ?", (n,))
-            _script(self._db, _GENERATION_SCHEMA.format(n=n))
+            self._conn.execute("UPDATE generations SET name = 'g' || id WHERE id = ?", (n,))
+            _script(self._conn, _GENERATION_SCHEMA.format(n=n))
             return self._gen(f"g{n}")
 
     async def promote(self, generation: str) -> None:
@@ -427,7 +439,7 @@ class EmbeddedIndex:
             new, old = self._gen(name), self._gen(None)
             if old is not None and old.id == new.id:
                 return
-            self._db.execute("UPDATE live SET generation = ? WHERE one = 1", (new.id,))
+            self._conn.execute("UPDATE live SET generation = ? WHERE one = 1", (new.id,))
             if old is not None:
                 self._drop(old)
 
@@ -449,10 +461,10 @@ class EmbeddedIndex:
 
     def _drop(self, gen: _Gen) -> None:
         # The triggers and indexes go with their table; the FTS shadow tables with fts_<n>.
-        self._db.execute(f"DROP TABLE IF EXISTS fts_{gen.id}")
-        self._db.execute(f"DROP TABLE IF EXISTS docs_{gen.id}")
-        self._db.execute("DELETE FROM versions WHERE generation = ?", (gen.id,))
-        self._db.execute("DELETE FROM generations WHERE id = ?", (gen.id,))
+        self._conn.execute(f"DROP TABLE IF EXISTS fts_{gen.id}")
+        self._conn.execute(f"DROP TABLE IF EXISTS docs_{gen.id}")
+        self._conn.execute("DELETE FROM versions WHERE generation = ?", (gen.id,))
+        self._conn.execute("DELETE FROM generations WHERE id = ?", (gen.id,))
         for key in [k for k in self._cache if k[0] == gen.id]:
             del self._cache[key]
 
@@ -470,7 +482,7 @@ class EmbeddedIndex:
         rows = [_doc_row(d) for d in docs]  # before taking the write lock
         with self._tx(write=True):
             gen = self._write_gen(name)  # resolved under the write lock: no promote can slip in between
-            for d, row in zip(docs, rows):
+            for d, row in zip(docs, rows, strict=True):
                 if d.vector is None and gen.dim:
                     raise ValueError(f"doc {d.id!r} has no vector; {gen.name} holds {gen.dim}-dimensional ones")
                 if len(row[-1]) != 4 * gen.dim:
@@ -478,7 +490,7 @@ class EmbeddedIndex:
                         f"doc {d.id!r} has a {len(row[-1]) // 4}-dimensional vector; {gen.name} holds {gen.dim}"
                     )
             versions = self._bump(gen, {r[5] for r in rows})
-            self._db.executemany(_UPSERT.format(n=gen.id), [(*r, versions[r[5]]) for r in rows])
+            self._conn.executemany(_UPSERT.format(n=gen.id), [(*r, versions[r[5]]) for r in rows])
 
     async def delete_session(
         self, app: str, user: str, session: str, *, before_seq: int | None = None, generation: str | None = None
@@ -505,7 +517,7 @@ class EmbeddedIndex:
             if before_seq is not None:
                 sql += " AND seq < ?"
                 args.append(before_seq)
-            if self._db.execute(sql, args).rowcount:
+            if self._conn.execute(sql, args).rowcount:
                 self._bump(gen, {user_key}, deleted=True)
 
     # --- reads ------------------------------------------------------------------------
@@ -524,7 +536,7 @@ class EmbeddedIndex:
             if gen is None:
                 return 0
             where, args = _owner(app, user)
-            return self._db.execute(f"SELECT count(*) FROM docs_{gen.id} WHERE {where}", args).fetchone()[0]
+            return self._conn.execute(f"SELECT count(*) FROM docs_{gen.id} WHERE {where}", args).fetchone()[0]
 
     async def export(
         self, *, app: str | None = None, user: str | None = None, generation: str | None = None
@@ -549,7 +561,7 @@ class EmbeddedIndex:
         with self._tx():
             gen = self._gen(name)
             where, args = _owner(app, user)
-            rows = self._db.execute(
+            rows = self._conn.execute(
                 f"SELECT {_COLS}, vector FROM docs_{gen.id} WHERE rid > ? AND {where} ORDER BY rid LIMIT ?",
                 [after, *args, self.page_size],
             ).fetchall()
@@ -586,10 +598,12 @@ class EmbeddedIndex:
             gen = self._gen(name)
             if gen is None:
                 return []
-            if mode == "keyword":
-                return [Hit(d, s, {"keyword": s}) for d, s in self._keyword(gen, q, match, q.k)]
             if mode == "vector":
                 return [Hit(d, s, {"vector": s}) for d, s in self._vector(gen, q, q.k)]
+            if match is None:  # search() runs a keyword or hybrid search without words as something else
+                raise ValueError(f"a {mode} search needs words to match")
+            if mode == "keyword":
+                return [Hit(d, s, {"keyword": s}) for d, s in self._keyword(gen, q, match, q.k)]
             n = max(q.k * 4, 50)
             kw = {d.uuid: (d, s) for d, s in self._keyword(gen, q, match, n)}
             vec = {d.uuid: (d, s) for d, s in self._vector(gen, q, n)}
@@ -618,10 +632,10 @@ class EmbeddedIndex:
             # Score in FTS5 alone and read only the winners' rows: joining
             # reads every matching row and costs more than the scoring.
             sql = f"SELECT rowid, {score} AS score FROM {fts} WHERE {fts} MATCH ? ORDER BY score DESC, rowid LIMIT ?"
-            top = self._db.execute(sql, (expr, limit)).fetchall()
+            top = self._conn.execute(sql, (expr, limit)).fetchall()
             docs = self._docs_by_rid(gen, [rid for rid, _ in top])
             return [(docs[rid], s) for rid, s in top]
-        rows = self._db.execute(
+        rows = self._conn.execute(
             f"SELECT {_D_COLS}, {score} AS score FROM {fts} JOIN docs_{gen.id} AS d ON d.rid = {fts}.rowid"
             f" WHERE {fts} MATCH ? AND {where} ORDER BY score DESC, d.rid LIMIT ?",
             [expr, *args, limit],
@@ -651,14 +665,14 @@ class EmbeddedIndex:
         order = np.lexsort((m.rids[rows], -scores))  # best first; ties by rid, deterministic
         rids, scores = m.rids[rows[order]].tolist(), scores[order].tolist()
         docs = self._docs_by_rid(gen, rids)
-        return [(docs[r], s) for r, s in zip(rids, scores)]
+        return [(docs[r], s) for r, s in zip(rids, scores, strict=True)]
 
     def _docs_by_rid(self, gen: _Gen, rids: list[int]) -> dict[int, Doc]:
         out: dict[int, Doc] = {}
         for i in range(0, len(rids), 500):  # stay under old SQLites' 999-parameter limit
             chunk = rids[i : i + 500]
             sql = f"SELECT {_COLS} FROM docs_{gen.id} WHERE rid IN ({', '.join('?' * len(chunk))})"
-            out.update((r[0], _row_doc(r)) for r in self._db.execute(sql, chunk))
+            out.update((r[0], _row_doc(r)) for r in self._conn.execute(sql, chunk))
         return out
 
     def _matrix(self, gen: _Gen, user_key: str) -> _Matrix:
@@ -667,7 +681,7 @@ class EmbeddedIndex:
         written since are read; after a delete, or on a miss, all of them:
         the indexing worker writes every turn, so a full reload per recall
         would cost ~5 ms per 1,000 docs."""
-        row = self._db.execute(
+        row = self._conn.execute(
             "SELECT version, deleted FROM versions WHERE generation = ? AND user_key = ?", (gen.id, user_key)
         ).fetchone()
         version, deleted = row or (0, 0)
@@ -687,11 +701,11 @@ class EmbeddedIndex:
     def _matrix_rows(self, gen: _Gen, user_key: str, *, since: int | None = None) -> list[tuple]:
         """The user's rows for a :class:`_Matrix`: all, or those written after version ``since``."""
         if since is None:
-            return self._db.execute(
+            return self._conn.execute(
                 f"SELECT {_MATRIX_COLS} FROM docs_{gen.id} WHERE user_key = ?", (user_key,)
             ).fetchall()
         sql = f"SELECT {_MATRIX_COLS} FROM docs_{gen.id} WHERE user_key = ? AND version > ?"
-        return self._db.execute(sql, (user_key, since)).fetchall()
+        return self._conn.execute(sql, (user_key, since)).fetchall()
 
 
 class _Transaction:

@@ -35,8 +35,9 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
+from uuid import UUID
 
-import grpc
+import grpc  # type: ignore[import-untyped]  # grpcio ships no type information (only RpcError is used)
 import httpx
 import weaviate
 from weaviate.classes.config import Configure, DataType, Property, Tokenization, VectorDistances
@@ -193,6 +194,7 @@ class WeaviateIndex:
         if not re.fullmatch(r"[A-Z][A-Za-z0-9_]*", base):
             raise ValueError(f"bad Weaviate collection name {settings.collection!r}: use [A-Za-z][A-Za-z0-9_]*")
         self.settings = settings
+        self.url = settings.url  # checked above: set
         self.alias = base
         self._gen_re = re.compile(rf"{re.escape(base)}_(\d+)")
         self._client: weaviate.WeaviateAsyncClient | None = None
@@ -215,7 +217,7 @@ class WeaviateIndex:
 
     async def _connect(self) -> weaviate.WeaviateAsyncClient:
         s = self.settings
-        url = urlsplit(s.url)
+        url = urlsplit(self.url)
         secure = url.scheme == "https"
         client = weaviate.use_async_with_custom(
             http_host=url.hostname or "localhost",
@@ -329,6 +331,13 @@ class WeaviateIndex:
         alias = await self.client.alias.get(alias_name=self.alias)
         return alias.collection if alias else None
 
+    async def _live_collection(self) -> str:
+        """The collection behind the alias, for the APIs that do not resolve aliases."""
+        name = await self._live_name()
+        if name is None:  # dropped since this call found a live generation
+            raise IndexUnavailable(f"Weaviate alias {self.alias} points at no collection now; retry")
+        return name
+
     async def live(self) -> IndexMeta | None:
         try:
             await self._ready()
@@ -337,7 +346,7 @@ class WeaviateIndex:
         except _CONNECTION_ERRORS as exc:
             raise self._unavailable(exc) from None
         self._succeeded()
-        if d is None:
+        if name is None or d is None:  # no alias, or one that points at no generation of ours
             self._live_scoping = None
             return None
         self._live_scoping = d.get("scoping", "filter")
@@ -351,7 +360,14 @@ class WeaviateIndex:
             raise self._unavailable(exc) from None
         self._succeeded()
         metas = [m for name, c in found.items() if (m := self._meta(name, c.description))]
-        return sorted(metas, key=lambda m: int(self._gen_re.fullmatch(m.generation).group(1)))
+        return sorted(metas, key=lambda m: self._number(m.generation))
+
+    def _number(self, generation: str) -> int:
+        """The n of ``<alias>_<n>``, a name _meta has already checked."""
+        m = self._gen_re.fullmatch(generation)
+        if m is None:
+            raise ValueError(f"{generation!r} is not a generation of {self.alias}")
+        return int(m.group(1))
 
     async def create_generation(self, model: str, dim: int) -> IndexMeta:
         scoping = self.settings.scoping
@@ -437,7 +453,8 @@ class WeaviateIndex:
             return _Target(generation, d.get("scoping", "filter"))
         if self._live_scoping is None and await self.live() is None:
             return None
-        return _Target(self.alias, self._live_scoping)
+        # live() has just cached it; "filter" is what a generation that names none uses
+        return _Target(self.alias, self._live_scoping or "filter")
 
     def _failed(self, exc: BaseException, generation: str | None) -> IndexUnavailable:
         if generation is None:
@@ -451,7 +468,7 @@ class WeaviateIndex:
         :class:`IndexUnavailable` naming the first errors if any doc failed."""
         if not docs:
             return
-        groups: dict[str | None, list[DataObject]] = {}
+        groups: dict[str | None, list[DataObject[dict[str, Any], None]]] = {}  # properties, no references
         try:
             await self._ready()
             target = await self._target(generation)
@@ -468,7 +485,7 @@ class WeaviateIndex:
             errors: list[str] = []
             limit = asyncio.Semaphore(CONCURRENCY)
 
-            async def send(tenant: str | None, chunk: list[DataObject]) -> None:
+            async def send(tenant: str | None, chunk: list[DataObject[dict[str, Any], None]]) -> None:
                 coll = self.client.collections.use(target.name)
                 async with limit:
                     try:
@@ -545,7 +562,7 @@ class WeaviateIndex:
                 await self._delete_many(target.name, tenant_name(user_key), older)
             else:
                 # The tenants REST API does not resolve aliases.
-                name = target.name if generation else await self._live_name()
+                name = target.name if generation else await self._live_collection()
                 await self.client.collections.use(name).tenants.remove([tenant_name(user_key)])
         except _CONNECTION_ERRORS as exc:
             if _tenant_missing(exc):
@@ -592,11 +609,13 @@ class WeaviateIndex:
                     text, query_properties=["search_text"], return_metadata=MetadataQuery(score=True), **common
                 )
                 hits = [Hit(_doc(o), o.metadata.score, {"keyword": o.metadata.score}) for o in res.objects]
+            elif vector is None:  # never: a vector search without one failed above, a hybrid one ran as keyword
+                raise ValueError(f"a {mode} search needs query.vector")
             elif mode == "vector":
                 res = await coll.query.near_vector(
                     _vector(vector), return_metadata=MetadataQuery(distance=True), **common
                 )
-                sims = [(o, 1.0 - o.metadata.distance) for o in res.objects]
+                sims = [(o, 1.0 - _asked(o.metadata.distance, "distance")) for o in res.objects]
                 hits = [Hit(_doc(o), s, {"vector": s}) for o, s in sims]
             else:
                 res = await coll.query.hybrid(
@@ -608,7 +627,7 @@ class WeaviateIndex:
                     return_metadata=MetadataQuery(score=True, explain_score=True),
                     **common,
                 )
-                hits = [Hit(_doc(o), o.metadata.score, _hybrid_scores(o.metadata)) for o in res.objects]
+                hits = [Hit(_doc(o), _asked(o.metadata.score, "score"), _hybrid_scores(o.metadata)) for o in res.objects]
         except _CONNECTION_ERRORS as exc:
             if _tenant_missing(exc):
                 return []  # the user has nothing indexed yet
@@ -624,13 +643,13 @@ class WeaviateIndex:
             Filter.by_property("user").equal(user) if user is not None else None,
         ])  # fmt: skip
 
-    async def _tenants(self, target: _Target, app: str | None, user: str | None) -> list[str | None]:
+    async def _tenants(self, target: _Target, app: str | None, user: str | None) -> Sequence[str | None]:
         """The tenants an app/user scope can be in (all of them unless both are given)."""
         if not target.tenants:
             return [None]
         if app is not None and user is not None:
             return [tenant_name(scope_key(app, user))]
-        name = target.name if target.name != self.alias else await self._live_name()
+        name = target.name if target.name != self.alias else await self._live_collection()
         return sorted(await self.client.collections.use(name).tenants.get())
 
     async def count(self, *, app: str | None = None, user: str | None = None, generation: str | None = None) -> int:
@@ -692,7 +711,8 @@ class WeaviateIndex:
 async def _by_seq(coll: Any, where: Any) -> AsyncIterator[Any]:
     """Filtered objects in ``seq`` order, a page at a time (keyset paging:
     ``seq >= last``, skipping what the previous page already gave)."""
-    last, seen, page = None, set(), PAGE
+    last, page = None, PAGE
+    seen: set[UUID] = set()  # the objects at seq ``last`` already given
     while True:
         f = where if last is None else Filter.all_of([where, Filter.by_property("seq").greater_or_equal(last)])
         res = await coll.query.fetch_objects(
@@ -716,6 +736,13 @@ async def _close_quietly(client: weaviate.WeaviateAsyncClient) -> None:
         await client.close()
     except Exception as exc:  # closing a broken connection may fail too; nothing to keep
         log.debug("closing a Weaviate client: %s", exc)
+
+
+def _asked(value: float | None, what: str) -> float:
+    """A metadata value the query asked for, which Weaviate then returns for every object."""
+    if value is None:
+        raise ValueError(f"Weaviate returned an object without the {what} asked for")
+    return value
 
 
 def _hybrid_scores(metadata: Any) -> dict[str, float]:
