@@ -438,10 +438,15 @@ class MemoryClient:
         """
         events = events or num_recent_events is not None or after_seq is not None or after is not None or bool(roles)
         return await self._query(
-            "session.get", min_seq, user=user, session=session,
-            events=events, num_recent_events=num_recent_events, after_seq=after_seq,
+            "session.get",
+            min_seq,
+            user=user,
+            session=session,
+            events=events,
+            num_recent_events=num_recent_events,
+            after_seq=after_seq,
             **event_filters(after, roles),
-        )  # fmt: skip
+        )
 
     async def list_sessions(
         self, user: str | None = None, *, limit: int = 50, cursor: str | None = None, min_seq: int | None = None
@@ -503,9 +508,14 @@ class MemoryClient:
         is only reported without filters.
         """
         return await self._query(
-            "history", min_seq, user=user, session=session, strategy=strategy, model=model,
+            "history",
+            min_seq,
+            user=user,
+            session=session,
+            strategy=strategy,
+            model=model,
             **event_filters(after, roles),
-        )  # fmt: skip
+        )
 
     async def context(
         self,
@@ -542,9 +552,17 @@ class MemoryClient:
         :param min_seq: see the note above. Default: :attr:`last_seq`.
         """
         return await self._query(
-            "context", min_seq, user=user, session=session, strategy=strategy, model=model,
-            format=format, instruction=instruction, recall_limit=recall_limit, message=message,
-        )  # fmt: skip
+            "context",
+            min_seq,
+            user=user,
+            session=session,
+            strategy=strategy,
+            model=model,
+            format=format,
+            instruction=instruction,
+            recall_limit=recall_limit,
+            message=message,
+        )
 
     async def list_artifacts(self, user: str, session: str, *, min_seq: int | None = None) -> ArtifactsView:
         """The artifacts of a session, with their number of versions."""
@@ -598,9 +616,19 @@ class MemoryClient:
             wait (the index trails commits by the time embedding takes).
         """
         return await self._query(
-            "search", min_seq, user=user, query=query, session=session, mode=mode, k=k,
-            authors=list(authors), roles=list(roles), since=since, until=until, alpha=alpha,
-        )  # fmt: skip
+            "search",
+            min_seq,
+            user=user,
+            query=query,
+            session=session,
+            mode=mode,
+            k=k,
+            authors=list(authors),
+            roles=list(roles),
+            since=since,
+            until=until,
+            alpha=alpha,
+        )
 
     async def watch_status(self, user: str, session: str) -> AsyncIterator[dict[str, Any]]:
         """Yield what workers announce about a session as it happens, e.g.
@@ -681,8 +709,10 @@ class MemoryClient:
             raise NotFound(f"artifact object {name!r} is not in the object store {ARTIFACT_BUCKET}") from None
         except (nats.errors.Error, TimeoutError) as exc:
             if denied := self._denied("$"):
-                raise Forbidden(f"reading artifact object {name!r} refused by NATS ({denied}): this app's NATS user "
-                                "may not use the object store") from None  # fmt: skip
+                raise Forbidden(
+                    f"reading artifact object {name!r} refused by NATS ({denied}): this app's NATS user "
+                    "may not use the object store"
+                ) from None
             raise Unavailable(f"reading artifact object {name!r} failed: {type(exc).__name__}: {exc}") from exc
         return buffer.getvalue()
 

@@ -77,9 +77,7 @@ async def connect_nats(
             log.warning("nats: %s", _describe(exc))
 
     try:
-        nc = await nats.connect(
-            urls, error_cb=on_error, max_reconnect_attempts=FIRST_CONNECT_ATTEMPTS, **options
-        )
+        nc = await nats.connect(urls, error_cb=on_error, max_reconnect_attempts=FIRST_CONNECT_ATTEMPTS, **options)
     except (TimeoutError, nats.errors.Error, OSError) as exc:
         raise NatsUnreachable(unreachable_message(urls, failures or [exc], hint, auth_hint)) from None
     nc.options["max_reconnect_attempts"] = max_reconnect_attempts

@@ -37,9 +37,19 @@ from services import (
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SERVICE_FIXTURES = {
-    "nats_server", "postgres", "mariadb", "redis_server", "fresh_nats", "nats_url", "pg_url", "mariadb_url",
-    "weaviate_server", "llama_server", "llama_embedding_server", "nats_cluster",
-}  # fmt: skip
+    "nats_server",
+    "postgres",
+    "mariadb",
+    "redis_server",
+    "fresh_nats",
+    "nats_url",
+    "pg_url",
+    "mariadb_url",
+    "weaviate_server",
+    "llama_server",
+    "llama_embedding_server",
+    "nats_cluster",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -91,18 +91,20 @@ async def run_memq(settings: Settings, *args: str, input: str | None = None) -> 
 class WorkerProcess:
     """A real `memq worker <kind>` process (a replica); ``env`` adds variables."""
 
-    def __init__(self, settings: Settings, log_path: Path, kind: str = "persistence", env: dict[str, str] | None = None):
+    def __init__(
+        self, settings: Settings, log_path: Path, kind: str = "persistence", env: dict[str, str] | None = None
+    ):
         self.env = {**settings_env(settings), **(env or {})}
         self.log_path = log_path
         self.kind = kind
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "WorkerProcess":
+    def start(self) -> WorkerProcess:
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen([str(MEMQ), "worker", self.kind], env=self.env, stdout=log, stderr=log)
         return self
 
-    def wait_ready(self, timeout: float = 60.0) -> "WorkerProcess":
+    def wait_ready(self, timeout: float = 60.0) -> WorkerProcess:
         """Until the worker says it serves (`memq worker` prints a ready line
         once started, the indexing worker once its index is prepared)."""
         assert self.proc is not None

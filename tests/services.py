@@ -35,7 +35,8 @@ import urllib.request
 from pathlib import Path
 
 __all__ = [
-    "LlamaServer", "LlamaEmbeddingServer",
+    "LlamaServer",
+    "LlamaEmbeddingServer",
     "MariaDB",
     "NatsCluster",
     "NatsServer",
@@ -489,10 +490,21 @@ class Postgres(Server):
         return self.dir / "data"
 
     def _prepare(self) -> None:
-        self._run([
-            f"{self.bindir}/initdb", "-D", str(self.data_dir), "-U", "postgres",
-            "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync",
-        ])  # fmt: skip
+        self._run(
+            [
+                f"{self.bindir}/initdb",
+                "-D",
+                str(self.data_dir),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-locale",
+                "--no-sync",
+            ]
+        )
 
     def _command(self) -> list[str]:
         settings = {
@@ -515,10 +527,27 @@ class Postgres(Server):
         return subprocess.run(cmd, stdin=subprocess.DEVNULL).returncode == 0
 
     def psql(self, sql: str, database: str = "postgres") -> str:
-        return self._run([
-            f"{self.bindir}/psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-            "-h", HOST, "-p", str(self.port), "-U", "postgres", "-d", database, "-c", sql,
-        ])  # fmt: skip
+        return self._run(
+            [
+                f"{self.bindir}/psql",
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                HOST,
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+                "-c",
+                sql,
+            ]
+        )
 
     def create_database(self, name: str) -> str:
         self.psql(f'CREATE DATABASE "{_check_db_name(name)}"')
@@ -568,10 +597,17 @@ class MariaDB(Server):
         return ["--user=root"] if os.geteuid() == 0 else []
 
     def _prepare(self) -> None:
-        self._run([
-            self.install_bin, "--no-defaults", *self._user_args(), f"--datadir={self.data_dir}",
-            "--auth-root-authentication-method=normal", "--skip-test-db", "--skip-name-resolve",
-        ])  # fmt: skip
+        self._run(
+            [
+                self.install_bin,
+                "--no-defaults",
+                *self._user_args(),
+                f"--datadir={self.data_dir}",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+                "--skip-name-resolve",
+            ]
+        )
         # Run by the server at every start, before it accepts connections.
         (self.dir / "init.sql").write_text(
             f"CREATE USER IF NOT EXISTS '{self.user}'@'%' IDENTIFIED BY '{self.password}';\n"
@@ -580,18 +616,28 @@ class MariaDB(Server):
 
     def _command(self) -> list[str]:
         return [
-            self.server_bin, "--no-defaults", *self._user_args(),
-            f"--datadir={self.data_dir}", f"--tmpdir={self.dir}",
-            f"--socket={self.dir / 'mysqld.sock'}", f"--pid-file={self.dir / 'mysqld.pid'}",
-            f"--port={self.port}", f"--bind-address={HOST}", "--skip-name-resolve",
+            self.server_bin,
+            "--no-defaults",
+            *self._user_args(),
+            f"--datadir={self.data_dir}",
+            f"--tmpdir={self.dir}",
+            f"--socket={self.dir / 'mysqld.sock'}",
+            f"--pid-file={self.dir / 'mysqld.pid'}",
+            f"--port={self.port}",
+            f"--bind-address={HOST}",
+            "--skip-name-resolve",
             f"--init-file={self.dir / 'init.sql'}",
-            "--character-set-server=utf8mb4", "--collation-server=utf8mb4_unicode_ci",
+            "--character-set-server=utf8mb4",
+            "--collation-server=utf8mb4_unicode_ci",
             # Small and fast: a commit is written at once (so SIGKILL loses nothing)
             # but fsynced once a second; plain file I/O works in any container.
-            "--innodb-buffer-pool-size=64M", "--innodb-log-file-size=32M",
-            "--innodb-flush-log-at-trx-commit=2", "--innodb-use-native-aio=0",
-            "--max-connections=300", "--performance-schema=OFF",
-        ]  # fmt: skip
+            "--innodb-buffer-pool-size=64M",
+            "--innodb-log-file-size=32M",
+            "--innodb-flush-log-at-trx-commit=2",
+            "--innodb-use-native-aio=0",
+            "--max-connections=300",
+            "--performance-schema=OFF",
+        ]
 
     def _ready(self) -> bool:
         if not port_open(HOST, self.port):
@@ -603,10 +649,22 @@ class MariaDB(Server):
             return False
 
     def sql(self, sql: str) -> str:
-        return self._run([
-            self.client_bin, "--no-defaults", "-h", HOST, "-P", str(self.port),
-            f"-u{self.user}", f"-p{self.password}", "-N", "-B", "-e", sql,
-        ])  # fmt: skip
+        return self._run(
+            [
+                self.client_bin,
+                "--no-defaults",
+                "-h",
+                HOST,
+                "-P",
+                str(self.port),
+                f"-u{self.user}",
+                f"-p{self.password}",
+                "-N",
+                "-B",
+                "-e",
+                sql,
+            ]
+        )
 
     def create_database(self, name: str) -> str:
         self.sql(f"CREATE DATABASE `{_check_db_name(name)}` CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci")
@@ -642,9 +700,21 @@ class Redis(Server):
 
     def _command(self) -> list[str]:
         return [
-            self.binary, "--port", str(self.port), "--bind", HOST, "--save", "",
-            "--appendonly", "no", "--dir", str(self.dir), "--daemonize", "no", *self.extra_args,
-        ]  # fmt: skip
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            HOST,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.dir),
+            "--daemonize",
+            "no",
+            *self.extra_args,
+        ]
 
     @property
     def url(self) -> str:
@@ -677,7 +747,9 @@ class Weaviate(Server):
 
     name = "weaviate"
 
-    def __init__(self, port: int | None = None, workdir=None, grpc_port: int | None = None, extra_env: dict | None = None):
+    def __init__(
+        self, port: int | None = None, workdir=None, grpc_port: int | None = None, extra_env: dict | None = None
+    ):
         """``extra_env``: more server variables (e.g. API-key authentication)."""
         super().__init__(port, workdir)
         self.extra_env = extra_env or {}
@@ -797,11 +869,25 @@ class LlamaServer(Server):
 
     def _command(self) -> list[str]:
         return [
-            sys.executable, "-m", "llama_cpp.server", "--model", str(self.model_path),
-            "--model_alias", self.model, "--host", HOST, "--port", str(self.port),
-            "--n_ctx", str(self.n_ctx), "--n_threads", "2", "--n_threads_batch", "2",
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            str(self.model_path),
+            "--model_alias",
+            self.model,
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--n_ctx",
+            str(self.n_ctx),
+            "--n_threads",
+            "2",
+            "--n_threads_batch",
+            "2",
             *(["--embedding", "true"] if self.embedding else []),
-        ]  # fmt: skip
+        ]
 
     def _ready(self) -> bool:
         try:

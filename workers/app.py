@@ -172,8 +172,11 @@ class Resources:
     async def close(self) -> None:
         cache, index, engine = self._cache, self._index, self._engine
         self._cache = self._index = self._engine = None
-        for what, close in (("cache", cache and cache.close), ("index", index and index.close),
-                            ("engine", engine and engine.dispose)):  # fmt: skip
+        for what, close in (
+            ("cache", cache and cache.close),
+            ("index", index and index.close),
+            ("engine", engine and engine.dispose),
+        ):
             if close is None:
                 continue
             try:

@@ -52,8 +52,7 @@ def nats_url(settings: Settings) -> str:
             )
         return url_file.read_text().strip()
     raise NatsNotFound(
-        f"no NATS server: set MEMQ_NATS__URL, or start the embedded stack with `memq up` "
-        f"(looked for {url_file})"
+        f"no NATS server: set MEMQ_NATS__URL, or start the embedded stack with `memq up` (looked for {url_file})"
     )
 
 

@@ -148,7 +148,9 @@ def _memq_command() -> str:
 def _print_next_steps(console: Console, session: str) -> None:
     """Where the demo wrote, and the commands that show it (the CLI's app
     defaults to the demo's, so they need no --app)."""
-    console.print(f"wrote session {session} of user {USER} in app {APP}; look at it with:", soft_wrap=True, highlight=False)
+    console.print(
+        f"wrote session {session} of user {USER} in app {APP}; look at it with:", soft_wrap=True, highlight=False
+    )
     memq = _memq_command()
     for command in (
         f"{memq} sessions show {session} --user {USER} --events 10",

@@ -143,10 +143,14 @@ class EmbeddedNats:
         cmd = [
             str(nats_server_binary()),
             "--jetstream",
-            "--store_dir", str(self.store_dir),
-            "--addr", "127.0.0.1",
-            "--port", str(port),
-            "--server_name", "memq-embedded",
+            "--store_dir",
+            str(self.store_dir),
+            "--addr",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--server_name",
+            "memq-embedded",
         ]
         log = open(self.log_file, "ab")
         # Own session: Ctrl-C reaches memq, which stops the workers before NATS.

@@ -294,9 +294,12 @@ class Monitor:
                 log.debug("consumer info of %s failed: %s", durable, exc)
                 continue
             metrics.set_consumer(
-                durable, info.num_pending or 0, info.num_ack_pending or 0, info.num_redelivered or 0,
+                durable,
+                info.num_pending or 0,
+                info.num_ack_pending or 0,
+                info.num_redelivered or 0,
                 info.ack_floor.stream_seq if info.ack_floor else 0,
-            )  # fmt: skip
+            )
         if connected:  # any connection will do: the DLQ is one stream
             js = connected[0][1].nc.jetstream()
             try:

@@ -32,7 +32,12 @@ async def lease_bucket(js: JetStreamContext, ttl_s: float, bucket: str = BUCKET,
     except (BucketNotFoundError, NotFoundError):
         return await js.create_key_value(
             KeyValueConfig(
-                bucket=bucket, history=1, ttl=ttl_s, storage=StorageType.FILE, replicas=replicas, description="memq: leases"
+                bucket=bucket,
+                history=1,
+                ttl=ttl_s,
+                storage=StorageType.FILE,
+                replicas=replicas,
+                description="memq: leases",
             )
         )
 

@@ -64,29 +64,39 @@ COMMIT_SECONDS = Histogram(
     registry=REGISTRY,
 )
 DEAD_LETTERED = Counter(
-    "memq_dead_lettered", "Messages sent to the dead-letter stream, by error code", ["worker", "code"],
+    "memq_dead_lettered",
+    "Messages sent to the dead-letter stream, by error code",
+    ["worker", "code"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 
 CONSUMER_LAG = Gauge(
-    "memq_consumer_lag", "Messages in the stream not yet delivered to the durable consumer (num_pending)",
-    ["consumer"], registry=REGISTRY,
-)  # fmt: skip
-CONSUMER_ACK_PENDING = Gauge(
-    "memq_consumer_ack_pending", "Messages delivered to the consumer and not yet acknowledged", ["consumer"],
+    "memq_consumer_lag",
+    "Messages in the stream not yet delivered to the durable consumer (num_pending)",
+    ["consumer"],
     registry=REGISTRY,
-)  # fmt: skip
+)
+CONSUMER_ACK_PENDING = Gauge(
+    "memq_consumer_ack_pending",
+    "Messages delivered to the consumer and not yet acknowledged",
+    ["consumer"],
+    registry=REGISTRY,
+)
 CONSUMER_REDELIVERED = Gauge(
     "memq_consumer_redelivered", "Unacknowledged messages delivered more than once", ["consumer"], registry=REGISTRY
 )
 CONSUMER_ACK_FLOOR = Gauge(
-    "memq_consumer_ack_floor", "Stream sequence up to which every message is acknowledged", ["consumer"],
+    "memq_consumer_ack_floor",
+    "Stream sequence up to which every message is acknowledged",
+    ["consumer"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 DLQ_MESSAGES = Gauge(
-    "memq_dlq_messages", "Messages in the dead-letter stream, by the worker that gave up on them", ["worker"],
+    "memq_dlq_messages",
+    "Messages in the dead-letter stream, by the worker that gave up on them",
+    ["worker"],
     registry=REGISTRY,
-)  # fmt: skip
+)
 
 CACHE_REQUESTS = Counter(
     "memq_cache_requests", "Query cache lookups (one per cacheable request)", ["result"], registry=REGISTRY
@@ -98,15 +108,21 @@ CACHE_ERRORS = Counter(
 )
 
 EMBED_SECONDS = Histogram(
-    "memq_embed_seconds", "Time of one embed call (a batch of texts; indexing and search queries)", ["model"],
-    buckets=EMBED_BUCKETS, registry=REGISTRY,
-)  # fmt: skip
+    "memq_embed_seconds",
+    "Time of one embed call (a batch of texts; indexing and search queries)",
+    ["model"],
+    buckets=EMBED_BUCKETS,
+    registry=REGISTRY,
+)
 EMBED_TEXTS = Counter("memq_embed_texts", "Texts embedded", ["model"], registry=REGISTRY)
 
 SUMMARY_SECONDS = Histogram(
-    "memq_summary_seconds", "Time to fold a session into a checkpoint summary (successful folds)", ["summarizer"],
-    buckets=SUMMARY_BUCKETS, registry=REGISTRY,
-)  # fmt: skip
+    "memq_summary_seconds",
+    "Time to fold a session into a checkpoint summary (successful folds)",
+    ["summarizer"],
+    buckets=SUMMARY_BUCKETS,
+    registry=REGISTRY,
+)
 SUMMARIES = Counter(
     "memq_summaries",
     "Summarizer runs that were due: checkpoint (published), duplicate (another replica's), "
@@ -116,9 +132,12 @@ SUMMARIES = Counter(
 )
 
 QUERY_SECONDS = Histogram(
-    "memq_query_seconds", "Time from a request's arrival to its reply, by op", ["op"], buckets=QUERY_BUCKETS,
+    "memq_query_seconds",
+    "Time from a request's arrival to its reply, by op",
+    ["op"],
+    buckets=QUERY_BUCKETS,
     registry=REGISTRY,
-)  # fmt: skip
+)
 QUERY_ERRORS = Counter(
     "memq_query_errors", "Requests answered with an error, by op and error code", ["op", "code"], registry=REGISTRY
 )

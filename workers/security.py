@@ -140,7 +140,9 @@ def _q(value: str) -> str:
 
 
 def _value(password: str) -> str:
-    return password if password.startswith("$") and re.fullmatch(r"\$[A-Za-z_][A-Za-z0-9_]*", password) else _q(password)
+    return (
+        password if password.startswith("$") and re.fullmatch(r"\$[A-Za-z_][A-Za-z0-9_]*", password) else _q(password)
+    )
 
 
 def _list(subjects: Iterable[str]) -> str:
@@ -184,7 +186,11 @@ def credentials_document(
     config, where a bare ``$2b$…`` would be another variable)."""
     users = {}
     for u in [*memq, *system]:
-        entry: dict = {"user": u.name, "password": plain[u.name], "env": {"MEMQ_NATS__USER": u.name, "MEMQ_NATS__PASSWORD": plain[u.name]}}
+        entry: dict = {
+            "user": u.name,
+            "password": plain[u.name],
+            "env": {"MEMQ_NATS__USER": u.name, "MEMQ_NATS__PASSWORD": plain[u.name]},
+        }
         if u.app is not None:
             entry["app"] = u.app
             entry["inbox_prefix"] = app_inbox_prefix(u.app)
@@ -206,4 +212,9 @@ def generate_passwords(names: Iterable[str]) -> tuple[dict[str, str], dict[str, 
 
 
 def user_names(apps: Sequence[str], *, admin: bool = True, system_user: bool = True) -> list[str]:
-    return [WORKERS] + ([ADMIN] if admin else []) + [app_user_name(a) for a in apps] + ([SYSTEM_USER] if system_user else [])
+    return (
+        [WORKERS]
+        + ([ADMIN] if admin else [])
+        + [app_user_name(a) for a in apps]
+        + ([SYSTEM_USER] if system_user else [])
+    )

@@ -52,7 +52,8 @@ class NatsSettings(BaseModel):
     creds_file: Path | None = Field(default=None, description="NATS credentials file (JWT + nkey)")
     tls: TLSSettings = Field(default_factory=TLSSettings, description="TLS to NATS (`tls://` URLs)")
     inbox_prefix: str | None = Field(
-        default=None, description="reply subjects' prefix; an app's user may only use _INBOX_<app> (see `memq nats accounts`)"
+        default=None,
+        description="reply subjects' prefix; an app's user may only use _INBOX_<app> (see `memq nats accounts`)",
     )
     connect_timeout_s: float = Field(default=5.0, description="connect timeout")
     name: str = Field(default="memq", description="connection name prefix (shown in NATS monitoring)")
@@ -76,7 +77,9 @@ class DatabaseSettings(BaseModel):
         description="SQLAlchemy async URL (postgresql+asyncpg, sqlite+aiosqlite, mysql+asyncmy), "
         "or 'inmemory'. Unset: SQLite file in the data dir.",
     )
-    password: SecretStr | None = Field(default=None, description="replaces the URL's password (keeps the URL free of secrets)")
+    password: SecretStr | None = Field(
+        default=None, description="replaces the URL's password (keeps the URL free of secrets)"
+    )
     tls: TLSSettings = Field(
         default_factory=TLSSettings,
         description="PostgreSQL: `sslmode=verify-full` (chain and host name), MySQL: `ssl_ca`/`ssl_cert`/`ssl_key`; "
@@ -132,14 +135,17 @@ class CacheSettings(BaseModel):
     )
     redis_url: SecretStr | None = Field(default=None, description="redis:// or rediss:// (TLS)")
     redis_password: SecretStr | None = Field(default=None, description="replaces the URL's password")
-    redis_tls: TLSSettings = Field(default_factory=TLSSettings, description="TLS with a CA and client certificate (rediss://)")
+    redis_tls: TLSSettings = Field(
+        default_factory=TLSSettings, description="TLS with a CA and client certificate (rediss://)"
+    )
     local: bool = Field(default=True, description="an in-process tier in front of Redis (hits without a round trip)")
     ttl_s: float = Field(default=300.0, gt=0, description="bounds staleness if a change notice is lost")
     max_entries: int = Field(default=10_000, ge=1, description="in-process cache size")
     max_bytes: int = Field(
-        default=64 * 1024 * 1024, ge=1024,
+        default=64 * 1024 * 1024,
+        ge=1024,
         description="in-process cache bytes (keys + replies + ~256 per entry); a reply larger than this is not cached",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _connection_in_url(self) -> CacheSettings:
@@ -161,7 +167,9 @@ class QuerySettings(BaseModel):
 
 class LocalEmbedderSettings(BaseModel):
     threads: int = Field(default=0, ge=0, description="ONNX Runtime intra-op threads; 0: one per core")
-    batch_size: int = Field(default=16, ge=1, le=1024, description="texts per model call (8-16 measured fastest on 2 cores)")
+    batch_size: int = Field(
+        default=16, ge=1, le=1024, description="texts per model call (8-16 measured fastest on 2 cores)"
+    )
     max_length: int = Field(default=256, ge=8, le=512, description="tokens per text (longer texts are truncated)")
 
 
@@ -181,7 +189,8 @@ class WeaviateSettings(BaseModel):
     api_key: SecretStr | None = Field(default=None, description="Weaviate API key (masked by `memq config`)")
     collection: str = Field(default="MemqMemory", description="the alias searches use; generations are MemqMemory_<n>")
     scoping: Literal["tenant", "filter"] = Field(
-        default="filter", description="isolate users by filters (measured: imports faster, searches alike) or by multi-tenancy"
+        default="filter",
+        description="isolate users by filters (measured: imports faster, searches alike) or by multi-tenancy",
     )
     timeout_s: float = Field(default=30.0, gt=0, description="per request")
 
@@ -207,7 +216,9 @@ class IndexingSettings(BaseModel):
     batch_size: int = Field(default=64, ge=1, le=4096, description="messages per batch (embedded together)")
     batch_wait_s: float = Field(default=0.1, gt=0, description="longest wait to fill a batch")
     ack_wait_s: float = Field(default=120.0, gt=0, description="redelivery after a silent crash (embedding is slow)")
-    retry_delays_s: list[float] = Field(default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the index is down")
+    retry_delays_s: list[float] = Field(
+        default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the index is down"
+    )
     embedded_path: Path | None = Field(default=None, description="the embedded index file; default <data_dir>/index.db")
     local: LocalEmbedderSettings = LocalEmbedderSettings()
     openai: OpenAIEmbedderSettings = OpenAIEmbedderSettings()
@@ -227,8 +238,12 @@ class LLMSettings(BaseModel):
     base_url: str = Field(default="https://api.openai.com/v1", description="any OpenAI-compatible /v1 endpoint")
     api_key: SecretStr | None = Field(default=None, description="bearer token (masked by `memq config`)")
     model: str = Field(default="gpt-4o-mini", description="chat model")
-    summarizer_model: str | None = Field(default=None, description="a cheaper model for summaries (Hector's summarizer_llm)")
-    prompt: str | None = Field(default=None, description="template with {previous_summary}, {conversation}, {target_words}")
+    summarizer_model: str | None = Field(
+        default=None, description="a cheaper model for summaries (Hector's summarizer_llm)"
+    )
+    prompt: str | None = Field(
+        default=None, description="template with {previous_summary}, {conversation}, {target_words}"
+    )
     max_tokens: int | None = Field(default=None, ge=1, description="default: the summary's token target")
     temperature: float = Field(default=0.2, ge=0, le=2, description="sampling temperature")
     timeout_s: float = Field(default=60.0, gt=0, description="per request")
@@ -236,12 +251,17 @@ class LLMSettings(BaseModel):
 
 
 class SummarizerSettings(BaseModel):
-    kind: Literal["extractive", "llm"] = Field(default="extractive", description="extractive: offline, the embedded default")
+    kind: Literal["extractive", "llm"] = Field(
+        default="extractive", description="extractive: offline, the embedded default"
+    )
     queue_group: str = Field(
-        default="memq-summarizer", description="queue group of the summarizer replicas (each commit notice is handled once)"
+        default="memq-summarizer",
+        description="queue group of the summarizer replicas (each commit notice is handled once)",
     )
     sweep_interval_s: float = Field(default=30.0, gt=0, description="how often sessions over threshold are looked for")
-    lease_ttl_s: float = Field(default=60.0, gt=0, description="a crashed summarizer's session is free again after this")
+    lease_ttl_s: float = Field(
+        default=60.0, gt=0, description="a crashed summarizer's session is free again after this"
+    )
     retry_after_s: float = Field(default=30.0, gt=0, description="a failed session is tried again after this")
     max_concurrent: int = Field(default=4, ge=1, description="sessions summarized at once per replica")
     max_input_tokens: int = Field(
@@ -255,12 +275,19 @@ class MetricsSettings(BaseModel):
     GET /metrics, /healthz (liveness), /readyz (readiness), one server per process."""
 
     port: int | None = Field(
-        default=None, ge=0, le=65535, description="unset: no HTTP server (replicas on one host do not clash); 0: any free port"
+        default=None,
+        ge=0,
+        le=65535,
+        description="unset: no HTTP server (replicas on one host do not clash); 0: any free port",
     )
     host: str = Field(default="127.0.0.1", description="0.0.0.0 to be scraped and probed from outside (containers)")
-    refresh_s: float = Field(default=2.0, gt=0, description="how often readiness checks, consumer lag and DLQ depth are refreshed")
+    refresh_s: float = Field(
+        default=2.0, gt=0, description="how often readiness checks, consumer lag and DLQ depth are refreshed"
+    )
     check_timeout_s: float = Field(default=2.0, gt=0, description="a readiness check slower than this fails")
-    liveness_timeout_s: float = Field(default=30.0, gt=0, description="/healthz fails once the event loop has not run for this long")
+    liveness_timeout_s: float = Field(
+        default=30.0, gt=0, description="/healthz fails once the event loop has not run for this long"
+    )
 
 
 class Settings(BaseSettings):

@@ -107,8 +107,13 @@ def settings_for(config: Config, nats_url: str, work: Path, budget: int, llm_url
         summarizer["max_input_tokens"] = 600
         # a base model rambles to max_tokens: cap the reply, or each fold takes minutes
         summarizer["llm"] = {
-            "base_url": llm_url, "model": LLM_MODEL, "temperature": 0, "max_tokens": 150, "timeout_s": 300, "retries": 1,
-        }  # fmt: skip
+            "base_url": llm_url,
+            "model": LLM_MODEL,
+            "temperature": 0,
+            "max_tokens": 150,
+            "timeout_s": 300,
+            "retries": 1,
+        }
     s.summarizer = type(s.summarizer).model_validate({**s.summarizer.model_dump(), **summarizer})
     return s
 
@@ -119,7 +124,9 @@ async def settle(client: MemoryClient, user: str, timeout: float) -> None:
         await asyncio.sleep(0.2)
 
 
-async def run_config(config: Config, conversations, budget: int, work: Path, llm_url: str | None, max_q: int | None) -> Result:
+async def run_config(
+    config: Config, conversations, budget: int, work: Path, llm_url: str | None, max_q: int | None
+) -> Result:
     result = Result(config.name)
     with services.NatsServer(workdir=work / "nats") as nats_server:
         s = settings_for(config, nats_server.url, work, budget, llm_url)
@@ -132,7 +139,9 @@ async def run_config(config: Config, conversations, budget: int, work: Path, llm
                 indexing = await stack.enter_async_context(helpers.running(IndexingWorker(s)))
                 await asyncio.wait_for(indexing.ready.wait(), 120)
             await stack.enter_async_context(helpers.running_query(s))
-            client = await stack.enter_async_context(await MemoryClient.connect(nats_server.url, app="locomo", wait_ms=30_000))
+            client = await stack.enter_async_context(
+                await MemoryClient.connect(nats_server.url, app="locomo", wait_ms=30_000)
+            )
             t0 = time.perf_counter()
             last = 0
             for c in conversations:
@@ -165,9 +174,12 @@ async def score(client, conversations, config: Config, budget: int, result: Resu
         text_of = {c.event_id(t.dia_id): t.text for t in c.turns}
         for q in c.questions[:max_q]:
             ctx = await client.context(
-                c.sample_id, SESSION, strategy={"kind": config.strategy, "budget": budget},
-                recall_limit=5 if config.recall else 0, message=q.question,
-            )  # fmt: skip
+                c.sample_id,
+                SESSION,
+                strategy={"kind": config.strategy, "budget": budget},
+                recall_limit=5 if config.recall else 0,
+                message=q.question,
+            )
             held = {w["event"].get("id") for w in ctx.context["window"]} | {
                 r["event"].get("id") for r in ctx.context["recalled"]
             }
@@ -186,7 +198,9 @@ async def score(client, conversations, config: Config, budget: int, result: Resu
 
 def print_results(results: list[Result], budget: int, machine: dict) -> None:
     cats = [str(c) for c in locomo.SCORED] + ["overall"]
-    table = Table(title=f"LoCoMo: evidence present in the context at a {budget}-token budget ({machine.get('cpu')}, {machine.get('nproc')} cores)")
+    table = Table(
+        title=f"LoCoMo: evidence present in the context at a {budget}-token budget ({machine.get('cpu')}, {machine.get('nproc')} cores)"
+    )
     table.add_column("configuration")
     table.add_column("questions", justify="right")
     for cat in cats:
@@ -200,9 +214,14 @@ def print_results(results: list[Result], budget: int, machine: dict) -> None:
             continue
         over = "n/a (no budget)" if r.over_budget < 0 else str(r.over_budget)
         table.add_row(
-            r.config, str(r.questions.get("overall", 0)), *[f"{r.evidence[c]:.3f}" if c in r.evidence else "-" for c in cats],
-            f"{r.tokens_mean:.0f} / {r.tokens_max}", over, str(r.checkpoints), f"{r.replay_s:.0f}",
-        )  # fmt: skip
+            r.config,
+            str(r.questions.get("overall", 0)),
+            *[f"{r.evidence[c]:.3f}" if c in r.evidence else "-" for c in cats],
+            f"{r.tokens_mean:.0f} / {r.tokens_max}",
+            over,
+            str(r.checkpoints),
+            f"{r.replay_s:.0f}",
+        )
     console.print(table)
 
 
@@ -210,7 +229,9 @@ async def main(args) -> int:
     conversations = locomo.load(args.data, limit=1 if args.quick else None)
     max_q = 60 if args.quick else None
     machine = machine_info()
-    status(f"[bold]memq context benchmark[/] — {'quick' if args.quick else 'full'}: {len(conversations)} conversations, budget {args.budget}")
+    status(
+        f"[bold]memq context benchmark[/] — {'quick' if args.quick else 'full'}: {len(conversations)} conversations, budget {args.budget}"
+    )
     warn_if_busy(machine)
     results = []
     with ExitStack() as stack, tempfile.TemporaryDirectory(prefix="memq-context-") as tmp:
@@ -232,24 +253,39 @@ async def main(args) -> int:
             results.append(await run_config(config, subset, args.budget, work, llm_url, max_q))
     print_results(results, args.budget, machine)
     if args.json:
-        args.json.write_text(json.dumps({
-            "benchmark": "context", "mode": "quick" if args.quick else "full", "budget": args.budget,
-            "revision": git_revision(), "machine": machine, "results": [asdict(r) for r in results],
-        }, indent=2) + "\n")  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "context",
+                    "mode": "quick" if args.quick else "full",
+                    "budget": args.budget,
+                    "revision": git_revision(),
+                    "machine": machine,
+                    "results": [asdict(r) for r in results],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         status(f"results written to {args.json}")
     return 0
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="LoCoMo JSON (e.g. ../shared/data/locomo/locomo-dev4.json)")
+    parser.add_argument(
+        "--data", type=Path, required=True, help="LoCoMo JSON (e.g. ../shared/data/locomo/locomo-dev4.json)"
+    )
     parser.add_argument("--budget", type=int, default=2000, help="token budget of every configuration (default 2000)")
     parser.add_argument("--quick", action="store_true", help="one conversation, 60 questions")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
     parser.add_argument(
-        "--llm-conversations", type=int, default=1, metavar="N",
+        "--llm-conversations",
+        type=int,
+        default=1,
+        metavar="N",
         help="conversations the LLM configuration replays (default 1: ~10 min on 2 cores)",
-    )  # fmt: skip
+    )
     parser.add_argument("--configs", nargs="+", default=[c.name for c in CONFIGS], choices=[c.name for c in CONFIGS])
     return parser.parse_args()
 

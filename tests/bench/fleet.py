@@ -101,9 +101,13 @@ class Replica(helpers.WorkerProcess):
         with open(self.log_path, "ab") as log:
             # PDEATHSIG follows the forking thread: start replicas from the main thread.
             self.proc = subprocess.Popen(
-                [str(helpers.MEMQ), "worker", self.kind], env=self.env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, preexec_fn=services._die_with(os.getpid()),
-            )  # fmt: skip
+                [str(helpers.MEMQ), "worker", self.kind],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                preexec_fn=services._die_with(os.getpid()),
+            )
         return self
 
     @property
@@ -130,7 +134,6 @@ class Replica(helpers.WorkerProcess):
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(10)
         self.killed = True
-
 
 
 class Fleet:

@@ -130,12 +130,6 @@ class Row:
 # --- machine --------------------------------------------------------------------
 
 
-
-
-
-
-
-
 # --- workload -----------------------------------------------------------------------
 
 
@@ -157,8 +151,6 @@ def session_keys(n: int, tag: str) -> list[tuple[str, str]]:
 def split(events: list[Event], keys: list[tuple[str, str]]) -> dict[tuple[str, str], list[Event]]:
     per = len(events) // len(keys)
     return {k: events[i * per : (i + 1) * per] for i, k in enumerate(keys)}
-
-
 
 
 # --- commit notices -------------------------------------------------------------------
@@ -443,10 +435,6 @@ async def run_baselines(cfg: Config) -> list[dict]:
 # --- output ----------------------------------------------------------------------------
 
 
-
-
-
-
 def print_results(machine: dict, cfg: Config, quick: bool, baselines: list[dict], rows: list[Row]) -> None:
     raw_async = baselines[0]["per_s"]
     console.print()
@@ -469,9 +457,17 @@ def print_results(machine: dict, cfg: Config, quick: bool, baselines: list[dict]
             else f"[red]✗ {r.stored_rows:,} rows, {r.stored_distinct:,} distinct, {r.expected_rows:,} published[/]"
         )
         table.add_row(
-            r.database, str(r.replicas), f"{r.events:,}", f"{r.commit_per_s:,.0f}", f"{r.commit_per_s / raw_async:.2f}",
-            f"{r.publish_per_s:,.0f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", str(r.reordered_notices), stored,
-        )  # fmt: skip
+            r.database,
+            str(r.replicas),
+            f"{r.events:,}",
+            f"{r.commit_per_s:,.0f}",
+            f"{r.commit_per_s / raw_async:.2f}",
+            f"{r.publish_per_s:,.0f}",
+            f"{r.p50_ms:.1f}",
+            f"{r.p99_ms:.1f}",
+            str(r.reordered_notices),
+            stored,
+        )
     console.print(table)
     console.print(
         f"commit ev/s: {cfg.events:,} events over {cfg.sessions} sessions, first publish → last commit notice. "

@@ -59,7 +59,7 @@ class Conversation:
 
 
 def parse_date(text: str) -> float:
-    """"1:56 pm on 8 May, 2023" → a UTC timestamp."""
+    """ "1:56 pm on 8 May, 2023" → a UTC timestamp."""
     return datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y").replace(tzinfo=UTC).timestamp()
 
 
@@ -82,7 +82,10 @@ def load(path: Path, limit: int | None = None) -> list[Conversation]:
     for item in data[:limit]:
         conv = item["conversation"]
         c = Conversation(item["sample_id"], conv["speaker_a"], conv["speaker_b"])
-        keys = sorted((k for k in conv if re.fullmatch(r"session_\d+", k) and isinstance(conv[k], list)), key=lambda k: int(k.split("_")[1]))
+        keys = sorted(
+            (k for k in conv if re.fullmatch(r"session_\d+", k) and isinstance(conv[k], list)),
+            key=lambda k: int(k.split("_")[1]),
+        )
         for key in keys:
             ts = parse_date(conv[f"{key}_date_time"])
             turns = []

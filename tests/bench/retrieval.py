@@ -96,12 +96,18 @@ def settings_for(backend: str, nats_url: str, work: Path, weaviate=None) -> Sett
     s = helpers.make_settings(nats_url, f"sqlite+aiosqlite:///{work / 'memq.db'}", work)
     indexing = {"backend": backend}
     if weaviate is not None:
-        indexing["weaviate"] = {"url": weaviate.url, "grpc_port": weaviate.grpc_port, "collection": f"Bench{uuid.uuid4().hex[:8]}"}
+        indexing["weaviate"] = {
+            "url": weaviate.url,
+            "grpc_port": weaviate.grpc_port,
+            "collection": f"Bench{uuid.uuid4().hex[:8]}",
+        }
     s.indexing = type(s.indexing).model_validate({**s.indexing.model_dump(), **indexing})
     return s
 
 
-async def index_all(settings: Settings, client: MemoryClient, conversations, indexing: IndexingWorker) -> tuple[int, float]:
+async def index_all(
+    settings: Settings, client: MemoryClient, conversations, indexing: IndexingWorker
+) -> tuple[int, float]:
     t0 = time.perf_counter()
     n, last = 0, 0
     for c in conversations:
@@ -137,7 +143,9 @@ async def score(client: MemoryClient, conversations, result: BackendResult) -> N
                 sums[mode].setdefault(key, {}).setdefault(k, []).append(got)
 
     await asyncio.gather(*(one(c, q, m) for c in conversations for q in c.questions for m in MODES))
-    result.recall = {m: {str(cat): {k: statistics.fmean(v) for k, v in by_k.items()} for cat, by_k in sums[m].items()} for m in MODES}
+    result.recall = {
+        m: {str(cat): {k: statistics.fmean(v) for k, v in by_k.items()} for cat, by_k in sums[m].items()} for m in MODES
+    }
     result.questions = {str(cat): len(v[KS[0]]) for cat, v in sums[MODES[0]].items()}
     result.search_p50_ms = {m: statistics.median(v) for m, v in latencies.items()}
 
@@ -167,7 +175,10 @@ def print_results(results: list[BackendResult], raw_rate: float, machine: dict) 
         table.add_column("mode")
         for cat in cats:
             label = locomo.CATEGORIES.get(int(cat), cat) if cat != "overall" else "overall (1–4)"
-            table.add_column(f"{label}\n(n={r.questions.get(cat, sum(r.questions.get(str(c), 0) for c in locomo.SCORED))})", justify="right")
+            table.add_column(
+                f"{label}\n(n={r.questions.get(cat, sum(r.questions.get(str(c), 0) for c in locomo.SCORED))})",
+                justify="right",
+            )
         table.add_column("search p50", justify="right")
         for mode in MODES:
             cells = []
@@ -181,14 +192,18 @@ def print_results(results: list[BackendResult], raw_rate: float, machine: dict) 
         table.add_column(column, justify="right")
     table.add_row("raw embedder (embed_sync)", "", "", f"{raw_rate:.1f}", "1.00")
     for r in results:
-        table.add_row(r.backend, str(r.events), f"{r.index_s:.1f}", f"{r.events_per_s:.1f}", f"{r.events_per_s / raw_rate:.2f}")
+        table.add_row(
+            r.backend, str(r.events), f"{r.index_s:.1f}", f"{r.events_per_s:.1f}", f"{r.events_per_s / raw_rate:.2f}"
+        )
     console.print(table)
 
 
 async def main(args) -> int:
     conversations = locomo.load(args.data, limit=1 if args.quick else None)
     machine = machine_info()
-    status(f"[bold]memq retrieval benchmark[/] — {'quick' if args.quick else 'full'}: {len(conversations)} conversations")
+    status(
+        f"[bold]memq retrieval benchmark[/] — {'quick' if args.quick else 'full'}: {len(conversations)} conversations"
+    )
     warn_if_busy(machine)
     batch = Settings().indexing.batch_size
     status("raw embedder …")
@@ -206,17 +221,29 @@ async def main(args) -> int:
                 results.append(await run_backend(backend, conversations, work))
     print_results(results, raw_rate, machine)
     if args.json:
-        args.json.write_text(json.dumps({
-            "benchmark": "retrieval", "mode": "quick" if args.quick else "full", "revision": git_revision(),
-            "machine": machine, "raw_embedder_per_s": raw_rate, "results": [asdict(r) for r in results],
-        }, indent=2) + "\n")  # fmt: skip
+        args.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "retrieval",
+                    "mode": "quick" if args.quick else "full",
+                    "revision": git_revision(),
+                    "machine": machine,
+                    "raw_embedder_per_s": raw_rate,
+                    "results": [asdict(r) for r in results],
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         status(f"results written to {args.json}")
     return 0
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, required=True, help="LoCoMo JSON (e.g. ../shared/data/locomo/locomo-dev4.json)")
+    parser.add_argument(
+        "--data", type=Path, required=True, help="LoCoMo JSON (e.g. ../shared/data/locomo/locomo-dev4.json)"
+    )
     parser.add_argument("--quick", action="store_true", help="one conversation (about a minute)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
     parser.add_argument("--backends", nargs="+", default=["embedded", "weaviate"], choices=["embedded", "weaviate"])

@@ -137,9 +137,14 @@ class Owned:
             tally.batch(msgs)
 
         self.consumer = BatchConsumer(
-            self.nc.jetstream(), stream=STREAM, subject=SUBJECT, config=consumer_config(durable),
-            handler=handle, batch_size=BATCH, batch_wait_s=WINDOW_S,
-        )  # fmt: skip
+            self.nc.jetstream(),
+            stream=STREAM,
+            subject=SUBJECT,
+            config=consumer_config(durable),
+            handler=handle,
+            batch_size=BATCH,
+            batch_wait_s=WINDOW_S,
+        )
         await self.consumer.start()
 
     async def stop(self) -> None:
@@ -160,9 +165,13 @@ class FastStreamBatch:
         self.broker = NatsBroker(url, name="bench-faststream", logger=quiet, graceful_timeout=5.0)
 
         @self.broker.subscriber(
-            SUBJECT, stream=JStream(STREAM, declare=False), durable=durable, config=consumer_config(durable),
-            pull_sub=PullSub(batch_size=BATCH, timeout=WINDOW_S, batch=True), ack_policy=FsAck.MANUAL,
-        )  # fmt: skip
+            SUBJECT,
+            stream=JStream(STREAM, declare=False),
+            durable=durable,
+            config=consumer_config(durable),
+            pull_sub=PullSub(batch_size=BATCH, timeout=WINDOW_S, batch=True),
+            ack_policy=FsAck.MANUAL,
+        )
         async def handle(body: list[dict], message: NatsMessage) -> None:
             msgs = message.raw_message
             for m in msgs:
@@ -220,9 +229,13 @@ async def consume_once(url: str, impl, size: Size) -> ConsumeRun:
         finally:
             await impl.stop()
         return ConsumeRun(
-            per_s=per_s, trickle_msgs=sent, batches=tally.batches - batches_before,
-            late_batches=tally.late_batches, redelivered=tally.redelivered, missing=missing,
-        )  # fmt: skip
+            per_s=per_s,
+            trickle_msgs=sent,
+            batches=tally.batches - batches_before,
+            late_batches=tally.late_batches,
+            redelivered=tally.redelivered,
+            missing=missing,
+        )
     finally:
         await nc.close()
 
@@ -352,10 +365,13 @@ def print_results(machine: dict, size: Size, runs: int, results: dict) -> None:
         table.add_column(col, justify="left" if col == "path" else "right")
     for name, row in consume.items():
         table.add_row(
-            name, f"{row['per_s']:,.0f}", f"{row['per_s'] / owned['per_s']:.2f}",
-            ", ".join(map(str, row["late_batches"])), ", ".join(map(str, row["redelivered"])),
+            name,
+            f"{row['per_s']:,.0f}",
+            f"{row['per_s'] / owned['per_s']:.2f}",
+            ", ".join(map(str, row["late_batches"])),
+            ", ".join(map(str, row["redelivered"])),
             ", ".join(map(str, row["missing"])),
-        )  # fmt: skip
+        )
     console.print(table)
     reply = results["reply"]
     micro = reply["nats micro endpoint"]
@@ -364,9 +380,12 @@ def print_results(machine: dict, size: Size, runs: int, results: dict) -> None:
         table.add_column(col, justify="left" if col == "path" else "right")
     for name, row in reply.items():
         table.add_row(
-            name, f"{row['p50_ms']:.3f}", f"{row['p50_ms'] / micro['p50_ms']:.2f}",
-            f"{row['per_s']:,.0f}", f"{row['per_s'] / micro['per_s']:.2f}",
-        )  # fmt: skip
+            name,
+            f"{row['p50_ms']:.3f}",
+            f"{row['p50_ms'] / micro['p50_ms']:.2f}",
+            f"{row['per_s']:,.0f}",
+            f"{row['per_s'] / micro['per_s']:.2f}",
+        )
     console.print(table)
 
 
@@ -383,8 +402,9 @@ async def main(size: Size, runs: int, json_path: Path | None, label: str) -> int
     print_results(machine, size, runs, results)
     if json_path is not None:
         json_path.write_text(
-            json.dumps({"machine": machine, "size": label, "sizes": asdict(size), "runs": runs, "results": results},
-                       indent=2)  # fmt: skip
+            json.dumps(
+                {"machine": machine, "size": label, "sizes": asdict(size), "runs": runs, "results": results}, indent=2
+            )
         )
         status(f"results written to {json_path}")
     return 0

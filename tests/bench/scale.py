@@ -135,15 +135,33 @@ class Config:
 
 
 FULL = Config(
-    events=3000, sessions=50, concurrency=32, query_s=5.0, warmup_s=1.0, paced_rate=50, paced_sessions=10,
-    fault_s=30.0, fault_rate=50, fault_sessions=20, fault_concurrency=8,
-)  # fmt: skip
+    events=3000,
+    sessions=50,
+    concurrency=32,
+    query_s=5.0,
+    warmup_s=1.0,
+    paced_rate=50,
+    paced_sessions=10,
+    fault_s=30.0,
+    fault_rate=50,
+    fault_sessions=20,
+    fault_concurrency=8,
+)
 # Every event published must also be embedded (~50 docs/s on 2 idle cores):
 # the quick run keeps the event counts small.
 QUICK = Config(
-    events=300, sessions=15, concurrency=32, query_s=2.0, warmup_s=0.5, paced_rate=20, paced_sessions=10,
-    fault_s=9.0, fault_rate=30, fault_sessions=10, fault_concurrency=8,
-)  # fmt: skip
+    events=300,
+    sessions=15,
+    concurrency=32,
+    query_s=2.0,
+    warmup_s=0.5,
+    paced_rate=20,
+    paced_sessions=10,
+    fault_s=9.0,
+    fault_rate=30,
+    fault_sessions=10,
+    fault_concurrency=8,
+)
 
 # Settings every replica runs with beyond the defaults, and why.
 WORKER_ENV = {
@@ -624,8 +642,10 @@ async def run_fault(cfg: Config, env: Env) -> Fault:
     for kind in KINDS:
         fault.killed_workers.append(fleet.kill_one(kind).name)
     fault.killed_node = victim_name
-    status(f"  killed nats {victim_name} (leader of {EVENTS_STREAM}) and {', '.join(fault.killed_workers)} "
-           f"at {fault.kill_at_s:.1f} s")  # fmt: skip
+    status(
+        f"  killed nats {victim_name} (leader of {EVENTS_STREAM}) and {', '.join(fault.killed_workers)} "
+        f"at {fault.kill_at_s:.1f} s"
+    )
     await asyncio.sleep(cfg.fault_s - (now() - t0))
     stop.set()
     await pacing
@@ -711,10 +731,18 @@ async def snapshot(env: Env, upto: int) -> tuple[Snapshot, list[int]]:
     dlq = (await env.js.stream_info("MEMQ_DLQ")).state.messages
     floors = {d: await floor(env.js, d) for d in DURABLES.values()}
     snap = Snapshot(
-        upto=upto, acked=dict(env.acked), stream_events=stream_events, sql_events=sql_events,
-        expected_docs=expected_docs, index_docs=index_docs, index_count=index_count,
-        stream_checkpoints=stream_checkpoints, sql_checkpoints=sql_checkpoints, dead_letters=dlq, floors=floors,
-    )  # fmt: skip
+        upto=upto,
+        acked=dict(env.acked),
+        stream_events=stream_events,
+        sql_events=sql_events,
+        expected_docs=expected_docs,
+        index_docs=index_docs,
+        index_count=index_count,
+        stream_checkpoints=stream_checkpoints,
+        sql_checkpoints=sql_checkpoints,
+        dead_letters=dlq,
+        floors=floors,
+    )
     return snap, doc_seqs
 
 
@@ -772,10 +800,14 @@ async def main(quick: bool, json_path: Path | None) -> int:
         stack.push_async_callback(engine.dispose)
         weaviate_settings = {"url": weaviate.url, "grpc_port": weaviate.grpc_port, "collection": "MemqScale"}
         settings = Settings(
-            data_dir=work, nats={"url": cluster.url}, database={"url": db_url}, streams={"replicas": 3},
-            persistence={"retry_delays_s": [0.2, 0.5, 1.0]}, cache={"redis_url": redis.url},
+            data_dir=work,
+            nats={"url": cluster.url},
+            database={"url": db_url},
+            streams={"replicas": 3},
+            persistence={"retry_delays_s": [0.2, 0.5, 1.0]},
+            cache={"redis_url": redis.url},
             indexing={"backend": "weaviate", "weaviate": weaviate_settings},
-        )  # fmt: skip
+        )
         env_vars = dict(WORKER_ENV)
         env_vars.update(
             MEMQ_CACHE__REDIS_URL=redis.url,
@@ -790,7 +822,7 @@ async def main(quick: bool, json_path: Path | None) -> int:
         servers.update(postgres=pg.pid, weaviate=weaviate.pid, redis=redis.pid)
         nats_opts = dict(
             servers=cluster.url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.5, error_cb=ignore_error
-        )  # fmt: skip
+        )
         nc = await nats.connect(name="bench-scale", **nats_opts)
         stack.push_async_callback(nc.close)
         js = nc.jetstream(timeout=5)
@@ -805,8 +837,10 @@ async def main(quick: bool, json_path: Path | None) -> int:
             for i, n in enumerate(REPLICAS, 1):
                 status(f"[bold][{i}/{len(REPLICAS) + 1}] {n} replica{'s' if n > 1 else ''} of each worker[/]")
                 phases.append(await run_phase(n, cfg, env))
-            status(f"[bold][{len(REPLICAS) + 1}/{len(REPLICAS) + 1}] fault: {REPLICAS[-1]} replicas, "
-                   f"kill a NATS node and one replica of each kind mid-load[/]")  # fmt: skip
+            status(
+                f"[bold][{len(REPLICAS) + 1}/{len(REPLICAS) + 1}] fault: {REPLICAS[-1]} replicas, "
+                f"kill a NATS node and one replica of each kind mid-load[/]"
+            )
             fault = await run_fault(cfg, env)
             upto = await last_seq(js)
             status(f"  checking the whole run (stream up to seq {upto:,}) …")
@@ -886,12 +920,17 @@ def print_results(
     for p in phases:
         h, c = p.queries[0], p.queries[1]
         t.add_row(
-            str(p.replicas), f"{p.ingest_per_s:,.0f}", ratio(p.ingest_per_s, base.ingest_per_s),
-            f"{p.indexing_per_s:,.1f}", ratio(p.indexing_per_s, base.indexing_per_s),
-            f"{h.per_s:,.0f}", ratio(h.per_s, base.queries[0].per_s),
-            f"{c.per_s:,.0f}", ratio(c.per_s, base.queries[1].per_s),
+            str(p.replicas),
+            f"{p.ingest_per_s:,.0f}",
+            ratio(p.ingest_per_s, base.ingest_per_s),
+            f"{p.indexing_per_s:,.1f}",
+            ratio(p.indexing_per_s, base.indexing_per_s),
+            f"{h.per_s:,.0f}",
+            ratio(h.per_s, base.queries[0].per_s),
+            f"{c.per_s:,.0f}",
+            ratio(c.per_s, base.queries[1].per_s),
             f"{max(s.others for s in p.steps.values()):.0%}",
-        )  # fmt: skip
+        )
     console.print(t)
     t = Table(title="scale-out: latency")
     for col in (
@@ -910,10 +949,17 @@ def print_results(
     for p in phases:
         h, c = p.queries[0], p.queries[1]
         t.add_row(
-            str(p.replicas), f"{p.paced_p50_ms:.1f}", f"{p.paced_p99_ms:.1f}", f"{h.p50_ms:.1f}", f"{h.p99_ms:.1f}",
-            f"{c.p50_ms:.1f}", f"{c.p99_ms:.1f}", f"{c.with_memories / max(c.requests, 1):.0%}",
-            str(h.errors + c.errors), f"{p.startup_s:.1f}",
-        )  # fmt: skip
+            str(p.replicas),
+            f"{p.paced_p50_ms:.1f}",
+            f"{p.paced_p99_ms:.1f}",
+            f"{h.p50_ms:.1f}",
+            f"{h.p99_ms:.1f}",
+            f"{c.p50_ms:.1f}",
+            f"{c.p99_ms:.1f}",
+            f"{c.with_memories / max(c.requests, 1):.0%}",
+            str(h.errors + c.errors),
+            f"{p.startup_s:.1f}",
+        )
     console.print(t)
     console.print(
         f"ingest: {cfg.events:,} events over {cfg.sessions} new sessions per N, first publish → persistence ack floor. "

@@ -73,16 +73,24 @@ def check_all(s: Snapshot) -> list[Check]:
     acked = s.acked
 
     missing_stream = [i for i in acked if i not in stream_seq]
-    add("every acked event is in the stream", _n(len(acked), "events"),
-        f"{len(acked) - len(missing_stream):,} ({len(missing_stream):,} missing)", not missing_stream)  # fmt: skip
+    add(
+        "every acked event is in the stream",
+        _n(len(acked), "events"),
+        f"{len(acked) - len(missing_stream):,} ({len(missing_stream):,} missing)",
+        not missing_stream,
+    )
     moved = [i for i, seq in acked.items() if i in stream_seq and stream_seq[i] != seq]
     add("each acked event at the seq its PubAck gave", "0 elsewhere", _n(len(moved), "elsewhere"), not moved)
     stream_dupes = _dupes(i for i, _ in s.stream_events)
     add("the stream holds each event once (dedupe held)", "0 copies", _n(stream_dupes, "copies"), stream_dupes == 0)
 
     missing_sql = [i for i in acked if i not in sql_set]
-    add("every acked event is in SQL", _n(len(acked), "events"),
-        f"{len(acked) - len(missing_sql):,} ({len(missing_sql):,} missing)", not missing_sql)  # fmt: skip
+    add(
+        "every acked event is in SQL",
+        _n(len(acked), "events"),
+        f"{len(acked) - len(missing_sql):,} ({len(missing_sql):,} missing)",
+        not missing_sql,
+    )
     sql_dupes = _dupes(sql_ids)
     add("SQL holds each event once", "0 duplicate rows", _n(sql_dupes, "duplicate rows"), sql_dupes == 0)
     strays = sql_set - set(stream_seq)
@@ -93,23 +101,38 @@ def check_all(s: Snapshot) -> list[Check]:
     index_set = set(s.index_docs)
     missing_docs = s.expected_docs - index_set
     extra_docs = index_set - s.expected_docs
-    add("the index holds every indexable message", _n(len(s.expected_docs), "docs"),
-        f"{len(s.expected_docs) - len(missing_docs):,} ({len(missing_docs):,} missing)", not missing_docs)  # fmt: skip
+    add(
+        "the index holds every indexable message",
+        _n(len(s.expected_docs), "docs"),
+        f"{len(s.expected_docs) - len(missing_docs):,} ({len(missing_docs):,} missing)",
+        not missing_docs,
+    )
     add("the index holds nothing else", "0 docs", _n(len(extra_docs), "docs"), not extra_docs)
     index_dupes = _dupes(s.index_docs) + max(0, s.index_count - len(s.index_docs))
-    add("the index holds each doc once", "0 duplicates",
-        f"{index_dupes:,} duplicates ({s.index_count:,} objects, {len(index_set):,} distinct)", index_dupes == 0)  # fmt: skip
+    add(
+        "the index holds each doc once",
+        "0 duplicates",
+        f"{index_dupes:,} duplicates ({s.index_count:,} objects, {len(index_set):,} distinct)",
+        index_dupes == 0,
+    )
 
     made = len(set(s.stream_checkpoints))
     add("the summarizers made checkpoints", "> 0", f"{made:,}", made > 0)
     cp_dupes = _dupes(s.stream_checkpoints)
     add("each checkpoint published once", "0 copies", _n(cp_dupes, "copies"), cp_dupes == 0)
     sql_cp_ids = [cid for _, cid, _, _ in s.sql_checkpoints]
-    add("SQL holds each checkpoint once", _n(made, "checkpoints"),
+    add(
+        "SQL holds each checkpoint once",
+        _n(made, "checkpoints"),
         f"{len(sql_cp_ids):,} rows, {len(set(sql_cp_ids)):,} distinct",
-        len(sql_cp_ids) == len(set(sql_cp_ids)) == made)  # fmt: skip
-    add("no range summarized twice", "0 sessions", _n(len(refolded_sessions(s.sql_checkpoints)), "sessions"),
-        not refolded_sessions(s.sql_checkpoints))  # fmt: skip
+        len(sql_cp_ids) == len(set(sql_cp_ids)) == made,
+    )
+    add(
+        "no range summarized twice",
+        "0 sessions",
+        _n(len(refolded_sessions(s.sql_checkpoints)), "sessions"),
+        not refolded_sessions(s.sql_checkpoints),
+    )
 
     add("nothing dead-lettered", "0 messages", _n(s.dead_letters, "messages"), s.dead_letters == 0)
     return checks

@@ -87,11 +87,21 @@ def make_docs(cfg: Config, rng: random.Random) -> tuple[list[Doc], list[str], np
             words = nrng.choice(len(vocab), size=int(nrng.integers(8, 31)), p=weights)
             text = " ".join(vocab[w] for w in words)
             author, ts = ("user", "assistant")[i % 2], 1_700_000_000.0 + seq
-            docs.append(Doc(
-                id=f"ev-{seq}", app=APP, user=f"user-{u}", session=f"s{i // 50}", seq=seq, author=author,
-                role=author, timestamp=ts, text=text, search_text=search_text(author, text, ts),
-                vector=vectors[seq - 1].tolist(),
-            ))  # fmt: skip
+            docs.append(
+                Doc(
+                    id=f"ev-{seq}",
+                    app=APP,
+                    user=f"user-{u}",
+                    session=f"s{i // 50}",
+                    seq=seq,
+                    author=author,
+                    role=author,
+                    timestamp=ts,
+                    text=text,
+                    search_text=search_text(author, text, ts),
+                    vector=vectors[seq - 1].tolist(),
+                )
+            )
     return docs, vocab, weights
 
 

@@ -82,7 +82,9 @@ async def check_sql(engine, ledger: Ledger) -> SqlReport:
     for s in ledger.all_acked():
         r = by_id.get(s.event_id)
         if r is not None and (r.session_key, r.seq) != (ledger.session_key(s), s.seq):
-            report.problems.append(f"event {s.event_id} acked at seq {s.seq} is stored at seq {r.seq} (or in another session)")
+            report.problems.append(
+                f"event {s.event_id} acked at seq {s.seq} is stored at seq {r.seq} (or in another session)"
+            )
     for eid, r in by_id.items():
         s = ledger.sent.get(eid)
         if s is None:
@@ -149,7 +151,9 @@ async def checkpoint_problems(engine) -> tuple[int, list[str]]:
     for key, chain in by_session.items():
         ups = [r.up_to_seq for r in chain]
         if len(set(ups)) != len(ups):
-            problems.append(f"session {key[:8]}: duplicate checkpoints up to {sorted(u for u, n in Counter(ups).items() if n > 1)}")
+            problems.append(
+                f"session {key[:8]}: duplicate checkpoints up to {sorted(u for u, n in Counter(ups).items() if n > 1)}"
+            )
         if ups != sorted(ups):
             problems.append(f"session {key[:8]}: checkpoints out of order {ups}")
         if any(r.up_to_seq >= r.seq for r in chain):

@@ -48,21 +48,85 @@ from memq.contracts.subjects import PREFIX, events_subject
 # --- hostile strings ------------------------------------------------------------
 
 UNICODE_EDGES = [
-    "\x00", "a\x00b", "\x01\x02\x7f\x1b[31m", "\u200f\u202eevil\u202c", "e\u0301\u0302\u0303",
+    "\x00",
+    "a\x00b",
+    "\x01\x02\x7f\x1b[31m",
+    "\u200f\u202eevil\u202c",
+    "e\u0301\u0302\u0303",
     "Z" + "\u0336\u0335\u0334\u0337" * 50,  # one grapheme cluster of 201 code points
-    "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466", "\U0001f1eb\U0001f1f7", "\U0001f642",
-    "\ufffe", "\uffff", "\U0010ffff", "\U0001fffe", "\ufdd0", "\ufeffbom", "\u2028\u2029", "\u0085",
-    "\uff0e", "\uff4d\uff45\uff4d\uff51", "\u0130\u0131", "\u00df", "\u00a0", "\u3000", "\U0001d54f",
-    "\t", " ", "  padded  ", "a\r\nb", "\r\n", "\n", "tail\n", "\r", "a  b", "a\tb",
-]  # fmt: skip
+    "\U0001f468\u200d\U0001f469\u200d\U0001f467\u200d\U0001f466",
+    "\U0001f1eb\U0001f1f7",
+    "\U0001f642",
+    "\ufffe",
+    "\uffff",
+    "\U0010ffff",
+    "\U0001fffe",
+    "\ufdd0",
+    "\ufeffbom",
+    "\u2028\u2029",
+    "\u0085",
+    "\uff0e",
+    "\uff4d\uff45\uff4d\uff51",
+    "\u0130\u0131",
+    "\u00df",
+    "\u00a0",
+    "\u3000",
+    "\U0001d54f",
+    "\t",
+    " ",
+    "  padded  ",
+    "a\r\nb",
+    "\r\n",
+    "\n",
+    "tail\n",
+    "\r",
+    "a  b",
+    "a\tb",
+]
 INJECTIONS = [
-    "'; DROP TABLE events; --", "' OR '1'='1", "Robert'); DROP TABLE memq_events;--", "\\'; --",
-    "../../etc/passwd", "..\\..\\windows\\win.ini", "/", "..", ".", "*", ">", "a.b", "a.*.>", "*.>",
-    "memq.v1.ev.>", "$JS.API.STREAM.DELETE.MEMQ_EVENTS", "_INBOX.x", "~", "~41", "~ZZ", "~~", "a b",
-    "x\r\nNats-Msg-Id: forged", "x\r\nMemq-Error-Code: forged\r\n\r\nbody", '{"v":1,"kind":"event"}',
-    '"}]', "{{template}}", "{user:name}", "{app:secret?}", "{", "}", "${jndi:ldap://x/a}", "%s%n%x",
-    "<script>alert(1)</script>", "\\", "null", "NULL", "true", "0", "-1", "NaN", "Infinity",
-]  # fmt: skip
+    "'; DROP TABLE events; --",
+    "' OR '1'='1",
+    "Robert'); DROP TABLE memq_events;--",
+    "\\'; --",
+    "../../etc/passwd",
+    "..\\..\\windows\\win.ini",
+    "/",
+    "..",
+    ".",
+    "*",
+    ">",
+    "a.b",
+    "a.*.>",
+    "*.>",
+    "memq.v1.ev.>",
+    "$JS.API.STREAM.DELETE.MEMQ_EVENTS",
+    "_INBOX.x",
+    "~",
+    "~41",
+    "~ZZ",
+    "~~",
+    "a b",
+    "x\r\nNats-Msg-Id: forged",
+    "x\r\nMemq-Error-Code: forged\r\n\r\nbody",
+    '{"v":1,"kind":"event"}',
+    '"}]',
+    "{{template}}",
+    "{user:name}",
+    "{app:secret?}",
+    "{",
+    "}",
+    "${jndi:ldap://x/a}",
+    "%s%n%x",
+    "<script>alert(1)</script>",
+    "\\",
+    "null",
+    "NULL",
+    "true",
+    "0",
+    "-1",
+    "NaN",
+    "Infinity",
+]
 HOSTILE = UNICODE_EDGES + INJECTIONS
 
 
@@ -149,17 +213,22 @@ events = st.builds(
     invocation_id=hostile_text(),
     author=hostile_text(),
     branch=hostile_text(),
-    message=st.none() | st.builds(Message, role=st.sampled_from(["user", "assistant", "system", "tool"]), parts=st.lists(_parts(), max_size=3)),
+    message=st.none()
+    | st.builds(
+        Message, role=st.sampled_from(["user", "assistant", "system", "tool"]), parts=st.lists(_parts(), max_size=3)
+    ),
     actions=st.builds(
         Actions,
         state_delta=deltas,
-        artifact_delta=st.dictionaries(hostile_text(), st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=2),
+        artifact_delta=st.dictionaries(
+            hostile_text(), st.integers(min_value=-(2**63), max_value=2**63 - 1), max_size=2
+        ),
         transfer_to_agent=st.none() | hostile_text(),
         escalate=st.none() | st.booleans(),
     ),
     timestamp=timestamps,
     metadata=json_objects,
-)  # fmt: skip
+)
 
 
 @st.composite
@@ -190,16 +259,25 @@ def valid_messages(draw, app: str | None = None):
         else:
             sha = draw(st.text("0123456789abcdef", min_size=64, max_size=64))
             size = draw(st.integers(min_value=0, max_value=2**63 - 1))
-            bucket = draw(st.just("MEMQ_ARTIFACTS") | st.text(string.ascii_letters + string.digits + "_-", min_size=1, max_size=64))
+            bucket = draw(
+                st.just("MEMQ_ARTIFACTS")
+                | st.text(string.ascii_letters + string.digits + "_-", min_size=1, max_size=64)
+            )
             name = draw(hostile_text().filter(lambda n: "\x00" not in n))
             body = dict(object=ObjectRef(bucket=bucket, name=name, size=size, sha256=sha))
         return ArtifactSaved(app=app, user=user, session=session, filename=filename, mime_type=mime, **body, **ids)
     up_to = draw(st.integers(min_value=1, max_value=2**63 - 1))
     summary = draw(st.one_of(hostile_text(), st.just("s" * 5000)))
     return CheckpointSaved(
-        app=app, user=user, session=session, summary=summary, up_to_seq=up_to, author=draw(hostile_text()),
-        metadata=draw(json_objects), **ids,
-    )  # fmt: skip
+        app=app,
+        user=user,
+        session=session,
+        summary=summary,
+        up_to_seq=up_to,
+        author=draw(hostile_text()),
+        metadata=draw(json_objects),
+        **ids,
+    )
 
 
 # --- cases ------------------------------------------------------------------------
@@ -254,7 +332,12 @@ def _junk_header(draw) -> str | None:
 def valid_cases(draw, app: str | None = None):
     message = draw(valid_messages(app))
     return StreamCase(
-        f"valid {message.kind}", subject_for(message), encode(message), "commit", _client_header(draw, message), message=message
+        f"valid {message.kind}",
+        subject_for(message),
+        encode(message),
+        "commit",
+        _client_header(draw, message),
+        message=message,
     )
 
 
@@ -288,7 +371,9 @@ def mutate_document(draw, doc: dict, max_bytes: int) -> str:
     parent, last = _parent(doc, path), path[-1]
     where = ".".join(map(str, path))
     op = draw(
-        st.sampled_from(["delete", "null", "wrong_type", "hostile", "huge_string", "bad_id", "big_number", "extra", "surrogate"])
+        st.sampled_from(
+            ["delete", "null", "wrong_type", "hostile", "huge_string", "bad_id", "big_number", "extra", "surrogate"]
+        )
     )
     if op == "delete":
         del parent[last]
@@ -310,7 +395,9 @@ def mutate_document(draw, doc: dict, max_bytes: int) -> str:
         parent[last] = draw(st.sampled_from(["\ud800", "a\udfffb", "\udbff\udbff"]))
     else:  # extra: a field no schema has, in the dict at or above the path
         target = parent[last] if isinstance(parent[last], dict) else (parent if isinstance(parent, dict) else doc)
-        target[draw(st.sampled_from(["extra", "__proto__", "$where", "constructor"]) | hostile_text(10))] = draw(json_values)
+        target[draw(st.sampled_from(["extra", "__proto__", "$where", "constructor"]) | hostile_text(10))] = draw(
+            json_values
+        )
     return f"{op} at {where}"
 
 
@@ -341,7 +428,9 @@ def envelope_cases(draw):
         # Never into or out of a delete: a create turned into a delete would
         # remove what other cases committed (deletes have their own namespace).
         others = [k for k in KINDS if k != message.kind and not {k, message.kind} & {"session.delete", "user.delete"}]
-        doc["kind"] = draw((st.sampled_from(others) if others else st.nothing()) | hostile_text() | st.sampled_from(WRONG_TYPES))
+        doc["kind"] = draw(
+            (st.sampled_from(others) if others else st.nothing()) | hostile_text() | st.sampled_from(WRONG_TYPES)
+        )
     elif op == "version":
         doc["v"] = draw(st.sampled_from([0, 2, -1, "1", 1.5, None, 2**64, [1], {"v": 1}]))
     elif op == "no_kind":
@@ -352,7 +441,9 @@ def envelope_cases(draw):
         doc = draw(st.lists(json_values, max_size=3) | json_leaves)
     else:
         doc = {}
-    return StreamCase(f"envelope {op} ({message.kind})", subject_for(message), dump_document(draw, doc), "either", _junk_header(draw))
+    return StreamCase(
+        f"envelope {op} ({message.kind})", subject_for(message), dump_document(draw, doc), "either", _junk_header(draw)
+    )
 
 
 # Byte-level damage ------------------------------------------------------------------
@@ -366,7 +457,9 @@ def byte_cases(draw):
     data = encode(message)
     op = draw(st.sampled_from(["random", "truncate", "flip", "invalid_utf8", "bom", "trailing", "nested_json"]))
     if op == "random":
-        data = draw(st.binary(max_size=200) | st.lists(st.sampled_from(INVALID_UTF8), min_size=1, max_size=5).map(b"".join))
+        data = draw(
+            st.binary(max_size=200) | st.lists(st.sampled_from(INVALID_UTF8), min_size=1, max_size=5).map(b"".join)
+        )
     elif op == "truncate":
         data = data[: draw(st.integers(0, len(data) - 1))]
     elif op == "flip":
@@ -410,7 +503,9 @@ def subject_cases(draw):
         subject, code = f"{PREFIX}.ev.{token}.{encode_token(message.user)}", "invalid_id"
     else:  # a token that decodes to more than 256 bytes
         subject, code = f"{PREFIX}.ev.{'a' * (MAX_ID_BYTES + 1)}.{encode_token(message.user)}", "invalid_id"
-    return StreamCase(f"subject {op} ({message.kind})", subject, encode(message), "reject", _junk_header(draw), code=code)
+    return StreamCase(
+        f"subject {op} ({message.kind})", subject, encode(message), "reject", _junk_header(draw), code=code
+    )
 
 
 # Size -------------------------------------------------------------------------------
@@ -501,27 +596,45 @@ def _op_fields(op: str, users, sessions) -> st.SearchStrategy[dict]:
 
     fields = {
         "session.get": dict(
-            user=user, session=session, events=st.booleans(),
-            num_recent_events=optional(st.integers(0, 100)), after_seq=optional(st.integers(0, 2**63 - 1)),
+            user=user,
+            session=session,
+            events=st.booleans(),
+            num_recent_events=optional(st.integers(0, 100)),
+            after_seq=optional(st.integers(0, 2**63 - 1)),
         ),
         "sessions.list": dict(
-            user=optional(user), limit=st.integers(1, q.MAX_PAGE), cursor=optional(hostile_text().filter(lambda s: len(s) <= 512)),
+            user=optional(user),
+            limit=st.integers(1, q.MAX_PAGE),
+            cursor=optional(hostile_text().filter(lambda s: len(s) <= 512)),
         ),
         "state.get": dict(user=user, session=optional(session)),
         "history": dict(user=user, session=session, strategy=optional(strategy_specs), model=optional(models)),
         "context": dict(
-            user=user, session=session, strategy=optional(strategy_specs), model=optional(models),
-            format=st.sampled_from(["memq", "openai"]), instruction=optional(hostile_text()),
-            recall_limit=st.integers(0, 5), message=optional(hostile_text()),
+            user=user,
+            session=session,
+            strategy=optional(strategy_specs),
+            model=optional(models),
+            format=st.sampled_from(["memq", "openai"]),
+            instruction=optional(hostile_text()),
+            recall_limit=st.integers(0, 5),
+            message=optional(hostile_text()),
         ),
         "artifacts.list": dict(user=user, session=session),
-        "artifacts.get": dict(user=user, session=session, filename=hostile_text().filter(lambda f: f and "\x00" not in f), version=optional(st.integers(0, 2**63 - 1))),
+        "artifacts.get": dict(
+            user=user,
+            session=session,
+            filename=hostile_text().filter(lambda f: f and "\x00" not in f),
+            version=optional(st.integers(0, 2**63 - 1)),
+        ),
         "search": dict(
-            user=user, query=hostile_text().filter(bool), session=optional(session),
-            mode=st.sampled_from(["keyword", "vector", "hybrid"]), k=st.integers(1, q.MAX_K),
+            user=user,
+            query=hostile_text().filter(bool),
+            session=optional(session),
+            mode=st.sampled_from(["keyword", "vector", "hybrid"]),
+            k=st.integers(1, q.MAX_K),
             roles=st.lists(st.sampled_from(["user", "assistant", "system", "tool", "summary"]), max_size=2),
         ),
-    }[op]  # fmt: skip
+    }[op]
     return st.fixed_dictionaries(fields).map(lambda d: {k: v for k, v in d.items() if v is not None})
 
 
@@ -553,18 +666,30 @@ def request_cases(draw, app: str, users: st.SearchStrategy[str], sessions: st.Se
         body = dump_document(draw, {} if which == "empty" else doc if which == "version" else draw(json_values))
         return RequestCase(f"{op}: envelope {which}", op, token, body, "either")
     if kind == "bytes":
-        body = draw(st.binary(max_size=100) | st.lists(st.sampled_from(INVALID_UTF8), min_size=1, max_size=4).map(b"".join))
+        body = draw(
+            st.binary(max_size=100) | st.lists(st.sampled_from(INVALID_UTF8), min_size=1, max_size=4).map(b"".join)
+        )
         return RequestCase(f"{op}: random bytes", op, token, body, "either")
     if kind == "app":  # the subject's app against the body's
         which = draw(st.sampled_from(["other_app", "hostile_app", "bad_token"]))
         if which == "other_app":
-            return RequestCase(f"{op}: body names another app", op, encode_token(draw(valid_ids.filter(lambda a: a != app))), orjson.dumps(doc), "refuse")
+            return RequestCase(
+                f"{op}: body names another app",
+                op,
+                encode_token(draw(valid_ids.filter(lambda a: a != app))),
+                orjson.dumps(doc),
+                "refuse",
+            )
         if which == "hostile_app":  # a legal hostile app, the same in subject and body
             other = draw(valid_ids)
-            return RequestCase(f"{op}: hostile app", op, encode_token(other), orjson.dumps({**doc, "app": other}), "either")
+            return RequestCase(
+                f"{op}: hostile app", op, encode_token(other), orjson.dumps({**doc, "app": other}), "either"
+            )
         bad = draw(st.sampled_from(["~ZZ", "~41pp", "~FF", "~2A", "a" * (MAX_ID_BYTES + 1), "~", "a~4"]))
         return RequestCase(f"{op}: bad app token {bad[:12]!r}", op, bad, orjson.dumps(doc), "refuse")
-    unknown = draw(st.sampled_from(["drop", "session.delete", "history.extra", "events", "sessions", "_admin", "*", ">"]))
+    unknown = draw(
+        st.sampled_from(["drop", "session.delete", "history.extra", "events", "sessions", "_admin", "*", ">"])
+    )
     return RequestCase(f"unknown op {unknown!r}", unknown, token, orjson.dumps(doc), "no_responder")
 
 
@@ -644,7 +769,13 @@ def request_regressions(app: str, user: str, session: str) -> list[RequestCase]:
     return [
         # NUL reached PostgreSQL: an untyped "internal" reply.
         RequestCase("NUL filename", "artifacts.get", token, orjson.dumps({**base, "filename": "a\x00"}), "refuse"),
-        RequestCase("NUL in a cursor's key", "sessions.list", token, orjson.dumps({"v": 1, "app": app, "cursor": cursor_with_nul}), "either"),
+        RequestCase(
+            "NUL in a cursor's key",
+            "sessions.list",
+            token,
+            orjson.dumps({"v": 1, "app": app, "cursor": cursor_with_nul}),
+            "either",
+        ),
         # The error quoted a 300 kB "v": a reply over max_payload never arrived.
         RequestCase("huge v", "history", token, orjson.dumps({**base, "v": "\u2028" * 300_000}), "refuse"),
     ]

@@ -113,9 +113,14 @@ async def _call(action: Action) -> None:
 
 async def connect(stack: Stack, app: str) -> MemoryClient:
     return await MemoryClient.connect(
-        stack.settings.nats.url.split(","), app=app, timeout=2.0, wait_ms=2000,
-        max_reconnect_attempts=-1, reconnect_time_wait=0.25, connect_timeout=2,
-    )  # fmt: skip
+        stack.settings.nats.url.split(","),
+        app=app,
+        timeout=2.0,
+        wait_ms=2000,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.25,
+        connect_timeout=2,
+    )
 
 
 async def wait_ready(client: MemoryClient, stack: Stack, durables: list[str]) -> None:
@@ -159,7 +164,9 @@ async def run_fault(
     try:
         await wait_ready(probe_client, stack, durables)
         driver = LoadDriver(load_client, ledger, sessions=sessions, rate_per_session=rate_per_session)
-        prober = Prober(probe_client, ledger, driver.refs, search=search, recall=search, summary_history=summary_history)
+        prober = Prober(
+            probe_client, ledger, driver.refs, search=search, recall=search, summary_history=summary_history
+        )
         driver.start()
         prober.start()
         await asyncio.sleep(timing.warmup_s)

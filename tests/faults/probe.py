@@ -70,7 +70,9 @@ def _foreign(ledger: Ledger, ref: SessionRef, seq: int, eid: str, *, same_sessio
     return []
 
 
-def judge_history(view: Any, *, ledger: Ledger, ref: SessionRef, expected: Iterable[Sent], complete: bool = True) -> list[str]:
+def judge_history(
+    view: Any, *, ledger: Ledger, ref: SessionRef, expected: Iterable[Sent], complete: bool = True
+) -> list[str]:
     seen = [(e.seq, e.event["id"]) for e in view.events]
     problems = judge_events(seen, ledger=ledger, ref=ref, expected=expected if complete else ())
     if view.checkpoint_seq is not None and seen and seen[0][0] <= view.checkpoint_seq:
@@ -92,9 +94,7 @@ def judge_context(view: Any, *, ledger: Ledger, ref: SessionRef, expected: Itera
     return problems
 
 
-def judge_search(
-    view: Any, *, ledger: Ledger, app: str, ref: SessionRef, target: Sent | None
-) -> list[str]:
+def judge_search(view: Any, *, ledger: Ledger, app: str, ref: SessionRef, target: Sent | None) -> list[str]:
     """A keyword search for ``target``'s unique token within its session must
     find it (``target`` None: a hybrid search, judged for soundness only)."""
     problems = []
@@ -143,7 +143,9 @@ class Prober:
         pause_s: float = 0.05,
     ):
         self.client, self.ledger, self.refs = client, ledger, list(refs)
-        self.ops = ["history", "context"] + (["search"] if search else []) + (["summary_history"] if summary_history else [])
+        self.ops = (
+            ["history", "context"] + (["search"] if search else []) + (["summary_history"] if summary_history else [])
+        )
         self.recall = recall
         self.concurrency = concurrency
         self.pause_s = pause_s

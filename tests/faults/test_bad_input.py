@@ -174,7 +174,9 @@ async def drained(stack: StreamStack, last_seq: int) -> None:
         return info.delivered.stream_seq >= last_seq and info.num_pending == 0 and info.num_ack_pending == 0
 
     for durable in (stack.settings.persistence.durable, stack.settings.indexing.durable):
-        await wait_for(lambda d=durable: done(d), timeout=60, what=f"{durable} to handle every message up to seq {last_seq}")
+        await wait_for(
+            lambda d=durable: done(d), timeout=60, what=f"{durable} to handle every message up to seq {last_seq}"
+        )
 
 
 async def new_dead_letters(stack: StreamStack) -> dict[int, list[Any]]:
@@ -249,7 +251,9 @@ async def still_serving(stack: StreamStack) -> None:
     await client.append("u", "sentinel", event)
 
     async def stored() -> bool:
-        return event.id in [e.event_id for e in await reads.events(stack.worker.engine, "fuzz-sentinel", "u", "sentinel")]
+        return event.id in [
+            e.event_id for e in await reads.events(stack.worker.engine, "fuzz-sentinel", "u", "sentinel")
+        ]
 
     await wait_for(stored, timeout=30, what="a fresh valid event after the fuzz batch")
 
@@ -297,13 +301,18 @@ async def test_every_message_is_committed_or_dead_lettered_with_a_typed_reason(s
         mine = letters.pop(ack.seq, [])
         if code is None:
             assert not mine, f"{where}: valid but dead-lettered: {[dict(m.headers) for m in mine]}"
-            missing = await committed(stack.worker.engine, case.message or decode_from_subject(case.subject, case.payload, max_bytes=MAX_BYTES))
+            missing = await committed(
+                stack.worker.engine,
+                case.message or decode_from_subject(case.subject, case.payload, max_bytes=MAX_BYTES),
+            )
             assert missing is None, f"{where}: acked but not committed: {missing}"
             outcomes["committed"] += 1
         else:
             assert len(mine) == 1, f"{where}: {len(mine)} dead letters, expected one ({code})"
             headers = mine[0].headers
-            assert headers["Memq-Error-Code"] == code, f"{where}: dead-lettered as {headers['Memq-Error-Code']}: {headers['Memq-Error']}"
+            assert headers["Memq-Error-Code"] == code, (
+                f"{where}: dead-lettered as {headers['Memq-Error-Code']}: {headers['Memq-Error']}"
+            )
             assert headers["Memq-Error-Code"] in TYPED_CODES
             reason = headers["Memq-Error"]
             assert isinstance(reason, str) and reason.strip(), f"{where}: no readable reason: {reason!r}"
@@ -410,7 +419,9 @@ async def test_every_request_gets_a_typed_reply(query_stack, batch):
         try:
             parse_reply(case.op, reply.data)
         except MemqError as exc:
-            assert exc.code in TYPED_CODES and type(exc) is not MemqError, f"{where}: untyped reply {reply.data[:300]!r}"
+            assert exc.code in TYPED_CODES and type(exc) is not MemqError, (
+                f"{where}: untyped reply {reply.data[:300]!r}"
+            )
             assert exc.message.strip(), f"{where}: an error without a reason"
             allowed = ANSWER_ERRORS | ANSWER_ERRORS_BY_OP.get(case.op, set()) if valid else REFUSALS
             assert exc.code in allowed, f"{where}: {exc.code}: {exc.message} (valid: {valid} {why})"
@@ -444,32 +455,122 @@ def _bad_calls() -> st.SearchStrategy[tuple[str, tuple, dict]]:
     )
     calls = [
         st.tuples(st.just("create_session"), st.tuples(bad_id, st.just(s)), st.just({})),
-        st.tuples(st.just("create_session"), st.tuples(st.just(u), bad_id.filter(lambda v: v is not None)), st.just({})),
+        st.tuples(
+            st.just("create_session"), st.tuples(st.just(u), bad_id.filter(lambda v: v is not None)), st.just({})
+        ),
         st.tuples(st.just("create_session"), st.just((u, s)), bad_delta.filter(bool).map(lambda d: {"state": d})),
         st.tuples(st.just("append"), st.tuples(bad_id, st.just(s), st.just(good_event)), st.just({})),
-        st.tuples(st.just("append"), st.tuples(st.just(u), st.just(s), st.sampled_from([1, "event", {"id": ""}, {"id": "x" * 300}, {"message": {"role": "god"}}])), st.just({})),
-        st.tuples(st.just("append_text"), st.tuples(st.just(u), st.just(s), st.sampled_from(["admin", "", "USER", None, 1]), st.just("hi")), st.just({})),
-        st.tuples(st.just("append_text"), st.tuples(st.just(u), st.just(s), st.just("user"), st.sampled_from([big, "\ud800", 1, None])), st.just({})),
+        st.tuples(
+            st.just("append"),
+            st.tuples(
+                st.just(u),
+                st.just(s),
+                st.sampled_from([1, "event", {"id": ""}, {"id": "x" * 300}, {"message": {"role": "god"}}]),
+            ),
+            st.just({}),
+        ),
+        st.tuples(
+            st.just("append_text"),
+            st.tuples(st.just(u), st.just(s), st.sampled_from(["admin", "", "USER", None, 1]), st.just("hi")),
+            st.just({}),
+        ),
+        st.tuples(
+            st.just("append_text"),
+            st.tuples(st.just(u), st.just(s), st.just("user"), st.sampled_from([big, "\ud800", 1, None])),
+            st.just({}),
+        ),
         st.tuples(st.just("append_many"), st.tuples(st.just(u), bad_id, st.just([good_event])), st.just({})),
-        st.tuples(st.just("append_many"), st.just((u, s)), st.sampled_from([1, "x", {"id": ""}]).map(lambda bad: {"events": [good_event, bad]})),
+        st.tuples(
+            st.just("append_many"),
+            st.just((u, s)),
+            st.sampled_from([1, "x", {"id": ""}]).map(lambda bad: {"events": [good_event, bad]}),
+        ),
         st.tuples(st.just("set_state"), st.tuples(st.just(u), bad_delta), st.just({})),
-        st.tuples(st.just("set_state"), st.tuples(st.just(u), st.just({"unscoped": 1})), st.just({})),  # needs a session
-        st.tuples(st.just("save_artifact"), st.tuples(st.just(u), st.just(s), st.sampled_from(["", "x" * 257, "\u00e9" * 129, 1, None, "\ud800"]), st.sampled_from([b"small", b"x" * 2048])), st.just({})),
-        st.tuples(st.just("save_artifact"), st.tuples(bad_id, st.just(s), st.just("f"), st.just(b"x" * 2048)), st.just({})),
-        st.tuples(st.just("delete_session"), st.tuples(st.just(u), bad_id.filter(lambda v: v is not None)), st.just({})),
+        st.tuples(
+            st.just("set_state"), st.tuples(st.just(u), st.just({"unscoped": 1})), st.just({})
+        ),  # needs a session
+        st.tuples(
+            st.just("save_artifact"),
+            st.tuples(
+                st.just(u),
+                st.just(s),
+                st.sampled_from(["", "x" * 257, "\u00e9" * 129, 1, None, "\ud800"]),
+                st.sampled_from([b"small", b"x" * 2048]),
+            ),
+            st.just({}),
+        ),
+        st.tuples(
+            st.just("save_artifact"), st.tuples(bad_id, st.just(s), st.just("f"), st.just(b"x" * 2048)), st.just({})
+        ),
+        st.tuples(
+            st.just("delete_session"), st.tuples(st.just(u), bad_id.filter(lambda v: v is not None)), st.just({})
+        ),
         st.tuples(st.just("delete_user"), st.tuples(bad_id), st.just({})),
         st.tuples(st.just("get_session"), st.tuples(bad_id, st.just(s)), st.just({})),
-        st.tuples(st.just("get_session"), st.just((u, s)), st.sampled_from([{"num_recent_events": -1}, {"after_seq": -1}, {"min_seq": -1}, {"num_recent_events": 100_001}])),
-        st.tuples(st.just("list_sessions"), st.just(()), st.sampled_from([{"limit": 0}, {"limit": 501}, {"cursor": "c" * 513}, {"user": ""}, {"user": "x" * 257}, {"cursor": "\ud800"}])),
+        st.tuples(
+            st.just("get_session"),
+            st.just((u, s)),
+            st.sampled_from(
+                [{"num_recent_events": -1}, {"after_seq": -1}, {"min_seq": -1}, {"num_recent_events": 100_001}]
+            ),
+        ),
+        st.tuples(
+            st.just("list_sessions"),
+            st.just(()),
+            st.sampled_from(
+                [
+                    {"limit": 0},
+                    {"limit": 501},
+                    {"cursor": "c" * 513},
+                    {"user": ""},
+                    {"user": "x" * 257},
+                    {"cursor": "\ud800"},
+                ]
+            ),
+        ),
         st.tuples(st.just("get_state"), st.tuples(st.just(u), bad_id.filter(lambda v: v is not None)), st.just({})),
-        st.tuples(st.just("history"), st.just((u, s)), st.one_of(bad_strategy.map(lambda b: {"strategy": b}), st.just({"model": "m" * 129}))),
-        st.tuples(st.just("context"), st.just((u, s)), st.sampled_from([{"format": "xml"}, {"recall_limit": -1}, {"recall_limit": 101}, {"instruction": "i" * 200_001}, {"message": "\ud800"}, {"strategy": {"kind": "all", "x": 1}}])),
+        st.tuples(
+            st.just("history"),
+            st.just((u, s)),
+            st.one_of(bad_strategy.map(lambda b: {"strategy": b}), st.just({"model": "m" * 129})),
+        ),
+        st.tuples(
+            st.just("context"),
+            st.just((u, s)),
+            st.sampled_from(
+                [
+                    {"format": "xml"},
+                    {"recall_limit": -1},
+                    {"recall_limit": 101},
+                    {"instruction": "i" * 200_001},
+                    {"message": "\ud800"},
+                    {"strategy": {"kind": "all", "x": 1}},
+                ]
+            ),
+        ),
         st.tuples(st.just("list_artifacts"), st.tuples(bad_id, st.just(s)), st.just({})),
-        st.tuples(st.just("get_artifact"), st.tuples(st.just(u), st.just(s), st.sampled_from(["", "f" * 1025])), st.just({})),
+        st.tuples(
+            st.just("get_artifact"), st.tuples(st.just(u), st.just(s), st.sampled_from(["", "f" * 1025])), st.just({})
+        ),
         st.tuples(st.just("get_artifact"), st.tuples(st.just(u), st.just(s), st.just("f")), st.just({"version": -1})),
         st.tuples(st.just("search"), st.tuples(st.just(u), st.sampled_from(["", "q" * 8193, "\ud800"])), st.just({})),
-        st.tuples(st.just("search"), st.tuples(st.just(u), st.just("q")), st.sampled_from([{"k": 0}, {"k": 101}, {"mode": "fuzzy"}, {"roles": ["god"]}, {"authors": ["a"] * 51}, {"alpha": 1.5}, {"since": "yesterday"}, {"session": ""}])),
-    ]  # fmt: skip
+        st.tuples(
+            st.just("search"),
+            st.tuples(st.just(u), st.just("q")),
+            st.sampled_from(
+                [
+                    {"k": 0},
+                    {"k": 101},
+                    {"mode": "fuzzy"},
+                    {"roles": ["god"]},
+                    {"authors": ["a"] * 51},
+                    {"alpha": 1.5},
+                    {"since": "yesterday"},
+                    {"session": ""},
+                ]
+            ),
+        ),
+    ]
     return st.one_of(*calls)
 
 

@@ -85,10 +85,12 @@ def test_search():
     lg = ledger()
 
     def results(*hits):
-        return NS(results=[
-            NS(event_id=i, session_id=sess, metadata={"app": app, "user": user, "seq": seq, "role": "user"})
-            for i, app, user, sess, seq in hits
-        ])  # fmt: skip
+        return NS(
+            results=[
+                NS(event_id=i, session_id=sess, metadata={"app": app, "user": user, "seq": seq, "role": "user"})
+                for i, app, user, sess, seq in hits
+            ]
+        )
 
     target = lg.sent["e1"]
     good = results(("e1", "app", "u0", "s0", 11), ("e2", "app", "u0", "s0", 12))
@@ -96,7 +98,13 @@ def test_search():
     assert judge_search(results(("e2", "app", "u0", "s0", 12)), ledger=lg, app="app", ref=REF, target=target)
     assert judge_search(results(("e1", "app", "u1", "s0", 11)), ledger=lg, app="app", ref=REF, target=None)
     assert judge_search(results(("e1", "other", "u0", "s0", 11)), ledger=lg, app="app", ref=REF, target=None)
-    assert judge_search(results(("e1", "app", "u0", "s0", 11), ("e1", "app", "u0", "s0", 11)), ledger=lg, app="app", ref=REF, target=None)
+    assert judge_search(
+        results(("e1", "app", "u0", "s0", 11), ("e1", "app", "u0", "s0", 11)),
+        ledger=lg,
+        app="app",
+        ref=REF,
+        target=None,
+    )
 
 
 def test_outcomes_are_classified():

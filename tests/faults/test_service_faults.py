@@ -143,7 +143,9 @@ async def test_weaviate_killed(stack, fresh_nats, pg_url, own_weaviate):
     timing = Timing(down_s=8, recover_s=15)
     watcher = asyncio.create_task(watch.run())
     try:
-        report = await run_fault(st, Fault("SIGKILL Weaviate", own_weaviate.kill, restore), app=APP, search=True, timing=timing)
+        report = await run_fault(
+            st, Fault("SIGKILL Weaviate", own_weaviate.kill, restore), app=APP, search=True, timing=timing
+        )
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)

@@ -35,9 +35,18 @@ def settings(port: int, grpc_port: int) -> WeaviateSettings:
 
 def doc(i: int) -> Doc:
     return Doc(
-        id=f"d{i}", app="a", user="u", session="s", seq=i, author="user", role="user",
-        timestamp=1.0 + i, text=f"remember fact {i}", search_text=f"remember fact {i}", vector=[1.0, 0.0, 0.0, 0.0],
-    )  # fmt: skip
+        id=f"d{i}",
+        app="a",
+        user="u",
+        session="s",
+        seq=i,
+        author="user",
+        role="user",
+        timestamp=1.0 + i,
+        text=f"remember fact {i}",
+        search_text=f"remember fact {i}",
+        vector=[1.0, 0.0, 0.0, 0.0],
+    )
 
 
 async def until_ok(call, timeout: float):

@@ -22,7 +22,11 @@ APP = "faults-workers"
 
 
 def kill_then_restart(stack, kind: str, index: int = 0) -> Fault:
-    return Fault(f"SIGKILL {kind}[{index}] of {len(stack.workers[kind])}", lambda: stack.kill(kind, index), lambda: stack.restart(kind, index))
+    return Fault(
+        f"SIGKILL {kind}[{index}] of {len(stack.workers[kind])}",
+        lambda: stack.kill(kind, index),
+        lambda: stack.restart(kind, index),
+    )
 
 
 async def test_persistence_replica_killed(stack, fresh_nats, pg_url):
@@ -91,10 +95,14 @@ async def kill_a_lease_holder(stack, timeout: float = 10.0) -> tuple[int, str]:
 
 async def test_summarizer_replica_killed(stack, fresh_nats, pg_url):
     # A small budget, so that every session needs a summary every few seconds.
-    st = stack(fresh_nats.url, pg_url, {
-        "memory": {"strategy": "summary_buffer", "budget": 300},
-        "summarizer": {"sweep_interval_s": 0.5, "retry_after_s": 0.5, "lease_ttl_s": 2},
-    })  # fmt: skip
+    st = stack(
+        fresh_nats.url,
+        pg_url,
+        {
+            "memory": {"strategy": "summary_buffer", "budget": 300},
+            "summarizer": {"sweep_interval_s": 0.5, "retry_after_s": 0.5, "lease_ttl_s": 2},
+        },
+    )
     st.start("persistence")
     st.start("query")
     st.start("summarizer", 2)
@@ -106,7 +114,9 @@ async def test_summarizer_replica_killed(stack, fresh_nats, pg_url):
     def restore() -> None:
         st.restart("summarizer", killed[0][0])
 
-    report = await run_fault(st, Fault("SIGKILL a summarizer replica mid-summary", kill, restore), app=APP, summary_history=True)
+    report = await run_fault(
+        st, Fault("SIGKILL a summarizer replica mid-summary", kill, restore), app=APP, summary_history=True
+    )
     print(f"killed summarizer replica {killed[0][0]}: {killed[0][1]}")
     report.checkpoints, problems = await checkpoint_report(st)
     report.problems += problems

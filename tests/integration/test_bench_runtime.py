@@ -19,8 +19,10 @@ def test_the_runtime_benchmark_runs_and_the_owned_consumer_loses_nothing(tmp_pat
     out = tmp_path / "runtime.json"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--smoke", "--runs", "1", "--json", str(out)],
-        capture_output=True, text=True, timeout=200,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "batch consume" in done.stdout and "request/reply" in done.stdout
     result = json.loads(out.read_text())

@@ -132,8 +132,11 @@ def test_beside_up_config_shows_the_urls_in_use_and_deleting_a_missing_session_f
     assert shown["database"]["url"] == f"sqlite+aiosqlite:///{memq_up.data_dir / 'memq.db'}"
     delete = subprocess.run(
         [MEMQ, "sessions", "delete", "no-such-session", "--user", "nobody", "--yes"],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert delete.returncode == 1, delete.stdout + delete.stderr
     assert "no session 'no-such-session' of user 'nobody'" in delete.stderr and "nothing deleted" in delete.stderr
     assert "delete published" not in delete.stdout
@@ -158,18 +161,25 @@ async def test_inmemory_database_under_up_round_trips(tmp_path):
 
 def test_a_lone_worker_refuses_the_inmemory_database(tmp_path):
     out = subprocess.run(
-        [MEMQ, "worker", "persistence"], env=memq_env(tmp_path, MEMQ_DATABASE__URL="inmemory"),
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [MEMQ, "worker", "persistence"],
+        env=memq_env(tmp_path, MEMQ_DATABASE__URL="inmemory"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2 and "memq up" in out.stderr and "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("command", [["demo"], ["init"], ["status"], ["sessions", "list"], ["worker", "query"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "command", [["demo"], ["init"], ["status"], ["sessions", "list"], ["worker", "query"]], ids=" ".join
+)
 def test_a_dead_nats_fails_within_seconds_with_one_line(tmp_path, command):
     """Before: `memq demo` waited 188 s, printing 61 tracebacks, then crashed."""
     url = f"nats://127.0.0.1:{free_port()}"  # nobody listens there
     started = time.monotonic()
-    out = subprocess.run([MEMQ, *command], env=memq_env(tmp_path, MEMQ_NATS__URL=url), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [MEMQ, *command], env=memq_env(tmp_path, MEMQ_NATS__URL=url), capture_output=True, text=True, timeout=300
+    )
     elapsed = time.monotonic() - started
     assert out.returncode == 1, out.stdout + out.stderr
     assert "Traceback" not in out.stdout + out.stderr
@@ -200,9 +210,7 @@ def test_config_without_a_stack_says_nats_is_not_running(tmp_path):
 
 
 def test_demo_without_a_running_stack_says_what_to_do(tmp_path):
-    demo = subprocess.run(
-        [MEMQ, "demo"], env=memq_env(tmp_path), capture_output=True, text=True, timeout=60
-    )
+    demo = subprocess.run([MEMQ, "demo"], env=memq_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert demo.returncode == 1
     assert "memq up" in demo.stderr
 

@@ -146,8 +146,6 @@ async def test_sessions_page_newest_update_first_without_gaps(stack):
 # --- the commands ---------------------------------------------------------------
 
 
-
-
 async def test_commands_show_sessions_history_context_and_status(stack):
     settings, client = stack
     await publish_conversation(client)
@@ -168,7 +166,9 @@ async def test_commands_show_sessions_history_context_and_status(stack):
     window = await run_memq(settings, "history", *read, "--strategy", "buffer_window", "--window", "1")
     assert "I want to visit Lyon" not in window.stdout and "8:04." in window.stdout
 
-    context = await run_memq(settings, "context", *read, "--format", "openai", "--instruction", "Speak {user:language}.")
+    context = await run_memq(
+        settings, "context", *read, "--format", "openai", "--instruction", "Speak {user:language}."
+    )
     assert context.returncode == 0, context.stderr
     for expected in ("instruction", "window", "total", "Speak French.", "tool_call_id"):
         assert expected in context.stdout, context.stdout
@@ -203,11 +203,15 @@ async def test_context_and_history_commands_say_when_over_budget(stack):
     everything = await client.context(USER, SESSION, strategy={"kind": "all"})
     budget = everything.tokens["total"] // 2
 
-    fits = await run_memq(settings, "context", *read, "--budget", str(budget), "--format", "openai")  # the default strategy
+    fits = await run_memq(
+        settings, "context", *read, "--budget", str(budget), "--format", "openai"
+    )  # the default strategy
     assert fits.returncode == 0, fits.stderr
     assert f"within the budget of {budget}" in fits.stdout and "over budget" not in fits.stdout
     for kind in ("none", "all"):
-        over = await run_memq(settings, "context", *read, "--strategy", kind, "--budget", str(budget), "--format", "openai")
+        over = await run_memq(
+            settings, "context", *read, "--strategy", kind, "--budget", str(budget), "--format", "openai"
+        )
         assert over.returncode == 0, over.stderr
         assert f"over budget: {everything.tokens['total']} tokens for a budget of {budget}" in over.stdout, over.stdout
     window = await run_memq(settings, "context", *read, "--strategy", "buffer_window", "--format", "memq")

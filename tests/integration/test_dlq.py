@@ -50,7 +50,10 @@ async def test_list_shows_reasons_and_replay_commits_once_fixed(nats_url, sqlite
         listed = memq(nats_url, tmp_path, "dlq", "list", "--json")
         assert listed.returncode == 0, listed.stderr
         letters = json.loads(listed.stdout)
-        assert [(x["worker"], x["code"]) for x in letters] == [("persistence", "invalid_message"), ("persistence", "oversize")]
+        assert [(x["worker"], x["code"]) for x in letters] == [
+            ("persistence", "invalid_message"),
+            ("persistence", "oversize"),
+        ]
         assert all(x["reason"] and x["original_subject"] == events_subject(APP, "u", "s") for x in letters)
         only = json.loads(memq(nats_url, tmp_path, "dlq", "list", "--code", "oversize", "--json").stdout)
         assert [x["seq"] for x in only] == [letters[1]["seq"]]
@@ -113,7 +116,9 @@ async def _has(engine, event_id: str) -> bool:
     return event_id in [e.event_id for e in await reads.events(engine, APP, "u", "s")]
 
 
-async def test_a_decoder_bug_dead_letters_one_message_and_the_batch_goes_on(nats_url, sqlite_url, tmp_path, monkeypatch):
+async def test_a_decoder_bug_dead_letters_one_message_and_the_batch_goes_on(
+    nats_url, sqlite_url, tmp_path, monkeypatch
+):
     import memq.workers.persistence.worker as persistence
 
     real = persistence.decode_from_subject

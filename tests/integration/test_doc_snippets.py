@@ -64,7 +64,9 @@ def snippets() -> list[Snippet]:
             marker = SKIP.match(before[-1]) if before else None
             lang = m.group("lang").lower()
             body = "\n".join(ln[len(m.group("indent")) :] for ln in m.group("body").splitlines())
-            found.append(Snippet(str(path.relative_to(ROOT)), line, lang, body, marker.group("reason") if marker else None))
+            found.append(
+                Snippet(str(path.relative_to(ROOT)), line, lang, body, marker.group("reason") if marker else None)
+            )
     return found
 
 
@@ -147,9 +149,13 @@ def test_python_snippet_runs(snippet: Snippet, stack: Stack, tmp_path: Path):
     program = tmp_path / "snippet.py"
     program.write_text(snippet.code.replace(DOC_URL, stack.url))
     run = subprocess.run(
-        [sys.executable, str(program)], cwd=tmp_path, env=memq_env(stack.data_dir),
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        [sys.executable, str(program)],
+        cwd=tmp_path,
+        env=memq_env(stack.data_dir),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert run.returncode == 0, f"{snippet.id} failed:\n{run.stdout}\n{run.stderr}"
 
 

@@ -83,8 +83,12 @@ async def test_session_and_history_filtered_by_time_and_role(request, db, nats_u
             # after: unix seconds, a datetime, or a timedelta ("the last 24 hours").
             day = await client.get_session(USER, SESSION, after=NOW - DAY)
             assert texts(day.events) == ids(2, 3, 4, 5, 6, 7)
-            assert texts((await client.get_session(USER, SESSION, after=datetime.fromtimestamp(NOW - 3600))).events) == ids(6, 7)
-            assert texts((await client.get_session(USER, SESSION, after=timedelta(hours=24))).events) == ids(2, 3, 4, 5, 6, 7)
+            assert texts(
+                (await client.get_session(USER, SESSION, after=datetime.fromtimestamp(NOW - 3600))).events
+            ) == ids(6, 7)
+            assert texts((await client.get_session(USER, SESSION, after=timedelta(hours=24))).events) == ids(
+                2, 3, 4, 5, 6, 7
+            )
             # after is strict: an event exactly at the bound is left out.
             assert texts((await client.get_session(USER, SESSION, after=CONVERSATION[6].timestamp)).events) == ids(7)
 
@@ -101,10 +105,16 @@ async def test_session_and_history_filtered_by_time_and_role(request, db, nats_u
             everything = await client.history(USER, SESSION, strategy={"kind": "all"}, after=timedelta(days=1))
             assert texts(everything.events) == ids(2, 3, 4, 5, 6, 7)
             assert everything.tokens == sum(e.tokens for e in everything.events)
-            window = await client.history(USER, SESSION, strategy={"kind": "buffer_window", "window": 2}, roles=["user"])
+            window = await client.history(
+                USER, SESSION, strategy={"kind": "buffer_window", "window": 2}, roles=["user"]
+            )
             assert texts(window.events) == ids(2, 6)
             turns = await client.history(
-                USER, SESSION, strategy={"kind": "buffer_window", "turns": 1}, after=NOW - DAY, roles=["user", "assistant"]
+                USER,
+                SESSION,
+                strategy={"kind": "buffer_window", "turns": 1},
+                after=NOW - DAY,
+                roles=["user", "assistant"],
             )
             assert texts(turns.events) == ids(6, 7)
             # A role filter is exact: the tool call stays without its result.
@@ -112,9 +122,12 @@ async def test_session_and_history_filtered_by_time_and_role(request, db, nats_u
             assert texts(calls.events) == ids(3, 5, 7)
             # With both roles, a window that would split the unit keeps it whole.
             unit = await client.history(
-                USER, SESSION, strategy={"kind": "buffer_window", "window": 3}, roles=["assistant", "tool"],
+                USER,
+                SESSION,
+                strategy={"kind": "buffer_window", "window": 3},
+                roles=["assistant", "tool"],
                 after=NOW - DAY,
-            )  # fmt: skip
+            )
             assert texts(unit.events) == ids(3, 4, 5, 7)
             budget = await client.history(
                 USER, SESSION, strategy={"kind": "token_window", "budget": 10_000}, after=NOW - 3600
@@ -136,7 +149,9 @@ async def test_filters_are_part_of_the_cache_key_and_the_wire_format(nats_url, s
 
             async def ask(op: str, **body) -> list[str]:
                 request = {"v": 1, "app": APP, "user": USER, "session": SESSION, **body}
-                reply = orjson.loads((await nc.request(request_subject(APP, op), orjson.dumps(request), timeout=10)).data)
+                reply = orjson.loads(
+                    (await nc.request(request_subject(APP, op), orjson.dumps(request), timeout=10)).data
+                )
                 assert reply["ok"], reply
                 return [e["event"]["id"] for e in reply["result"]["events"]]
 
@@ -154,12 +169,12 @@ async def test_filters_are_part_of_the_cache_key_and_the_wire_format(nats_url, s
                 assert await ask("session.get", roles=["tool"]) == ids(4)
             assert query.cache.hits >= 8
             bad = {"v": 1, "app": APP, "user": USER, "session": SESSION, "after": "yesterday"}
-            reply = orjson.loads((await nc.request(request_subject(APP, "history"), orjson.dumps(bad), timeout=10)).data)
+            reply = orjson.loads(
+                (await nc.request(request_subject(APP, "history"), orjson.dumps(bad), timeout=10)).data
+            )
             assert reply["error"]["code"] == "invalid_request"
         finally:
             await nc.close()
-
-
 
 
 async def test_cli_after_and_role(nats_url, sqlite_url, tmp_path):
@@ -175,7 +190,9 @@ async def test_cli_after_and_role(nats_url, sqlite_url, tmp_path):
         assert "two hours ago" in shown.stdout and "ten minutes ago" in shown.stdout
         assert "three days ago" not in shown.stdout and "sunny" not in shown.stdout
 
-        history = await run_memq(settings, "history", *read, "--strategy", "all", "--after", "30m", "--role", "assistant")
+        history = await run_memq(
+            settings, "history", *read, "--strategy", "all", "--after", "30m", "--role", "assistant"
+        )
         assert history.returncode == 0, history.stderr
         assert "answer ten minutes ago" in history.stdout
         assert history.stdout.count("ten minutes ago") == 1 and "sunny" not in history.stdout
@@ -218,9 +235,17 @@ async def test_times_keep_double_precision_on_every_dialect(request, db):
     def row(event_id: str, seq: int, ts: float) -> dict:
         data = orjson.dumps({"id": event_id, "timestamp": ts}).decode()
         return dict(
-            session_key="a" * 64, event_id=event_id, seq=seq, invocation_id="", author="user", branch="",
-            role="user", timestamp=ts, tokens=1, data=data,
-        )  # fmt: skip
+            session_key="a" * 64,
+            event_id=event_id,
+            seq=seq,
+            invocation_id="",
+            author="user",
+            branch="",
+            role="user",
+            timestamp=ts,
+            tokens=1,
+            data=data,
+        )
 
     engine = create_engine(request.getfixturevalue(db))
     try:

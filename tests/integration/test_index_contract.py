@@ -55,14 +55,22 @@ def doc(
     )
 
 
-def q(text: str = "", *, mode: str = "keyword", vector=None, k: int = 10, app="app-a", user="alice", **kw) -> SearchQuery:
+def q(
+    text: str = "", *, mode: str = "keyword", vector=None, k: int = 10, app="app-a", user="alice", **kw
+) -> SearchQuery:
     return SearchQuery(app=app, user=user, text=text, mode=mode, k=k, vector=vector, **kw)
 
 
 WEAVIATE = pytest.mark.services  # its server comes through getfixturevalue, unseen by conftest's marking
 
 
-@pytest.fixture(params=["embedded", pytest.param("weaviate-filter", marks=WEAVIATE), pytest.param("weaviate-tenant", marks=WEAVIATE)])
+@pytest.fixture(
+    params=[
+        "embedded",
+        pytest.param("weaviate-filter", marks=WEAVIATE),
+        pytest.param("weaviate-tenant", marks=WEAVIATE),
+    ]
+)
 async def index(request, tmp_path):
     if request.param == "embedded":
         from memq.workers.index.backends.embedded import EmbeddedIndex
@@ -126,7 +134,15 @@ async def test_hits_carry_the_whole_doc(index):
     await index.upsert(CORPUS)
     [hit] = await index.search(q("Melanie"))
     d = hit.doc
-    assert (d.id, d.app, d.user, d.session, d.seq, d.author, d.role) == ("ev-app-a-alice-s2-3", "app-a", "alice", "s2", 3, "user", "user")
+    assert (d.id, d.app, d.user, d.session, d.seq, d.author, d.role) == (
+        "ev-app-a-alice-s2-3",
+        "app-a",
+        "alice",
+        "s2",
+        3,
+        "user",
+        "user",
+    )
     assert d.text == CORPUS[2].text and d.timestamp == CORPUS[2].timestamp
 
 
@@ -180,7 +196,16 @@ async def test_no_search_crosses_users_or_apps(index):
     for i in range(120):
         app, user = rng.choice(["app-a", "app-b"]), rng.choice(["alice", "bob", "carol"])
         text = " ".join(rng.choices(words, k=3))
-        docs.append(doc(text, unit(*[rng.random() for _ in range(DIM)]), seq=i + 1, app=app, user=user, session=rng.choice(["s1", "s2"])))
+        docs.append(
+            doc(
+                text,
+                unit(*[rng.random() for _ in range(DIM)]),
+                seq=i + 1,
+                app=app,
+                user=user,
+                session=rng.choice(["s1", "s2"]),
+            )
+        )
     await index.upsert(docs)
     for _ in range(30):
         query = q(
@@ -248,7 +273,13 @@ async def test_export_returns_docs_with_vectors(index):
     assert set(exported) == {d.id for d in CORPUS}
     for d in CORPUS:
         got = exported[d.id]
-        assert (got.text, got.search_text, got.seq, got.session, got.role) == (d.text, d.search_text, d.seq, d.session, d.role)
+        assert (got.text, got.search_text, got.seq, got.session, got.role) == (
+            d.text,
+            d.search_text,
+            d.seq,
+            d.session,
+            d.role,
+        )
         assert got.vector is not None and len(got.vector) == DIM
         assert max(abs(a - b) for a, b in zip(got.vector, d.vector)) < 1e-5
     assert len([d async for d in index.export()]) == len(CORPUS) + 1

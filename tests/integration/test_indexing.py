@@ -81,11 +81,15 @@ async def test_publish_index_search(nats_url, sqlite_url, tmp_path, embedder):
     s = settings_for(nats_url, sqlite_url, tmp_path)
     async with stack(s, embedder):
         async with await MemoryClient.connect(nats_url, app=APP) as client:
-            await client.append_many("alice", "s1", [
-                text("user", "I adopted a golden retriever puppy named Max", author="Alice"),
-                text("assistant", "How lovely! How old is Max?"),
-                text("user", "We are flying to Lisbon in June for my sister's wedding", author="Alice"),
-            ])  # fmt: skip
+            await client.append_many(
+                "alice",
+                "s1",
+                [
+                    text("user", "I adopted a golden retriever puppy named Max", author="Alice"),
+                    text("assistant", "How lovely! How old is Max?"),
+                    text("user", "We are flying to Lisbon in June for my sister's wedding", author="Alice"),
+                ],
+            )
             seq = await client.append("bob", "s1", text("user", "My dog is called Rex", author="Bob"))
             await indexed(client, seq)
             queries = {"keyword": "puppy", "vector": "What is the name of my dog?", "hybrid": "my puppy dog"}
@@ -107,7 +111,10 @@ async def test_publish_index_search(nats_url, sqlite_url, tmp_path, embedder):
 async def test_other_apps_never_see_results(nats_url, sqlite_url, tmp_path, embedder):
     s = settings_for(nats_url, sqlite_url, tmp_path)
     async with stack(s, embedder):
-        async with await MemoryClient.connect(nats_url, app=APP) as a, await MemoryClient.connect(nats_url, app="other") as b:
+        async with (
+            await MemoryClient.connect(nats_url, app=APP) as a,
+            await MemoryClient.connect(nats_url, app="other") as b,
+        ):
             seq = await a.append("alice", "s", text("user", "secret plans for the heist"))
             await b.append("alice", "s", text("user", "nothing to see"))
             await indexed(a, seq)
@@ -137,23 +144,36 @@ async def test_deletes_are_followed(nats_url, sqlite_url, tmp_path, embedder):
 
 def _tool_call_pair() -> list[Event]:
     return [
-        Event(author="bot", message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="weather", args={"city": "Oslo"})])),
-        Event(author="weather", message=Message(role="tool", parts=[ToolResultPart(id="c1", name="weather", result="snowing in Oslo")])),
+        Event(
+            author="bot",
+            message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="weather", args={"city": "Oslo"})]),
+        ),
+        Event(
+            author="weather",
+            message=Message(role="tool", parts=[ToolResultPart(id="c1", name="weather", result="snowing in Oslo")]),
+        ),
     ]
 
 
-@pytest.mark.parametrize("scope, expected", [
-    ("all", {"user", "assistant", "tool", "summary"}),
-    ("conversational", {"user", "summary"}),
-    ("summaries_only", {"summary"}),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "scope, expected",
+    [
+        ("all", {"user", "assistant", "tool", "summary"}),
+        ("conversational", {"user", "summary"}),
+        ("summaries_only", {"summary"}),
+    ],
+)
 async def test_storage_scope(nats_url, sqlite_url, tmp_path, embedder, scope, expected):
     s = settings_for(nats_url, sqlite_url, tmp_path, storage_scope=scope)
     async with stack(s, embedder) as (indexing, _):
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             await client.append("alice", "s", text("user", "what is the weather in Oslo?"))
             await client.append_many("alice", "s", _tool_call_pair())
-            seq = await client._publish(CheckpointSaved(app=APP, user="alice", session="s", summary="Alice asked about Oslo weather.", up_to_seq=3))
+            seq = await client._publish(
+                CheckpointSaved(
+                    app=APP, user="alice", session="s", summary="Alice asked about Oslo weather.", up_to_seq=3
+                )
+            )
             await indexed(client, seq)
             found = await client.search("alice", "Oslo weather", mode="keyword", k=10)
             assert {r.metadata["role"] for r in found.results} == expected
@@ -164,13 +184,17 @@ async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp
     extra = {}
     if backend == "weaviate":
         server = request.getfixturevalue("weaviate_server")
-        extra = {"weaviate": {"url": server.url, "grpc_port": server.grpc_port, "collection": f"R{uuid.uuid4().hex[:10]}"}}
+        extra = {
+            "weaviate": {"url": server.url, "grpc_port": server.grpc_port, "collection": f"R{uuid.uuid4().hex[:10]}"}
+        }
     s = settings_for(nats_url, sqlite_url, tmp_path, backend=backend, **extra)
     async with stack(s, embedder, query=False) as (indexing, _):
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             for user in ("alice", "bob"):
                 for session in ("s1", "s2", "s3"):
-                    await client.append_many(user, session, [text("user", f"{user} note {i} in {session}") for i in range(5)])
+                    await client.append_many(
+                        user, session, [text("user", f"{user} note {i} in {session}") for i in range(5)]
+                    )
             await client.delete_session("alice", "s2")
             seq = await client.delete_user("bob")
             await client.append("bob", "again", text("user", "bob is back"))
@@ -253,10 +277,14 @@ async def test_context_recalls_memories_from_other_sessions(nats_url, sqlite_url
     s = settings_for(nats_url, sqlite_url, tmp_path)
     async with stack(s, embedder):
         async with await MemoryClient.connect(nats_url, app=APP) as client:
-            await client.append_many("alice", "old", [
-                text("user", "My daughter's name is Emma and she is 7", author="Alice"),
-                text("user", "I work as a nurse at the city hospital", author="Alice"),
-            ])  # fmt: skip
+            await client.append_many(
+                "alice",
+                "old",
+                [
+                    text("user", "My daughter's name is Emma and she is 7", author="Alice"),
+                    text("user", "I work as a nurse at the city hospital", author="Alice"),
+                ],
+            )
             await client.append("alice", "new", text("assistant", "Hi again! How can I help?"))
             seq = await client.append("alice", "new", text("user", "What should I get my daughter for her birthday?"))
             await indexed(client, seq)
@@ -271,6 +299,8 @@ async def test_context_recalls_memories_from_other_sessions(nats_url, sqlite_url
             assert not window_seqs & {r["seq"] for r in ctx.context["recalled"]}
             assert (await client.context("alice", "new", recall_limit=0)).tokens["recalled"] == 0
             # a message not stored yet: placed last, counted, and what recall searches with
-            ctx = await client.context("alice", "new", recall_limit=1, format="openai", message="Where do I work again?")
+            ctx = await client.context(
+                "alice", "new", recall_limit=1, format="openai", message="Where do I work again?"
+            )
             assert ctx.messages[-1] == {"role": "user", "content": "Where do I work again?"}
             assert "nurse" in ctx.messages[0]["content"]

@@ -19,9 +19,12 @@ pytestmark = pytest.mark.timeout(300)
 
 def weaviate_settings(nats_url, sqlite_url, tmp_path, server):
     return settings_for(
-        nats_url, sqlite_url, tmp_path, backend="weaviate",
+        nats_url,
+        sqlite_url,
+        tmp_path,
+        backend="weaviate",
         weaviate={"url": server.url, "grpc_port": server.grpc_port, "collection": f"W{uuid.uuid4().hex[:10]}"},
-    )  # fmt: skip
+    )
 
 
 async def floor(indexing) -> int:

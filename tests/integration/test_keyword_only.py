@@ -37,7 +37,11 @@ async def test_keyword_only_index_searches_and_recalls_without_a_model(
     indexing = {"embedder": "none", "backend": backend, "batch_wait_s": 0.05, "retry_delays_s": [0.2, 0.5]}
     if backend == "weaviate":
         server = request.getfixturevalue("weaviate_server")
-        indexing["weaviate"] = {"url": server.url, "grpc_port": server.grpc_port, "collection": f"K{uuid.uuid4().hex[:10]}"}
+        indexing["weaviate"] = {
+            "url": server.url,
+            "grpc_port": server.grpc_port,
+            "collection": f"K{uuid.uuid4().hex[:10]}",
+        }
     s.indexing = type(s.indexing).model_validate({**s.indexing.model_dump(), **indexing})
     assert s.index_backend() == backend
     async with AsyncExitStack() as stack:
@@ -46,10 +50,14 @@ async def test_keyword_only_index_searches_and_recalls_without_a_model(
         await asyncio.wait_for(indexing.ready.wait(), 60)
         query = await stack.enter_async_context(running_query(s))
         async with await MemoryClient.connect(nats_url, app=APP) as client:
-            await client.append_many("alice", "old", [
-                said("user", "My daughter Emma turns seven in March"),
-                said("user", "I work as a nurse at the city hospital"),
-            ])  # fmt: skip
+            await client.append_many(
+                "alice",
+                "old",
+                [
+                    said("user", "My daughter Emma turns seven in March"),
+                    said("user", "I work as a nurse at the city hospital"),
+                ],
+            )
             await client.append("bob", "old", said("user", "My daughter is called Zoe"))
             await client.append("alice", "new", said("assistant", "Hi again! How can I help?"))
             seq = await client.append("alice", "new", said("user", "What should I get my daughter for her birthday?"))

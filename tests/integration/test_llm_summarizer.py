@@ -243,11 +243,13 @@ def completion(content) -> dict:
 
 async def test_retries_500_and_429_then_succeeds(stub, caplog):
     caplog.set_level(logging.WARNING)
-    server = stub([
-        (500, {}, {"error": "boom"}),
-        (429, {"Retry-After": "0"}, {"error": "slow down"}),
-        (200, {}, completion("  Caroline plans to adopt in June.\n")),
-    ])  # fmt: skip
+    server = stub(
+        [
+            (500, {}, {"error": "boom"}),
+            (429, {"Retry-After": "0"}, {"error": "slow down"}),
+            (200, {}, completion("  Caroline plans to adopt in June.\n")),
+        ]
+    )
     summarizer = LLMSummarizer(settings_for(server.url, retries=2))
     try:
         summary = await summarizer.summarize(turns(3), previous=None, target_tokens=50)

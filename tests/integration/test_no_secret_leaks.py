@@ -49,7 +49,9 @@ def stack():
     }
     memq_users, _ = security.build_users([APP], hashed, admin=False, system_user=False)
     pg_dir = Path(tempfile.mkdtemp(prefix="memq-pg-hba-"))  # readable by the postgres user
-    (pg_dir / "pg_hba.conf").write_text("local all all trust\nhost all postgres 127.0.0.1/32 trust\nhost all memq 127.0.0.1/32 scram-sha-256\n")
+    (pg_dir / "pg_hba.conf").write_text(
+        "local all all trust\nhost all postgres 127.0.0.1/32 trust\nhost all memq 127.0.0.1/32 scram-sha-256\n"
+    )
     if os.geteuid() == 0:
         shutil.chown(pg_dir, "postgres", "postgres")
         shutil.chown(pg_dir / "pg_hba.conf", "postgres", "postgres")
@@ -87,7 +89,9 @@ def run_cli(settings, env: dict[str, str], *args: str) -> subprocess.CompletedPr
 
 async def test_workers_at_debug_log_no_secret(stack, tmp_path):
     settings, env = environment(stack, tmp_path)
-    workers = [WorkerProcess(settings, tmp_path / f"{kind}.log", kind, env).start() for kind in ("persistence", "query")]
+    workers = [
+        WorkerProcess(settings, tmp_path / f"{kind}.log", kind, env).start() for kind in ("persistence", "query")
+    ]
     try:
         await wait_for_consumer_as_app(stack[0].url)
         async with await MemoryClient.connect(
@@ -121,7 +125,13 @@ async def wait_for_consumer_as_app(url: str) -> None:
 
 @pytest.mark.parametrize(
     "case",
-    ["memq config", "nats wrong password", "postgres wrong password", "redis wrong password", "workers with wrong passwords"],
+    [
+        "memq config",
+        "nats wrong password",
+        "postgres wrong password",
+        "redis wrong password",
+        "workers with wrong passwords",
+    ],
 )
 async def test_failures_and_config_print_no_secret(stack, tmp_path, case):
     settings, env = environment(stack, tmp_path)

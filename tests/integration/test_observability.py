@@ -147,9 +147,13 @@ async def test_counters_and_histograms_move_by_what_was_done(nats_url, sqlite_ur
             base = monitor.url
             ready = await until(base, "/readyz", 200)
             assert set(ready["checks"]) == {
-                "persistence.nats", "persistence.consumer", "persistence.database",
-                "query.nats", "query.service", "query.database",
-            }  # fmt: skip
+                "persistence.nats",
+                "persistence.consumer",
+                "persistence.database",
+                "query.nats",
+                "query.service",
+                "query.database",
+            }
             assert (await probe(base, "/healthz"))[0] == 200
             before = await scrape(base)
 
@@ -160,12 +164,15 @@ async def test_counters_and_histograms_move_by_what_was_done(nats_url, sqlite_ur
                 good = total - 1
                 await wait_for(lambda: _true(p.committed == good), what="every good message committed")
 
-                after = await gauges_reach(base, {
-                    ("memq_dlq_messages", ("worker", "persistence")): 1,
-                    ("memq_consumer_lag", ("consumer", "memq-persistence")): 0,
-                    ("memq_consumer_ack_pending", ("consumer", "memq-persistence")): 0,
-                    ("memq_consumer_ack_floor", ("consumer", "memq-persistence")): total,
-                })  # fmt: skip
+                after = await gauges_reach(
+                    base,
+                    {
+                        ("memq_dlq_messages", ("worker", "persistence")): 1,
+                        ("memq_consumer_lag", ("consumer", "memq-persistence")): 0,
+                        ("memq_consumer_ack_pending", ("consumer", "memq-persistence")): 0,
+                        ("memq_consumer_ack_floor", ("consumer", "memq-persistence")): total,
+                    },
+                )
                 d = delta(before, after)
                 assert d("memq_events_processed_total", worker="persistence", outcome="ok") == good
                 assert d("memq_events_processed_total", worker="persistence", outcome="dead_lettered") == 1
@@ -279,10 +286,13 @@ async def test_indexing_reports_embed_latency(nats_url, sqlite_url, tmp_path):
             docs = ix.indexed
             async with await MemoryClient.connect(nats_url, app=APP) as client:
                 seqs = await client.append_many(USER, SESSION, [said(i, words=30) for i in range(6)])
-            after = await gauges_reach(base, {
-                ("memq_consumer_lag", ("consumer", "memq-indexing")): 0,
-                ("memq_consumer_ack_floor", ("consumer", "memq-indexing")): seqs[-1],
-            })  # fmt: skip
+            after = await gauges_reach(
+                base,
+                {
+                    ("memq_consumer_lag", ("consumer", "memq-indexing")): 0,
+                    ("memq_consumer_ack_floor", ("consumer", "memq-indexing")): seqs[-1],
+                },
+            )
             d = delta(before, after)
             assert ix.indexed - docs == 6
             assert d("memq_embed_texts_total", model=embedder.model) == 6
@@ -367,8 +377,12 @@ async def test_memq_status_shows_lag_redeliveries_instances_and_dead_letters(nat
             report = await status_json(s)
             consumers = {c["name"]: c for c in report["consumers"]}
             assert consumers["memq-persistence"] == {
-                "name": "memq-persistence", "pending": 3, "ack_pending": 2, "redelivered": 2, "ack_floor": 4
-            }  # fmt: skip
+                "name": "memq-persistence",
+                "pending": 3,
+                "ack_pending": 2,
+                "redelivered": 2,
+                "ack_floor": 4,
+            }
             assert report["last_seq"] == 9
             assert [i["name"] for i in report["instances"]] == ["memq-query"]
             assert report["instances"][0]["requests"] == 0
@@ -390,8 +404,12 @@ async def test_memq_status_shows_lag_redeliveries_instances_and_dead_letters(nat
                 report = await status_json(s)
             consumers = {c["name"]: c for c in report["consumers"]}
             assert consumers["memq-persistence"] == {
-                "name": "memq-persistence", "pending": 0, "ack_pending": 0, "redelivered": 0, "ack_floor": 9
-            }  # fmt: skip
+                "name": "memq-persistence",
+                "pending": 0,
+                "ack_pending": 0,
+                "redelivered": 0,
+                "ack_floor": 9,
+            }
             assert sorted(i["name"] for i in report["instances"]) == ["memq-persistence", "memq-query"]
             assert {i["name"]: i["requests"] for i in report["instances"]}["memq-query"] == 1
             assert report["dlq_messages"] == 1
@@ -424,12 +442,16 @@ async def test_memq_up_serves_every_worker_from_one_registry(tmp_path):
         async with await MemoryClient.connect(url, app=APP) as client:
             seqs = await client.append_many(USER, SESSION, [said(i) for i in range(4)])
             await client.history(USER, SESSION)
-        await gauges_reach(base, {
-            ("memq_consumer_ack_floor", ("consumer", "memq-persistence")): seqs[-1],
-            ("memq_consumer_ack_floor", ("consumer", "memq-indexing")): seqs[-1],
-            ("memq_events_processed_total", ("worker", "persistence"), ("outcome", "ok")): 4,
-            ("memq_events_processed_total", ("worker", "indexing"), ("outcome", "ok")): 4,
-        }, timeout=60)  # fmt: skip
+        await gauges_reach(
+            base,
+            {
+                ("memq_consumer_ack_floor", ("consumer", "memq-persistence")): seqs[-1],
+                ("memq_consumer_ack_floor", ("consumer", "memq-indexing")): seqs[-1],
+                ("memq_events_processed_total", ("worker", "persistence"), ("outcome", "ok")): 4,
+                ("memq_events_processed_total", ("worker", "indexing"), ("outcome", "ok")): 4,
+            },
+            timeout=60,
+        )
         assert (await scrape(base))("memq_query_seconds_count", op="history") == 1
     finally:
         proc.send_signal(signal.SIGINT)

@@ -52,9 +52,7 @@ async def test_round_trip_10000_events_in_publish_order(request, db, nats_url, t
                 await client.append_many("user-1", session, events)
 
             await asyncio.gather(*(one_session(i) for i in range(100)))
-        await wait_for(
-            lambda: _committed(worker.engine, 10_000), timeout=240, what="10,000 events in SQL"
-        )
+        await wait_for(lambda: _committed(worker.engine, 10_000), timeout=240, what="10,000 events in SQL")
         for session, ids in published.items():
             stored = await reads.events(worker.engine, APP, "user-1", session)
             assert [e.event_id for e in stored] == ids
@@ -105,7 +103,11 @@ async def test_bad_input_is_dead_lettered_with_reason_and_worker_goes_on(nats_ur
     mismatch = EventAppended(app=APP, user="someone-else", session="s", event=text_event("spoof"))
     cases = [
         (events_subject(APP, "u", "s"), b"{not json", "invalid_message"),
-        (events_subject(APP, "u", "s"), orjson.dumps({**orjson.loads(codec.encode(good)), "v": 99}), "unsupported_version"),
+        (
+            events_subject(APP, "u", "s"),
+            orjson.dumps({**orjson.loads(codec.encode(good)), "v": 99}),
+            "unsupported_version",
+        ),
         (events_subject(APP, "u", "s"), codec.encode(huge), "oversize"),
         (events_subject(APP, "u", "s"), orjson.dumps(too_long_id), "invalid_id"),
         ("memq.v1.ev.agent-x.u.bad~ZZtoken", codec.encode(good), "invalid_id"),
@@ -266,9 +268,13 @@ async def test_a_message_the_database_rejects_is_dead_lettered_not_retried_forev
     settings = make_settings(nats_url, pg_url, tmp_path)
     async with running_worker(settings) as worker:
         async with worker.engine.begin() as conn:
-            await conn.execute(sa_text("ALTER TABLE memq_events ADD CONSTRAINT no_rejects CHECK (author <> 'rejected')"))
+            await conn.execute(
+                sa_text("ALTER TABLE memq_events ADD CONSTRAINT no_rejects CHECK (author <> 'rejected')")
+            )
         async with await MemoryClient.connect(nats_url, app=APP) as client:
-            bad = await client.append("u", "s", Event(author="rejected", message=Message(role="user", parts=[TextPart(text="x")])))
+            bad = await client.append(
+                "u", "s", Event(author="rejected", message=Message(role="user", parts=[TextPart(text="x")]))
+            )
             good = await client.append("u", "s", text_event("stored"))
         await wait_for(lambda: _has_seq(worker.engine, "u", "s", good), what="the good event")
         nc = await nats.connect(nats_url)

@@ -124,7 +124,9 @@ async def test_isolation_between_apps_and_users(nats_url, sqlite_url, tmp_path):
             ref = await client.create_session("victim", "secret-session", state={"secret": 42})
         # App A's session asked for through app B's subject.
         request = {"v": 1, "app": APP, "user": "victim", "session": "secret-session", "min_seq": ref.seq}
-        reply = orjson.loads((await nc.request(request_subject("other-app", "session.get"), orjson.dumps(request))).data)
+        reply = orjson.loads(
+            (await nc.request(request_subject("other-app", "session.get"), orjson.dumps(request))).data
+        )
         assert reply["error"]["code"] == "forbidden"
         # Another user who guessed the session id.
         reply = await ask(nc, "session.get", session="secret-session", min_seq=ref.seq)
@@ -144,8 +146,16 @@ async def test_isolation_between_apps_and_users(nats_url, sqlite_url, tmp_path):
         (APP, orjson.dumps({"v": 2, "app": APP, "user": "u", "session": "s"}), "invalid_request"),
         (APP, orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "bogus": 1}), "invalid_request"),
         (APP, orjson.dumps({"v": 1, "app": APP, "user": "u" * 300, "session": "s"}), "invalid_id"),
-        (APP, orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "strategy": {"kind": "magic"}}), "invalid_request"),
-        (APP, orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "strategy": {"window": -1}}), "invalid_request"),
+        (
+            APP,
+            orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "strategy": {"kind": "magic"}}),
+            "invalid_request",
+        ),
+        (
+            APP,
+            orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "strategy": {"window": -1}}),
+            "invalid_request",
+        ),
         (APP, orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s", "min_seq": "soon"}), "invalid_request"),
         ("bad~ZZapp", orjson.dumps({"v": 1, "app": APP, "user": "u", "session": "s"}), "invalid_id"),
     ],
@@ -164,21 +174,29 @@ async def test_history_counts_exactly_and_summary_buffer_keeps_everything_after_
     nats_url, sqlite_url, tmp_path
 ):
     events = [text("user" if i % 2 == 0 else "assistant", f"turn {i}: " + "word " * i) for i in range(12)]
-    call = Event(author="assistant", message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="f", args={"x": 1})]))
-    result = Event(author="tool", message=Message(role="tool", parts=[ToolResultPart(id="c1", name="f", result={"y": 2})]))
+    call = Event(
+        author="assistant", message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="f", args={"x": 1})])
+    )
+    result = Event(
+        author="tool", message=Message(role="tool", parts=[ToolResultPart(id="c1", name="f", result={"y": 2})])
+    )
     events += [call, result, text("assistant", "done")]
     async with stack(nats_url, sqlite_url, tmp_path) as (_, _, nc):
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             seqs = await client.append_many("u", "s", events)
             reply = await ask(nc, "history", session="s", min_seq=seqs[-1], strategy={"kind": "all"})
             got = reply["result"]["events"]
-            assert [e["tokens"] for e in got] == [count_event(e.model_dump(mode="json", exclude_none=True)) for e in events]
+            assert [e["tokens"] for e in got] == [
+                count_event(e.model_dump(mode="json", exclude_none=True)) for e in events
+            ]
             assert reply["result"]["tokens"] == sum(e["tokens"] for e in got)
 
             # A summary of the first 10 events; Hector's summary_buffer would
             # keep only the summary here, ours keeps every later event.
             nc_js = nc.jetstream()
-            checkpoint = CheckpointSaved(app=APP, user="u", session="s", summary="They counted words.", up_to_seq=seqs[9])
+            checkpoint = CheckpointSaved(
+                app=APP, user="u", session="s", summary="They counted words.", up_to_seq=seqs[9]
+            )
             from memq.contracts import codec
 
             ack = await nc_js.publish(codec.subject_for(checkpoint), codec.encode(checkpoint))
@@ -195,8 +213,12 @@ async def test_history_counts_exactly_and_summary_buffer_keeps_everything_after_
 
 async def test_context_fits_its_budget_by_default_and_all_says_when_it_is_over(nats_url, sqlite_url, tmp_path):
     events = [text("user" if i % 2 == 0 else "assistant", f"turn {i}: " + "word " * 20) for i in range(30)]
-    call = Event(author="assistant", message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="f", args={"x": 1})]))
-    result = Event(author="tool", message=Message(role="tool", parts=[ToolResultPart(id="c1", name="f", result={"y": 2})]))
+    call = Event(
+        author="assistant", message=Message(role="assistant", parts=[ToolCallPart(id="c1", name="f", args={"x": 1})])
+    )
+    result = Event(
+        author="tool", message=Message(role="tool", parts=[ToolResultPart(id="c1", name="f", result={"y": 2})])
+    )
     events += [call, result, text("assistant", "done")]
     async with stack(nats_url, sqlite_url, tmp_path) as (_, _, nc):
         async with await MemoryClient.connect(nats_url, app=APP) as client:
@@ -211,7 +233,9 @@ async def test_context_fits_its_budget_by_default_and_all_says_when_it_is_over(n
                 assert over.tokens["total"] > 120 and over.budget == 120 and over.over_budget
                 assert f"{over.tokens['total']} tokens for a budget of 120 (strategy all" in over.note
             # on the wire, an OpenAI-format reply carries it beside the messages
-            reply = (await ask(nc, "context", session="s", format="openai", strategy={"kind": "all", "budget": 120}))["result"]
+            reply = (await ask(nc, "context", session="s", format="openai", strategy={"kind": "all", "budget": 120}))[
+                "result"
+            ]
             assert reply["over_budget"] is True and reply["budget"] == 120 and reply["note"].startswith("over budget")
             assert reply["context"] is None
 

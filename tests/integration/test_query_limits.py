@@ -25,9 +25,7 @@ async def test_an_answer_over_max_payload_is_a_typed_error(small_nats, sqlite_ur
     settings = make_settings(small_nats.url, sqlite_url, tmp_path)
     async with running_worker(settings), running_query(settings):
         async with await MemoryClient.connect(small_nats.url, app=APP, timeout=10) as client:
-            seqs = [
-                await client.append_text("u", "s", "user", f"{i}: " + "lorem ipsum " * 80) for i in range(12)
-            ]
+            seqs = [await client.append_text("u", "s", "user", f"{i}: " + "lorem ipsum " * 80) for i in range(12)]
             with pytest.raises(Oversize, match="max_payload of 8192"):
                 await client.history("u", "s", min_seq=seqs[-1])
             # Twice: the second answer comes from the cache, and is refused the same way.

@@ -109,13 +109,24 @@ async def test_notices_are_typed_on_both_sides(nats_url, sqlite_url, tmp_path):
 def test_notice_models_round_trip_and_ignore_unknown_fields():
     deleted = CommitNotice(app="a", user="u", seq=9, deleted=True)
     assert json.loads(deleted.encode()) == {
-        "app": "a", "user": "u", "seq": 9, "deleted": True, "app_state": False, "user_state": False
-    }  # fmt: skip
+        "app": "a",
+        "user": "u",
+        "seq": 9,
+        "deleted": True,
+        "app_state": False,
+        "user_state": False,
+    }
     assert CommitNotice.model_validate_json(deleted.encode()) == deleted
     newer = CommitNotice.model_validate_json(b'{"app": "a", "user": "u", "from_the_future": 1}')
     assert newer.session is None and newer.seq is None
     status = StatusEvent(app="a", user="u", session="s", state="summarizing", up_to_seq=4)
-    assert json.loads(status.encode()) == {"app": "a", "user": "u", "session": "s", "state": "summarizing", "up_to_seq": 4}
+    assert json.loads(status.encode()) == {
+        "app": "a",
+        "user": "u",
+        "session": "s",
+        "state": "summarizing",
+        "up_to_seq": 4,
+    }
     assert StatusEvent.model_validate_json(status.encode()) == status
 
 

@@ -86,17 +86,26 @@ async def secured(tmp_path_factory):
 
 async def connect_as(secured: Secured, user: str, errors: Errors | None = None, **options) -> nats.NATS:
     return await nats.connect(
-        secured.server.url, user=user, password=secured.passwords[user], error_cb=(errors or Errors()).record,
-        max_reconnect_attempts=0, **options,
-    )  # fmt: skip
+        secured.server.url,
+        user=user,
+        password=secured.passwords[user],
+        error_cb=(errors or Errors()).record,
+        max_reconnect_attempts=0,
+        **options,
+    )
 
 
 async def app_client(secured: Secured, app: str, errors: Errors | None = None, **kw) -> MemoryClient:
     user = security.app_user_name(app)
     return await MemoryClient.connect(
-        secured.server.url, app=app, user=user, password=secured.passwords[user], error_cb=(errors or Errors()).record,
-        max_reconnect_attempts=0, **kw,
-    )  # fmt: skip
+        secured.server.url,
+        app=app,
+        user=user,
+        password=secured.passwords[user],
+        error_cb=(errors or Errors()).record,
+        max_reconnect_attempts=0,
+        **kw,
+    )
 
 
 async def test_an_app_works_end_to_end_with_its_own_credentials(secured):
@@ -114,7 +123,9 @@ async def test_an_app_works_end_to_end_with_its_own_credentials(secured):
         assert ref.seq >= 1
         # Over budget: the summarizer (lease in KV, checkpoint onto the stream) runs as `workers`.
         for i in range(12):
-            await a.append_text("alice", "long", "user", f"Turn {i}: my sister Ana lives in Porto and sails on weekends.")
+            await a.append_text(
+                "alice", "long", "user", f"Turn {i}: my sister Ana lives in Porto and sails on weekends."
+            )
 
         async def summarized() -> bool:
             return (await a.history("alice", "long")).summary is not None
@@ -185,8 +196,14 @@ async def test_b_cannot_listen_to_a(secured):
         received.append(msg.subject)
 
     try:
-        for subject in (f"memq.v1.ev.{A}.>", f"memq.v1.status.{A}.>", f"{app_inbox_prefix(A)}.>", "_INBOX.>",
-                        "memq.v1.changed.>", ">"):  # fmt: skip
+        for subject in (
+            f"memq.v1.ev.{A}.>",
+            f"memq.v1.status.{A}.>",
+            f"{app_inbox_prefix(A)}.>",
+            "_INBOX.>",
+            "memq.v1.changed.>",
+            ">",
+        ):
             await b_nc.subscribe(subject, cb=got)
             await errors.wait(f'Subscription to "{subject}"')
         async with await app_client(secured, A) as a:
@@ -248,7 +265,11 @@ async def test_b_keeps_working_on_its_own_data(secured):
 
 
 async def test_unknown_or_wrong_credentials_are_refused(secured):
-    for options in ({}, {"user": "workers", "password": "wrong"}, {"user": security.app_user_name(A), "password": secured.passwords["workers"]}):
+    for options in (
+        {},
+        {"user": "workers", "password": "wrong"},
+        {"user": security.app_user_name(A), "password": secured.passwords["workers"]},
+    ):
         with pytest.raises(nats.errors.Error, match="Authorization Violation"):
             await nats.connect(secured.server.url, allow_reconnect=False, error_cb=Errors().record, **options)
 

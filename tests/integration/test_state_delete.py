@@ -29,9 +29,14 @@ async def test_deleted_keys_are_gone_and_a_later_set_brings_them_back(request, d
             await client.set_state("u", {"app:model": "m1", "app:tone": "formal", "user:city": "Porto"})
             await client.set_state("u", {"nothing": None}, session="s")  # null is a value, kept
             assert await client.get_state("u", "s") == {
-                "topic": "taxes", "mood": "calm", "nothing": None,
-                "user:lang": "pt", "user:city": "Porto", "app:model": "m1", "app:tone": "formal",
-            }  # fmt: skip
+                "topic": "taxes",
+                "mood": "calm",
+                "nothing": None,
+                "user:lang": "pt",
+                "user:city": "Porto",
+                "app:model": "m1",
+                "app:tone": "formal",
+            }
 
             await client.delete_state("u", ["topic", "user:lang", "app:model", "never:set"], session="s")
             await client.delete_state("u", "user:city")  # one key, no session: user and app keys only
@@ -43,8 +48,12 @@ async def test_deleted_keys_are_gone_and_a_later_set_brings_them_back(request, d
             # Set again after the delete: the key is back.
             await client.set_state("u", {"topic": "travel", "user:lang": "en"}, session="s")
             assert await client.get_state("u", "s") == {
-                "topic": "travel", "mood": "calm", "nothing": None, "user:lang": "en", "app:tone": "formal",
-            }  # fmt: skip
+                "topic": "travel",
+                "mood": "calm",
+                "nothing": None,
+                "user:lang": "en",
+                "app:tone": "formal",
+            }
             # SQL as the worker left it: the same merged state.
             assert await reads.state(worker.engine, APP, "u", "s") == await client.get_state("u", "s")
 

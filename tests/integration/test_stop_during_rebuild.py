@@ -71,7 +71,9 @@ class Up:
         self.data_dir = data_dir
         self.log = data_dir / "up.log"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
-        self.env.update(MEMQ_DATA_DIR=str(data_dir), MEMQ_NATS__URL=nats_url, MEMQ_LOG_LEVEL="INFO", COLUMNS="300")  # no wrapped log lines
+        self.env.update(
+            MEMQ_DATA_DIR=str(data_dir), MEMQ_NATS__URL=nats_url, MEMQ_LOG_LEVEL="INFO", COLUMNS="300"
+        )  # no wrapped log lines
         self.proc: subprocess.Popen | None = None
         self._offset = 0
 
@@ -174,7 +176,9 @@ async def test_a_generation_left_by_a_killed_rebuild_is_dropped_at_the_next_star
     await bus.ensure_streams(nc.jetstream(), settings.streams)
     await nc.close()
     async with await MemoryClient.connect(nats_url, app=APP) as client:
-        await client.append_many("u", "s", [Event(message=Message(role="user", parts=[TextPart(text=sentence(i))])) for i in range(20)])
+        await client.append_many(
+            "u", "s", [Event(message=Message(role="user", parts=[TextPart(text=sentence(i))])) for i in range(20)]
+        )
     index = await open_index(tmp_path / "index.db")
     try:
         left = await index.create_generation(MODEL, DIM)  # as a killed rebuild leaves it

@@ -14,16 +14,16 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
+from helpers import WorkerProcess, make_settings, running, running_query, running_worker, wait_for
 from sqlalchemy import select
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
-from helpers import WorkerProcess, make_settings, running, running_query, running_worker, wait_for
+from memq.workers.sql import models
+from memq.workers.sql.engine import create_engine
 from memq.workers.summarizer.base import SummarizerError
 from memq.workers.summarizer.summarizers import ExtractiveSummarizer
 from memq.workers.summarizer.worker import SummarizerWorker, checkpoint_id
-from memq.workers.sql import models
-from memq.workers.sql.engine import create_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import locomo  # noqa: E402
@@ -73,9 +73,14 @@ def conversation_turns(n: int) -> list[Event]:
     words = "we went to the lake in May and Ana painted 3 sunsets while Ben booked a trip to Lisbon for June".split()
     return [
         Event(
-            id=f"gen-{i}", author=("Ana", "Ben")[i % 2], timestamp=1_683_504_000 + 600 * i,
-            message=Message(role=("user", "assistant")[i % 2], parts=[TextPart(text=" ".join(rng.choices(words, k=rng.randint(8, 60))) + ".")]),
-        )  # fmt: skip
+            id=f"gen-{i}",
+            author=("Ana", "Ben")[i % 2],
+            timestamp=1_683_504_000 + 600 * i,
+            message=Message(
+                role=("user", "assistant")[i % 2],
+                parts=[TextPart(text=" ".join(rng.choices(words, k=rng.randint(8, 60))) + ".")],
+            ),
+        )
         for i in range(n)
     ]
 
@@ -323,9 +328,13 @@ def test_checkpoint_ids_are_deterministic():
 
 async def test_the_llm_summarizer_makes_checkpoints_through_a_real_server(nats_url, sqlite_url, tmp_path, llama_server):
     s = summary_settings(
-        nats_url, sqlite_url, tmp_path, kind="llm", max_input_tokens=600,  # the server's context is 2,048
+        nats_url,
+        sqlite_url,
+        tmp_path,
+        kind="llm",
+        max_input_tokens=600,  # the server's context is 2,048
         llm={"base_url": llama_server.url, "model": llama_server.model, "temperature": 0, "timeout_s": 120},
-    )  # fmt: skip
+    )
     async with running_worker(s), running(SummarizerWorker(s)) as worker, running_query(s):
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             await client.append_many("u", "s", conversation_turns(120))

@@ -113,7 +113,12 @@ def tls_postgres(pki):
         for f in d.iterdir():
             shutil.chown(f, "postgres", "postgres")
         shutil.chown(d, "postgres", "postgres")
-    extra = {"ssl": "on", "ssl_cert_file": d / "server.crt", "ssl_key_file": d / "server.key", "hba_file": d / "pg_hba.conf"}
+    extra = {
+        "ssl": "on",
+        "ssl_cert_file": d / "server.crt",
+        "ssl_key_file": d / "server.key",
+        "hba_file": d / "pg_hba.conf",
+    }
     with running_service(functools.partial(Postgres, extra_settings=extra)) as pg:
         pg.psql(f"CREATE ROLE memq LOGIN PASSWORD '{PASSWORD}'")
         pg.psql("CREATE DATABASE memq_tls OWNER memq")
@@ -142,7 +147,11 @@ async def test_postgres_over_tls_with_a_password(tls_postgres, pki, tmp_path):
 
 @pytest.mark.parametrize(
     "case, match",
-    [("wrong password", "password authentication failed"), ("wrong CA", "CERTIFICATE_VERIFY_FAILED"), ("no TLS", "no encryption")],
+    [
+        ("wrong password", "password authentication failed"),
+        ("wrong CA", "CERTIFICATE_VERIFY_FAILED"),
+        ("no TLS", "no encryption"),
+    ],
 )
 async def test_postgres_refusals_say_why(tls_postgres, pki, tmp_path, case, match):
     password = "not-the-password" if case == "wrong password" else PASSWORD
@@ -165,10 +174,21 @@ async def test_postgres_refusals_say_why(tls_postgres, pki, tmp_path, case, matc
 def tls_redis(pki):
     port = free_port()
     args = [
-        "--port", "0", "--tls-port", str(port), "--tls-cert-file", str(pki.server_cert),
-        "--tls-key-file", str(pki.server_key), "--tls-ca-cert-file", str(pki.ca), "--tls-auth-clients", "yes",
-        "--requirepass", PASSWORD,
-    ]  # fmt: skip
+        "--port",
+        "0",
+        "--tls-port",
+        str(port),
+        "--tls-cert-file",
+        str(pki.server_cert),
+        "--tls-key-file",
+        str(pki.server_key),
+        "--tls-ca-cert-file",
+        str(pki.ca),
+        "--tls-auth-clients",
+        "yes",
+        "--requirepass",
+        PASSWORD,
+    ]
     with running_service(functools.partial(Redis, port=port, extra_args=args)) as server:
         yield server
 
@@ -192,9 +212,12 @@ async def test_redis_over_tls_with_a_password_and_client_certificate(tls_redis, 
 
 @pytest.mark.parametrize(
     "case, match",
-    [("wrong password", "(?i)invalid username-password|WRONGPASS"), ("wrong CA", "CERTIFICATE_VERIFY_FAILED"),
-     ("no client certificate", "(?i)certificate|connection reset|closed")],
-)  # fmt: skip
+    [
+        ("wrong password", "(?i)invalid username-password|WRONGPASS"),
+        ("wrong CA", "CERTIFICATE_VERIFY_FAILED"),
+        ("no client certificate", "(?i)certificate|connection reset|closed"),
+    ],
+)
 async def test_redis_refusals_say_why(tls_redis, pki, tmp_path, case, match):
     password = "not-the-password" if case == "wrong password" else PASSWORD
     tls = pki.tls(pki.other_ca if case == "wrong CA" else None, client=case != "no client certificate")
@@ -224,7 +247,9 @@ def keyed_weaviate():
 
 def weaviate_index(server, key: str | None) -> WeaviateIndex:
     return WeaviateIndex(
-        WeaviateSettings(url=server.url, grpc_port=server.grpc_port, api_key=SecretStr(key) if key else None, timeout_s=5)
+        WeaviateSettings(
+            url=server.url, grpc_port=server.grpc_port, api_key=SecretStr(key) if key else None, timeout_s=5
+        )
     )
 
 

@@ -55,8 +55,13 @@ def failed(code: str, message: str = "why") -> bytes:
 def test_request_body_has_version_app_and_no_unset_fields():
     request = build_request(APP, "session.get", user=USER, session=SESSION, events=True, num_recent_events=None)
     assert orjson.loads(encode_request(request)) == {
-        "v": 1, "app": APP, "user": USER, "session": SESSION, "events": True, "wait_ms": 2000,
-    }  # fmt: skip
+        "v": 1,
+        "app": APP,
+        "user": USER,
+        "session": SESSION,
+        "events": True,
+        "wait_ms": 2000,
+    }
 
 
 def test_strategy_may_be_a_dict():
@@ -123,9 +128,18 @@ def test_inline_artifact_bytes_come_as_base64():
     payload = bytes(range(256))
     view = parse_reply(
         "artifacts.get",
-        ok({"filename": "f", "version": 0, "seq": 3, "mime_type": "x", "size": 256, "sha256": "0" * 64,
-            "inline": base64.b64encode(payload).decode()}),
-    )  # fmt: skip
+        ok(
+            {
+                "filename": "f",
+                "version": 0,
+                "seq": 3,
+                "mime_type": "x",
+                "size": 256,
+                "sha256": "0" * 64,
+                "inline": base64.b64encode(payload).decode(),
+            }
+        ),
+    )
     assert view.inline == payload
 
 
@@ -178,8 +192,14 @@ async def test_get_session_goes_to_the_app_subject(client, nc):
     op, body = stand_in.requests[0]
     assert op == "session.get"  # on memq.v1.q.<encoded app>.session.get, where the stand-in listens
     assert body == {
-        "v": 1, "app": APP, "user": USER, "session": SESSION, "events": True, "num_recent_events": 3, "wait_ms": 2000,
-    }  # fmt: skip
+        "v": 1,
+        "app": APP,
+        "user": USER,
+        "session": SESSION,
+        "events": True,
+        "num_recent_events": 3,
+        "wait_ms": 2000,
+    }
 
 
 async def test_reads_wait_for_the_clients_own_last_write(client, nc):
@@ -239,8 +259,14 @@ async def test_iter_sessions_follows_cursors(client, nc):
 
 
 def artifact_answer(data: bytes, **extra) -> Answer:
-    meta = {"filename": "f.bin", "version": 1, "seq": 9, "mime_type": "application/octet-stream",
-            "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+    meta = {
+        "filename": "f.bin",
+        "version": 1,
+        "seq": 9,
+        "mime_type": "application/octet-stream",
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
     return lambda body: ok({**meta, **extra})
 
 

@@ -105,10 +105,21 @@ def _raw(**changes) -> bytes:
         (_raw(session=""), InvalidId),
     ],
     ids=[
-        "not-json", "empty", "array", "string", "no-version", "version-2", "version-str", "unknown-kind",
-        "no-kind", "unknown-field", "bad-timestamp", "300-byte-user", "empty-session",
+        "not-json",
+        "empty",
+        "array",
+        "string",
+        "no-version",
+        "version-2",
+        "version-str",
+        "unknown-kind",
+        "no-kind",
+        "unknown-field",
+        "bad-timestamp",
+        "300-byte-user",
+        "empty-session",
     ],
-)  # fmt: skip
+)
 def test_bad_input_gives_typed_error(data: bytes, error: type[Exception]) -> None:
     with pytest.raises(error):
         decode(data)

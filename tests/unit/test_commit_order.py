@@ -38,11 +38,24 @@ def messages(draw):
     session = draw(st.sampled_from(SESSIONS))
     kind = draw(
         st.sampled_from(
-            ["event", "event", "event", "create", "state", "unset", "unset", "checkpoint", "delete_session", "delete_user"]
+            [
+                "event",
+                "event",
+                "event",
+                "create",
+                "state",
+                "unset",
+                "unset",
+                "checkpoint",
+                "delete_session",
+                "delete_user",
+            ]
         )
     )
     if kind == "event":
-        return EventAppended(app=APP, user=user, session=session, event=Event(actions=Actions(state_delta=draw(deltas))))
+        return EventAppended(
+            app=APP, user=user, session=session, event=Event(actions=Actions(state_delta=draw(deltas)))
+        )
     if kind == "create":
         return SessionCreated(app=APP, user=user, session=session, state=draw(deltas))
     if kind == "checkpoint":

@@ -172,7 +172,9 @@ def test_the_default_context_fits_its_budget_before_any_summary(budget):
     items, events = tool_session(100)
     assert sum(it.tokens for it in items) > 5 * budget
     recalled = [(900, text_event("user", "I live in Lisbon."), 0)]
-    ctx = assemble(history=items, events=events, strategy=Strategy(budget=budget), instruction="Be kind.", recalled=recalled)
+    ctx = assemble(
+        history=items, events=events, strategy=Strategy(budget=budget), instruction="Be kind.", recalled=recalled
+    )
     assert ctx.strategy.kind == "summary_buffer"
     assert ctx.tokens.total <= budget and not ctx.over_budget and ctx.budget_note is None
     assert ctx.window[-1].seq == 100  # the newest always fits these budgets
@@ -251,7 +253,11 @@ def test_summary_request_is_reported():
 def test_to_memq_is_json():
     items, events = session(4)
     ctx = assemble(
-        history=items, events=events, strategy=Strategy(kind="token_window"), instruction="x", summary="y",
+        history=items,
+        events=events,
+        strategy=Strategy(kind="token_window"),
+        instruction="x",
+        summary="y",
         recalled=[(99, text_event("user", "z"), 5)],
     )
     data = orjson.loads(orjson.dumps(ctx.to_memq()))
@@ -308,8 +314,13 @@ def test_assembly_properties(events, kind, budget, window, instruction, summary,
     recalled += [(1000 + i, text_event("user", f"fact {i} " * (i + 1)), 0) for i in range(n_recalled)]
     strategy = Strategy(kind=kind, budget=budget, window=window, threshold=1.0, target=0.7)
     ctx = assemble(
-        history=items, events=events, strategy=strategy, summary=summary, recalled=recalled,
-        recall_limit=recall_limit, instruction=instruction,
+        history=items,
+        events=events,
+        strategy=strategy,
+        summary=summary,
+        recalled=recalled,
+        recall_limit=recall_limit,
+        instruction=instruction,
     )
     msgs = ctx.to_openai()
     assert ctx.tokens.total == tk.count_messages(msgs)
@@ -346,7 +357,11 @@ def test_the_default_strategy_never_goes_over_budget(events, budget, instruction
     items = [item_from_event(s, e) for s, e in events.items()]
     recalled = [(1000 + i, text_event("user", f"fact {i} " * (i + 1)), 0) for i in range(n_recalled)]
     ctx = assemble(
-        history=items, events=events, strategy=Strategy(budget=budget), summary=summary, recalled=recalled,
+        history=items,
+        events=events,
+        strategy=Strategy(budget=budget),
+        summary=summary,
+        recalled=recalled,
         instruction=instruction,
     )
     assert ctx.tokens.total == tk.count_messages(ctx.to_openai())
@@ -367,14 +382,20 @@ def test_item_from_event_uses_a_stored_count():
 def test_each_strategy_renders_exactly(kind):
     items, events = session(25)
     ctx = assemble(
-        history=items, events=events, strategy=Strategy(kind=kind, budget=700, window=7), instruction="i",
-        summary="s", recalled=[(77, text_event("user", "r"), 4)],
+        history=items,
+        events=events,
+        strategy=Strategy(kind=kind, budget=700, window=7),
+        instruction="i",
+        summary="s",
+        recalled=[(77, text_event("user", "r"), 4)],
     )
     check_total(ctx)
 
 
 def summary_lines(n: int) -> str:
-    return "\n".join(f"[2026-05-{1 + i % 28:02d}] user: fact number {i} about " + " ".join(WORDS[: 3 + i % 5]) for i in range(n))
+    return "\n".join(
+        f"[2026-05-{1 + i % 28:02d}] user: fact number {i} about " + " ".join(WORDS[: 3 + i % 5]) for i in range(n)
+    )
 
 
 @pytest.mark.parametrize("room", [0, 5, 12, 20, 40, 90, 300, 5000])
@@ -394,7 +415,7 @@ def test_fit_summary_keeps_the_newest_lines_within_room(room):
         older = summary.splitlines()[-len(lines)]
         assert tk.message_tokens(summary_message("\n".join([CUT_MARK, older, *lines[1:]]))) > room
     else:  # not even the last line fits: its last tokens
-        assert summary.endswith(lines[0][len(CUT_MARK):])
+        assert summary.endswith(lines[0][len(CUT_MARK) :])
 
 
 @pytest.mark.parametrize("budget", [60, 120, 250, 700])
@@ -410,7 +431,9 @@ def test_a_summary_longer_than_the_budget_is_cut_and_the_newest_messages_keep_th
     if recent + tk.REPLY_PRIMING <= budget:  # min_recent 3 fit: they are kept
         assert [it.seq for it in ctx.window][-3:] == [28, 29, 30]
     if ctx.summary:
-        assert ctx.summary.startswith(CUT_MARK) and summary.endswith(ctx.summary.splitlines()[-1].removeprefix(CUT_MARK))
+        assert ctx.summary.startswith(CUT_MARK) and summary.endswith(
+            ctx.summary.splitlines()[-1].removeprefix(CUT_MARK)
+        )
     check_total(ctx)
 
 
@@ -418,5 +441,7 @@ def test_a_summary_that_fits_is_kept_whole_and_all_never_cuts():
     items, events = session(5)
     ctx = assemble(history=items, events=events, strategy=Strategy(budget=8000), summary=summary_lines(20))
     assert not ctx.summary_cut and ctx.note is None and ctx.summary == summary_lines(20)
-    everything = assemble(history=items, events=events, strategy=Strategy(kind="all", budget=50), summary=summary_lines(20))
+    everything = assemble(
+        history=items, events=events, strategy=Strategy(kind="all", budget=50), summary=summary_lines(20)
+    )
     assert not everything.summary_cut and everything.over_budget and everything.summary == summary_lines(20)

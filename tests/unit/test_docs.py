@@ -56,8 +56,11 @@ def test_cli_reference_lists_every_command_and_option():
 
 
 def _command_rows(markdown: str) -> list[str]:
-    return [cells[0] for cells in (re.split(r"(?<!\\)\|", line)[1:] for line in markdown.splitlines())
-            if cells and cells[0].strip().startswith("`memq ")]  # fmt: skip
+    return [
+        cells[0]
+        for cells in (re.split(r"(?<!\\)\|", line)[1:] for line in markdown.splitlines())
+        if cells and cells[0].strip().startswith("`memq ")
+    ]
 
 
 @pytest.mark.parametrize("page", ["README.md", "docs/reference/cli.md"])
@@ -96,9 +99,25 @@ def test_docs_build(tmp_path):
             pytest.fail("CI=true and the docs tools are missing: install memq[docs]", pytrace=False)
         pytest.skip("sphinx/myst-parser not installed (pip install -e '.[docs]')")
     build = subprocess.run(
-        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-n", "-E", "-q", "-b", "html", str(DOCS), str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-n",
+            "-E",
+            "-q",
+            "-b",
+            "html",
+            str(DOCS),
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert build.returncode == 0, build.stdout + build.stderr
     assert (tmp_path / "reference" / "configuration.html").is_file()
 
@@ -106,9 +125,16 @@ def test_docs_build(tmp_path):
 def test_production_settings_quote_what_infra_sets():
     """docs/operations/deploy.md quotes the values infra/ sets; they must be
     the ones infra/k8s/config.yaml (the same as compose.yaml) holds."""
-    config = dict(re.findall(r"^  (MEMQ_\w+): \"?([^\"\n#]+?)\"?\s*(?:#.*)?$", (ROOT / "infra/k8s/config.yaml").read_text(), re.M))
+    config = dict(
+        re.findall(r"^  (MEMQ_\w+): \"?([^\"\n#]+?)\"?\s*(?:#.*)?$", (ROOT / "infra/k8s/config.yaml").read_text(), re.M)
+    )
     assert config, "no MEMQ_ settings found in infra/k8s/config.yaml"
-    table = (DOCS / "operations/deploy.md").read_text().split("## Settings that matter in production", 1)[1].split("\n## ", 1)[0]
+    table = (
+        (DOCS / "operations/deploy.md")
+        .read_text()
+        .split("## Settings that matter in production", 1)[1]
+        .split("\n## ", 1)[0]
+    )
     checked = 0
     for line in table.splitlines():
         if not line.startswith("| {envvar}"):
@@ -117,7 +143,9 @@ def test_production_settings_quote_what_infra_sets():
         for name in re.findall(r"\{envvar\}`(MEMQ_\w+)`", cells[0]):
             if name in config:
                 value = config[name]
-                assert value in cells[1] or Path(value).name in cells[1], f"{name}: infra sets {value!r}, deploy.md says {cells[1]!r}"
+                assert value in cells[1] or Path(value).name in cells[1], (
+                    f"{name}: infra sets {value!r}, deploy.md says {cells[1]!r}"
+                )
                 checked += 1
     assert checked >= 8, checked
 

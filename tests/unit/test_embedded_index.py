@@ -51,9 +51,18 @@ def unit(*xs: float) -> list[float]:
 
 def doc(text: str, vector, *, seq: int, session: str = "s1", user: str = "alice", id: str | None = None) -> Doc:
     return Doc(
-        id=id or f"ev-{seq}", app="app", user=user, session=session, seq=seq, author="user", role="user",
-        timestamp=1_700_000_000.0 + seq, text=text, search_text=search_text("user", text, None), vector=vector,
-    )  # fmt: skip
+        id=id or f"ev-{seq}",
+        app="app",
+        user=user,
+        session=session,
+        seq=seq,
+        author="user",
+        role="user",
+        timestamp=1_700_000_000.0 + seq,
+        text=text,
+        search_text=search_text("user", text, None),
+        vector=vector,
+    )
 
 
 def q(text: str = "", *, mode: str = "keyword", **kw) -> SearchQuery:
@@ -150,8 +159,13 @@ async def test_a_second_instance_sees_every_kind_of_write(tmp_path):
             op = rng.choice(["new", "new", "overwrite", "delete-session", "delete-user", "other-user"])
             if op in ("new", "other-user") or not known:
                 seq += 1
-                d = doc(f"note {seq}", unit(*(rng.random() for _ in range(DIM))), seq=seq, session=rng.choice("abc"),
-                        user="bob" if op == "other-user" else "alice")  # fmt: skip
+                d = doc(
+                    f"note {seq}",
+                    unit(*(rng.random() for _ in range(DIM))),
+                    seq=seq,
+                    session=rng.choice("abc"),
+                    user="bob" if op == "other-user" else "alice",
+                )
                 known.append(d)
                 await writer.upsert([d])
             elif op == "overwrite":
@@ -160,8 +174,12 @@ async def test_a_second_instance_sees_every_kind_of_write(tmp_path):
                 await writer.delete_session("app", "alice", rng.choice("abc"), before_seq=rng.randint(1, seq + 1))
             else:
                 await writer.delete_user("app", "alice", before_seq=rng.randint(1, seq + 1))
-            query = q(mode="vector", vector=unit(*(rng.random() for _ in range(DIM))), k=100,
-                      session=rng.choice([None, "a", "b"]))  # fmt: skip
+            query = q(
+                mode="vector",
+                vector=unit(*(rng.random() for _ in range(DIM))),
+                k=100,
+                session=rng.choice([None, "a", "b"]),
+            )
             cold = await opened(path)
             try:
                 expected = [(h.doc.id, round(h.score, 5)) for h in await cold.search(query)]

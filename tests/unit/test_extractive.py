@@ -123,7 +123,9 @@ def test_prefix_format_and_chronological_order():
 
 
 def test_one_sentence_per_line():
-    turn = Turn("Caroline", "I met Dr. Smith on Monday, e.g. at 9am.  I adopted Max in 2020! Did you?\nI will call Bob.")
+    turn = Turn(
+        "Caroline", "I met Dr. Smith on Monday, e.g. at 9am.  I adopted Max in 2020! Did you?\nI will call Bob."
+    )
     assert summarize([turn], target_tokens=500).splitlines() == [
         "Caroline: I met Dr. Smith on Monday, e.g. at 9am.",
         "Caroline: I adopted Max in 2020!",

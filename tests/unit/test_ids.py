@@ -60,9 +60,17 @@ def test_events_subject_round_trips(app: str, user: str, session: str | None) ->
     "value",
     ["", "x" * (MAX_ID_BYTES + 1), "x" * 255 + "é", "\ud800", "ok\udfff", None, 7, b"bytes", ["a"]],
     ids=[
-        "empty", "257-ascii", "257-bytes-utf8", "lone-surrogate", "trailing-surrogate", "none", "int", "bytes", "list",
+        "empty",
+        "257-ascii",
+        "257-bytes-utf8",
+        "lone-surrogate",
+        "trailing-surrogate",
+        "none",
+        "int",
+        "bytes",
+        "list",
     ],
-)  # fmt: skip
+)
 def test_invalid_ids_raise(value: object) -> None:
     with pytest.raises(InvalidId):
         validate_id(value)

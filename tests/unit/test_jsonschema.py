@@ -80,8 +80,16 @@ REQUESTS = {
 }
 REPLIES = {
     "session.get": q.SessionView(
-        app="a", user="u", session="s", created_at=1.0, updated_at=2.0, last_seq=3, state={"k": 1},
-        events=[q.StoredEvent(seq=3, tokens=2, event={"id": "e"})], truncated=True, events_total=9,
+        app="a",
+        user="u",
+        session="s",
+        created_at=1.0,
+        updated_at=2.0,
+        last_seq=3,
+        state={"k": 1},
+        events=[q.StoredEvent(seq=3, tokens=2, event={"id": "e"})],
+        truncated=True,
+        events_total=9,
     ),
     "sessions.list": q.SessionsPage(
         sessions=[q.SessionInfo(app="a", user="u", session="s", created_at=1.0, updated_at=2.0, last_seq=3)],
@@ -98,9 +106,10 @@ REPLIES = {
     ),
     "search": q.SearchResults(
         results=[q.SearchResult(session_id="s", event_id="e", content="c", author="a", timestamp=1.0, score=0.5)],
-        mode="hybrid", model="m",
+        mode="hybrid",
+        model="m",
     ),
-}  # fmt: skip
+}
 
 
 def test_every_op_has_an_example_here() -> None:

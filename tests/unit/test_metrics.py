@@ -57,8 +57,9 @@ def test_readiness_names_what_is_missing_or_failing():
     s.results = {"persistence.nats": None, "persistence.database": None, "query.nats": None}
     code, body = s.readiness()
     assert code == 200 and body == {
-        "status": "ready", "checks": {"persistence.nats": "ok", "persistence.database": "ok", "query.nats": "ok"}
-    }  # fmt: skip
+        "status": "ready",
+        "checks": {"persistence.nats": "ok", "persistence.database": "ok", "query.nats": "ok"},
+    }
 
     s.results = {**s.results, "persistence.database": "OperationalError: connection refused"}
     code, body = s.readiness()
@@ -107,9 +108,19 @@ def test_router_serves_metrics_probes_and_nothing_else():
     status, headers, body = call(app, "/metrics")
     assert status == "200 OK" and headers["Content-Type"].startswith("text/plain")
     names = {f.name for f in text_string_to_metric_families(body.decode())}
-    for name in ("memq_events_processed", "memq_batch_size", "memq_commit_seconds", "memq_consumer_lag",
-                 "memq_dlq_messages", "memq_cache_requests", "memq_embed_seconds", "memq_summary_seconds",
-                 "memq_query_seconds", "memq_query_errors", "process_cpu_seconds"):  # fmt: skip
+    for name in (
+        "memq_events_processed",
+        "memq_batch_size",
+        "memq_commit_seconds",
+        "memq_consumer_lag",
+        "memq_dlq_messages",
+        "memq_cache_requests",
+        "memq_embed_seconds",
+        "memq_summary_seconds",
+        "memq_query_seconds",
+        "memq_query_errors",
+        "process_cpu_seconds",
+    ):
         assert name in names, name
 
     assert call(app, "/")[0] == "404 Not Found"
@@ -181,5 +192,8 @@ def test_checks_and_durables_per_worker_kind():
     }
     s = Settings()
     assert [durable_of(k, s) for k in ("persistence", "indexing", "summarizer", "query")] == [
-        "memq-persistence", "memq-indexing", None, None
-    ]  # fmt: skip
+        "memq-persistence",
+        "memq-indexing",
+        None,
+        None,
+    ]

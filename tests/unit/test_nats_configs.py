@@ -22,9 +22,13 @@ MEMQ = Path(sys.prefix) / "bin" / "memq"
 
 def check(config: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(NATS_SERVER), "-t", "-c", str(config)], capture_output=True, text=True, timeout=30,
-        env={**os.environ, **(env or {})}, cwd=config.parent,
-    )  # fmt: skip
+        [str(NATS_SERVER), "-t", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+        cwd=config.parent,
+    )
 
 
 def memq_accounts(tmp: Path, *args: str) -> subprocess.CompletedProcess:
@@ -92,5 +96,7 @@ def test_production_node_configs_are_valid(node: int, tmp_path: Path):
     (tmp_path / "accounts.conf").write_text((INFRA / "accounts.conf").read_text())
     names = re.findall(r"password: \$(\w+)", (INFRA / "accounts.conf").read_text())
     assert len(names) == 5
-    result = check(tmp_path / "nats.conf", {n: '"$2b$04$abcdefghijklmnopqrstuuCFq6BDvtdlA7W8RUcv4Gqg3E2WyJ/Hy"' for n in names})
+    result = check(
+        tmp_path / "nats.conf", {n: '"$2b$04$abcdefghijklmnopqrstuuCFq6BDvtdlA7W8RUcv4Gqg3E2WyJ/Hy"' for n in names}
+    )
     assert result.returncode == 0, result.stderr

@@ -45,8 +45,14 @@ def test_an_app_may_write_and_ask_only_under_its_own_token():
     assert allowed(p.publish, request_subject("support-bot", "session.get"))
     assert allowed(p.subscribe, status_subject("support-bot", "u1", "s1"))
     assert allowed(p.subscribe, f"{app_inbox_prefix('support-bot')}.NUID.token")
-    for forbidden in ("$JS.API.CONSUMER.CREATE.MEMQ_EVENTS", "$JS.API.STREAM.INFO.MEMQ_EVENTS", "_INBOX.x",
-                      "memq.v1.changed.support-bot.u1.s1", "memq.v1.dlq.persistence", "$O.MEMQ_ARTIFACTS.C.x"):  # fmt: skip
+    for forbidden in (
+        "$JS.API.CONSUMER.CREATE.MEMQ_EVENTS",
+        "$JS.API.STREAM.INFO.MEMQ_EVENTS",
+        "_INBOX.x",
+        "memq.v1.changed.support-bot.u1.s1",
+        "memq.v1.dlq.persistence",
+        "$O.MEMQ_ARTIFACTS.C.x",
+    ):
         assert not allowed(p.publish, forbidden) and not allowed(p.subscribe, forbidden), forbidden
     assert not p.allow_responses
 
@@ -102,6 +108,10 @@ def test_credentials_document_carries_each_apps_inbox_and_server_hashes():
     memq, system = security.build_users(["a"], hashed)
     doc = security.credentials_document(memq, system, plain, hashed)
     app = doc["users"]["app-a"]
-    assert app["env"] == {"MEMQ_NATS__USER": "app-a", "MEMQ_NATS__PASSWORD": "pw-app-a", "MEMQ_NATS__INBOX_PREFIX": "_INBOX_a"}
+    assert app["env"] == {
+        "MEMQ_NATS__USER": "app-a",
+        "MEMQ_NATS__PASSWORD": "pw-app-a",
+        "MEMQ_NATS__INBOX_PREFIX": "_INBOX_a",
+    }
     assert doc["server_env"]["MEMQ_NATS_PASSWORD_APP_A"] == '"$2b$04$hash-app-a"'
     assert set(doc["users"]) == {"workers", "admin", "app-a", "sys"}

@@ -19,7 +19,9 @@ from memq.workers.memory.recall import Doc, Hit, doc_for, doc_uuid, hit_dict, re
 
 
 def appended(role: str, *parts, author: str | None = None, ts: float = 1_683_504_000.0) -> EventAppended:
-    event = Event(id=f"e-{role}-{len(parts)}", author=author or role, message=Message(role=role, parts=list(parts)), timestamp=ts)
+    event = Event(
+        id=f"e-{role}-{len(parts)}", author=author or role, message=Message(role=role, parts=list(parts)), timestamp=ts
+    )
     return EventAppended(app="a", user="u", session="s", event=event)
 
 
@@ -47,9 +49,14 @@ def test_conversational_keeps_user_and_assistant_text_only():
 
 
 def test_summaries_only_keeps_checkpoints_only():
-    assert [doc_for(i, m, "summaries_only") is not None for i, m in enumerate([USER, ASSISTANT, TOOL_RESULT, CHECKPOINT])] == [
-        False, False, False, True,
-    ]  # fmt: skip
+    assert [
+        doc_for(i, m, "summaries_only") is not None for i, m in enumerate([USER, ASSISTANT, TOOL_RESULT, CHECKPOINT])
+    ] == [
+        False,
+        False,
+        False,
+        True,
+    ]
 
 
 def test_nothing_without_text_is_indexed():

@@ -20,8 +20,12 @@ def test_the_default_strategy_is_budgeted():
     assert MemorySettings().strategy == "summary_buffer"
     strategy = strategy_for(MemorySettings(), {}, None)
     assert (strategy.kind, strategy.budget, strategy.threshold, strategy.target, strategy.min_recent) == (
-        "summary_buffer", 8000, 0.85, 0.7, 3,
-    )  # fmt: skip
+        "summary_buffer",
+        8000,
+        0.85,
+        0.7,
+        3,
+    )
 
 
 def test_none_means_all_in_settings_overrides_and_requests(monkeypatch, tmp_path):
@@ -35,7 +39,10 @@ def test_none_means_all_in_settings_overrides_and_requests(monkeypatch, tmp_path
     # per request: normalised on the way in, so replies and cache keys say "all"
     spec = q.StrategySpec(kind="none")
     assert spec.kind == "all" and spec == q.StrategySpec(kind="all")
-    assert q.HistoryGet.model_validate({"app": "a", "user": "u", "session": "s", "strategy": {"kind": "none"}}).strategy == spec
+    assert (
+        q.HistoryGet.model_validate({"app": "a", "user": "u", "session": "s", "strategy": {"kind": "none"}}).strategy
+        == spec
+    )
     assert strategy_for(MemorySettings(), {}, spec).kind == "all"
     with pytest.raises(ValidationError):
         MemorySettings(strategy="fifo")
@@ -50,13 +57,18 @@ def test_the_context_command_takes_a_strategy(monkeypatch):
         async def context(self, user, session, **kw):
             asked.update(kw)
             return q.ContextView(
-                format=kw["format"], tokens={"total": 500}, messages=[], budget=120, over_budget=True,
+                format=kw["format"],
+                tokens={"total": 500},
+                messages=[],
+                budget=120,
+                over_budget=True,
                 note="over budget: 500 tokens for a budget of 120 (strategy all keeps every event)",
             )
 
     monkeypatch.setattr(cli_reads, "_with_client", lambda app, work: asyncio.run(work(FakeClient())))
     out = CliRunner().invoke(
-        cli.app, ["context", "-u", "u", "s", "--strategy", "none", "--budget", "120", "--format", "openai"],
+        cli.app,
+        ["context", "-u", "u", "s", "--strategy", "none", "--budget", "120", "--format", "openai"],
         env={"COLUMNS": "200"},
     )
     assert out.exit_code == 0, out.output

@@ -32,6 +32,7 @@ def offline_encodings():
     # memq has filled its cache; memq's own functions do this themselves.
     enc.install_offline_encodings()
 
+
 # The cookbook's example conversation; the OpenAI API counted 129 prompt
 # tokens for gpt-3.5-turbo / gpt-4 and 124 for gpt-4o / gpt-4o-mini.
 COOKBOOK_MESSAGES = [

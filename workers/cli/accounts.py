@@ -10,7 +10,6 @@ from rich.markup import escape
 
 from memq.workers.cli.common import app, console, err
 
-
 nats_app = typer.Typer(no_args_is_help=True, help="NATS server configuration for memq.")
 app.add_typer(nats_app, name="nats")
 
@@ -18,14 +17,21 @@ app.add_typer(nats_app, name="nats")
 @nats_app.command("accounts")
 def nats_accounts(
     apps: Annotated[list[str], typer.Option("--app", "-a", help="An app that gets its own user (repeatable).")],
-    out: Annotated[str, typer.Option("--out", "-o", help="The accounts config to write (`include` it in nats.conf).")] = "accounts.conf",
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="The accounts config to write (`include` it in nats.conf).")
+    ] = "accounts.conf",
     secrets_path: Annotated[
         str | None, typer.Option("--secrets", help="Where the passwords go (mode 0600). Default: <out>.secrets.json")
     ] = None,
     env_passwords: Annotated[
-        bool, typer.Option("--env-passwords", help="Generate no passwords: the server reads each from $MEMQ_NATS_PASSWORD_<USER>.")
+        bool,
+        typer.Option(
+            "--env-passwords", help="Generate no passwords: the server reads each from $MEMQ_NATS_PASSWORD_<USER>."
+        ),
     ] = False,
-    admin: Annotated[bool, typer.Option("--admin/--no-admin", help="An operators' user (memq init, status, dlq).")] = True,
+    admin: Annotated[
+        bool, typer.Option("--admin/--no-admin", help="An operators' user (memq init, status, dlq).")
+    ] = True,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
 ) -> None:
     """Write a nats-server accounts config: a `workers` user, an `admin` user and

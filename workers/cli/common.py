@@ -20,12 +20,13 @@ from memq.contracts.errors import MemqError
 from memq.workers import bus
 from memq.workers.settings import Settings, load_settings, mask_url
 
-
 # No locals in tracebacks: they would print settings, URLs and passwords.
 app = typer.Typer(
-    no_args_is_help=True, add_completion=False, pretty_exceptions_show_locals=False,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
     help="memq: session and memory layer for LLM agents.",
-)  # fmt: skip
+)
 console = Console()
 err = Console(stderr=True)
 

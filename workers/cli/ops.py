@@ -14,7 +14,6 @@ from rich.table import Table
 
 from memq.workers.cli.common import _settings, _short, _with_nats, app, console, err
 
-
 index_app = typer.Typer(no_args_is_help=True, help="Inspect and rebuild the long-term memory index.")
 app.add_typer(index_app, name="index")
 
@@ -51,9 +50,12 @@ def index_rebuild(
         engine = create_engine(settings.database_url())  # the SQL source, and each turn's previous one
         indexer = make_indexer(settings, backend, embedder, nc.jetstream(), engine=engine)
         columns = (
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>8.0f} msg/s"), TimeRemainingColumn(),
-        )  # fmt: skip
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]:>8.0f} msg/s"),
+            TimeRemainingColumn(),
+        )
         try:
             with Progress(*columns, console=err) as bar:
                 task = bar.add_task(f"rebuilding ({embedder.model})", total=None, rate=0.0)
@@ -64,9 +66,15 @@ def index_rebuild(
                     bar.update(task, completed=done, total=total, rate=done / elapsed if elapsed > 0 else 0.0)
 
                 return await rebuild(
-                    settings, nc.jetstream(), indexer, source=source.value, app=app_id, user=user,
-                    engine=engine if source is RebuildSource.sql else None, progress=progress,
-                )  # fmt: skip
+                    settings,
+                    nc.jetstream(),
+                    indexer,
+                    source=source.value,
+                    app=app_id,
+                    user=user,
+                    engine=engine if source is RebuildSource.sql else None,
+                    progress=progress,
+                )
         finally:
             await backend.close()
             await embedder.close()
@@ -125,7 +133,9 @@ def dlq_list(
     if as_json:
         console.print_json(json.dumps([letter.to_dict() for letter in letters]))
         return
-    table = Table(title=f"dead letters in {settings.streams.dlq}" + (f" (first {limit})" if len(letters) == limit else ""))
+    table = Table(
+        title=f"dead letters in {settings.streams.dlq}" + (f" (first {limit})" if len(letters) == limit else "")
+    )
     for column in ("seq", "time", "worker", "code", "reason", "original subject", "orig seq", "bytes"):
         table.add_column(column, justify="right" if column in ("seq", "orig seq", "bytes") else "left")
     for letter in letters:
@@ -148,7 +158,9 @@ def dlq_list(
 
 @dlq_app.command("replay")
 def dlq_replay(
-    seqs: Annotated[list[int] | None, typer.Argument(help="DLQ sequence numbers to replay (see `memq dlq list`).")] = None,
+    seqs: Annotated[
+        list[int] | None, typer.Argument(help="DLQ sequence numbers to replay (see `memq dlq list`).")
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Replay every dead letter that matches the filters.")] = False,
     worker: Annotated[str | None, typer.Option("--worker", "-w", help="Only this worker's dead letters.")] = None,
     code: Annotated[str | None, typer.Option("--code", "-c", help="Only this error code.")] = None,
@@ -162,7 +174,9 @@ def dlq_replay(
     from memq.workers.dlq import replay_dead_letters
 
     if not seqs and not all_:
-        err.print("[red]name the dead letters to replay[/] (`memq dlq replay 3 7`), or pass --all (with --worker/--code filters)")
+        err.print(
+            "[red]name the dead letters to replay[/] (`memq dlq replay 3 7`), or pass --all (with --worker/--code filters)"
+        )
         raise typer.Exit(2)
     settings = _settings()
     where = _dlq_filter(worker, code, seqs)
@@ -183,4 +197,3 @@ def dlq_replay(
     console.print(f"{len(result.replayed)} replayed" + ("" if keep else ", deleted from the DLQ"))
     if result.skipped or missing:
         raise typer.Exit(1)
-

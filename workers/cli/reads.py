@@ -22,7 +22,6 @@ from memq.contracts.errors import NotFound
 from memq.contracts.queries import ContextFormat, SearchMode, StrategyName
 from memq.workers.cli.common import _short, _with_client, app, console, err
 
-
 DEFAULT_APP = "memq-demo"  # the app `memq demo` writes to, so the demo can be browsed without flags
 AppOpt = Annotated[
     str, typer.Option("--app", "-a", envvar="MEMQ_APP", help="App id (memq-demo is the one `memq demo` writes to).")
@@ -54,7 +53,9 @@ class MessageRole(str, Enum):
 
 AfterOpt = Annotated[
     float | None,
-    typer.Option(parser=parse_after, metavar="SPAN|DATETIME", help="Only events after: 24h, 30m, 7d or an ISO datetime."),
+    typer.Option(
+        parser=parse_after, metavar="SPAN|DATETIME", help="Only events after: 24h, 30m, 7d or an ISO datetime."
+    ),
 ]
 RoleOpt = Annotated[list[MessageRole] | None, typer.Option("--role", help="Only events with this role (repeatable).")]
 
@@ -85,10 +86,8 @@ STRATEGY_PARAMS = {
 }
 
 
-
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
-
 
 
 def _event_text(event: dict[str, Any]) -> str:
@@ -309,7 +308,9 @@ def search(
     if as_json:
         console.print_json(found.model_dump_json())
         return
-    table = Table(title=f"memories of {user} for {query!r}", caption=f"{mode if not found.note else found.mode}, {found.model}")
+    table = Table(
+        title=f"memories of {user} for {query!r}", caption=f"{mode if not found.note else found.mode}, {found.model}"
+    )
     for column in ("score", "when", "session", "author", "content"):
         table.add_column(column, justify="right" if column == "score" else "left", overflow="fold")
     for r in found.results:
@@ -317,5 +318,3 @@ def search(
     if found.note:
         err.print(f"[yellow]note:[/] {found.note}")
     console.print(table)
-
-

@@ -31,7 +31,6 @@ from memq.workers.settings import Settings
 WorkerKind = Enum("WorkerKind", {name: name for name in KINDS}, type=str)
 
 
-
 def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     """Run ``main(stop)``; SIGINT/SIGTERM set ``stop`` so it can shut down cleanly."""
 
@@ -67,7 +66,9 @@ async def _run_workers(
     try:
         await monitor.start(names)
     except OSError as exc:
-        err.print(f"[red]cannot serve metrics on {settings.metrics.host}:{settings.metrics.port}:[/] {exc.strerror or exc}")
+        err.print(
+            f"[red]cannot serve metrics on {settings.metrics.host}:{settings.metrics.port}:[/] {exc.strerror or exc}"
+        )
         raise typer.Exit(1) from None
 
     def starting(kind: str) -> None:
@@ -114,7 +115,9 @@ async def _run_workers(
             async with asyncio.timeout(STOP_TIMEOUT_S):
                 await process.stop()  # every component, even one whose start was cut short
         except TimeoutError:
-            err.print(f"[yellow]workers did not stop within {STOP_TIMEOUT_S:.0f}s; exiting (unacked work is redelivered)[/]")
+            err.print(
+                f"[yellow]workers did not stop within {STOP_TIMEOUT_S:.0f}s; exiting (unacked work is redelivered)[/]"
+            )
         except Exception:
             logging.getLogger("memq").exception("stopping the workers failed")
         await monitor.stop()
@@ -146,15 +149,19 @@ def up(
     err.print(
         f"starting memq: NATS {url}{' (embedded)' if embedded else ''}, database {_database_shown(settings)}, "
         f"data {settings.data_dir}",
-        soft_wrap=True, markup=False, highlight=False,
-    )  # fmt: skip
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )
 
     def ready() -> None:
         console.print(
             f"memq ready: NATS {url}, data {settings.data_dir}, workers {', '.join(k.value for k in kinds)}"
             " — try `memq demo` in another terminal; Ctrl-C stops cleanly.",
-            soft_wrap=True, markup=False, highlight=False,
-        )  # fmt: skip
+            soft_wrap=True,
+            markup=False,
+            highlight=False,
+        )
 
     try:
         _run_until_signal(lambda stop: _run_workers(settings, kinds, stop, on_ready=ready))

@@ -51,7 +51,12 @@ class Indexer:
         out: list[tuple[int, StreamMessage]] = []
         for msg in msgs:
             try:
-                out.append((msg.metadata.sequence.stream, decode_from_subject(msg.subject, msg.data, max_bytes=self.max_message_bytes)))
+                out.append(
+                    (
+                        msg.metadata.sequence.stream,
+                        decode_from_subject(msg.subject, msg.data, max_bytes=self.max_message_bytes),
+                    )
+                )
             except MemqError as exc:
                 # Not dead-lettered here as well: one DLQ entry per bad message.
                 log.debug("skipping seq %s: %s", msg.metadata.sequence.stream, exc)
@@ -147,6 +152,9 @@ def make_indexer(settings, backend: IndexBackend, embedder: Embedder, js, engine
         floor = CommitFloor(js, settings.streams.events, settings.persistence.durable)
         previous = PreviousTurns(engine, floor, settings.indexing.storage_scope)
     return Indexer(
-        backend, embedder, settings.indexing.storage_scope,
-        max_message_bytes=settings.streams.max_message_bytes, previous=previous,
-    )  # fmt: skip
+        backend,
+        embedder,
+        settings.indexing.storage_scope,
+        max_message_bytes=settings.streams.max_message_bytes,
+        previous=previous,
+    )

@@ -47,9 +47,11 @@ class PreviousTurns:
                 )
                 for row in rows:
                     earlier = EventAppended(
-                        app=message.app, user=message.user, session=message.session,
+                        app=message.app,
+                        user=message.user,
+                        session=message.session,
                         event=Event.model_validate_json(row.data),
-                    )  # fmt: skip
+                    )
                     if (doc := doc_for(row.seq, earlier, self.scope)) is not None:
                         found[key] = turn_of(doc)
                         break

@@ -229,7 +229,9 @@ async def _abandon(backend: IndexBackend, replay: StreamReplay | None, generatio
         if live is None or live.generation != generation:
             await backend.drop_generation(generation)
     except Exception as exc:
-        log.warning("could not drop the unfinished index generation %s (%s); the next rebuild drops it", generation, exc)
+        log.warning(
+            "could not drop the unfinished index generation %s (%s); the next rebuild drops it", generation, exc
+        )
 
 
 async def _copy_outside_scope(backend, generation, app, user, live, indexer) -> int:

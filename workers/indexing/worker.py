@@ -134,7 +134,7 @@ class IndexingWorker:
                 # Embedding a batch can take many seconds on a busy machine:
                 # cut it short (handle naks it) rather than hold the stop.
                 await asyncio.wait_for(self.consumer.stop(), self.stop_grace_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("stopping: the batch in hand took over %.0fs; it is redelivered", self.stop_grace_s)
             self.consumer = None
         if self.backend is not None and self._own_backend:
@@ -171,8 +171,12 @@ class IndexingWorker:
         self.ready.set()
         log.info(
             "indexing worker started (durable %s, %s index %s, %s, scope %s)",
-            s.durable, self.backend.name, self.generation.generation, self.embedder.model, s.storage_scope,
-        )  # fmt: skip
+            s.durable,
+            self.backend.name,
+            self.generation.generation,
+            self.embedder.model,
+            s.storage_scope,
+        )
 
     def _matches(self, meta: IndexMeta | None) -> bool:
         return meta is not None and (meta.model, meta.dim) == (self.embedder.model, self.embedder.dim)
@@ -195,8 +199,11 @@ class IndexingWorker:
                 else:
                     log.warning(
                         "the index holds %s/%d vectors and this worker embeds with %s/%d: rebuilding from the stream",
-                        live.model, live.dim, self.embedder.model, self.embedder.dim,
-                    )  # fmt: skip
+                        live.model,
+                        live.dim,
+                        self.embedder.model,
+                        self.embedder.dim,
+                    )
                 result = await rebuild(self.settings, self.js, self.indexer, progress=self._progress(), lease=False)
                 log.info("rebuilt %d docs from %d messages in %.1fs", result.docs, result.replayed, result.seconds)
             self.generation = await self.backend.live()
@@ -270,8 +277,11 @@ class IndexingWorker:
                 log.error(
                     "the live index now holds %s/%d vectors but this worker embeds with %s/%d: "
                     "not indexing until it is restarted with the same embedder",
-                    live.model, live.dim, self.embedder.model, self.embedder.dim,
-                )  # fmt: skip
+                    live.model,
+                    live.dim,
+                    self.embedder.model,
+                    self.embedder.dim,
+                )
                 delay = max(delays)
         else:
             log.warning("indexing failed (%s: %s); redelivery in %.1fs", type(exc).__name__, exc, delay)

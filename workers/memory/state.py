@@ -65,9 +65,7 @@ def split_delta(delta: Mapping[str, Any]) -> ScopedDelta:
     return out
 
 
-def merge_state(
-    app: Mapping[str, Any], user: Mapping[str, Any], session: Mapping[str, Any]
-) -> dict[str, Any]:
+def merge_state(app: Mapping[str, Any], user: Mapping[str, Any], session: Mapping[str, Any]) -> dict[str, Any]:
     """The state a session shows, as ADK shows it: scoped keys re-prefixed."""
     merged = dict(session)
     merged.update({USER_PREFIX + k: v for k, v in user.items()})

@@ -176,9 +176,7 @@ class SupportsModelDump(Protocol):
     def model_dump(self, *, exclude: Any = None, exclude_none: bool = False) -> dict[str, Any]: ...
 
 
-def strategy_for(
-    defaults: SupportsModelDump, app_overrides: Mapping[str, Any], spec: StrategySpec | None
-) -> Strategy:
+def strategy_for(defaults: SupportsModelDump, app_overrides: Mapping[str, Any], spec: StrategySpec | None) -> Strategy:
     """The strategy in force: the deployment's defaults (``MemorySettings``),
     then per-app settings, then the request's override. Settings name the
     kind ``strategy``; a bad combination is the caller's :class:`InvalidRequest`."""

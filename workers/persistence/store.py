@@ -35,7 +35,6 @@ CHECKPOINTS = models.table_of(models.Checkpoint)
 SESSION_DATA = (EVENTS, SESSION_STATE, ARTIFACTS, CHECKPOINTS)  # rows that belong to one session
 
 
-
 @dataclass
 class CommitResult:
     plan: CommitPlan
@@ -113,16 +112,16 @@ class SqlStore:
         d = self.dialect
         for user_key, seq in sorted(plan.user_deletes.items()):
             await conn.execute(
-                update(USERS)
-                .where(USERS.c.key == user_key)
-                .values(deleted_seq=greatest(d, USERS.c.deleted_seq, seq))
+                update(USERS).where(USERS.c.key == user_key).values(deleted_seq=greatest(d, USERS.c.deleted_seq, seq))
             )
             await conn.execute(
                 update(SESSIONS)
                 .where(SESSIONS.c.user_key == user_key)
                 .values(deleted_seq=greatest(d, SESSIONS.c.deleted_seq, seq))
             )
-            await conn.execute(delete(USER_STATE).where(and_(USER_STATE.c.user_key == user_key, USER_STATE.c.seq < seq)))
+            await conn.execute(
+                delete(USER_STATE).where(and_(USER_STATE.c.user_key == user_key, USER_STATE.c.seq < seq))
+            )
             user_sessions = select(SESSIONS.c.key).where(SESSIONS.c.user_key == user_key)
             of_user: Select[str] | list[str] = user_sessions
             if d == "mysql":  # MySQL cannot delete with a subquery over a locked table
@@ -170,4 +169,3 @@ class SqlStore:
         )
         params = [{"k": k, "s": t.last_seq, "t": t.updated_at} for k, t in sorted(plan.touched.items())]
         await conn.execute(stmt, params)
-

@@ -190,7 +190,7 @@ class PersistenceWorker:
         raise AssertionError("unreachable")
 
     async def _commit_one_by_one(self, items: list[Incoming], raw: list[Msg]) -> None:
-        for item, msg in zip(items, raw):
+        for item, msg in zip(items, raw, strict=True):
             try:
                 result = await self._commit([item])
             except Exception as exc:
@@ -279,9 +279,13 @@ class PersistenceWorker:
 
         async def notice(app: str, user: str, session: str | None, user_key: str, **fields) -> None:
             body = CommitNotice(
-                app=app, user=user, session=session, app_state=app in apps_changed,
-                user_state=user_key in users_changed, **fields,
-            )  # fmt: skip
+                app=app,
+                user=user,
+                session=session,
+                app_state=app in apps_changed,
+                user_state=user_key in users_changed,
+                **fields,
+            )
             await self.nc.publish(changed_subject(app, user, session), body.encode())
 
         for session_key, touch in plan.touched.items():

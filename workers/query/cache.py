@@ -273,11 +273,15 @@ class QueryCache:
             except (RedisError, OSError) as exc:
                 self._failed("store", exc)
 
-    async def invalidate_local(self, app: str, user: str | None, session: str | None, *, app_state: bool, user_state: bool) -> None:
+    async def invalidate_local(
+        self, app: str, user: str | None, session: str | None, *, app_state: bool, user_state: bool
+    ) -> None:
         if self.local is not None:
             await self.local.bump(_to_bump(app, user, session, app_state, user_state))
 
-    async def invalidate_shared(self, app: str, user: str | None, session: str | None, *, app_state: bool, user_state: bool) -> None:
+    async def invalidate_shared(
+        self, app: str, user: str | None, session: str | None, *, app_state: bool, user_state: bool
+    ) -> None:
         if self.shared is None:
             return
         bump = _to_bump(app, user, session, app_state, user_state)

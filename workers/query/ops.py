@@ -18,9 +18,9 @@ from memq.contracts.errors import InvalidRequest, NotFound, Unavailable
 from memq.contracts.ids import scope_key
 from memq.workers.memory.context import assemble, item_from_event
 from memq.workers.memory.recall import recalled_event
-from memq.workers.memory.tokens import event_text
 from memq.workers.memory.strategies import Strategy, select, strategy_for
 from memq.workers.memory.template import render
+from memq.workers.memory.tokens import event_text
 from memq.workers.settings import MemorySettings
 from memq.workers.sql import reads
 from memq.workers.sql.window import Window, load_window
@@ -54,7 +54,7 @@ def _info(row: reads.SessionRow) -> dict[str, Any]:
 # --- operations -------------------------------------------------------------------
 
 
-async def session_get(conn: AsyncConnection, req: q.SessionGet, ctx: "OpContext") -> q.SessionView:
+async def session_get(conn: AsyncConnection, req: q.SessionGet, ctx: OpContext) -> q.SessionView:
     row = await _session(conn, req.app, req.user, req.session)
     state = await reads.merged_state(conn, req.app, req.user, req.session)
     events = None
@@ -79,7 +79,7 @@ async def session_get(conn: AsyncConnection, req: q.SessionGet, ctx: "OpContext"
     return q.SessionView(**_info(row), state=state, events=events, truncated=truncated, events_total=total)
 
 
-async def sessions_list(conn: AsyncConnection, req: q.SessionsList, ctx: "OpContext") -> q.SessionsPage:
+async def sessions_list(conn: AsyncConnection, req: q.SessionsList, ctx: OpContext) -> q.SessionsPage:
     try:
         rows, cursor = await reads.session_page(conn, req.app, req.user, req.limit, req.cursor)
     except ValueError as exc:
@@ -87,7 +87,7 @@ async def sessions_list(conn: AsyncConnection, req: q.SessionsList, ctx: "OpCont
     return q.SessionsPage(sessions=[q.SessionInfo(**_info(r)) for r in rows], next_cursor=cursor)
 
 
-async def state_get(conn: AsyncConnection, req: q.StateGet, ctx: "OpContext") -> q.StateView:
+async def state_get(conn: AsyncConnection, req: q.StateGet, ctx: OpContext) -> q.StateView:
     if req.session is not None:
         await _session(conn, req.app, req.user, req.session)
     return q.StateView(state=await reads.merged_state(conn, req.app, req.user, req.session))
@@ -97,7 +97,7 @@ def _filter(req: q.SessionGet | q.HistoryGet) -> reads.EventFilter:
     return reads.EventFilter(after=req.after, roles=tuple(req.roles or ()))
 
 
-async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: "OpContext") -> q.HistoryView:
+async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext) -> q.HistoryView:
     """Filters first, then the strategy: ``after``/``roles`` pick events in
     SQL and the strategy windows what they picked (summary_buffer: of the
     events after the latest checkpoint; the summary is returned as usual).
@@ -123,7 +123,7 @@ async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: "OpContext") ->
     )
 
 
-async def context(conn: AsyncConnection, req: q.ContextGet, ctx: "OpContext") -> q.ContextView:
+async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext) -> q.ContextView:
     await _session(conn, req.app, req.user, req.session)
     strategy = ctx.strategy(req.app, req.strategy)
     model = req.model or ctx.memory.model
@@ -171,7 +171,7 @@ def _with_pending(window: Window, text: str, model: str | None) -> Window:
     )
 
 
-async def _recall(ctx: "OpContext", req: q.ContextGet, window: Window) -> list[tuple[int, dict[str, Any], int]]:
+async def _recall(ctx: OpContext, req: q.ContextGet, window: Window) -> list[tuple[int, dict[str, Any], int]]:
     """Memories for the context, found with the last user message; extra
     candidates cover those the window already holds (assemble skips them)."""
     if ctx.searcher is None or req.recall_limit == 0:
@@ -184,21 +184,23 @@ async def _recall(ctx: "OpContext", req: q.ContextGet, window: Window) -> list[t
     return [(h.doc.seq, recalled_event(h.doc), 0) for h in hits]
 
 
-async def search(conn: AsyncConnection | None, req: q.Search, ctx: "OpContext") -> q.SearchResults:
+async def search(conn: AsyncConnection | None, req: q.Search, ctx: OpContext) -> q.SearchResults:
     if ctx.searcher is None:
         raise Unavailable("search is not enabled on this query worker")
     return await ctx.searcher.search(req)
 
 
-async def artifacts_list(conn: AsyncConnection, req: q.ArtifactsList, ctx: "OpContext") -> q.ArtifactsView:
+async def artifacts_list(conn: AsyncConnection, req: q.ArtifactsList, ctx: OpContext) -> q.ArtifactsView:
     await _session(conn, req.app, req.user, req.session)
     listing = await reads.artifact_list(conn, scope_key(req.app, req.user, req.session))
     return q.ArtifactsView(artifacts=[q.ArtifactInfo(**a) for a in listing])
 
 
-async def artifact_get(conn: AsyncConnection, req: q.ArtifactGet, ctx: "OpContext") -> q.ArtifactView:
+async def artifact_get(conn: AsyncConnection, req: q.ArtifactGet, ctx: OpContext) -> q.ArtifactView:
     await _session(conn, req.app, req.user, req.session)
-    row, version = await reads.artifact_version(conn, scope_key(req.app, req.user, req.session), req.filename, req.version)
+    row, version = await reads.artifact_version(
+        conn, scope_key(req.app, req.user, req.session), req.filename, req.version
+    )
     if row is None:
         which = "latest version" if req.version is None else f"version {req.version}"
         raise NotFound(f"no {which} of artifact {req.filename!r}")

@@ -116,9 +116,7 @@ class Searcher:
             vector = None
             if mode != "keyword":
                 [vector] = await embedder.embed([query.text])
-            found = await backend.search(
-                replace(query, mode=mode, vector=vector), generation=live.generation
-            )
+            found = await backend.search(replace(query, mode=mode, vector=vector), generation=live.generation)
             return found, mode, live.model, note
         except (IndexUnavailable, EmbedderError, OSError) as exc:
             self._live = None  # a switch of generation also lands here: re-read it

@@ -212,7 +212,9 @@ class QueryWorker:
         if limit and len(body) > limit:
             metrics.QUERY_ERRORS.labels(op, Oversize.code).inc()
             return error_body(
-                Oversize(f"{op}: the answer is {len(body)} bytes, over the server's max_payload of {limit}; ask for less (limit, page)")
+                Oversize(
+                    f"{op}: the answer is {len(body)} bytes, over the server's max_payload of {limit}; ask for less (limit, page)"
+                )
             )
         return body
 
@@ -241,7 +243,7 @@ class QueryWorker:
         except MemqError as exc:
             metrics.QUERY_ERRORS.labels(op, exc.code).inc()
             return error_body(exc)
-        except (sa_exc.OperationalError, sa_exc.InterfaceError, OSError, asyncio.TimeoutError, NatsError) as exc:
+        except (TimeoutError, sa_exc.OperationalError, sa_exc.InterfaceError, OSError, NatsError) as exc:
             log.warning("%s failed: %s", op, exc)
             metrics.QUERY_ERRORS.labels(op, Unavailable.code).inc()
             # nats-py's timeouts are asyncio.TimeoutErrors too: the commit
@@ -315,6 +317,9 @@ def _request_key(op: str, req: q._Request) -> str:
 def _scope(notice: CommitNotice) -> dict:
     """What a notice makes stale, as the cache's invalidate_* take it."""
     return dict(
-        app=notice.app, user=notice.user, session=notice.session,
-        app_state=notice.app_state, user_state=notice.user_state,
-    )  # fmt: skip
+        app=notice.app,
+        user=notice.user,
+        session=notice.session,
+        app_state=notice.app_state,
+        user_state=notice.user_state,
+    )

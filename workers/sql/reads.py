@@ -173,7 +173,6 @@ async def latest_checkpoint(conn, session_key: str) -> CheckpointRow | None:
     return CheckpointRow(row.seq, row.up_to_seq, row.summary, row.tokens) if row else None
 
 
-
 async def sessions_over_tokens(conn, limit: int) -> list[tuple[str, str, str]]:
     """(app, user, session) of every live session whose tokens after its
     latest checkpoint, plus that checkpoint's summary, pass ``limit``: the
@@ -200,6 +199,7 @@ async def sessions_over_tokens(conn, limit: int) -> list[tuple[str, str, str]]:
         .having(func.sum(e.c.tokens) + func.coalesce(func.max(summary.c.tokens), 0) > limit)
     )
     return [(r.app, r.user_id, r.session_id) for r in (await conn.execute(q)).all()]
+
 
 @dataclass(frozen=True)
 class EventFilter:
@@ -275,11 +275,19 @@ async def artifact_list(conn, session_key: str) -> list[dict[str, Any]]:
     for r in listing:
         latest = (
             await conn.execute(
-                select(a.mime_type, a.size).where(a.session_key == session_key, a.filename == r.filename, a.seq == r.latest_seq)
+                select(a.mime_type, a.size).where(
+                    a.session_key == session_key, a.filename == r.filename, a.seq == r.latest_seq
+                )
             )
         ).first()
         out.append(
-            {"filename": r.filename, "versions": r.versions, "latest_seq": r.latest_seq, "mime_type": latest.mime_type, "size": latest.size}
+            {
+                "filename": r.filename,
+                "versions": r.versions,
+                "latest_seq": r.latest_seq,
+                "mime_type": latest.mime_type,
+                "size": latest.size,
+            }
         )
     return out
 
@@ -382,15 +390,26 @@ async def indexable_messages(engine: AsyncEngine, *, app: str | None = None, use
             # Everything up to the smaller of the two pages' last seqs is complete.
             horizon = min(x[-1].seq if len(x) == page else float("inf") for x in (evs, cps))
             out = [
-                (r.seq, EventAppended(app=s.app, user=s.user_id, session=s.session_id, event=Event.model_validate_json(r.data)))
+                (
+                    r.seq,
+                    EventAppended(
+                        app=s.app, user=s.user_id, session=s.session_id, event=Event.model_validate_json(r.data)
+                    ),
+                )
                 for r in evs
                 if r.seq <= horizon
             ] + [
                 (
                     r.seq,
                     CheckpointSaved(
-                        app=s.app, user=s.user_id, session=s.session_id, id=r.checkpoint_id, summary=r.summary,
-                        up_to_seq=r.up_to_seq, author=r.author or "summarizer", timestamp=r.created_at,
+                        app=s.app,
+                        user=s.user_id,
+                        session=s.session_id,
+                        id=r.checkpoint_id,
+                        summary=r.summary,
+                        up_to_seq=r.up_to_seq,
+                        author=r.author or "summarizer",
+                        timestamp=r.created_at,
                     ),
                 )
                 for r in cps

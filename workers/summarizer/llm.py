@@ -121,10 +121,19 @@ class LLMSummarizer:
 
     async def _post(self, body: dict) -> httpx.Response:
         return await http_retry.post_json(
-            self._client, self._url, body, error=SummarizerError, where=self._where, what="summary",
-            attempts=self.settings.retries + 1, base_s=RETRY_BASE_S, max_s=RETRY_MAX_S,
-            timeout_s=self.settings.timeout_s, secret=self._secret, logger=log,
-        )  # fmt: skip
+            self._client,
+            self._url,
+            body,
+            error=SummarizerError,
+            where=self._where,
+            what="summary",
+            attempts=self.settings.retries + 1,
+            base_s=RETRY_BASE_S,
+            max_s=RETRY_MAX_S,
+            timeout_s=self.settings.timeout_s,
+            secret=self._secret,
+            logger=log,
+        )
 
     @property
     def _secret(self) -> str | None:

@@ -237,7 +237,10 @@ class SummarizerWorker:
         if await self._plan(session_key, strategy) is None:
             return None
         lease = Lease(
-            self.js, f"summarize.{session_key}", ttl_s=self.settings.summarizer.lease_ttl_s, replicas=self.settings.streams.replicas
+            self.js,
+            f"summarize.{session_key}",
+            ttl_s=self.settings.summarizer.lease_ttl_s,
+            replicas=self.settings.streams.replicas,
         )
         if not await lease.acquire():
             self.stats.skipped_busy += 1
@@ -301,12 +304,24 @@ class SummarizerWorker:
 
     async def _publish(self, app, user, session, session_key, summary: str, up_to: int) -> None:
         message = CheckpointSaved(
-            app=app, user=user, session=session, id=checkpoint_id(session_key, up_to), summary=summary,
-            up_to_seq=up_to, author=f"summarizer:{self.settings.summarizer.kind}",
-        )  # fmt: skip
+            app=app,
+            user=user,
+            session=session,
+            id=checkpoint_id(session_key, up_to),
+            summary=summary,
+            up_to_seq=up_to,
+            author=f"summarizer:{self.settings.summarizer.kind}",
+        )
         ack = await self.js.publish(subject_for(message), encode(message), headers={"Nats-Msg-Id": message.msg_id})
-        log.info("checkpoint of %s/%s/%s up to seq %d at seq %d%s", app, user, session, up_to, ack.seq,
-                 " (duplicate)" if ack.duplicate else "")  # fmt: skip
+        log.info(
+            "checkpoint of %s/%s/%s up to seq %d at seq %d%s",
+            app,
+            user,
+            session,
+            up_to,
+            ack.seq,
+            " (duplicate)" if ack.duplicate else "",
+        )
         return ack
 
     async def _status(self, app: str, user: str, session: str, state: str, up_to_seq: int | None = None) -> None:

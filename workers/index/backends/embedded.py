@@ -65,11 +65,43 @@ _WORD = re.compile(r"[^\W_]+")  # letters/digits, split like unicode61 splits ("
 # Weaviate's default stopword preset ("en"), which its BM25 ignores: left out
 # of queries here too, so both backends rank alike (and "the" does not make
 # FTS5 score nearly every row).
-STOPWORDS = frozenset({
-    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "if", "in", "into", "is", "it", "no", "not",
-    "of", "on", "or", "such", "that", "the", "their", "then", "there", "these", "they", "this", "to", "was",
-    "will", "with",
-})  # fmt: skip
+STOPWORDS = frozenset(
+    {
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "for",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "no",
+        "not",
+        "of",
+        "on",
+        "or",
+        "such",
+        "that",
+        "the",
+        "their",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "to",
+        "was",
+        "will",
+        "with",
+    }
+)
 _COLS = 'rid, doc_id, app, "user", session, seq, author, role, timestamp, text, search_text'
 _MATRIX_COLS = "rid, session, author, role, timestamp, vector"
 _D_COLS = ", ".join(f"d.{c.strip()}" for c in _COLS.split(","))
@@ -408,7 +440,9 @@ class EmbeddedIndex:
     async def generations(self) -> list[IndexMeta]:
         rows = await self._run(
             self._read,
-            lambda: self._conn.execute("SELECT id, name, model, dim, created_at FROM generations ORDER BY id").fetchall(),
+            lambda: self._conn.execute(
+                "SELECT id, name, model, dim, created_at FROM generations ORDER BY id"
+            ).fetchall(),
         )
         return [_Gen(*r).meta for r in rows]
 
@@ -741,18 +775,39 @@ def _doc_row(d: Doc) -> tuple:
     # No vector: an empty BLOB (upsert accepts that only in a keyword-only generation).
     vector = b"" if d.vector is None else np.asarray(d.vector, dtype="<f4").ravel().tobytes()
     return (
-        d.uuid, d.id, d.app, d.user, d.session, d.user_key, d.session_key, d.seq,
-        d.author, d.role, d.timestamp, d.text, d.search_text, vector,
-    )  # fmt: skip
+        d.uuid,
+        d.id,
+        d.app,
+        d.user,
+        d.session,
+        d.user_key,
+        d.session_key,
+        d.seq,
+        d.author,
+        d.role,
+        d.timestamp,
+        d.text,
+        d.search_text,
+        vector,
+    )
 
 
 def _row_doc(r: Sequence[Any], vector: list[float] | None = None) -> Doc:
     """A Doc from a row of ``_COLS`` (rid first)."""
     _, id_, app, user, session, seq, author, role, ts, text, search_text = r
     return Doc(
-        id=id_, app=app, user=user, session=session, seq=seq, author=author, role=role, timestamp=ts,
-        text=text, search_text=search_text, vector=vector,
-    )  # fmt: skip
+        id=id_,
+        app=app,
+        user=user,
+        session=session,
+        seq=seq,
+        author=author,
+        role=role,
+        timestamp=ts,
+        text=text,
+        search_text=search_text,
+        vector=vector,
+    )
 
 
 def _owner(app: str | None, user: str | None) -> tuple[str, list[Any]]:

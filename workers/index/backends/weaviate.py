@@ -266,7 +266,9 @@ class WeaviateIndex:
 
     def _stale(self) -> bool:
         since = self._failing_since
-        return since is not None and time.monotonic() - since >= REOPEN_AFTER_S and time.monotonic() >= self._next_attempt
+        return (
+            since is not None and time.monotonic() - since >= REOPEN_AFTER_S and time.monotonic() >= self._next_attempt
+        )
 
     def _succeeded(self) -> None:
         self._failing_since, self._attempts, self._next_attempt = None, 0, 0.0
@@ -496,11 +498,13 @@ class WeaviateIndex:
                 errors.extend(e.message for e in res.errors.values())
 
             # One request per tenant and chunk: a batch call takes one tenant.
-            await asyncio.gather(*(
-                send(tenant, objs[i : i + INSERT_CHUNK])
-                for tenant, objs in groups.items()
-                for i in range(0, len(objs), INSERT_CHUNK)
-            ))  # fmt: skip
+            await asyncio.gather(
+                *(
+                    send(tenant, objs[i : i + INSERT_CHUNK])
+                    for tenant, objs in groups.items()
+                    for i in range(0, len(objs), INSERT_CHUNK)
+                )
+            )
         except _CONNECTION_ERRORS as exc:
             raise self._failed(exc, generation) from None
         self._succeeded()  # the server answered, even if it refused some docs
@@ -528,10 +532,12 @@ class WeaviateIndex:
     async def delete_session(
         self, app: str, user: str, session: str, *, before_seq: int | None = None, generation: str | None = None
     ) -> None:
-        where = _all([
-            Filter.by_property("session_key").equal(scope_key(app, user, session)),
-            Filter.by_property("seq").less_than(before_seq) if before_seq is not None else None,
-        ])  # fmt: skip
+        where = _all(
+            [
+                Filter.by_property("session_key").equal(scope_key(app, user, session)),
+                Filter.by_property("seq").less_than(before_seq) if before_seq is not None else None,
+            ]
+        )
         try:
             await self._ready()
             if (target := await self._target(generation)) is None:
@@ -591,15 +597,18 @@ class WeaviateIndex:
             if (target := await self._target(generation)) is None:
                 return []
             user_key = scope_key(query.app, query.user)
-            where = _all([
-                None if target.tenants else Filter.by_property("user_key").equal(user_key),
-                Filter.by_property("session_key").equal(scope_key(query.app, query.user, query.session))
-                if query.session is not None else None,
-                _any_equal("author", query.authors),
-                _any_equal("role", query.roles),
-                Filter.by_property("timestamp").greater_or_equal(query.since) if query.since is not None else None,
-                Filter.by_property("timestamp").less_than(query.until) if query.until is not None else None,
-            ])  # fmt: skip
+            where = _all(
+                [
+                    None if target.tenants else Filter.by_property("user_key").equal(user_key),
+                    Filter.by_property("session_key").equal(scope_key(query.app, query.user, query.session))
+                    if query.session is not None
+                    else None,
+                    _any_equal("author", query.authors),
+                    _any_equal("role", query.roles),
+                    Filter.by_property("timestamp").greater_or_equal(query.since) if query.since is not None else None,
+                    Filter.by_property("timestamp").less_than(query.until) if query.until is not None else None,
+                ]
+            )
             coll = self.client.collections.use(target.name)
             if target.tenants:
                 coll = coll.with_tenant(tenant_name(user_key))
@@ -627,7 +636,9 @@ class WeaviateIndex:
                     return_metadata=MetadataQuery(score=True, explain_score=True),
                     **common,
                 )
-                hits = [Hit(_doc(o), _asked(o.metadata.score, "score"), _hybrid_scores(o.metadata)) for o in res.objects]
+                hits = [
+                    Hit(_doc(o), _asked(o.metadata.score, "score"), _hybrid_scores(o.metadata)) for o in res.objects
+                ]
         except _CONNECTION_ERRORS as exc:
             if _tenant_missing(exc):
                 return []  # the user has nothing indexed yet
@@ -638,10 +649,12 @@ class WeaviateIndex:
     def _scope_filter(self, app: str | None, user: str | None, tenants: bool) -> Any:
         if app is not None and user is not None:
             return None if tenants else Filter.by_property("user_key").equal(scope_key(app, user))
-        return _all([
-            Filter.by_property("app").equal(app) if app is not None else None,
-            Filter.by_property("user").equal(user) if user is not None else None,
-        ])  # fmt: skip
+        return _all(
+            [
+                Filter.by_property("app").equal(app) if app is not None else None,
+                Filter.by_property("user").equal(user) if user is not None else None,
+            ]
+        )
 
     async def _tenants(self, target: _Target, app: str | None, user: str | None) -> Sequence[str | None]:
         """The tenants an app/user scope can be in (all of them unless both are given)."""

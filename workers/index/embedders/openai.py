@@ -84,9 +84,18 @@ class OpenAIEmbedder:
         if self.settings.dimensions:
             body["dimensions"] = self.settings.dimensions
         reply = await http_retry.post_json(
-            self._client, self._url, body, error=EmbedderError, where=self._where, what="embeddings",
-            attempts=self.settings.retries + 1, base_s=RETRY_BASE_S, max_s=RETRY_MAX_S, secret=self._secret, logger=log,
-        )  # fmt: skip
+            self._client,
+            self._url,
+            body,
+            error=EmbedderError,
+            where=self._where,
+            what="embeddings",
+            attempts=self.settings.retries + 1,
+            base_s=RETRY_BASE_S,
+            max_s=RETRY_MAX_S,
+            secret=self._secret,
+            logger=log,
+        )
         return self._parse(reply, len(batch))
 
     def _parse(self, reply: httpx.Response, count: int) -> list[list[float]]:
