@@ -16,7 +16,7 @@ run() {  # run NAME CMD...: print a header, remember a failure, go on
 }
 
 run "ruff check" "$BIN/ruff" check contracts workers tests
-run "ruff format" "$BIN/ruff" format --check contracts workers
+run "ruff format" "$BIN/ruff" format --check contracts workers tests
 
 # mypy finds modules by their folders, and no folder here is called memq: the
 # installed names (memq.contracts, memq.workers) come from a package mapping in
