@@ -36,6 +36,7 @@ import nats.errors
 import nats.js.errors
 import orjson
 from nats.aio.client import Client
+from nats.js.api import PubAck
 from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
@@ -749,7 +750,7 @@ class MemoryClient:
 
     async def _publish_chunk(self, chunk: list[_Prepared]) -> list[int]:
         # One session per call, so every message of the chunk has one subject.
-        futures: list[asyncio.Future] = []
+        futures: list[asyncio.Future[PubAck]] = []
         try:
             for subject, data, headers in chunk:
                 futures.append(await self._js.publish_async(subject, data, stream=self.stream, headers=headers))
@@ -759,11 +760,13 @@ class MemoryClient:
             for future in futures:  # frees their slots in nats-py's pending limit
                 future.cancel()
             raise self._failed(exc, chunk[0][0]) from exc
+        seqs: list[int] = []
         for ack in acks:
             if isinstance(ack, BaseException):
                 raise self._failed(ack, chunk[0][0]) from ack
-        self._published(max(ack.seq for ack in acks))
-        return [ack.seq for ack in acks]
+            seqs.append(ack.seq)
+        self._published(max(seqs))
+        return seqs
 
     def _published(self, seq: int) -> None:
         # max: concurrent publishes may be acked out of order, and a duplicate

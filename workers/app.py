@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from faststream import FastStream
@@ -172,12 +172,13 @@ class Resources:
     async def close(self) -> None:
         cache, index, engine = self._cache, self._index, self._engine
         self._cache = self._index = self._engine = None
-        for what, close in (
-            ("cache", cache and cache.close),
-            ("index", index and index.close),
-            ("engine", engine and engine.dispose),
-        ):
-            if close is None:
+        closers: list[tuple[str, Callable[[], Awaitable[None]] | None]] = [
+            ("cache", cache.close if cache is not None else None),
+            ("index", index.close if index is not None else None),
+            ("engine", engine.dispose if engine is not None else None),
+        ]
+        for what, close in closers:
+            if close is None:  # never made
                 continue
             try:
                 await close()

@@ -167,6 +167,8 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> str:
 
     Returns "created", "updated" or "unchanged".
     """
+    if config.name is None:  # nats-py's StreamConfig allows it; a stream cannot be found without one
+        raise ValueError("a stream config needs a name")
     try:
         info = await js.stream_info(config.name)
     except NotFoundError:

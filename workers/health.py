@@ -139,8 +139,11 @@ class HttpServer:
 
     def __init__(self, app: Callable, host: str, port: int):
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-        server_class = type("MemqHttpServer", (ThreadingWSGIServer,), {"address_family": family})
-        self.httpd = make_server(host, port, app, server_class, handler_class=_QuietHandler)
+
+        class MemqHttpServer(ThreadingWSGIServer):  # listens on the host's own family (IPv4 or IPv6)
+            address_family = family
+
+        self.httpd = make_server(host, port, app, MemqHttpServer, handler_class=_QuietHandler)
         self.host = host
         self.port = self.httpd.server_port
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="memq-metrics-http", daemon=True)
@@ -203,11 +206,12 @@ class Monitor:
 
     async def start(self, kinds: Iterable[str]) -> None:
         """Serve the endpoints. Raises OSError if the port cannot be bound."""
-        if not self.enabled:
+        port = self.config.port
+        if port is None:  # metrics off (what `enabled` tests; spelled so the type narrows)
             return
         self.state.expected = tuple(kinds)
         self.state.stamp()
-        self.server = HttpServer(make_app(self.state), self.config.host, self.config.port)
+        self.server = HttpServer(make_app(self.state), self.config.host, port)
         self._refresher = asyncio.create_task(self._refresh_forever(), name="memq health refresh")
         self._tasks = [asyncio.create_task(self._beat_forever(), name="memq health heartbeat"), self._refresher]
         log.info("metrics and health on %s (/metrics, /healthz, /readyz)", self.url)

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotFound
-from memq.contracts.queries import ContextFormat, SearchMode, StrategyName
+from memq.contracts.queries import ContextFormat, Role, SearchMode, StrategyName
 from memq.workers.cli.common import _short, _with_client, app, console, err
 
 DEFAULT_APP = "memq-demo"  # the app `memq demo` writes to, so the demo can be browsed without flags
@@ -45,6 +45,8 @@ def parse_after(text: str) -> float:
 
 
 class MessageRole(str, Enum):
+    """--role's choices: the contract's :data:`Role` (typer takes no list of a Literal)."""
+
     user = "user"
     assistant = "assistant"
     system = "system"
@@ -169,7 +171,7 @@ def sessions_show(
 ) -> None:
     """Show a session: its ids, times and merged state (app: and user: keys prefixed).
     With --after or --role, also the events that pass them (the last N with --events)."""
-    roles = [r.value for r in role or ()]
+    roles: list[Role] = [r.value for r in role or ()]
     view = _with_client(
         app_id, lambda c: c.get_session(user, session, num_recent_events=events or None, after=after, roles=roles)
     )
@@ -231,12 +233,12 @@ def history(
     """Show a session's history through a working-memory strategy, with token counts.
     --after/--role pick events first; the strategy then windows those."""
     spec = _strategy_spec(strategy, budget=budget, window=window)
-    roles = [r.value for r in role or ()]
+    roles: list[Role] = [r.value for r in role or ()]
     view = _with_client(app_id, lambda c: c.history(user, session, strategy=spec, after=after, roles=roles))
     if view.summary:
         console.print(Panel(Text(view.summary), title=f"summary up to seq {view.checkpoint_seq}"))
     kind = view.strategy.get("kind")
-    params = ", ".join(f"{k} {view.strategy[k]}" for k in STRATEGY_PARAMS.get(kind, ()) if view.strategy.get(k))
+    params = ", ".join(f"{k} {view.strategy[k]}" for k in STRATEGY_PARAMS.get(str(kind), ()) if view.strategy.get(k))
     caption = f"strategy {kind}{f' ({params})' if params else ''}: {view.tokens} tokens"
     if view.over_budget:
         caption += f", over the budget of {view.strategy.get('budget')}"

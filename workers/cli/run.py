@@ -27,8 +27,9 @@ from memq.workers.cli.common import (
 from memq.workers.kinds import KINDS
 from memq.workers.settings import Settings
 
-# The kinds `memq worker` takes, from the registry (in start order).
-WorkerKind = Enum("WorkerKind", {name: name for name in KINDS}, type=str)
+# The kinds `memq worker` takes, from the registry (in start order). mypy
+# cannot list the members of an Enum built at run time; typer needs an Enum.
+WorkerKind = Enum("WorkerKind", {name: name for name in KINDS}, type=str)  # type: ignore[misc]
 
 
 def _run_until_signal(main: Callable[[asyncio.Event], Awaitable[None]]) -> None:
