@@ -42,11 +42,14 @@ from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnava
 from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders.base import Embedder, EmbedderError
 from memq.workers.indexing.indexer import Indexer, make_indexer
-from memq.workers.indexing.rebuild import REBUILD_LEASE, rebuild
+from memq.workers.indexing.rebuild import REBUILD_LEASE, Progress, rebuild
 from memq.workers.lease import Lease
+from memq.workers.opened import opened
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
+    from nats.micro.service import Service
+
     from memq.workers.app import Resources
 
 log = logging.getLogger("memq.indexing")
@@ -68,15 +71,17 @@ class IndexingWorker:
 
     def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
         self.settings = settings
-        self.backend = backend
+        # Set by open() unless given here, or by preparing the index, and read
+        # through the properties below.
+        self._backend = backend
         self._own_backend = backend is not None  # given here: closed here
-        self.embedder = embedder
-        self.indexer: Indexer | None = None
-        self.generation: IndexMeta | None = None  # where live writes go
-        self.nc: NATS | None = None
-        self.js: JetStreamContext | None = None
+        self._embedder = embedder
+        self._indexer: Indexer | None = None
+        self._generation: IndexMeta | None = None  # where live writes go
+        self._js: JetStreamContext | None = None
+        self.nc: NATS | None = None  # None until open(): health and readiness checks test it
         self.consumer: BatchConsumer | None = None
-        self.service = None
+        self.service: Service | None = None
         self.ready = asyncio.Event()  # the index is usable and the consumer runs
         self._main: asyncio.Task | None = None
         self._stopping = asyncio.Event()
@@ -84,7 +89,28 @@ class IndexingWorker:
 
     @property
     def indexed(self) -> int:
-        return self.indexer.totals.docs if self.indexer else 0
+        return self._indexer.totals.docs if self._indexer else 0
+
+    @property
+    def backend(self) -> IndexBackend:
+        return opened(self._backend, "IndexingWorker.backend")
+
+    @property
+    def embedder(self) -> Embedder:
+        return opened(self._embedder, "IndexingWorker.embedder")
+
+    @property
+    def indexer(self) -> Indexer:
+        return opened(self._indexer, "IndexingWorker.indexer")
+
+    @property
+    def js(self) -> JetStreamContext:
+        return opened(self._js, "IndexingWorker.js")
+
+    @property
+    def generation(self) -> IndexMeta:
+        """The live generation, which writes go to; known once the index is prepared."""
+        return opened(self._generation, "IndexingWorker.generation", by="the index is prepared")
 
     # --- lifecycle (driven by the process's FastStream hooks) ----------------------
 
@@ -107,18 +133,21 @@ class IndexingWorker:
 
     async def open(self, nc: NATS, resources: Resources) -> None:
         self.nc = nc
-        self.js = nc.jetstream()
-        if self.backend is None:
-            self.backend = resources.index
-        if self.embedder is None:
-            self.embedder = await open_embedder(self.settings.indexing)
-        self.indexer = make_indexer(self.settings, self.backend, self.embedder, self.js)
+        self._js = nc.jetstream()
+        if self._backend is None:
+            self._backend = resources.index
+        if self._embedder is None:
+            self._embedder = await open_embedder(self.settings.indexing)
+        self._indexer = make_indexer(self.settings, self._backend, self._embedder, self._js)
 
     async def start(self) -> None:
         """Prepare the index and consume in the background: an index server
         that is down at start delays indexing, not the worker."""
         self.service = await add_service(
-            self.nc, name="memq-indexing", version="0.1.0", description="memq: embeds the event log into the index"
+            opened(self.nc, "IndexingWorker.nc"),
+            name="memq-indexing",
+            version="0.1.0",
+            description="memq: embeds the event log into the index",
         )
         self._main = asyncio.create_task(self._prepare_and_consume(), name="indexing main")
 
@@ -137,12 +166,12 @@ class IndexingWorker:
             except TimeoutError:
                 log.warning("stopping: the batch in hand took over %.0fs; it is redelivered", self.stop_grace_s)
             self.consumer = None
-        if self.backend is not None and self._own_backend:
-            await self.backend.close()
-        if self.indexer is not None and self.indexer.previous is not None:
-            await self.indexer.previous.engine.dispose()
-        if self.embedder is not None:
-            await self.embedder.close()
+        if self._backend is not None and self._own_backend:
+            await self._backend.close()
+        if self._indexer is not None and self._indexer.previous is not None:
+            await self._indexer.previous.engine.dispose()
+        if self._embedder is not None:
+            await self._embedder.close()
 
     async def _prepare_and_consume(self) -> None:
         delays = self.settings.indexing.retry_delays_s
@@ -187,7 +216,7 @@ class IndexingWorker:
         rebuild replayed), or None to start from the beginning."""
         live = await self.backend.live()
         if self._matches(live):
-            self.generation = live
+            self._generation = live
             return None
         # Everything up to here is replayed by the rebuild below.
         replayed_to = (await self.js.stream_info(self.settings.streams.events)).state.last_seq
@@ -206,7 +235,7 @@ class IndexingWorker:
                     )
                 result = await rebuild(self.settings, self.js, self.indexer, progress=self._progress(), lease=False)
                 log.info("rebuilt %d docs from %d messages in %.1fs", result.docs, result.replayed, result.seconds)
-            self.generation = await self.backend.live()
+            self._generation = await self.backend.live()
         # A durable that does not exist yet need not re-index what the rebuild
         # just replayed; an existing one keeps its position (re-indexing is
         # idempotent).
@@ -216,7 +245,7 @@ class IndexingWorker:
         except NotFoundError:
             return replayed_to + 1 if replayed_to else None
 
-    def _progress(self):
+    def _progress(self) -> Progress:
         last = time.monotonic()
 
         def progress(done: int, total: int) -> None:
@@ -271,7 +300,7 @@ class IndexingWorker:
         if live is not None and live.generation != self.generation.generation:
             if self._matches(live):
                 log.info("the index switched to %s; writing there", live.generation)
-                self.generation = live
+                self._generation = live
                 delay = 0.0
             else:
                 log.error(

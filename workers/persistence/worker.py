@@ -47,10 +47,15 @@ from memq.workers import metrics
 from memq.workers.consumer import BatchConsumer
 from memq.workers.dlq import DeadLetters
 from memq.workers.memory.commit_plan import Incoming
+from memq.workers.opened import opened
 from memq.workers.persistence.store import CommitResult, SqlStore
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
+    from faststream.nats.publisher.usecase import LogicPublisher
+    from nats.micro.service import Service
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from memq.workers.app import Resources
 
 log = logging.getLogger("memq.persistence")
@@ -68,15 +73,38 @@ class PersistenceWorker:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.engine = None  # the process's, from open()
-        self.store: SqlStore | None = None
-        self.nc: NATS | None = None
-        self.js: JetStreamContext | None = None
+        self.nc: NATS | None = None  # None until open(): health and readiness checks test it
         self.consumer: BatchConsumer | None = None
-        self.service = None
-        self.dlq: DeadLetters | None = None
-        self.notices = None  # the commit-notice publisher, declared by router()
+        self.service: Service | None = None
+        # Set by open(), read through the properties below.
+        self._engine: AsyncEngine | None = None  # the process's
+        self._store: SqlStore | None = None
+        self._js: JetStreamContext | None = None
+        self._dlq: DeadLetters | None = None
+        # The commit-notice publisher, declared by router() for the AsyncAPI
+        # document; _announce publishes on the connection itself.
+        self.notices: LogicPublisher | None = None
         self.committed = 0  # messages committed by this process (for status and tests)
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return opened(self._engine, "PersistenceWorker.engine")
+
+    @property
+    def store(self) -> SqlStore:
+        return opened(self._store, "PersistenceWorker.store")
+
+    @property
+    def js(self) -> JetStreamContext:
+        return opened(self._js, "PersistenceWorker.js")
+
+    @property
+    def dlq(self) -> DeadLetters:
+        return opened(self._dlq, "PersistenceWorker.dlq")
+
+    @property
+    def _nats(self) -> NATS:
+        return opened(self.nc, "PersistenceWorker.nc")
 
     # --- lifecycle (driven by the process's FastStream hooks) ------------------
 
@@ -104,11 +132,11 @@ class PersistenceWorker:
         return router
 
     async def open(self, nc: NATS, resources: Resources) -> None:
-        self.engine = resources.engine
-        self.store = SqlStore(self.engine)
+        self._engine = resources.engine
+        self._store = SqlStore(self._engine)
         self.nc = nc
-        self.js = nc.jetstream()
-        self.dlq = DeadLetters(self.js, WORKER)
+        self._js = nc.jetstream()
+        self._dlq = DeadLetters(self._js, WORKER)
 
     async def start(self) -> None:
         s = self.settings
@@ -125,7 +153,7 @@ class PersistenceWorker:
         # No endpoints: registering makes the replica visible to `memq status`
         # (NATS micro ping/info/stats).
         self.service = await add_service(
-            self.nc, name="memq-persistence", version="0.1.0", description="memq: commits the event log to SQL"
+            self._nats, name="memq-persistence", version="0.1.0", description="memq: commits the event log to SQL"
         )
         log.info("persistence worker started (durable %s)", s.persistence.durable)
 
@@ -286,7 +314,9 @@ class PersistenceWorker:
                 user_state=user_key in users_changed,
                 **fields,
             )
-            await self.nc.publish(changed_subject(app, user, session), body.encode())
+            # Straight on the connection, in the batch's hot path: the publisher
+            # router() declares documents the notice (AsyncAPI) at no cost per batch.
+            await self._nats.publish(changed_subject(app, user, session), body.encode())
 
         for session_key, touch in plan.touched.items():
             s = scopes.sessions[session_key]

@@ -47,6 +47,7 @@ from memq.workers.lease import Lease
 from memq.workers.memory.extractive import Turn
 from memq.workers.memory.strategies import Strategy, fold, strategy_for
 from memq.workers.memory.tokens import count_text, event_text
+from memq.workers.opened import opened
 from memq.workers.settings import Settings
 from memq.workers.sql import reads
 from memq.workers.sql.window import load_window
@@ -54,7 +55,14 @@ from memq.workers.summarizer.base import Summarizer, SummarizerError
 from memq.workers.summarizer.summarizers import open_summarizer
 
 if TYPE_CHECKING:
+    from faststream.nats.publisher.usecase import LogicPublisher
+    from nats.js import JetStreamContext
+    from nats.js.api import PubAck
+    from nats.micro.service import Service
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from memq.workers.app import Resources
+    from memq.workers.memory.strategies import Fold
 
 log = logging.getLogger("memq.summarizer")
 
@@ -96,13 +104,15 @@ class SummarizerWorker:
 
     def __init__(self, settings: Settings, *, summarizer: Summarizer | None = None):
         self.settings = settings
-        self.engine = None  # the process's, from open()
-        self.summarizer = summarizer
-        self.nc: NATS | None = None
-        self.js = None
-        self.floor: CommitFloor | None = None
-        self.service = None
-        self.status = None  # the status-event publisher, declared by router()
+        self.nc: NATS | None = None  # None until open(): health and readiness checks test it
+        self.service: Service | None = None
+        # Set by open() (the summarizer there unless given here) and router(),
+        # read through the properties below.
+        self._engine: AsyncEngine | None = None  # the process's
+        self._summarizer = summarizer
+        self._js: JetStreamContext | None = None
+        self._floor: CommitFloor | None = None
+        self._status_publisher: LogicPublisher | None = None
         self.stats = Stats()
         self._slots = asyncio.Semaphore(settings.summarizer.max_concurrent)
         self._pending: set[tuple[str, str, str]] = set()  # sessions queued or in progress here
@@ -110,6 +120,31 @@ class SummarizerWorker:
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
         self._triggered = False  # open: notices may schedule work
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return opened(self._engine, "SummarizerWorker.engine")
+
+    @engine.setter
+    def engine(self, engine: AsyncEngine) -> None:  # a test may hand one to a worker it does not open
+        self._engine = engine
+
+    @property
+    def summarizer(self) -> Summarizer:
+        return opened(self._summarizer, "SummarizerWorker.summarizer")
+
+    @property
+    def js(self) -> JetStreamContext:
+        return opened(self._js, "SummarizerWorker.js")
+
+    @property
+    def floor(self) -> CommitFloor:
+        return opened(self._floor, "SummarizerWorker.floor")
+
+    @property
+    def status(self) -> LogicPublisher:
+        """The status-event publisher."""
+        return opened(self._status_publisher, "SummarizerWorker.status", by="router()")
 
     # --- lifecycle (driven by the process's FastStream hooks) ----------------------
 
@@ -123,7 +158,7 @@ class SummarizerWorker:
             description="Summarizer trigger: a committed session may be due a checkpoint summary "
             "(one replica per notice, by queue group). A periodic sweep catches lost notices.",
         )(self.on_commit)
-        self.status = router.publisher(
+        self._status_publisher = router.publisher(
             "memq.v1.status.{app}.{user}.{session}",
             schema=StatusEvent,
             title="memq.v1.status.<app>.<user>.<session>:publish",
@@ -134,18 +169,21 @@ class SummarizerWorker:
 
     async def open(self, nc: NATS, resources: Resources) -> None:
         s = self.settings
-        self.engine = resources.engine
-        if self.summarizer is None:
-            self.summarizer = open_summarizer(s.summarizer)
+        self._engine = resources.engine
+        if self._summarizer is None:
+            self._summarizer = open_summarizer(s.summarizer)
         self.nc = nc
-        self.js = nc.jetstream()
-        self.floor = CommitFloor(self.js, s.streams.events, s.persistence.durable)
+        self._js = nc.jetstream()
+        self._floor = CommitFloor(self._js, s.streams.events, s.persistence.durable)
         self._triggered = True
 
     async def start(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="summarizer sweep")
         self.service = await add_service(
-            self.nc, name="memq-summarizer", version="0.1.0", description="memq: checkpoint summaries"
+            opened(self.nc, "SummarizerWorker.nc"),
+            name="memq-summarizer",
+            version="0.1.0",
+            description="memq: checkpoint summaries",
         )
         log.info("summarizer worker started (%s)", self.settings.summarizer.kind)
 
@@ -159,8 +197,8 @@ class SummarizerWorker:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.summarizer is not None:
-            await self.summarizer.close()
+        if self._summarizer is not None:
+            await self._summarizer.close()
 
     # --- triggers -------------------------------------------------------------------
 
@@ -278,13 +316,14 @@ class SummarizerWorker:
         finally:
             await lease.release()
 
-    async def _plan(self, session_key: str, strategy: Strategy):
+    async def _plan(self, session_key: str, strategy: Strategy) -> tuple[Fold, str | None, list[Turn]] | None:
+        """What is due (the fold, the previous summary, the turns to fold), or None."""
         async with self.engine.connect() as conn:
             window = await load_window(conn, session_key, strategy, self.settings.memory.model)
         plan = fold(window.items, strategy, reserved=window.checkpoint.tokens if window.checkpoint else 0)
         if plan is None:
             return None
-        turns = []
+        turns: list[Turn] = []
         for item in window.items:
             if item.seq <= plan.up_to:
                 event = window.events[item.seq]
@@ -302,7 +341,7 @@ class SummarizerWorker:
             summary = await self.summarizer.summarize(chunk, previous=summary, target_tokens=target)
         return summary or ""
 
-    async def _publish(self, app, user, session, session_key, summary: str, up_to: int) -> None:
+    async def _publish(self, app: str, user: str, session: str, session_key: str, summary: str, up_to: int) -> PubAck:
         message = CheckpointSaved(
             app=app,
             user=user,
