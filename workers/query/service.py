@@ -58,12 +58,15 @@ from memq.contracts.replies import error_body, ok_body
 from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX
 from memq.workers import metrics
 from memq.workers.commit_floor import CommitFloor
+from memq.workers.opened import opened
 from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
 from memq.workers.query.ops import HANDLERS, OpContext
 from memq.workers.query.search import Searcher
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
     from memq.workers.app import Resources
 
 log = logging.getLogger("memq.query")
@@ -103,8 +106,9 @@ class QueryWorker:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.engine = None  # the process's, from open()
-        self.cache: QueryCache | None = None  # the process's, from open()
+        # None until open(); read through `opened` (a clear error if too early).
+        self.engine: AsyncEngine | None = None  # the process's
+        self.cache: QueryCache | None = None  # the process's
         self.searcher = Searcher(settings)
         self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
         self.nc: NATS | None = None
@@ -149,7 +153,7 @@ class QueryWorker:
         """Register the endpoints (after the invalidation subscribers run, so
         no answer is cached that a notice should have dropped)."""
         self.service = await add_service(
-            self.nc,
+            opened(self.nc, "the query worker's NATS connection"),
             name=SERVICE_NAME,
             version=SERVICE_VERSION,
             description="memq sessions, history, context and search",
@@ -159,7 +163,7 @@ class QueryWorker:
             await self.service.add_endpoint(
                 name=op.replace(".", "-"), subject=f"{PREFIX}.q.*.{op}", handler=self._handler(op)
             )
-        tiers = " + ".join(type(t).__name__ for t in self.cache.tiers) or "none"
+        tiers = " + ".join(type(t).__name__ for t in opened(self.cache, "the query cache").tiers) or "none"
         log.info("query worker started (%d ops, cache: %s)", len(q.OPS), tiers)
 
     async def stop(self) -> None:
@@ -179,6 +183,8 @@ class QueryWorker:
 
     def _handler(self, op: str):
         cached = HANDLERS[op].cached  # a missing handler fails the start, not a request
+        # Asked once: the cache and its tiers are fixed from open() on.
+        keyed = cached and opened(self.cache, "the query cache").enabled
 
         async def handle(request: Request) -> None:
             started = time.perf_counter()
@@ -189,7 +195,7 @@ class QueryWorker:
                 await request.respond(error_body(exc))
                 metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
-            key = _request_key(op, req) if cached and self.cache.enabled else None
+            key = _request_key(op, req) if keyed else None
             # A hit in this replica's own cache tier needs no I/O either:
             # answering it here saves a task per request on the hottest path.
             if key is not None and (body := self._local_hit(req, key)) is not None:
@@ -236,7 +242,7 @@ class QueryWorker:
         try:
             if req.min_seq is not None:
                 floor = self.index_floor if q.OPS[op].waits_for == "indexing" else self.floor
-                await floor.wait_for(req.min_seq, req.wait_ms / 1000)
+                await opened(floor, "the commit floor").wait_for(req.min_seq, req.wait_ms / 1000)
             if key is not None:
                 return await self._cached(op, req, key)
             return ok_body(await self._run(op, req))
@@ -277,27 +283,32 @@ class QueryWorker:
         handler = HANDLERS[op]
         if not handler.sql:
             return await handler.run(None, req, self.ctx)
-        async with self.engine.connect() as conn:
+        async with opened(self.engine, "the SQL engine").connect() as conn:
             return await handler.run(conn, req, self.ctx)
 
     def _local_hit(self, req: q._Request, key: str) -> bytes | None:
         """The answer if this replica's own tier has it, fresh enough for the
         request's min_seq by what is already known of the commit floor; else
         None, and the request takes the full path."""
-        if self.cache.local is None or (req.min_seq is not None and req.min_seq > self.floor.value):
+        cache = opened(self.cache, "the query cache")
+        if cache.local is None or (
+            req.min_seq is not None and req.min_seq > opened(self.floor, "the commit floor").value
+        ):
             return None
-        entry = self.cache.get_local(req.app, req.user, getattr(req, "session", None), key)
+        entry = cache.get_local(req.app, req.user, getattr(req, "session", None), key)
         if entry is None or (req.min_seq is not None and entry.as_of < req.min_seq):
             return None
         return entry.body
 
     async def _cached(self, op: str, req: q._Request, key: str) -> bytes:
-        ticket, entry = await self.cache.get(req.app, req.user, getattr(req, "session", None), key)
+        cache = opened(self.cache, "the query cache")
+        ticket, entry = await cache.get(req.app, req.user, getattr(req, "session", None), key)
         if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
             return entry.body
-        as_of = await self.floor.current()  # read before SQL: the answer holds at least this
+        # read before SQL: the answer holds at least this
+        as_of = await opened(self.floor, "the commit floor").current()
         body = ok_body(await self._run(op, req))
-        await self.cache.put(ticket, Entry(as_of, body))
+        await cache.put(ticket, Entry(as_of, body))
         return body
 
     # --- invalidation -------------------------------------------------------------
