@@ -21,17 +21,18 @@ from memq.workers.memory.commit_plan import (
     plan_commit,
     state_rows,
 )
-from memq.workers.sql import models
 from memq.workers.sql.engine import dialect_name, greatest, insert_ignore, upsert_if_newer
+from memq.workers.sql.models import (
+    APP_STATE,
+    ARTIFACTS,
+    CHECKPOINTS,
+    EVENTS,
+    SESSION_STATE,
+    SESSIONS,
+    USER_STATE,
+    USERS,
+)
 
-USERS = models.table_of(models.User)
-SESSIONS = models.table_of(models.Session)
-EVENTS = models.table_of(models.Event)
-ARTIFACTS = models.table_of(models.Artifact)
-APP_STATE = models.table_of(models.AppState)
-USER_STATE = models.table_of(models.UserState)
-SESSION_STATE = models.table_of(models.SessionState)
-CHECKPOINTS = models.table_of(models.Checkpoint)
 SESSION_DATA = (EVENTS, SESSION_STATE, ARTIFACTS, CHECKPOINTS)  # rows that belong to one session
 
 

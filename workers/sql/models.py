@@ -175,3 +175,15 @@ def table_of(model: type[SQLModel]) -> Table:
     # SQLModel's metaclass sets __table__ on every table=True model, but the
     # class does not declare it for type checkers.
     return model.__table__  # type: ignore[attr-defined]
+
+
+# The Core tables, named once for the reads (sql/reads.py) and the commits
+# (persistence/store.py).
+USERS = table_of(User)
+SESSIONS = table_of(Session)
+EVENTS = table_of(Event)
+APP_STATE = table_of(AppState)
+USER_STATE = table_of(UserState)
+SESSION_STATE = table_of(SessionState)
+ARTIFACTS = table_of(Artifact)
+CHECKPOINTS = table_of(Checkpoint)

@@ -18,15 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from memq.contracts.ids import scope_key
 from memq.workers.memory.state import TOMBSTONE, merge_state
-from memq.workers.sql import models
-
-SESSIONS = models.table_of(models.Session)
-EVENTS = models.table_of(models.Event)
-CHECKPOINTS = models.table_of(models.Checkpoint)
-ARTIFACTS = models.table_of(models.Artifact)
-APP_STATE = models.table_of(models.AppState)
-USER_STATE = models.table_of(models.UserState)
-SESSION_STATE = models.table_of(models.SessionState)
+from memq.workers.sql.models import APP_STATE, ARTIFACTS, CHECKPOINTS, EVENTS, SESSION_STATE, SESSIONS, USER_STATE
 
 
 @dataclass(frozen=True)
