@@ -117,9 +117,14 @@ async def open_connection(options: dict[str, Any]) -> NATS:
     hints = {"hint": NATS_HINT, "auth_hint": NATS_AUTH_HINT}
     connecting = asyncio.ensure_future(connect_nats(**{**options, **hints, "error_cb": error_cb}))
     await asyncio.wait({connecting, tls_failed}, return_when=asyncio.FIRST_COMPLETED)
-    if connecting.done():
+    # A TLS 1.3 server refuses a missing client certificate after the client's
+    # handshake is done, so the error callback and the failed connect can land
+    # in the same loop turn: the TLS error wins, it is the one to fix.
+    if not tls_failed.done():
         tls_failed.cancel()
         return connecting.result()
+    if connecting.done() and connecting.exception() is None:
+        await connecting.result().close()
     connecting.cancel()
     with contextlib.suppress(BaseException):
         await connecting
