@@ -95,7 +95,12 @@ class DatabaseSettings(BaseModel):
 class PersistenceSettings(BaseModel):
     durable: str = Field(default="memq-persistence", description="durable consumer shared by the replicas")
     batch_size: int = Field(default=256, ge=1, le=10_000, description="messages per transaction")
-    batch_wait_s: float = Field(default=0.02, gt=0, description="longest wait to fill a batch")
+    batch_wait_s: float = Field(
+        default=0.02,
+        gt=0,
+        description="longest wait to top a batch up while more messages are waiting; "
+        "a batch goes at once when none are",
+    )
     ack_wait_s: float = Field(default=30.0, gt=0, description="redelivery after a silent crash")
     retry_delays_s: list[float] = Field(
         default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the database is down"
@@ -214,7 +219,12 @@ class IndexingSettings(BaseModel):
         default=1, ge=0, le=1, description="index each turn with the previous one (read from SQL); 0: alone"
     )
     batch_size: int = Field(default=64, ge=1, le=4096, description="messages per batch (embedded together)")
-    batch_wait_s: float = Field(default=0.1, gt=0, description="longest wait to fill a batch")
+    batch_wait_s: float = Field(
+        default=0.1,
+        gt=0,
+        description="longest wait to top a batch up while more messages are waiting; "
+        "a batch goes at once when none are",
+    )
     ack_wait_s: float = Field(default=120.0, gt=0, description="redelivery after a silent crash (embedding is slow)")
     retry_delays_s: list[float] = Field(
         default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the index is down"
