@@ -1,0 +1,379 @@
+"""Agent-loop benchmark: the turn an agent runs all day, memq beside plain SQL.
+
+Usage::
+
+    .venv/bin/python tests/bench/agent_loop.py [--quick] [--json PATH]
+        [--agents 1,16,64] [--seconds S] [--rounds R] [--cache memory|redis]
+
+Everything runs on loopback, on servers this script starts and stops itself
+(``tests/services.py``): one nats-server, one PostgreSQL (and Redis with
+``--cache redis``), one ``memq worker persistence`` and one ``memq worker
+query`` process, started as a user would start them. No index: the turn asks
+for no recall, so neither Weaviate nor an embedder is involved.
+
+**The memq turn** (what ``MemoryClient.with_history`` does), each simulated
+agent in a session of its own, one ``MemoryClient`` each on a shared NATS
+connection:
+
+1. append the user event (300 characters) and await its PubAck;
+2. ``context(format="openai", recall_limit=0, min_seq=<that seq>)`` with
+   read-your-writes: the reply must already hold the user event (``message=``
+   is left out because the event is already stored: it would count twice);
+3. append the assistant event (300 characters) and await its PubAck.
+
+**The floor** (same run, same PostgreSQL, its own table): the same turn
+written directly through asyncpg, a pool of one connection per agent: one
+``INSERT`` committed (autocommit) and one ``SELECT`` of the session's last 50
+rows. It does less than memq (no stream, no second append, no token counts,
+no strategy), which is why it is the floor.
+
+For each number of concurrent agents A (1, 16, 64), the two loops run one
+after the other for ``--seconds`` each, alternating, ``--rounds`` times
+(memq first in odd rounds, SQL first in even ones), so a slow moment of a
+shared machine does not favour one side. Turns/s and turn p50/p99 are over
+every round; the memq rows also give the p50 of each step. Every memq reply
+is checked: a context that lacks the user event just appended is counted as
+a read-your-writes violation (and fails the run), as is any error.
+
+Targets (issue 13), from numbers of this run: with 1 agent, memq's turn p50
+≤ 2× the direct-SQL turn's; with 64 agents, memq's turns/s ≥ direct SQL's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import uuid
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+
+import asyncpg  # noqa: E402
+import helpers  # noqa: E402
+import nats  # noqa: E402
+import services  # noqa: E402
+from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
+from query import Proc  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from memq.contracts.client import MemoryClient  # noqa: E402
+from memq.contracts.errors import MemqError  # noqa: E402
+
+APP = "agents"
+EVENT_CHARS = 300
+LAST_N = 50
+MEMQ = Path(sys.prefix) / "bin" / "memq"
+now = time.perf_counter
+
+FLOOR_SCHEMA = """
+CREATE TABLE agent_turns (
+    session_id text NOT NULL,
+    seq bigint GENERATED ALWAYS AS IDENTITY,
+    role text NOT NULL,
+    data jsonb NOT NULL,
+    created_at double precision NOT NULL,
+    PRIMARY KEY (session_id, seq)
+)
+"""
+FLOOR_INSERT = "INSERT INTO agent_turns (session_id, role, data, created_at) VALUES ($1, $2, $3, $4) RETURNING seq"
+FLOOR_SELECT = "SELECT seq, role, data FROM agent_turns WHERE session_id = $1 ORDER BY seq DESC LIMIT 50"
+
+
+@dataclass(frozen=True)
+class Config:
+    agents: tuple[int, ...]
+    seconds: float  # each loop, each round
+    rounds: int
+    cache: str  # the query worker's cache backend: memory or redis
+
+
+@dataclass
+class Run:
+    """One loop (memq or sql) at one number of agents, over every round."""
+
+    path: str
+    agents: int
+    turns: int = 0
+    seconds: float = 0.0
+    turn_ms: list[float] = field(default_factory=list)
+    step_ms: dict[str, list[float]] = field(default_factory=dict)
+    errors: int = 0
+    ryw_violations: int = 0
+    first_error: str | None = None
+
+    def record(self, turn_ms: float, steps: dict[str, float] | None = None) -> None:
+        self.turns += 1
+        self.turn_ms.append(turn_ms)
+        for name, ms in (steps or {}).items():
+            self.step_ms.setdefault(name, []).append(ms)
+
+    def failed(self, exc: BaseException) -> None:
+        self.errors += 1
+        self.first_error = self.first_error or f"{type(exc).__name__}: {exc}"
+
+    @property
+    def per_s(self) -> float:
+        return self.turns / self.seconds if self.seconds else 0.0
+
+    def summary(self) -> dict:
+        return dict(
+            path=self.path,
+            agents=self.agents,
+            turns=self.turns,
+            turns_per_s=round(self.per_s, 1),
+            p50_ms=round(percentile(self.turn_ms, 50), 3),
+            p99_ms=round(percentile(self.turn_ms, 99), 3),
+            steps_p50_ms={k: round(percentile(v, 50), 3) for k, v in self.step_ms.items()},
+            errors=self.errors,
+            ryw_violations=self.ryw_violations,
+            first_error=self.first_error,
+        )
+
+
+def text_of(role: str, agent: int, turn: int) -> str:
+    head = f"{role} {agent}.{turn}: "
+    return head + ("lorem ipsum dolor sit amet " * 12)[: EVENT_CHARS - len(head)]
+
+
+# --- the two loops ----------------------------------------------------------------------
+
+
+async def run_agents(n: int, seconds: float, turn) -> float:
+    """Run ``turn(agent, i)`` in ``n`` concurrent loops for ``seconds``; the
+    wall time until the last loop finished its last turn."""
+    stop_at = now() + seconds
+
+    async def loop(agent: int) -> None:
+        i = 0
+        while now() < stop_at:
+            await turn(agent, i)
+            i += 1
+
+    started = now()
+    await asyncio.gather(*(loop(a) for a in range(n)))
+    return now() - started
+
+
+class MemqLoop:
+    def __init__(self, nc, n: int, tag: str):
+        self.clients = [MemoryClient(nc, APP) for _ in range(n)]
+        self.sessions = [(f"user-{a % 16}", f"{tag}-agent-{a}") for a in range(n)]
+
+    async def turn(self, run: Run, agent: int, i: int) -> None:
+        client, (user, session) = self.clients[agent], self.sessions[agent]
+        said = text_of("user", agent, i)
+        t0 = now()
+        try:
+            seq = await client.append_text(user, session, "user", said)
+            t1 = now()
+            ctx = await client.context(user, session, format="openai", recall_limit=0, min_seq=seq)
+            t2 = now()
+            await client.append_text(user, session, "assistant", text_of("assistant", agent, i))
+            t3 = now()
+        except (MemqError, nats.errors.Error, TimeoutError) as exc:
+            run.failed(exc)
+            return
+        if not ctx.messages or ctx.messages[-1].get("content") != said:
+            run.ryw_violations += 1
+        run.record(
+            (t3 - t0) * 1000,
+            {"append user": (t1 - t0) * 1000, "context": (t2 - t1) * 1000, "append assistant": (t3 - t2) * 1000},
+        )
+
+
+class SqlLoop:
+    def __init__(self, pool: asyncpg.Pool, tag: str):
+        self.pool = pool
+        self.tag = tag
+
+    async def turn(self, run: Run, agent: int, i: int) -> None:
+        session = f"{self.tag}-agent-{agent}"
+        said = text_of("user", agent, i)
+        body = json.dumps({"role": "user", "content": said})
+        t0 = now()
+        try:
+            async with self.pool.acquire() as conn:
+                seq = await conn.fetchval(FLOOR_INSERT, session, "user", body, time.time())
+                rows = await conn.fetch(FLOOR_SELECT, session)
+        except (asyncpg.PostgresError, OSError) as exc:
+            run.failed(exc)
+            return
+        if not rows or rows[0]["seq"] != seq:
+            run.ryw_violations += 1
+        run.record((now() - t0) * 1000)
+
+
+async def measure(cfg: Config, nc, pool: asyncpg.Pool) -> list[Run]:
+    runs: list[Run] = []
+    for n in cfg.agents:
+        memq_run, sql_run = Run("memq", n), Run("sql", n)
+        status(f"[bold]{n} agent{'s' if n > 1 else ''}[/]: {cfg.rounds} rounds of {cfg.seconds:g} s per loop")
+        for r in range(cfg.rounds):
+            tag = f"a{n}r{r}-{uuid.uuid4().hex[:6]}"
+            memq_loop, sql_loop = MemqLoop(nc, n, tag), SqlLoop(pool, tag)
+            # one warm-up turn each: the sessions exist, connections are open
+            await asyncio.gather(*(memq_loop.turn(Run("warm", n), a, -1) for a in range(n)))
+            await asyncio.gather(*(sql_loop.turn(Run("warm", n), a, -1) for a in range(n)))
+            order = [(memq_run, memq_loop), (sql_run, sql_loop)]
+            for run, loop in order if r % 2 == 0 else order[::-1]:
+
+                async def turn(agent: int, i: int, run: Run = run, loop=loop) -> None:
+                    await loop.turn(run, agent, i)
+
+                run.seconds += await run_agents(n, cfg.seconds, turn)
+            status(
+                f"  round {r + 1}: memq {memq_run.per_s:,.0f} turns/s p50 {percentile(memq_run.turn_ms, 50):.2f} ms"
+                f" · sql {sql_run.per_s:,.0f} turns/s p50 {percentile(sql_run.turn_ms, 50):.2f} ms"
+            )
+        runs += [memq_run, sql_run]
+    return runs
+
+
+# --- the stack --------------------------------------------------------------------------
+
+
+def worker_env(nats_url: str, db_url: str, redis_url: str | None, work: Path) -> dict[str, str]:
+    env = helpers.settings_env(helpers.make_settings(nats_url, db_url, work))
+    env["MEMQ_DATABASE__MIGRATE_ON_START"] = "false"  # migrated once, before the workers start
+    if redis_url:
+        env.update(MEMQ_CACHE__BACKEND="redis", MEMQ_CACHE__REDIS_URL=redis_url)
+    else:
+        env["MEMQ_CACHE__BACKEND"] = "memory"
+    return env
+
+
+async def wait_until_answering(nc, workers: list[Proc], timeout: float = 60.0) -> None:
+    """Until a context request gets a reply (NotFound is a reply: the worker is up)."""
+    client = MemoryClient(nc, APP, timeout=1.0)
+    deadline = now() + timeout
+    while True:
+        for w in workers:
+            w.check_alive()
+        try:
+            await client.context("nobody", "nothing", recall_limit=0)
+            return
+        except MemqError as exc:
+            if exc.code == "not_found":
+                return
+            if now() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
+async def run(cfg: Config, machine: dict, work: Path) -> list[Run]:
+    async with AsyncExitStack() as stack:
+        status("starting nats-server, PostgreSQL" + (", Redis" if cfg.cache == "redis" else "") + " …")
+        nats_server = stack.enter_context(services.NatsServer())
+        pg = stack.enter_context(services.Postgres())
+        redis_url = stack.enter_context(services.Redis()).url if cfg.cache == "redis" else None
+        machine["postgres"] = pg.psql("SHOW server_version").strip()
+        db_url = pg.create_database("bench_agents")
+        engine = await helpers.migrated_engine(db_url)
+        await engine.dispose()
+        env = worker_env(nats_server.url, db_url, redis_url, work)
+        procs = [
+            Proc([str(MEMQ), "worker", kind], env, work / f"{kind}.log").start() for kind in ("persistence", "query")
+        ]
+
+        async def stop_all() -> None:
+            await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs))
+
+        stack.push_async_callback(stop_all)
+        nc = await nats.connect(nats_server.url, name="bench-agent-loop")
+        stack.push_async_callback(nc.close)
+        pool = await asyncpg.create_pool(pg.dsn("bench_agents"), min_size=1, max_size=max(cfg.agents))
+        stack.push_async_callback(pool.close)
+        async with pool.acquire() as conn:
+            await conn.execute(FLOOR_SCHEMA)
+        try:
+            await helpers.wait_for_consumer(nats_server.url)
+            await wait_until_answering(nc, procs)
+            return await measure(cfg, nc, pool)
+        except BaseException:
+            for p in procs:
+                console.print(f"[red]{' '.join(p.cmd[-2:])} log:[/]\n{p.log_tail()}")
+            raise
+
+
+# --- output ------------------------------------------------------------------------------
+
+
+def targets(runs: list[Run]) -> list[dict]:
+    by = {(r.path, r.agents): r for r in runs}
+    out = []
+    if ("memq", 1) in by and ("sql", 1) in by:
+        ratio = percentile(by["memq", 1].turn_ms, 50) / percentile(by["sql", 1].turn_ms, 50)
+        out.append(dict(what="1 agent: memq turn p50 ÷ direct-SQL turn p50", value=ratio, target="≤ 2", ok=ratio <= 2))
+    if ("memq", 64) in by and ("sql", 64) in by:
+        ratio = by["memq", 64].per_s / by["sql", 64].per_s
+        out.append(dict(what="64 agents: memq turns/s ÷ direct-SQL turns/s", value=ratio, target="≥ 1", ok=ratio >= 1))
+    return out
+
+
+def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
+    status(
+        f"\n[bold]agent loop[/] — {machine['nproc']} cores ({machine['cpu']}), PostgreSQL {machine.get('postgres', '?')}, "
+        f"commit {machine['git']}, cache {cfg.cache}, {cfg.rounds} × {cfg.seconds:g} s per loop"
+    )
+    table = Table("agents", "path", "turns/s", "p50 ms", "p99 ms", "steps p50 ms", "errors", "ryw violations")
+    for r in runs:
+        s = r.summary()
+        steps = " · ".join(f"{k} {v:.2f}" for k, v in s["steps_p50_ms"].items())
+        table.add_row(
+            str(r.agents),
+            r.path,
+            f"{s['turns_per_s']:,.0f}",
+            f"{s['p50_ms']:.2f}",
+            f"{s['p99_ms']:.2f}",
+            steps,
+            str(r.errors),
+            str(r.ryw_violations),
+        )
+    console.print(table)
+    for t in targets(runs):
+        mark = "[green]met[/]" if t["ok"] else "[red]not met[/]"
+        status(f"{t['what']}: {t['value']:.2f} (target {t['target']}) {mark}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short run: 1 round of 2 s per loop")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
+    parser.add_argument("--agents", default="1,16,64", help="numbers of concurrent agents (default 1,16,64)")
+    parser.add_argument("--seconds", type=float, help="each loop, each round (default 5; --quick 2)")
+    parser.add_argument("--rounds", type=int, help="alternating rounds (default 3; --quick 1)")
+    parser.add_argument("--cache", choices=("memory", "redis"), default="memory", help="the query worker's cache")
+    return parser.parse_args()
+
+
+async def main(args: argparse.Namespace) -> int:
+    cfg = Config(
+        agents=tuple(int(a) for a in args.agents.split(",")),
+        seconds=args.seconds or (2.0 if args.quick else 5.0),
+        rounds=args.rounds or (1 if args.quick else 3),
+        cache=args.cache,
+    )
+    machine = machine_info()
+    status(f"[bold]memq agent-loop benchmark[/] — {'quick' if args.quick else 'full'} run")
+    warn_if_busy(machine)
+    with tempfile.TemporaryDirectory(prefix="memq-bench-agents-") as tmp:
+        runs = await run(cfg, machine, Path(tmp))
+    print_results(machine, cfg, runs)
+    if args.json:
+        body = dict(machine=machine, config=asdict(cfg), runs=[r.summary() for r in runs], targets=targets(runs))
+        args.json.write_text(json.dumps(body, indent=2))
+        status(f"wrote {args.json}")
+    bad = sum(r.errors + r.ryw_violations for r in runs)
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MEMQ_LOG_LEVEL", "WARNING")
+    sys.exit(asyncio.run(main(parse_args())))
