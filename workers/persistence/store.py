@@ -6,18 +6,22 @@ this module only talks to the database.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 from sqlalchemy import Select, and_, bindparam, case, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from memq.contracts.schemas import SessionDeleted, UserDeleted
 from memq.workers.memory.commit_plan import (
     CommitPlan,
     Incoming,
     Scopes,
+    SessionRef,
     Tombstones,
     collect_scopes,
+    keys_of,
     plan_commit,
     state_rows,
 )
@@ -42,6 +46,30 @@ class CommitResult:
     scopes: Scopes
 
 
+def _user_rows(scopes: Scopes, keys: Sequence[str]) -> list[dict]:
+    return [{"key": k, "app": scopes.users[k].app, "user_id": scopes.users[k].user, "deleted_seq": 0} for k in keys]
+
+
+def _session_row(key: str, s: SessionRef) -> dict:
+    return {
+        "key": key,
+        "user_key": s.user_key,
+        "app": s.app,
+        "user_id": s.user,
+        "session_id": s.session,
+        "last_seq": 0,
+        "deleted_seq": 0,
+        "created_at": 0.0,
+        "updated_at": 0.0,
+    }
+
+
+def deleting_users(items: Iterable[Incoming]) -> set[str]:
+    """Users whose tombstones a batch writes (it deletes one of their sessions,
+    or them): the rows it locks FOR UPDATE."""
+    return {keys_of(i.message)[0] for i in items if isinstance(i.message, (SessionDeleted, UserDeleted))}
+
+
 def _chunks(rows: Sequence[dict], size: int):
     for i in range(0, len(rows), size):
         yield rows[i : i + size]
@@ -51,63 +79,77 @@ class SqlStore:
     def __init__(self, engine: AsyncEngine):
         self.engine = engine
         self.dialect = dialect_name(engine)
+        # MySQL's default REPEATABLE READ would read the tombstones from a
+        # snapshot older than the user locks; PostgreSQL's default is this one.
+        self._writer = engine.execution_options(isolation_level="READ COMMITTED") if self.dialect == "mysql" else engine
 
     async def commit(self, items: Sequence[Incoming]) -> CommitResult:
         """Apply a batch atomically. Safe to repeat (redelivery) and to run
         concurrently with other replicas in any order."""
         scopes = collect_scopes(items)
-        async with self.engine.begin() as conn:
-            tombstones = await self._lock_scopes(conn, scopes)
+        async with self._writer.begin() as conn:
+            tombstones = await self._lock_scopes(conn, scopes, deleting_users(items))
             plan = plan_commit(items, tombstones)
             await self._apply_deletes(conn, plan)
             await self._insert(conn, plan)
             await self._touch_sessions(conn, plan)
         return CommitResult(plan, scopes)
 
-    async def _lock_scopes(self, conn: AsyncConnection, scopes: Scopes) -> Tombstones:
-        """Create missing user/session rows, then lock them (users first, in key
-        order, so replicas cannot deadlock) and read their tombstones."""
-        d = self.dialect
-        users = sorted(scopes.users.items())
-        sessions = sorted(scopes.sessions.items())
-        if users:
-            rows = [{"key": k, "app": u.app, "user_id": u.user, "deleted_seq": 0} for k, u in users]
-            await conn.execute(insert_ignore(d, USERS), rows)
-        if sessions:
-            rows = [
-                {
-                    "key": k,
-                    "user_key": s.user_key,
-                    "app": s.app,
-                    "user_id": s.user,
-                    "session_id": s.session,
-                    "last_seq": 0,
-                    "deleted_seq": 0,
-                    "created_at": 0.0,
-                    "updated_at": 0.0,
-                }
-                for k, s in sessions
-            ]
-            await conn.execute(insert_ignore(d, SESSIONS), rows)
-        user_tombs: dict[str, int] = {}
+    async def _lock_scopes(
+        self, conn: AsyncConnection, scopes: Scopes, deleting: Collection[str] = frozenset()
+    ) -> Tombstones:
+        """Read the tombstones of the batch's users and sessions, creating rows
+        that are missing, under the one lock stream order needs: the user row.
+
+        Every tombstone is written under its user's row locked FOR UPDATE (a
+        batch that deletes a session or user, ``deleting``); every other batch
+        reads the tombstones under its users' rows locked FOR SHARE, which do
+        not block each other. So commits of one user's sessions run side by
+        side, while a delete still waits for the commits in flight and they for
+        it. Session rows take no lock here: the commit's last step updates
+        them, so they are held only from there to the commit. Users are locked
+        in key order (runs of one mode), so replicas cannot deadlock. On SQLite
+        (one writer at a time) the locking clauses are no-ops.
+        """
+        users = sorted(scopes.users)
+        if self.dialect == "sqlite" and users:
+            # SQLite begins the transaction at its first write: write first, so
+            # the database's one write lock is held before any tombstone is read.
+            await conn.execute(insert_ignore(self.dialect, USERS), _user_rows(scopes, users))
+        user_tombs = await self._lock_users(conn, users, deleting)
+        if missing := [k for k in users if k not in user_tombs]:
+            await conn.execute(insert_ignore(self.dialect, USERS), _user_rows(scopes, missing))
+            user_tombs.update(await self._lock_users(conn, missing, deleting))
+        # Read after the user locks: a delete of these sessions committed
+        # before them is seen (READ COMMITTED), one after them waits for us.
+        # Only missing rows are inserted: MySQL's insert-ignore locks the rows it skips.
         session_tombs: dict[str, int] = {}
-        if users:
+        if scopes.sessions:
+            q = select(SESSIONS.c.key, SESSIONS.c.deleted_seq).where(SESSIONS.c.key.in_(sorted(scopes.sessions)))
+            session_tombs = dict((await conn.execute(q)).all())
+        if missing_sessions := sorted(k for k in scopes.sessions if k not in session_tombs):
+            rows = [_session_row(k, scopes.sessions[k]) for k in missing_sessions]
+            await conn.execute(insert_ignore(self.dialect, SESSIONS), rows)
+            # New, or created by a batch that committed meanwhile: never deleted,
+            # since a delete would need the user lock this batch holds.
+            session_tombs.update(dict.fromkeys(missing_sessions, 0))
+        return Tombstones(users=user_tombs, sessions=session_tombs)
+
+    async def _lock_users(
+        self, conn: AsyncConnection, keys: Sequence[str], deleting: Collection[str]
+    ) -> dict[str, int]:
+        """Lock the existing user rows among ``keys`` (sorted): FOR UPDATE those
+        in ``deleting``, FOR SHARE the others; their tombstones."""
+        tombs: dict[str, int] = {}
+        for exclusive, run in groupby(keys, key=lambda k: k in deleting):
             q = (
                 select(USERS.c.key, USERS.c.deleted_seq)
-                .where(USERS.c.key.in_([k for k, _ in users]))
+                .where(USERS.c.key.in_(list(run)))
                 .order_by(USERS.c.key)
-                .with_for_update()
+                .with_for_update(read=not exclusive)
             )
-            user_tombs = dict((await conn.execute(q)).all())
-        if sessions:
-            q = (
-                select(SESSIONS.c.key, SESSIONS.c.deleted_seq)
-                .where(SESSIONS.c.key.in_([k for k, _ in sessions]))
-                .order_by(SESSIONS.c.key)
-                .with_for_update()
-            )
-            session_tombs = dict((await conn.execute(q)).all())
-        return Tombstones(users=user_tombs, sessions=session_tombs)
+            tombs.update((await conn.execute(q)).all())
+        return tombs
 
     async def _apply_deletes(self, conn: AsyncConnection, plan: CommitPlan) -> None:
         d = self.dialect
