@@ -23,7 +23,7 @@ from memq.workers.memory.template import render
 from memq.workers.memory.tokens import event_text
 from memq.workers.settings import MemorySettings
 from memq.workers.sql import reads
-from memq.workers.sql.window import Window, load_window
+from memq.workers.sql.window import Window, load_session_window
 
 RECALL_MARGIN = 10  # extra recall candidates, for those already in the window
 
@@ -35,9 +35,29 @@ def _stored(e: reads.StoredEvent) -> q.StoredEvent:
 async def _session(conn: AsyncConnection, app: str, user: str, session: str) -> reads.SessionRow:
     row = await reads.session_row(conn, scope_key(app, user, session))
     if row is None:
-        # Same answer whether the session is missing or another user's.
-        raise NotFound(f"no session {session!r} of user {user!r} in app {app!r}")
+        raise _missing(app, user, session)
     return row
+
+
+def _missing(app: str, user: str, session: str) -> NotFound:
+    # Same answer whether the session is missing or another user's.
+    return NotFound(f"no session {session!r} of user {user!r} in app {app!r}")
+
+
+async def _session_window(
+    conn: AsyncConnection,
+    req: q.HistoryGet | q.ContextGet,
+    strategy: Strategy,
+    model: str | None,
+    *,
+    only: reads.EventFilter = reads.NO_FILTER,
+) -> Window:
+    """The session's window, its row read in the same round trip as the
+    checkpoint; NotFound as from :func:`_session`."""
+    found = await load_session_window(conn, scope_key(req.app, req.user, req.session), strategy, model, only=only)
+    if found is None:
+        raise _missing(req.app, req.user, req.session)
+    return found[1]
 
 
 def _info(row: reads.SessionRow) -> dict[str, Any]:
@@ -105,11 +125,10 @@ async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext) -> q
     (or the reverse); the strategy's cuts keep together only the pairs that
     are both present. ``needs_summary`` describes the session and is only
     reported without filters."""
-    await _session(conn, req.app, req.user, req.session)
     strategy = ctx.strategy(req.app, req.strategy)
     model = req.model or ctx.memory.model
     only = _filter(req)
-    window = await load_window(conn, scope_key(req.app, req.user, req.session), strategy, model, only=only)
+    window = await _session_window(conn, req, strategy, model, only=only)
     reserved = window.checkpoint.tokens if window.checkpoint else 0
     selection = select(window.items, strategy, reserved=reserved)
     return q.HistoryView(
@@ -124,14 +143,13 @@ async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext) -> q
 
 
 async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext) -> q.ContextView:
-    await _session(conn, req.app, req.user, req.session)
     strategy = ctx.strategy(req.app, req.strategy)
     model = req.model or ctx.memory.model
+    window = await _session_window(conn, req, strategy, model)
     instruction = None
     if req.instruction:
         state = await reads.merged_state(conn, req.app, req.user, req.session)
         instruction = render(req.instruction, state)
-    window = await load_window(conn, scope_key(req.app, req.user, req.session), strategy, model)
     if req.message is not None:
         window = _with_pending(window, req.message, model)
     recalled = await _recall(ctx, req, window)

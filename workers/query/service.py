@@ -63,6 +63,7 @@ from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBack
 from memq.workers.query.ops import HANDLERS, OpContext
 from memq.workers.query.search import Searcher
 from memq.workers.settings import Settings
+from memq.workers.sql.engine import is_disconnect, reader
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -108,6 +109,7 @@ class QueryWorker:
         self.settings = settings
         # None until open(); read through `opened` (a clear error if too early).
         self.engine: AsyncEngine | None = None  # the process's
+        self._reads: AsyncEngine | None = None  # the same pool, for reads (sql.engine.reader)
         self.cache: QueryCache | None = None  # the process's
         self.searcher = Searcher(settings)
         self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
@@ -283,7 +285,17 @@ class QueryWorker:
         handler = HANDLERS[op]
         if not handler.sql:
             return await handler.run(None, req, self.ctx)
-        async with opened(self.engine, "the SQL engine").connect() as conn:
+        if self._reads is None:  # the process's engine, without a transaction per read
+            self._reads = reader(opened(self.engine, "the SQL engine"))
+        try:
+            async with self._reads.connect() as conn:
+                return await handler.run(conn, req, self.ctx)
+        except sa_exc.DBAPIError as exc:
+            if not is_disconnect(exc):
+                raise
+        # A pooled connection had died (the database restarted): the pool is
+        # recycled now, so once more reaches the database if it is up.
+        async with self._reads.connect() as conn:
             return await handler.run(conn, req, self.ctx)
 
     def _local_hit(self, req: q._Request, key: str) -> bytes | None:

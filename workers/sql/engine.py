@@ -21,6 +21,7 @@ from alembic.config import Config
 from sqlalchemy import Table, event, func, text
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
@@ -50,7 +51,12 @@ def create_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncE
         Path(u.database).parent.mkdir(parents=True, exist_ok=True)
         kwargs["connect_args"] = {"timeout": 30}
     else:
-        kwargs.update(pool_size=pool_size, pool_pre_ping=True, pool_recycle=1800)
+        # No pre-ping: on asyncpg it is three round trips (BEGIN, ";",
+        # ROLLBACK) before every checkout, more than a cached read costs. A
+        # connection found dead fails once with `connection_invalidated` set,
+        # which also recycles the rest of the pool; callers retry that once
+        # (see is_disconnect).
+        kwargs.update(pool_size=pool_size, pool_recycle=1800)
         if u.get_backend_name() == "postgresql":
             u, ssl_arg = _asyncpg_tls(u)
             if ssl_arg is not None:
@@ -59,6 +65,24 @@ def create_engine(url: str, *, pool_size: int = 5, echo: bool = False) -> AsyncE
     if u.get_backend_name() == "sqlite":
         event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
     return engine
+
+
+def reader(engine: AsyncEngine) -> AsyncEngine:
+    """``engine`` for reads, sharing its pool: on PostgreSQL in autocommit,
+    so a read is its statements alone, without BEGIN and ROLLBACK round trips
+    around them. Each statement then sees its own snapshot: a read of several
+    statements may see a commit between them (only ever newer data).
+    (SQLite's BEGIN costs no round trip; MySQL's autocommit switch costs two.)"""
+    if dialect_name(engine) == "postgresql":
+        return engine.execution_options(isolation_level="AUTOCOMMIT")
+    return engine
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection found dead (the server restarted, a
+    proxy closed it): SQLAlchemy has then invalidated the pool's older
+    connections, and the same work on a fresh one may succeed."""
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def is_in_memory(url: str | URL) -> bool:

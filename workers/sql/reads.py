@@ -10,10 +10,11 @@ from __future__ import annotations
 import base64
 import re
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import func, or_, select
+from sqlalchemy import BigInteger, Integer, bindparam, func, or_, select, true
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from memq.contracts.ids import scope_key
@@ -110,9 +111,18 @@ def _session(r) -> SessionRow:
     return SessionRow(r.app, r.user_id, r.session_id, r.created_at, r.updated_at, r.last_seq)
 
 
+# The hot reads of a cache miss are built once, with bind parameters: building
+# a select() per call cost about as much CPU as its round trip.
+_KEY = bindparam("key", type_=SESSIONS.c.key.type)
+
+
+@cache
+def _session_row():
+    return select(*_SESSION_COLUMNS).where(SESSIONS.c.key == _KEY, _VISIBLE)
+
+
 async def session_row(conn, session_key: str) -> SessionRow | None:
-    q = select(*_SESSION_COLUMNS).where(SESSIONS.c.key == session_key, _VISIBLE)
-    row = (await conn.execute(q)).first()
+    row = (await conn.execute(_session_row(), {"key": session_key})).first()
     return _session(row) if row else None
 
 
@@ -153,16 +163,40 @@ async def session_page(
     return [_session(r) for r in rows[:limit]], next_cursor
 
 
-async def latest_checkpoint(conn, session_key: str) -> CheckpointRow | None:
+def _latest_checkpoint(session_key):
     """Index seek on (session_key, up_to_seq, seq)."""
-    q = (
+    return (
         select(CHECKPOINTS.c.seq, CHECKPOINTS.c.up_to_seq, CHECKPOINTS.c.summary, CHECKPOINTS.c.tokens)
         .where(CHECKPOINTS.c.session_key == session_key)
         .order_by(CHECKPOINTS.c.up_to_seq.desc(), CHECKPOINTS.c.seq.desc())
         .limit(1)
     )
-    row = (await conn.execute(q)).first()
+
+
+async def latest_checkpoint(conn, session_key: str) -> CheckpointRow | None:
+    row = (await conn.execute(_latest_checkpoint(session_key))).first()
     return CheckpointRow(row.seq, row.up_to_seq, row.summary, row.tokens) if row else None
+
+
+@cache
+def _session_and_checkpoint():
+    c = _latest_checkpoint(_KEY).subquery()
+    return (
+        select(*_SESSION_COLUMNS, c.c.seq.label("cp_seq"), c.c.up_to_seq, c.c.summary, c.c.tokens)
+        .select_from(SESSIONS.outerjoin(c, true()))
+        .where(SESSIONS.c.key == _KEY, _VISIBLE)
+    )
+
+
+async def session_and_checkpoint(conn, session_key: str) -> tuple[SessionRow | None, CheckpointRow | None]:
+    """The visible session's row and its latest checkpoint in one statement
+    (one round trip, one snapshot): the row, outer-joined to the checkpoint
+    seek. (None, None) when no such session is visible."""
+    row = (await conn.execute(_session_and_checkpoint(), {"key": session_key})).first()
+    if row is None:
+        return None, None
+    checkpoint = CheckpointRow(row.cp_seq, row.up_to_seq, row.summary, row.tokens) if row.cp_seq is not None else None
+    return _session(row), checkpoint
 
 
 async def sessions_over_tokens(conn, limit: int) -> list[tuple[str, str, str]]:
@@ -221,6 +255,14 @@ class EventFilter:
 NO_FILTER = EventFilter()
 
 
+@cache
+def _newest_events(bounded: bool):
+    q = select(*EVENT_COLUMNS).where(EVENTS.c.session_key == _KEY, EVENTS.c.seq > bindparam("after", type_=BigInteger))
+    if bounded:
+        q = q.where(EVENTS.c.seq < bindparam("before", type_=BigInteger))
+    return q.order_by(EVENTS.c.seq.desc()).limit(bindparam("limit", type_=Integer))
+
+
 async def newest_events(
     conn,
     session_key: str,
@@ -232,6 +274,10 @@ async def newest_events(
 ) -> list[StoredEvent]:
     """Up to ``limit`` events with after_seq < seq < before_seq that pass
     ``only`` (default: all), newest first."""
+    if not only:
+        params = {"key": session_key, "after": after_seq, "before": before_seq, "limit": limit}
+        rows = (await conn.execute(_newest_events(before_seq is not None), params)).all()
+        return [_event(r) for r in rows]
     q = select(*EVENT_COLUMNS).where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
     if before_seq is not None:
         q = q.where(EVENTS.c.seq < before_seq)

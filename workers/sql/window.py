@@ -59,6 +59,39 @@ async def load_window(
         strategy then sees those alone. Default: every event.
     """
     checkpoint = await reads.latest_checkpoint(conn, session_key) if strategy.kind == "summary_buffer" else None
+    return await _walk(conn, session_key, strategy, model, reserved, only, checkpoint)
+
+
+async def load_session_window(
+    conn: AsyncConnection,
+    session_key: str,
+    strategy: Strategy,
+    model: str | None,
+    reserved: int = 0,
+    *,
+    only: reads.EventFilter = reads.NO_FILTER,
+) -> tuple[reads.SessionRow, Window] | None:
+    """The visible session's row and its window (as :func:`load_window`), or
+    None when there is no such session: the row and the latest checkpoint
+    come in one statement, so a short session costs two round trips."""
+    if strategy.kind == "summary_buffer":
+        row, checkpoint = await reads.session_and_checkpoint(conn, session_key)
+    else:
+        row, checkpoint = await reads.session_row(conn, session_key), None
+    if row is None:
+        return None
+    return row, await _walk(conn, session_key, strategy, model, reserved, only, checkpoint)
+
+
+async def _walk(
+    conn: AsyncConnection,
+    session_key: str,
+    strategy: Strategy,
+    model: str | None,
+    reserved: int,
+    only: reads.EventFilter,
+    checkpoint: reads.CheckpointRow | None,
+) -> Window:
     after = checkpoint.up_to_seq if checkpoint else 0
     newest_first: list[reads.StoredEvent] = []
     items_newest_first: list[Item] = []
