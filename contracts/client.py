@@ -68,6 +68,7 @@ from memq.contracts.queries import (
     SessionsPage,
     SessionView,
     StateView,
+    StoredEvent,
     StrategySpec,
 )
 from memq.contracts.replies import parse_reply
@@ -436,9 +437,13 @@ class MemoryClient:
         :param roles: only events with these message roles (``"user"``,
             ``"assistant"``, ``"system"``, ``"tool"``). Default: all.
         :param min_seq: see the note above. Default: :attr:`last_seq`.
+
+        Every event the filters keep comes back, however many: the service
+        answers in pages that fit NATS's ``max_payload`` and this method
+        joins them (:meth:`iter_events` yields them page by page instead).
         """
         events = events or num_recent_events is not None or after_seq is not None or after is not None or bool(roles)
-        return await self._query(
+        pages = self._pages(
             "session.get",
             min_seq,
             user=user,
@@ -448,6 +453,36 @@ class MemoryClient:
             after_seq=after_seq,
             **event_filters(after, roles),
         )
+        first: SessionView = await anext(pages)
+        rest = [e for page in [p async for p in pages] for e in page.events or ()]
+        return first.model_copy(update={"events": [*(first.events or ()), *rest], "next_cursor": None})
+
+    async def iter_events(
+        self,
+        user: str,
+        session: str,
+        *,
+        after_seq: int | None = None,
+        after: After = None,
+        roles: Sequence[Role] = (),
+        min_seq: int | None = None,
+    ) -> AsyncIterator[StoredEvent]:
+        """A session's events, oldest first, fetched a page at a time (each
+        page as large as NATS's ``max_payload`` allows): for a session too
+        large to hold in memory at once. The filters are those of
+        :meth:`get_session`. Events appended while it runs are not yielded:
+        the read ends at the newest event its first page saw."""
+        async for page in self._pages(
+            "session.get",
+            min_seq,
+            user=user,
+            session=session,
+            events=True,
+            after_seq=after_seq,
+            **event_filters(after, roles),
+        ):
+            for event in page.events or ():
+                yield event
 
     async def list_sessions(
         self, user: str | None = None, *, limit: int = 50, cursor: str | None = None, min_seq: int | None = None
@@ -507,8 +542,11 @@ class MemoryClient:
         ``roles=["assistant"]`` can keep a tool call without its ``tool``
         result; ask for both roles to keep tool units whole. ``needs_summary``
         is only reported without filters.
+
+        Every event the strategy keeps comes back (``all``: the whole
+        session), over as many pages as it takes.
         """
-        return await self._query(
+        pages = self._pages(
             "history",
             min_seq,
             user=user,
@@ -517,6 +555,9 @@ class MemoryClient:
             model=model,
             **event_filters(after, roles),
         )
+        first: HistoryView = await anext(pages)
+        rest = [e for page in [p async for p in pages] for e in page.events]
+        return first.model_copy(update={"events": [*first.events, *rest], "next_cursor": None})
 
     async def context(
         self,
@@ -551,8 +592,12 @@ class MemoryClient:
         :param message: a user message not stored yet (about to be sent):
             placed last, counted in the budget and used for recall. Default none.
         :param min_seq: see the note above. Default: :attr:`last_seq`.
+
+        A context of any size comes back whole (e.g. strategy ``all`` on a
+        long session): the service answers in pages and this method joins
+        their messages (and, in memq's format, ``context["window"]``).
         """
-        return await self._query(
+        pages = self._pages(
             "context",
             min_seq,
             user=user,
@@ -564,6 +609,15 @@ class MemoryClient:
             recall_limit=recall_limit,
             message=message,
         )
+        first: ContextView = await anext(pages)
+        messages, window = list(first.messages), list((first.context or {}).get("window", ()))
+        async for page in pages:
+            messages += page.messages
+            window += (page.context or {}).get("window", ())
+        update: dict[str, Any] = {"messages": messages, "next_cursor": None}
+        if first.context is not None:
+            update["context"] = {**first.context, "window": window}
+        return first.model_copy(update=update)
 
     async def list_artifacts(self, user: str, session: str, *, min_seq: int | None = None) -> ArtifactsView:
         """The artifacts of a session, with their number of versions."""
@@ -678,11 +732,28 @@ class MemoryClient:
 
         return chat
 
-    async def _query(self, op: str, min_seq: int | None, **fields: Any) -> Any:
+    async def _pages(self, op: str, min_seq: int | None, **fields: Any) -> AsyncIterator[Any]:
+        """Every page of a paged read (see :mod:`memq.contracts.queries`):
+        the same request again with each reply's ``next_cursor``, until none."""
+        # Resolved once (0: no wait), so a write made while paging does not hold later pages back.
+        min_seq = self._min_seq(op, min_seq) or 0
+        cursor = None
+        while True:
+            page = await self._query(op, min_seq, cursor=cursor, **fields)
+            yield page
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def _min_seq(self, op: str, min_seq: int | None) -> int | None:
         # Read-your-writes by default, where min_seq waits for commits: a
         # search's waits for the index, which trails commits (see search()).
         if min_seq is None and self.consistent and OPS[op].waits_for == "persistence":
-            min_seq = self.last_seq
+            return self.last_seq
+        return min_seq
+
+    async def _query(self, op: str, min_seq: int | None, **fields: Any) -> Any:
+        min_seq = self._min_seq(op, min_seq)
         request = build_request(self.app, op, min_seq=min_seq or None, wait_ms=self.wait_ms, **fields)
         subject = request_subject(self.app, op)
         timeout = self.timeout + request.wait_ms / 1000

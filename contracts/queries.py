@@ -9,6 +9,17 @@ alike. Every request may
 carry ``min_seq`` (the sequence of the caller's last publish): it is answered
 only once that sequence is committed (read-your-writes), or fails with
 ``not_committed`` after ``wait_ms``.
+
+Paging: ``session.get``, ``history`` and ``context`` answer a session of any
+size, in pages that each fit the server's ``max_payload``. A reply whose
+``next_cursor`` is set is partial: ask again with the same request and
+``cursor`` = that ``next_cursor`` for the next page, until ``next_cursor`` is
+None. The first page carries every field; a continuation page carries only
+the next events (``context``: the next ``messages`` and, in memq's format,
+the next ``context["window"]`` entries), its other fields are empty. Every
+page of one read is bounded by what the first page saw, so events appended
+meanwhile do not shift or repeat it. :class:`memq.contracts.client.MemoryClient`
+follows the cursors itself.
 """
 
 from __future__ import annotations
@@ -24,7 +35,6 @@ from memq.contracts.schemas import AppId, NoNul, SessionId, Timestamp, UserId
 QUERY_VERSION: Literal[1] = 1
 MAX_PAGE = 500
 MAX_K = 100
-MAX_EVENTS = 10_000  # events a whole-session read returns at most (the reply says when it stops short)
 
 # The vocabularies a request names, defined here once: the workers' settings
 # and the CLI derive their choices from these.
@@ -90,7 +100,15 @@ class _EventFilters(BaseModel):
     roles: list[Role] | None = Field(default=None, max_length=4, description="message roles to keep")
 
 
-class SessionGet(_EventFilters, _Request):
+class _Paged(BaseModel):
+    """A read that may answer in pages (see the module doc)."""
+
+    cursor: str | None = Field(
+        default=None, max_length=512, description="next_cursor of the previous page; default: the first page"
+    )
+
+
+class SessionGet(_Paged, _EventFilters, _Request):
     session: SessionId
     events: bool = False
     num_recent_events: int | None = Field(default=None, ge=0, le=100_000)
@@ -107,13 +125,13 @@ class StateGet(_Request):
     session: SessionId | None = None
 
 
-class HistoryGet(_EventFilters, _Request):
+class HistoryGet(_Paged, _EventFilters, _Request):
     session: SessionId
     strategy: StrategySpec | None = None
     model: str | None = Field(default=None, max_length=128)
 
 
-class ContextGet(_Request):
+class ContextGet(_Paged, _Request):
     session: SessionId
     strategy: StrategySpec | None = None
     model: str | None = Field(default=None, max_length=128)
@@ -177,15 +195,16 @@ class SessionInfo(_Reply):
 
 
 class SessionView(SessionInfo):
-    """A session; ``events`` when asked for. A whole-session read (no
-    ``num_recent_events``) returns at most ``MAX_EVENTS`` of them, oldest
-    first: then ``truncated`` is true and ``events_total`` says how many
-    there are (read on with ``after_seq`` = the last seq returned)."""
+    """A session; ``events`` when asked for, oldest first, every one of them
+    over as many pages as it takes (``next_cursor``; a continuation page's
+    ``state`` is empty). ``truncated`` and ``events_total`` are deprecated:
+    no read is cut any more, so they are always false and None."""
 
     state: dict[str, Any]
     events: list[StoredEvent] | None = None
-    truncated: bool = False
-    events_total: int | None = None  # set when truncated
+    next_cursor: str | None = None
+    truncated: bool = False  # deprecated: always False
+    events_total: int | None = None  # deprecated: always None
 
 
 class SessionsPage(_Reply):
@@ -198,6 +217,10 @@ class StateView(_Reply):
 
 
 class HistoryView(_Reply):
+    """A session's events as a strategy keeps them; in pages when they do
+    not fit one reply (``next_cursor``: a continuation page carries only
+    ``strategy`` and the next ``events``)."""
+
     strategy: dict[str, Any]
     summary: str | None = None
     checkpoint_seq: int | None = None
@@ -205,6 +228,7 @@ class HistoryView(_Reply):
     tokens: int  # the events' tokens plus the summary's
     needs_summary: bool = False
     over_budget: bool = False  # tokens > strategy's budget: possible with all / buffer_window
+    next_cursor: str | None = None
 
 
 class ContextView(_Reply):
@@ -212,7 +236,10 @@ class ContextView(_Reply):
     format: a context is within its budget unless the strategy is ``all``
     or ``buffer_window`` (which do not count tokens) or the instruction alone
     exceeds it; ``note`` then says so in words. A checkpoint summary longer
-    than the budget allows is cut to its newest part, and ``note`` says that."""
+    than the budget allows is cut to its newest part, and ``note`` says that.
+    In pages when it does not fit one reply (``next_cursor``): a continuation
+    page carries only the next ``messages`` and, in memq's format, the next
+    ``context["window"]`` entries."""
 
     format: ContextFormat
     tokens: dict[str, int]  # per part: instruction, recalled, summary, window, total
@@ -221,6 +248,7 @@ class ContextView(_Reply):
     budget: int | None = None  # the strategy's token budget
     over_budget: bool = False  # tokens["total"] > budget
     note: str | None = None  # why it is over budget, or that the summary was cut to fit
+    next_cursor: str | None = None
 
 
 class ArtifactInfo(_Reply):

@@ -245,18 +245,18 @@ async def test_context_fits_its_budget_by_default_and_all_says_when_it_is_over(n
             assert history.strategy["kind"] == "all" and len(history.events) == len(events) and history.over_budget
 
 
-async def test_a_whole_read_says_when_it_stops_short(nats_url, sqlite_url, tmp_path):
+async def test_a_whole_read_is_never_cut(nats_url, sqlite_url, tmp_path):
+    # Pages of ~1.5 KB rather than writing 10,000 events (test_query_paging has the 20,000).
     async with stack(nats_url, sqlite_url, tmp_path) as (_, query, nc):
-        query.ctx = dataclasses.replace(query.ctx, max_events=4)  # rather than writing 10,000 events
+        query.ctx = dataclasses.replace(query.ctx, reply_bytes=1500)
         async with await MemoryClient.connect(nats_url, app=APP) as client:
-            seqs = await client.append_many("u", "s", [text("user", f"m{i}") for i in range(6)])
-            cut = await client.get_session("u", "s", events=True)
-            assert [e.seq for e in cut.events] == seqs[:4] and cut.truncated and cut.events_total == 6
-            rest = await client.get_session("u", "s", after_seq=cut.events[-1].seq)
-            assert [e.seq for e in rest.events] == seqs[4:] and not rest.truncated and rest.events_total is None
-            exactly = await client.get_session("u", "s", after_seq=seqs[1])  # as many as the cap: whole
-            assert [e.seq for e in exactly.events] == seqs[2:] and not exactly.truncated
-            recent = await client.get_session("u", "s", num_recent_events=6)  # asked for a number: no cap
-            assert len(recent.events) == 6 and not recent.truncated
+            seqs = await client.append_many("u", "s", [text("user", f"m{i} " + "x" * 200) for i in range(6)])
+            whole = await client.get_session("u", "s", events=True)
+            assert [e.seq for e in whole.events] == seqs and not whole.truncated and whole.events_total is None
+            rest = await client.get_session("u", "s", after_seq=seqs[3])
+            assert [e.seq for e in rest.events] == seqs[4:] and not rest.truncated
+            recent = await client.get_session("u", "s", num_recent_events=5)
+            assert [e.seq for e in recent.events] == seqs[1:] and not recent.truncated
             raw = (await ask(nc, "session.get", session="s", events=True))["result"]
-            assert (len(raw["events"]), raw["truncated"], raw["events_total"]) == (4, True, 6)
+            assert 1 <= len(raw["events"]) < 6 and raw["next_cursor"]
+            assert (raw["truncated"], raw["events_total"]) == (False, None)  # deprecated, kept for old readers

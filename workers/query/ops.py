@@ -7,9 +7,10 @@ The policy (strategies, context assembly, templates) is pure and lives in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -20,7 +21,8 @@ from memq.workers.memory.context import assemble, item_from_event
 from memq.workers.memory.recall import recalled_event
 from memq.workers.memory.strategies import Strategy, select, strategy_for
 from memq.workers.memory.template import render
-from memq.workers.memory.tokens import event_text
+from memq.workers.memory.tokens import event_messages, event_text
+from memq.workers.query import paging
 from memq.workers.settings import MemorySettings
 from memq.workers.sql import reads
 from memq.workers.sql.window import Window, load_session_window
@@ -75,28 +77,72 @@ def _info(row: reads.SessionRow) -> dict[str, Any]:
 
 
 async def session_get(conn: AsyncConnection, req: q.SessionGet, ctx: OpContext) -> q.SessionView:
+    """The session, its state and, when asked, its events: every one of them,
+    in pages of ``ctx.reply_bytes`` read by seq up to the newest the first
+    page saw (its ``last_seq``, or the newest of ``num_recent_events``)."""
+    cursor = paging.decode("session.get", req)
     row = await _session(conn, req.app, req.user, req.session)
-    state = await reads.merged_state(conn, req.app, req.user, req.session)
-    events = None
-    truncated, total = False, None
     key = scope_key(req.app, req.user, req.session)
     only = _filter(req)
-    if req.events or req.num_recent_events is not None or req.after_seq is not None or only:
-        if req.num_recent_events is not None:
-            newest = await reads.newest_events(
-                conn, key, after_seq=req.after_seq or 0, limit=req.num_recent_events, only=only
-            )
-            events = [_stored(e) for e in reversed(newest)]
-        else:
-            # One more than the cap tells a whole read from a cut one: a cut
-            # read says so rather than passing for the whole session.
-            rows = await reads.events_after(conn, key, req.after_seq or 0, ctx.max_events + 1, only=only)
-            if len(rows) > ctx.max_events:
-                rows = rows[: ctx.max_events]
-                # asked only when cut: how much the read left out
-                truncated, total = True, await reads.count_events_after(conn, key, req.after_seq or 0, only=only)
-            events = [_stored(e) for e in rows]
-    return q.SessionView(**_info(row), state=state, events=events, truncated=truncated, events_total=total)
+    if cursor is not None:  # a continuation: the next events, nothing else
+        view = q.SessionView(**_info(row), state={}, events=[])
+        return await _next_events("session.get", req, conn, key, cursor, view, ctx, only)
+    view = q.SessionView(**_info(row), state=await reads.merged_state(conn, req.app, req.user, req.session))
+    if not (req.events or req.num_recent_events is not None or req.after_seq is not None or only):
+        return view
+    view = view.model_copy(update={"events": []})
+    room = ctx.reply_bytes - paging.body_size(view)
+    if req.num_recent_events is not None:
+        newest = await reads.newest_events(
+            conn, key, after_seq=req.after_seq or 0, limit=req.num_recent_events, only=only
+        )
+        return _first_events("session.get", req, view, list(reversed(newest)), room)
+    start = paging.Cursor(snapshot=row.last_seq, after=req.after_seq or 0)
+    events, _, nxt = await paging.event_run(conn, key, start, room, _sized, only=only, first=True)
+    return view.model_copy(update={"events": events, "next_cursor": _encode("session.get", req, nxt)})
+
+
+# --- pages of events (see memq.workers.query.paging) ---------------------------------
+
+Paged = TypeVar("Paged", q.SessionView, q.HistoryView)
+
+
+def _sized(e: reads.StoredEvent) -> tuple[q.StoredEvent, int]:
+    # Sized from the stored dict: the bytes the reply's JSON gives it.
+    return _stored(e), paging.json_size({"seq": e.seq, "tokens": e.tokens, "event": e.data})
+
+
+def _encode(op: str, req: q._Request, cursor: paging.Cursor | None) -> str | None:
+    return None if cursor is None else paging.encode(op, req, cursor)
+
+
+def _first_events(op: str, req: q._Request, view: Paged, chosen: list[reads.StoredEvent], room: int) -> Paged:
+    """The first page of events already read (a window, the newest N): those
+    that fit ``room``, and a cursor for the rest. ``chosen`` is always the
+    newest of what the filters keep, so the rest is exactly what passes them
+    in (the last sent, the newest chosen]: later pages read that range."""
+    events, _, full = paging.fill(map(_sized, chosen), room, at_least_one=False)
+    nxt = None
+    if full:
+        after = events[-1].seq if events else chosen[0].seq - 1
+        nxt = paging.Cursor(snapshot=chosen[-1].seq, after=after)
+    return view.model_copy(update={"events": events, "next_cursor": _encode(op, req, nxt)})
+
+
+async def _next_events(
+    op: str,
+    req: q._Request,
+    conn: AsyncConnection,
+    key: str,
+    cursor: paging.Cursor,
+    view: Paged,
+    ctx: OpContext,
+    only: reads.EventFilter,
+) -> Paged:
+    """A continuation page: ``view`` with the next events that fit."""
+    room = ctx.reply_bytes - paging.body_size(view)
+    events, _, nxt = await paging.event_run(conn, key, cursor, room, _sized, only=only)
+    return view.model_copy(update={"events": events, "next_cursor": _encode(op, req, nxt)})
 
 
 async def sessions_list(conn: AsyncConnection, req: q.SessionsList, ctx: OpContext) -> q.SessionsPage:
@@ -124,27 +170,54 @@ async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext) -> q
     A role filter is exact, so it can keep a tool call without its result
     (or the reverse); the strategy's cuts keep together only the pairs that
     are both present. ``needs_summary`` describes the session and is only
-    reported without filters."""
+    reported without filters.
+
+    Pages: the first computes the whole answer and carries what fits; the
+    kept events are always the newest the filters pass, so later pages read
+    the rest by seq, up to the newest the first page kept."""
+    cursor = paging.decode("history", req)
     strategy = ctx.strategy(req.app, req.strategy)
     model = req.model or ctx.memory.model
     only = _filter(req)
+    if cursor is not None:  # a continuation: the next events, nothing else
+        await _session(conn, req.app, req.user, req.session)
+        view = q.HistoryView(strategy=strategy.to_dict(), events=[], tokens=0)
+        key = scope_key(req.app, req.user, req.session)
+        return await _next_events("history", req, conn, key, cursor, view, ctx, only)
     window = await _session_window(conn, req, strategy, model, only=only)
     reserved = window.checkpoint.tokens if window.checkpoint else 0
     selection = select(window.items, strategy, reserved=reserved)
-    return q.HistoryView(
+    view = q.HistoryView(
         strategy=strategy.to_dict(),
         summary=window.checkpoint.summary if window.checkpoint else None,
         checkpoint_seq=window.checkpoint.up_to_seq if window.checkpoint else None,
-        events=[_stored(window.stored[it.seq]) for it in selection.items],
+        events=[],
         tokens=selection.tokens + reserved,
         over_budget=selection.tokens + reserved > strategy.budget,
         needs_summary=selection.needs_summary and not only,
     )
+    chosen = [window.stored[it.seq] for it in selection.items]
+    return _first_events("history", req, view, chosen, ctx.reply_bytes - paging.body_size(view))
 
 
 async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext) -> q.ContextView:
+    """A model context, in pages when it does not fit one reply.
+
+    The first page assembles the whole context (instruction, recall,
+    summary, token counts, note: everything computed) and carries the window
+    messages that fit. A window is always a suffix of the session's events
+    (every strategy keeps the newest), with the pending ``message`` last, so
+    the rest is the events in (the last sent, the newest in the window],
+    rendered one by one exactly as the first page renders them, then the
+    pending message: later pages read that range and render it, without
+    assembling (nor recalling) again, so every page agrees with the first.
+    """
+    cursor = paging.decode("context", req)
     strategy = ctx.strategy(req.app, req.strategy)
     model = req.model or ctx.memory.model
+    if cursor is not None:
+        await _session(conn, req.app, req.user, req.session)
+        return await _next_context(conn, req, cursor, strategy, model, ctx)
     window = await _session_window(conn, req, strategy, model)
     instruction = None
     if req.instruction:
@@ -163,24 +236,99 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext) -> q
         instruction=instruction,
         model=model,
     )
-    return q.ContextView(
+    memq = req.format == "memq"
+    head = dataclasses.replace(built, window=())  # everything but the window's events
+    view = q.ContextView(
         format=req.format,
         tokens=built.tokens.to_dict(),
-        messages=built.to_openai(),
-        context=built.to_memq() if req.format == "memq" else None,
+        messages=head.to_openai(),
+        context=head.to_memq() if memq else None,
         # in every format, not only memq's: an OpenAI-format caller must learn it too
         budget=strategy.budget,
         over_budget=built.over_budget,
         note=built.note,
     )
+    rendered = (_window_part(it.seq, built.events[it.seq], it.tokens, memq) for it in built.window)
+    parts, _, full = paging.fill(rendered, ctx.reply_bytes - paging.body_size(view), at_least_one=False)
+    nxt = None
+    if full:
+        stored = [it.seq for it in built.window if it.seq != PENDING_SEQ]
+        sent = [part.seq for part in parts if part.seq != PENDING_SEQ]
+        newest = stored[-1] if stored else 0
+        nxt = paging.Cursor(snapshot=newest, after=sent[-1] if sent else (stored[0] - 1 if stored else 0))
+    return _with_parts(view, parts, _encode("context", req, nxt))
+
+
+@dataclass(frozen=True, slots=True)
+class _WindowPart:
+    """One window event of a context as a reply carries it."""
+
+    seq: int
+    messages: list[dict[str, Any]]  # its OpenAI messages
+    entry: dict[str, Any] | None  # its entry of memq's ``context["window"]`` (memq format only)
+
+
+def _window_part(seq: int, event: Mapping[str, Any], tokens: int, memq: bool) -> tuple[_WindowPart, int]:
+    # As Context.to_openai and Context.to_memq render a window item.
+    messages = event_messages(event)
+    entry = {"seq": seq, "tokens": tokens, "event": dict(event)} if memq else None
+    size = sum(paging.json_size(m) for m in messages) + (paging.json_size(entry) if entry else 0)
+    return _WindowPart(seq, messages, entry), size
+
+
+def _with_parts(view: q.ContextView, parts: list[_WindowPart], next_cursor: str | None) -> q.ContextView:
+    update: dict[str, Any] = {
+        "messages": [*view.messages, *(m for part in parts for m in part.messages)],
+        "next_cursor": next_cursor,
+    }
+    if view.context is not None:
+        update["context"] = {**view.context, "window": [*view.context["window"], *(p.entry for p in parts)]}
+    return view.model_copy(update=update)
+
+
+async def _next_context(
+    conn: AsyncConnection,
+    req: q.ContextGet,
+    cursor: paging.Cursor,
+    strategy: Strategy,
+    model: str | None,
+    ctx: OpContext,
+) -> q.ContextView:
+    """A continuation page of :func:`context`: the next window events that
+    fit, then (once they are all sent) the pending message."""
+    memq = req.format == "memq"
+    view = q.ContextView(
+        format=req.format, tokens={}, messages=[], context={"window": []} if memq else None, budget=strategy.budget
+    )
+    room = ctx.reply_bytes - paging.body_size(view)
+
+    def render(e: reads.StoredEvent) -> tuple[_WindowPart, int]:
+        # counted as load_window counts a window's events
+        tokens = item_from_event(e.seq, e.data, model=model, tokens=e.tokens if model is None and e.tokens else None)
+        return _window_part(e.seq, e.data, tokens.tokens, memq)
+
+    key = scope_key(req.app, req.user, req.session)
+    parts, used, nxt = await paging.event_run(conn, key, cursor, room, render)
+    if nxt is None and req.message is not None:
+        event = _pending_event(req.message)
+        pending = _window_part(PENDING_SEQ, event, item_from_event(PENDING_SEQ, event, model=model).tokens, memq)
+        if parts and used + pending[1] > room:  # on a page of its own
+            nxt = paging.Cursor(snapshot=cursor.snapshot, after=cursor.snapshot)
+        else:
+            parts.append(pending[0])
+    return _with_parts(view, parts, _encode("context", req, nxt))
 
 
 PENDING_SEQ = 0  # the pending message's place holder: real seqs start at 1
 
 
+def _pending_event(text: str) -> dict[str, Any]:
+    return {"author": "user", "message": {"role": "user", "parts": [{"type": "text", "text": text}]}}
+
+
 def _with_pending(window: Window, text: str, model: str | None) -> Window:
     """The window with a not-yet-stored user message last (seq 0)."""
-    event = {"author": "user", "message": {"role": "user", "parts": [{"type": "text", "text": text}]}}
+    event = _pending_event(text)
     return Window(
         items=[*window.items, item_from_event(PENDING_SEQ, event, model=model)],
         events={**window.events, PENDING_SEQ: event},
@@ -241,7 +389,9 @@ async def artifact_get(conn: AsyncConnection, req: q.ArtifactGet, ctx: OpContext
 class OpContext:
     memory: MemorySettings
     apps: Mapping[str, Mapping[str, Any]]
-    max_events: int = q.MAX_EVENTS  # a whole-session read returns at most this many (and says so)
+    # Bytes of one reply: session.get, history and context answer in pages
+    # this big (the worker sets it from its connection's max_payload).
+    reply_bytes: int = paging.reply_bytes(1024 * 1024)
     searcher: Any = None  # memq.workers.query.search.Searcher: search and recall
 
     def strategy(self, app: str, spec: q.StrategySpec | None) -> Strategy:
@@ -255,8 +405,9 @@ class Handler:
 
     # (connection, request, context): each handler takes its own request type
     run: Callable[..., Awaitable[q._Reply]]
-    # The answer depends on one session (or one user's state) and is cached;
-    # a page of sessions changes with every commit in the app and is not.
+    # The answer is cached until a commit makes it stale: one session's (or
+    # one user's state); a page of sessions, until any session of its user
+    # (or app) is committed or deleted (the cache's listing counters).
     cached: bool
     sql: bool = True  # runs on a database connection (else it gets None)
 
@@ -265,7 +416,7 @@ class Handler:
 # that every op of the contract has a handler and no handler lacks an op.
 HANDLERS: dict[str, Handler] = {
     "session.get": Handler(session_get, cached=True),
-    "sessions.list": Handler(sessions_list, cached=False),
+    "sessions.list": Handler(sessions_list, cached=True),
     "state.get": Handler(state_get, cached=True),
     "history": Handler(history, cached=True),
     "context": Handler(context, cached=True),

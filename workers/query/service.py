@@ -26,6 +26,7 @@ ping, info and stats.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -59,6 +60,7 @@ from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX
 from memq.workers import metrics
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.opened import opened
+from memq.workers.query import paging
 from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
 from memq.workers.query.ops import HANDLERS, OpContext
 from memq.workers.query.search import Searcher
@@ -154,6 +156,9 @@ class QueryWorker:
     async def start(self) -> None:
         """Register the endpoints (after the invalidation subscribers run, so
         no answer is cached that a notice should have dropped)."""
+        nc = opened(self.nc, "the query worker's NATS connection")
+        # Pages of session.get, history and context fit this server's max_payload.
+        self.ctx = dataclasses.replace(self.ctx, reply_bytes=paging.reply_bytes(nc.max_payload))
         self.service = await add_service(
             opened(self.nc, "the query worker's NATS connection"),
             name=SERVICE_NAME,
@@ -215,7 +220,10 @@ class QueryWorker:
 
     def _deliverable(self, op: str, body: bytes) -> bytes:
         """``body``, or a typed error when NATS could not carry it: a reply
-        over the server's max_payload is dropped, and the caller would wait."""
+        over the server's max_payload is dropped, and the caller would wait.
+        Paged answers (session.get, history, context) stay under it; what can
+        still be over is what cannot be split: a large state, an inline
+        artifact, a page of many sessions, or one event too big for a page."""
         limit = self.nc.max_payload if self.nc is not None else 0
         if limit and len(body) > limit:
             metrics.QUERY_ERRORS.labels(op, Oversize.code).inc()

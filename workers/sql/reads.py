@@ -285,17 +285,20 @@ async def newest_events(
     return [_event(r) for r in (await conn.execute(q)).all()]
 
 
-async def count_events_after(conn, session_key: str, after_seq: int, *, only: EventFilter = NO_FILTER) -> int:
-    """How many events after ``after_seq`` pass ``only`` (default: all)."""
-    q = select(func.count()).where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
-    return int((await conn.execute(only.where(q))).scalar_one())
-
-
 async def events_after(
-    conn, session_key: str, after_seq: int, limit: int, *, only: EventFilter = NO_FILTER
+    conn,
+    session_key: str,
+    after_seq: int,
+    limit: int,
+    *,
+    up_to_seq: int | None = None,
+    only: EventFilter = NO_FILTER,
 ) -> list[StoredEvent]:
-    """Up to ``limit`` events after ``after_seq`` that pass ``only`` (default: all), oldest first."""
+    """Up to ``limit`` events with after_seq < seq <= up_to_seq (default: no
+    upper bound) that pass ``only`` (default: all), oldest first."""
     q = select(*EVENT_COLUMNS).where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
+    if up_to_seq is not None:
+        q = q.where(EVENTS.c.seq <= up_to_seq)
     q = only.where(q).order_by(EVENTS.c.seq).limit(limit)
     return [_event(r) for r in (await conn.execute(q)).all()]
 
