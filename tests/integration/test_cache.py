@@ -78,3 +78,44 @@ async def test_local_tier_is_filled_from_the_shared_one(redis_server):
     finally:
         await writer.close()
         await reader.close()
+
+
+async def fill_listing(cache: QueryCache, user: str | None, body: bytes) -> None:
+    ticket, entry = await cache.get("app", user, None, f"list-{user}", listing=True)
+    assert entry is None
+    await cache.put(ticket, Entry(1, body))
+
+
+async def listing(cache: QueryCache, user: str | None) -> bytes | None:
+    entry = (await cache.get("app", user, None, f"list-{user}", listing=True))[1]
+    return entry.body if entry is not None else None
+
+
+async def bump(cache: QueryCache, user: str, session: str | None, **flags) -> None:
+    for invalidate in (cache.invalidate_local, cache.invalidate_shared):
+        await invalidate("app", user, session, **{"app_state": False, "user_state": False, **flags})
+
+
+async def test_a_page_of_sessions_is_stale_after_any_commit_or_delete_in_its_scope(cache):
+    await fill(cache, "s9", b"s9 history")
+    await fill_listing(cache, "u", b"u's page")
+    await fill_listing(cache, "v", b"v's page")
+    await fill_listing(cache, None, b"the app's page")
+    assert await listing(cache, "u") == b"u's page"  # a repeated page is a hit
+
+    await bump(cache, "u", "s1", listing=True)  # a commit to one of u's sessions
+    assert await listing(cache, "u") is None
+    assert await listing(cache, None) is None  # the app's page shows u's sessions too
+    assert await listing(cache, "v") == b"v's page"  # another user's page: kept
+    assert (await cache.get("app", "u", "s9", "req"))[1].body == b"s9 history"  # u's other sessions: kept
+
+    await fill_listing(cache, None, b"the app's page 2")
+    await bump(cache, "v", None, user_state=True, listing=False)  # v's state alone: no session changed
+    assert await listing(cache, "v") == b"v's page"
+    await bump(cache, "v", None, listing=True)  # v deleted: every session of v goes
+    assert await listing(cache, "v") is None
+    assert await listing(cache, None) is None
+
+    await fill_listing(cache, "v", b"v's page 3")
+    await bump(cache, "v", None, app_state=True, listing=False)  # the app's state: everything in the app
+    assert await listing(cache, "v") is None

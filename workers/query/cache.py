@@ -195,14 +195,33 @@ def gen_keys(app: str, user: str | None, session: str | None) -> list[str]:
     return keys
 
 
-def _to_bump(app: str, user: str | None, session: str | None, app_state: bool, user_state: bool) -> list[str]:
-    """The narrowest counter that covers what a commit changed."""
+def listing_gen_keys(app: str, user: str | None) -> list[str]:
+    """The counters of a page of sessions (of one user, or of the whole app
+    when ``user`` is None): the app's, and the listing's own, which every
+    commit or deletion of a session in its scope bumps. A page changes with
+    any of its sessions (updated_at orders it), yet its own counter spares
+    the cached reads of the other sessions."""
+    scope = scope_key(app) if user is None else scope_key(app, user)
+    return [f"{PREFIX}:g:{scope_key(app)}", f"{PREFIX}:g:list:{scope}"]
+
+
+def _to_bump(
+    app: str, user: str | None, session: str | None, app_state: bool, user_state: bool, listing: bool
+) -> list[str]:
+    """The narrowest counter that covers what a commit changed, and with
+    ``listing`` the listings that show its sessions (the user's, the app's)."""
     keys = gen_keys(app, user, session)
     if app_state:
-        return keys[:1]
-    if user_state or session is None:
-        return keys[1:2]
-    return keys[2:3]
+        bump = keys[:1]
+    elif user_state or session is None:
+        bump = keys[1:2]
+    else:
+        bump = keys[2:3]
+    if listing:
+        bump += listing_gen_keys(app, None)[1:]
+        if user is not None:
+            bump += listing_gen_keys(app, user)[1:]
+    return bump
 
 
 def _entry(value: bytes) -> Entry:
@@ -228,10 +247,12 @@ class QueryCache:
         return bool(self.tiers)
 
     async def get(
-        self, app: str, user: str | None, session: str | None, request_key: str
+        self, app: str, user: str | None, session: str | None, request_key: str, *, listing: bool = False
     ) -> tuple[Ticket, Entry | None]:
+        """``listing``: the request is a page of sessions (of ``user``, or of
+        the app), stale after any commit of a session in that scope."""
         prefix = f"{PREFIX}:e:{request_key}"
-        gens = gen_keys(app, user, session)
+        gens = listing_gen_keys(app, user) if listing else gen_keys(app, user, session)
         keys: list[tuple[Backend, str]] = []
         for tier in self.tiers:
             try:
@@ -254,11 +275,14 @@ class QueryCache:
         metrics.CACHE_MISS.inc()
         return Ticket(tuple(keys)), None
 
-    def get_local(self, app: str, user: str | None, session: str | None, request_key: str) -> Entry | None:
+    def get_local(
+        self, app: str, user: str | None, session: str | None, request_key: str, *, listing: bool = False
+    ) -> Entry | None:
         """A hit in the in-process tier, without awaiting anything."""
         if self.local is None:
             return None
-        _, value = self.local.lookup_now(gen_keys(app, user, session), f"{PREFIX}:e:{request_key}")
+        gens = listing_gen_keys(app, user) if listing else gen_keys(app, user, session)
+        _, value = self.local.lookup_now(gens, f"{PREFIX}:e:{request_key}")
         if value is None:
             return None
         self.hits += 1
@@ -274,17 +298,34 @@ class QueryCache:
                 self._failed("store", exc)
 
     async def invalidate_local(
-        self, app: str, user: str | None, session: str | None, *, app_state: bool, user_state: bool
+        self,
+        app: str,
+        user: str | None,
+        session: str | None,
+        *,
+        app_state: bool,
+        user_state: bool,
+        listing: bool = True,
     ) -> None:
+        """``listing``: sessions may have been committed, created or deleted,
+        so the pages of sessions that show them are stale too (False only
+        when the caller knows no session changed)."""
         if self.local is not None:
-            await self.local.bump(_to_bump(app, user, session, app_state, user_state))
+            await self.local.bump(_to_bump(app, user, session, app_state, user_state, listing))
 
     async def invalidate_shared(
-        self, app: str, user: str | None, session: str | None, *, app_state: bool, user_state: bool
+        self,
+        app: str,
+        user: str | None,
+        session: str | None,
+        *,
+        app_state: bool,
+        user_state: bool,
+        listing: bool = True,
     ) -> None:
         if self.shared is None:
             return
-        bump = _to_bump(app, user, session, app_state, user_state)
+        bump = _to_bump(app, user, session, app_state, user_state, listing)
         try:
             await self.shared.bump(bump)
         except (RedisError, OSError) as exc:

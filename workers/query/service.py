@@ -315,14 +315,14 @@ class QueryWorker:
             req.min_seq is not None and req.min_seq > opened(self.floor, "the commit floor").value
         ):
             return None
-        entry = cache.get_local(req.app, req.user, getattr(req, "session", None), key)
+        entry = cache.get_local(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
         if entry is None or (req.min_seq is not None and entry.as_of < req.min_seq):
             return None
         return entry.body
 
     async def _cached(self, op: str, req: q._Request, key: str) -> bytes:
         cache = opened(self.cache, "the query cache")
-        ticket, entry = await cache.get(req.app, req.user, getattr(req, "session", None), key)
+        ticket, entry = await cache.get(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
         if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
             return entry.body
         # read before SQL: the answer holds at least this
@@ -345,12 +345,20 @@ def _request_key(op: str, req: q._Request) -> str:
     return hashlib.sha1(orjson.dumps([op, key_fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+def _lists(req: q._Request) -> bool:
+    """A page of sessions: cached under its listing's counters (see cache.listing_gen_keys)."""
+    return isinstance(req, q.SessionsList)
+
+
 def _scope(notice: CommitNotice) -> dict:
-    """What a notice makes stale, as the cache's invalidate_* take it."""
+    """What a notice makes stale, as the cache's invalidate_* take it: a
+    session's commit or deletion, or a user's deletion, also changes the
+    pages of sessions of that user and of the app."""
     return dict(
         app=notice.app,
         user=notice.user,
         session=notice.session,
         app_state=notice.app_state,
         user_state=notice.user_state,
+        listing=notice.session is not None or notice.deleted,
     )
