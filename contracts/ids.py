@@ -19,6 +19,9 @@ MAX_ID_BYTES = 256
 
 _SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _TOKEN_RE = re.compile(r"^(?:[A-Za-z0-9_-]|~[0-9A-F]{2})+$")
+# The same set as _SAFE, for a whole id at once: a per-byte check in Python
+# cost microseconds on every publish and every decoded message.
+_PLAIN_RE = re.compile(r"[A-Za-z0-9_-]+", re.ASCII)
 
 
 def validate_id(value: object, what: str = "id") -> str:
@@ -38,9 +41,9 @@ def validate_id(value: object, what: str = "id") -> str:
 
 def encode_token(value: str, what: str = "id") -> str:
     """Encode a valid id as one NATS subject token (reversible)."""
-    raw = validate_id(value, what).encode("utf-8")
-    if all(b in _SAFE for b in raw):
+    if _PLAIN_RE.fullmatch(validate_id(value, what)):
         return value
+    raw = value.encode("utf-8")
     return "".join(chr(b) if b in _SAFE else f"~{b:02X}" for b in raw)
 
 

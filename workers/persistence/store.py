@@ -25,6 +25,7 @@ from memq.workers.memory.commit_plan import (
     plan_commit,
     state_rows,
 )
+from memq.workers.persistence import pg_bulk
 from memq.workers.sql.engine import dialect_name, greatest, insert_ignore, upsert_if_newer
 from memq.workers.sql.models import (
     APP_STATE,
@@ -182,7 +183,9 @@ class SqlStore:
 
     async def _insert(self, conn: AsyncConnection, plan: CommitPlan) -> None:
         d = self.dialect
-        if plan.events:
+        if d == "postgresql":  # one statement for the batch's events, not one per event
+            await pg_bulk.insert_ignore(conn, EVENTS, plan.events)
+        elif plan.events:
             await conn.execute(insert_ignore(d, EVENTS), plan.events)
         for chunk in _chunks(plan.artifacts, 50):  # inline blobs can be large
             await conn.execute(insert_ignore(d, ARTIFACTS), chunk)
@@ -200,6 +203,10 @@ class SqlStore:
         if not plan.touched:
             return
         d = self.dialect
+        if d == "postgresql":
+            touched = [(k, t.last_seq, t.updated_at) for k, t in sorted(plan.touched.items())]
+            await pg_bulk.touch_sessions(conn, SESSIONS, touched)
+            return
         # created_at is set once, by the first commit that makes the session visible.
         stmt = (
             update(SESSIONS)
