@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from memq.contracts.ids import scope_key
 from memq.workers import metrics
+from memq.workers.settings import QuerySettings
 
 log = logging.getLogger("memq.cache")
 
@@ -144,13 +145,31 @@ end
 """
 
 
+def redis_pool_size(max_inflight: int) -> int:
+    """Redis connections a query replica can use at once. redis-py raises
+    MaxConnectionsError (it does not wait) when its pool runs dry, and a
+    request that meets it answers from SQL: so the pool covers every request
+    in flight, each holding at most one connection at a time (its Redis calls
+    are awaited one after another), plus one for the shared-tier invalidation
+    subscriber, which handles one notice at a time. Connections open only
+    when needed, so an idle replica holds few."""
+    return max_inflight + 1
+
+
+_DEFAULT_INFLIGHT = QuerySettings().max_inflight
+
+
 class RedisBackend:
     """Shared by every query replica. (The scripts compute keys, so they need
-    a single Redis, or a cluster with the keys in one slot.)"""
+    a single Redis, or a cluster with the keys in one slot.)
 
-    def __init__(self, url: str, ttl_s: float):
-        # A small pool: redis-py 8 raises when its pool (default 100) runs dry.
-        self.redis = aioredis.from_url(url, max_connections=64, socket_timeout=0.5, socket_connect_timeout=0.5)
+    :param max_connections: the pool's bound; see :func:`redis_pool_size`.
+    """
+
+    def __init__(self, url: str, ttl_s: float, max_connections: int = redis_pool_size(_DEFAULT_INFLIGHT)):
+        self.redis = aioredis.from_url(
+            url, max_connections=max_connections, socket_timeout=0.5, socket_connect_timeout=0.5
+        )
         # Counters outlive their entries; an expired one restarts above them.
         self.gen_ttl_ms = int(ttl_s * 2000)
         self._lookup = self.redis.register_script(_LOOKUP)

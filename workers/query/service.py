@@ -61,7 +61,7 @@ from memq.workers import metrics
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.opened import opened
 from memq.workers.query import paging
-from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
+from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend, redis_pool_size
 from memq.workers.query.ops import HANDLERS, OpContext
 from memq.workers.query.search import Searcher
 from memq.workers.settings import Settings
@@ -97,7 +97,8 @@ def build_cache(settings: Settings) -> QueryCache:
     if backend == "redis":
         if c.redis_url is None:
             raise ValueError("cache.backend is redis but MEMQ_CACHE__REDIS_URL is not set")
-        return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s), c.ttl_s)
+        pool = redis_pool_size(settings.query.max_inflight)
+        return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s, pool), c.ttl_s)
     return QueryCache(local, None, c.ttl_s)
 
 
