@@ -10,12 +10,19 @@ stream, so a notice that finds no listener is gone, and nothing waits on it).
   to a session while it does it (the summarizer: ``summarizing``, then
   ``summarized`` or ``failed``).
 
-Both are JSON objects. Readers ignore fields they do not know, so a newer
+- :class:`CommittedRanges` on ``memq.v1.committed.<durable>``
+  (:func:`memq.contracts.subjects.committed_subject`): the stream sequences a
+  persistence replica has finished with (committed, or dead-lettered) in one
+  batch, after their acks. Query workers move their commit floor on it
+  instead of polling the consumer (read-your-writes).
+
+All are JSON objects. Readers ignore fields they do not know, so a newer
 writer can add some.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import orjson
@@ -64,3 +71,28 @@ class StatusEvent(BaseModel):
 
     def encode(self) -> bytes:
         return orjson.dumps(self.model_dump(exclude_none=True))
+
+
+class CommittedRanges(BaseModel):
+    """Sent by a persistence replica after each batch, once its acks are out:
+    every stream sequence it finished with in the batch (committed to SQL,
+    or dead-lettered), as inclusive runs. Other replicas finish other
+    sequences in any order; a reader joins the runs into a contiguous floor."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    ranges: list[tuple[int, int]] = Field(description="inclusive [first, last] runs of stream sequences, ascending")
+
+    @classmethod
+    def of(cls, seqs: Iterable[int]) -> CommittedRanges:
+        """Compress sequences (any order, repeats allowed) into runs."""
+        ranges: list[tuple[int, int]] = []
+        for seq in sorted(set(seqs)):
+            if ranges and ranges[-1][1] + 1 == seq:
+                ranges[-1] = (ranges[-1][0], seq)
+            else:
+                ranges.append((seq, seq))
+        return cls(ranges=ranges)
+
+    def encode(self) -> bytes:
+        return orjson.dumps({"ranges": self.ranges})

@@ -5,6 +5,8 @@
 - ``memq.v1.ev.<app>.<user>``            user-scoped messages (delete user,
   user/app state), captured by ``MEMQ_EVENTS``
 - ``memq.v1.changed.<app>.<user>.<session>``  core NATS notice after a commit
+- ``memq.v1.committed.<durable>``        core NATS: the stream sequences a
+  persistence replica finished with in one batch (read-your-writes)
 - ``memq.v1.q.<app>.<op>``               requests (core NATS, in no stream)
 - ``memq.v1.dlq.<worker>``               dead letters, captured by ``MEMQ_DLQ``
 """
@@ -57,6 +59,12 @@ def parse_events_subject(subject: str) -> Scope:
 def changed_subject(app: str, user: str, session: str | None = None) -> str:
     base = f"{PREFIX}.changed.{encode_token(app, 'app')}.{encode_token(user, 'user')}"
     return base if session is None else f"{base}.{encode_token(session, 'session')}"
+
+
+def committed_subject(durable: str) -> str:
+    """Where the replicas sharing the durable consumer ``durable`` say which
+    stream sequences they have finished with (:class:`memq.contracts.notices.CommittedRanges`)."""
+    return f"{PREFIX}.committed.{durable}"
 
 
 def status_subject(app: str, user: str, session: str) -> str:

@@ -165,6 +165,11 @@ class QuerySettings(BaseModel):
     queue_group: str = Field(default="memq-query", description="queue group shared by the query replicas")
     max_inflight: int = Field(default=256, ge=1, description="requests handled at once per replica")
     floor_refresh_s: float = Field(default=0.2, gt=0, description="how often the commit floor is re-read")
+    commit_notices: bool = Field(
+        default=False,
+        description="move the commit floor on the persistence replicas' notices (`memq.v1.committed.<durable>`) "
+        "instead of polling the ack floor; off until cache invalidation is ordered with them (issue 13)",
+    )
     apps: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-app working-memory overrides, e.g. {'my-agent': {'budget': 4000}}"
     )

@@ -18,7 +18,7 @@ from helpers import make_settings, wait_for
 from memq.contracts.client import MemoryClient
 from memq.contracts.notices import CommitNotice, StatusEvent
 from memq.contracts.schemas import Event, Message, TextPart
-from memq.contracts.subjects import CHANGED_WILDCARD, changed_subject
+from memq.contracts.subjects import CHANGED_WILDCARD, changed_subject, committed_subject
 from memq.workers import bus
 from memq.workers.app import Process, assemble, build_app
 from memq.workers.kinds import KINDS
@@ -47,7 +47,8 @@ def test_the_app_is_built_without_connecting(tmp_path):
     subscribers = sorted((sub.subject.template, sub.queue) for sub in app.broker.subscribers)
     assert subscribers == [(CHANGED_WILDCARD, ""), (CHANGED_WILDCARD, settings.summarizer.queue_group)]
     publishers = sorted(pub.subject.template for pub in app.broker.publishers)
-    assert publishers == [CHANGED_WILDCARD, "memq.v1.status.{app}.{user}.{session}"]
+    committed = committed_subject(settings.persistence.durable)  # the commit floor's notices
+    assert publishers == [CHANGED_WILDCARD, committed, "memq.v1.status.{app}.{user}.{session}"]
     process = assemble(settings, ["persistence", "query"])
     assert [k.name for k in process.kinds] == ["persistence", "query"]
     assert process.broker._connection is None

@@ -7,7 +7,11 @@ adding processes scales out with no coordination. For each batch:
    is acked (nothing is silently dropped, and the batch goes on);
 2. commit the rest in one transaction (idempotent, order-independent);
 3. purge the stream of deleted sessions/users, so a replay cannot revive them;
-4. ack, then announce ``memq.v1.changed.<app>.<user>.<session>``.
+4. ack, then announce ``memq.v1.changed.<app>.<user>.<session>``;
+5. once the batch is through, announce on ``memq.v1.committed.<durable>``
+   the stream sequences it finished with (committed or dead-lettered, so
+   acked) as runs: query workers move their commit floor on it at once,
+   rather than polling the consumer's ack floor (read-your-writes).
 
 A database outage naks the batch with a growing delay: nothing is acked before
 it is durable, and nothing is lost. Acks are explicit, per message (see
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING
 from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BucketNotFoundError, NotFoundError
@@ -34,12 +39,13 @@ from sqlalchemy import text
 
 from memq.contracts.codec import decode_from_subject
 from memq.contracts.errors import Internal, MemqError
-from memq.contracts.notices import CommitNotice
+from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.subjects import (
     ARTIFACT_BUCKET,
     CHANGED_WILDCARD,
     EVENTS_WILDCARD,
     changed_subject,
+    committed_subject,
     events_subject,
     user_events_filter,
 )
@@ -84,6 +90,8 @@ class PersistenceWorker:
         # The commit-notice publisher, declared by router() for the AsyncAPI
         # document; _announce publishes on the connection itself.
         self.notices: LogicPublisher | None = None
+        self.finished_notices: LogicPublisher | None = None  # the same, for CommittedRanges
+        self._finished: list[int] = []  # stream sequences acked in the batch in hand
         self.committed = 0  # messages committed by this process (for status and tests)
 
     @property
@@ -129,6 +137,14 @@ class PersistenceWorker:
             description="After every commit: what a session or user committed (caches drop it, "
             "the summarizer looks whether a summary is due). Core NATS.",
         )
+        self.finished_notices = router.publisher(
+            committed_subject(self.settings.persistence.durable),
+            schema=CommittedRanges,
+            title="memq.v1.committed.<durable>:publish",
+            description="After every batch, once its acks are out: the stream sequences this replica "
+            "finished with (committed or dead-lettered), as runs. Query workers join the runs of every "
+            "replica into the contiguous commit floor that read-your-writes waits on. Core NATS.",
+        )
         return router
 
     async def open(self, nc: NATS, resources: Resources) -> None:
@@ -145,7 +161,7 @@ class PersistenceWorker:
             stream=s.streams.events,
             subject=EVENTS_WILDCARD,
             config=self.consumer_config(),
-            handler=self.handle,
+            handler=self._handle_batch,
             batch_size=s.persistence.batch_size,
             batch_wait_s=s.persistence.batch_wait_s,
         )
@@ -168,6 +184,14 @@ class PersistenceWorker:
             self.consumer = None
 
     # --- one batch ------------------------------------------------------------
+
+    async def _handle_batch(self, msgs: list[Msg]) -> None:
+        """One batch, then the notice of what it finished (even if handling
+        failed part way: what was acked is done)."""
+        try:
+            await self.handle(msgs)
+        finally:
+            await self._announce_finished()
 
     async def handle(self, msgs: list[Msg]) -> None:
         metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
@@ -241,6 +265,7 @@ class PersistenceWorker:
         await self._purge_deleted(result)
         for msg in raw:
             await msg.ack()
+        self._finished.extend(msg.metadata.sequence.stream for msg in raw)
         self.committed += len(raw)
         metrics.processed(WORKER, "ok", len(raw))
         if self.settings.persistence.publish_changed:
@@ -265,6 +290,7 @@ class PersistenceWorker:
             await msg.nak(delay=self.settings.persistence.retry_delays_s[0])
             return
         await msg.ack()
+        self._finished.append(msg.metadata.sequence.stream)
         metrics.processed(WORKER, "dead_lettered")
 
     # --- after commit ---------------------------------------------------------
@@ -297,6 +323,18 @@ class PersistenceWorker:
         for info in infos:
             if info.name.startswith(tuple(prefixes)):
                 await store.delete(info.name)
+
+    async def _announce_finished(self) -> None:
+        """Say which sequences this batch finished (after their acks, on the
+        same connection): one small notice per batch, whatever it held."""
+        if not self._finished:
+            return
+        notice, self._finished = CommittedRanges.of(self._finished), []
+        try:
+            # On the connection, like _announce: router() declares it for the docs.
+            await self._nats.publish(committed_subject(self.settings.persistence.durable), notice.encode())
+        except NatsError as exc:  # readers fall back to the ack floor
+            log.warning("cannot announce finished sequences (%s)", exc or type(exc).__name__)
 
     async def _announce(self, result: CommitResult) -> None:
         """Tell caches and the summarizer what changed: one notice per session

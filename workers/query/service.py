@@ -6,13 +6,21 @@ micro service (``memq-query``: ping, info and stats for `memq status`). For
 each request it:
 
 1. validates the body and refuses one that names another app than its subject;
-2. waits, bounded, until the caller's ``min_seq`` is committed (read-your-writes);
+2. waits, bounded, until the caller's ``min_seq`` is committed (read-your-writes):
+   on the commit floor (:mod:`memq.workers.commit_floor`), which the
+   persistence replicas' notices move as they commit, so the read goes the
+   moment its sequence and every one below it are in SQL;
 3. answers from the cache, or from SQL through the op in :mod:`memq.workers.query.ops`
    and fills the cache;
 4. always replies: a typed error rather than silence or a hang.
 
-Commit notices (``memq.v1.changed.>``, :class:`memq.contracts.notices.CommitNotice`)
-invalidate the cache: those are FastStream subscribers of the process's app.
+Notices are FastStream subscribers of the process's app: what the persistence
+replicas finished with (``memq.v1.committed.<durable>``,
+:class:`memq.contracts.notices.CommittedRanges`) moves the commit floor and
+wakes the reads waiting on it, every replica hearing every notice (no queue
+group); commit notices (``memq.v1.changed.>``,
+:class:`memq.contracts.notices.CommitNotice`) invalidate the cache. A lost
+notice only delays a read: the floor falls back to the consumer's ack floor.
 
 Why the endpoints are a nats micro service on the broker's connection and
 not FastStream subscribers (measured against raw nats-py on the same
@@ -26,7 +34,6 @@ ping, info and stats.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import hashlib
 import logging
 import time
@@ -54,18 +61,16 @@ from memq.contracts.errors import (
     validation_details,
 )
 from memq.contracts.ids import decode_token
-from memq.contracts.notices import CommitNotice
+from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.replies import error_body, ok_body
-from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX
+from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX, committed_subject
 from memq.workers import metrics
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.opened import opened
-from memq.workers.query import paging
-from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend, redis_pool_size
+from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
 from memq.workers.query.ops import HANDLERS, OpContext
 from memq.workers.query.search import Searcher
 from memq.workers.settings import Settings
-from memq.workers.sql.engine import is_disconnect, reader
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -97,8 +102,7 @@ def build_cache(settings: Settings) -> QueryCache:
     if backend == "redis":
         if c.redis_url is None:
             raise ValueError("cache.backend is redis but MEMQ_CACHE__REDIS_URL is not set")
-        pool = redis_pool_size(settings.query.max_inflight)
-        return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s, pool), c.ttl_s)
+        return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s), c.ttl_s)
     return QueryCache(local, None, c.ttl_s)
 
 
@@ -112,7 +116,6 @@ class QueryWorker:
         self.settings = settings
         # None until open(); read through `opened` (a clear error if too early).
         self.engine: AsyncEngine | None = None  # the process's
-        self._reads: AsyncEngine | None = None  # the same pool, for reads (sql.engine.reader)
         self.cache: QueryCache | None = None  # the process's
         self.searcher = Searcher(settings)
         self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
@@ -126,10 +129,19 @@ class QueryWorker:
     # --- lifecycle (driven by the process's FastStream hooks) ------------------
 
     def router(self) -> NatsRouter:
-        """Cache invalidation by commit notices. Every replica must hear every
-        notice for its own (local) tier; the shared (Redis) tier needs each
-        notice once, from one replica (a queue group)."""
+        """Commit notices: the sequences committed (the commit floor) and
+        cache invalidation. Every replica must hear every notice for its own
+        floor and (local) tier; the shared (Redis) tier needs each notice
+        once, from one replica (a queue group)."""
         router = NatsRouter()
+        if self.settings.query.commit_notices:
+            # No queue group: every replica keeps its own commit floor.
+            router.subscriber(
+                committed_subject(self.settings.persistence.durable),
+                title="memq.v1.committed.<durable>:query",
+                description="Query worker: move the commit floor (read-your-writes) over the sequences "
+                "a persistence replica finished with, and wake the reads waiting on them.",
+            )(self.committed)
         router.subscriber(
             CHANGED_WILDCARD,
             title="memq.v1.changed.>:query-local",
@@ -150,16 +162,19 @@ class QueryWorker:
         self.cache = resources.cache
         self.nc = nc
         js = nc.jetstream()
-        self.floor = CommitFloor(js, s.streams.events, s.persistence.durable, s.query.floor_refresh_s)
+        # With commit notices (router()) the ack floor is only the fallback,
+        # read at start and every 50 ms while a read waits; without, it is polled.
+        poll_from_s = 0.05 if s.query.commit_notices else 0.001
+        self.floor = CommitFloor(
+            js, s.streams.events, s.persistence.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s
+        )
+        await self.floor.refresh()
         # search's min_seq waits for the indexing worker instead
         self.index_floor = CommitFloor(js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s)
 
     async def start(self) -> None:
         """Register the endpoints (after the invalidation subscribers run, so
         no answer is cached that a notice should have dropped)."""
-        nc = opened(self.nc, "the query worker's NATS connection")
-        # Pages of session.get, history and context fit this server's max_payload.
-        self.ctx = dataclasses.replace(self.ctx, reply_bytes=paging.reply_bytes(nc.max_payload))
         self.service = await add_service(
             opened(self.nc, "the query worker's NATS connection"),
             name=SERVICE_NAME,
@@ -221,10 +236,7 @@ class QueryWorker:
 
     def _deliverable(self, op: str, body: bytes) -> bytes:
         """``body``, or a typed error when NATS could not carry it: a reply
-        over the server's max_payload is dropped, and the caller would wait.
-        Paged answers (session.get, history, context) stay under it; what can
-        still be over is what cannot be split: a large state, an inline
-        artifact, a page of many sessions, or one event too big for a page."""
+        over the server's max_payload is dropped, and the caller would wait."""
         limit = self.nc.max_payload if self.nc is not None else 0
         if limit and len(body) > limit:
             metrics.QUERY_ERRORS.labels(op, Oversize.code).inc()
@@ -294,17 +306,7 @@ class QueryWorker:
         handler = HANDLERS[op]
         if not handler.sql:
             return await handler.run(None, req, self.ctx)
-        if self._reads is None:  # the process's engine, without a transaction per read
-            self._reads = reader(opened(self.engine, "the SQL engine"))
-        try:
-            async with self._reads.connect() as conn:
-                return await handler.run(conn, req, self.ctx)
-        except sa_exc.DBAPIError as exc:
-            if not is_disconnect(exc):
-                raise
-        # A pooled connection had died (the database restarted): the pool is
-        # recycled now, so once more reaches the database if it is up.
-        async with self._reads.connect() as conn:
+        async with opened(self.engine, "the SQL engine").connect() as conn:
             return await handler.run(conn, req, self.ctx)
 
     def _local_hit(self, req: q._Request, key: str) -> bytes | None:
@@ -316,14 +318,14 @@ class QueryWorker:
             req.min_seq is not None and req.min_seq > opened(self.floor, "the commit floor").value
         ):
             return None
-        entry = cache.get_local(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
+        entry = cache.get_local(req.app, req.user, getattr(req, "session", None), key)
         if entry is None or (req.min_seq is not None and entry.as_of < req.min_seq):
             return None
         return entry.body
 
     async def _cached(self, op: str, req: q._Request, key: str) -> bytes:
         cache = opened(self.cache, "the query cache")
-        ticket, entry = await cache.get(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
+        ticket, entry = await cache.get(req.app, req.user, getattr(req, "session", None), key)
         if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
             return entry.body
         # read before SQL: the answer holds at least this
@@ -332,7 +334,10 @@ class QueryWorker:
         await cache.put(ticket, Entry(as_of, body))
         return body
 
-    # --- invalidation -------------------------------------------------------------
+    # --- commit notices -------------------------------------------------------------
+
+    async def committed(self, notice: CommittedRanges) -> None:
+        opened(self.floor, "the commit floor").finished(notice.ranges)
 
     async def invalidate_local(self, notice: CommitNotice, cache: Annotated[QueryCache, Context("cache")]) -> None:
         await cache.invalidate_local(**_scope(notice))
@@ -346,20 +351,12 @@ def _request_key(op: str, req: q._Request) -> str:
     return hashlib.sha1(orjson.dumps([op, key_fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _lists(req: q._Request) -> bool:
-    """A page of sessions: cached under its listing's counters (see cache.listing_gen_keys)."""
-    return isinstance(req, q.SessionsList)
-
-
 def _scope(notice: CommitNotice) -> dict:
-    """What a notice makes stale, as the cache's invalidate_* take it: a
-    session's commit or deletion, or a user's deletion, also changes the
-    pages of sessions of that user and of the app."""
+    """What a notice makes stale, as the cache's invalidate_* take it."""
     return dict(
         app=notice.app,
         user=notice.user,
         session=notice.session,
         app_state=notice.app_state,
         user_state=notice.user_state,
-        listing=notice.session is not None or notice.deleted,
     )
