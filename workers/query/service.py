@@ -34,6 +34,7 @@ ping, info and stats.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 import time
@@ -67,10 +68,12 @@ from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX, committed_subject
 from memq.workers import metrics
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.opened import opened
-from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
+from memq.workers.query import paging
+from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend, redis_pool_size
 from memq.workers.query.ops import HANDLERS, OpContext
 from memq.workers.query.search import Searcher
 from memq.workers.settings import Settings
+from memq.workers.sql.engine import is_disconnect, reader
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -102,7 +105,8 @@ def build_cache(settings: Settings) -> QueryCache:
     if backend == "redis":
         if c.redis_url is None:
             raise ValueError("cache.backend is redis but MEMQ_CACHE__REDIS_URL is not set")
-        return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s), c.ttl_s)
+        pool = redis_pool_size(settings.query.max_inflight)
+        return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s, pool), c.ttl_s)
     return QueryCache(local, None, c.ttl_s)
 
 
@@ -116,6 +120,7 @@ class QueryWorker:
         self.settings = settings
         # None until open(); read through `opened` (a clear error if too early).
         self.engine: AsyncEngine | None = None  # the process's
+        self._reads: AsyncEngine | None = None  # the same pool, for reads (sql.engine.reader)
         self.cache: QueryCache | None = None  # the process's
         self.searcher = Searcher(settings)
         self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
@@ -175,6 +180,9 @@ class QueryWorker:
     async def start(self) -> None:
         """Register the endpoints (after the invalidation subscribers run, so
         no answer is cached that a notice should have dropped)."""
+        nc = opened(self.nc, "the query worker's NATS connection")
+        # Pages of session.get, history and context fit this server's max_payload.
+        self.ctx = dataclasses.replace(self.ctx, reply_bytes=paging.reply_bytes(nc.max_payload))
         self.service = await add_service(
             opened(self.nc, "the query worker's NATS connection"),
             name=SERVICE_NAME,
@@ -236,7 +244,10 @@ class QueryWorker:
 
     def _deliverable(self, op: str, body: bytes) -> bytes:
         """``body``, or a typed error when NATS could not carry it: a reply
-        over the server's max_payload is dropped, and the caller would wait."""
+        over the server's max_payload is dropped, and the caller would wait.
+        Paged answers (session.get, history, context) stay under it; what can
+        still be over is what cannot be split: a large state, an inline
+        artifact, a page of many sessions, or one event too big for a page."""
         limit = self.nc.max_payload if self.nc is not None else 0
         if limit and len(body) > limit:
             metrics.QUERY_ERRORS.labels(op, Oversize.code).inc()
@@ -306,7 +317,17 @@ class QueryWorker:
         handler = HANDLERS[op]
         if not handler.sql:
             return await handler.run(None, req, self.ctx)
-        async with opened(self.engine, "the SQL engine").connect() as conn:
+        if self._reads is None:  # the process's engine, without a transaction per read
+            self._reads = reader(opened(self.engine, "the SQL engine"))
+        try:
+            async with self._reads.connect() as conn:
+                return await handler.run(conn, req, self.ctx)
+        except sa_exc.DBAPIError as exc:
+            if not is_disconnect(exc):
+                raise
+        # A pooled connection had died (the database restarted): the pool is
+        # recycled now, so once more reaches the database if it is up.
+        async with self._reads.connect() as conn:
             return await handler.run(conn, req, self.ctx)
 
     def _local_hit(self, req: q._Request, key: str) -> bytes | None:
@@ -318,14 +339,14 @@ class QueryWorker:
             req.min_seq is not None and req.min_seq > opened(self.floor, "the commit floor").value
         ):
             return None
-        entry = cache.get_local(req.app, req.user, getattr(req, "session", None), key)
+        entry = cache.get_local(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
         if entry is None or (req.min_seq is not None and entry.as_of < req.min_seq):
             return None
         return entry.body
 
     async def _cached(self, op: str, req: q._Request, key: str) -> bytes:
         cache = opened(self.cache, "the query cache")
-        ticket, entry = await cache.get(req.app, req.user, getattr(req, "session", None), key)
+        ticket, entry = await cache.get(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
         if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
             return entry.body
         # read before SQL: the answer holds at least this
@@ -351,12 +372,20 @@ def _request_key(op: str, req: q._Request) -> str:
     return hashlib.sha1(orjson.dumps([op, key_fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
+def _lists(req: q._Request) -> bool:
+    """A page of sessions: cached under its listing's counters (see cache.listing_gen_keys)."""
+    return isinstance(req, q.SessionsList)
+
+
 def _scope(notice: CommitNotice) -> dict:
-    """What a notice makes stale, as the cache's invalidate_* take it."""
+    """What a notice makes stale, as the cache's invalidate_* take it: a
+    session's commit or deletion, or a user's deletion, also changes the
+    pages of sessions of that user and of the app."""
     return dict(
         app=notice.app,
         user=notice.user,
         session=notice.session,
         app_state=notice.app_state,
         user_state=notice.user_state,
+        listing=notice.session is not None or notice.deleted,
     )
