@@ -3,23 +3,35 @@
 Usage::
 
     .venv/bin/python tests/bench/ingest.py [--quick] [--json PATH]
+        [--replicas 1,2,4] [--events N] [--sessions N] [--users N]
+        [--databases postgresql,sqlite]
+
+For example, replica scaling on PostgreSQL alone, on a many-core machine::
+
+    .venv/bin/python tests/bench/ingest.py --databases postgresql \
+        --replicas 1,2,4,8 --events 100000 --sessions 1000 --users 1000
 
 Everything runs on loopback, on servers this script starts and stops itself
 (``tests/services.py``): a fresh nats-server per configuration, one PostgreSQL
 (a new database per configuration) and a new SQLite file per configuration.
+Only nats-server and the databases: no Weaviate, no Redis, no embedder.
 
-For each database (PostgreSQL, SQLite) and each replica count N (1, 2, 4), N
-real ``memq worker persistence`` processes share the durable consumer, and:
+For each database (``--databases``; PostgreSQL and SQLite) and each replica
+count N (``--replicas``; 1, 2, 4), N real ``memq worker persistence``
+processes share the durable consumer, and:
 
-(a) **throughput** — E events (20,000; ``--quick`` 3,000) across 50 sessions
-    are published with ``MemoryClient.append_many``, all sessions at once.
+(a) **throughput** — E events (``--events``; 20,000, ``--quick`` 3,000)
+    across S sessions (``--sessions``; 50) of U users (``--users``; 10, session
+    i belongs to user i mod U) are published with ``MemoryClient.append_many``,
+    all sessions at once.
     Events/s runs from the first publish to the arrival of the last
     ``memq.v1.changed.>`` notice (the workers announce each commit with the
     highest committed seq of a session). Completion is confirmed with the
     consumer's ack floor, which only advances over a contiguous run of acks
     and so is exact even when replicas commit out of order.
 (b) **latency** — a paced run (1,000 events/s for 5 s; ``--quick`` 500/s for
-    2 s) across 10 sessions, one ``client.append`` per event. t0 is taken
+    2 s) across 10 sessions (of the same U users), one ``client.append`` per
+    event. t0 is taken
     just before each publish; the commit time of seq s is the arrival of the
     first notice of its session with seq >= s. p50 and p99 in ms. With more
     than one replica a notice can run ahead of an older batch that another
@@ -59,7 +71,7 @@ import urllib.request
 import uuid
 from collections import defaultdict
 from contextlib import AsyncExitStack, ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
@@ -84,7 +96,7 @@ APP = "bench"
 DURABLE = "memq-persistence"
 WORKER_CONN_NAME = "memq-persistence"  # bus.connect_options: f"{nats.name}-{worker}"
 REPLICAS = (1, 2, 4)
-USERS = 10
+DATABASES = ("postgresql", "sqlite")
 # Wide enough for the tables when the output is a file or a pipe (rich's default is 80).
 now = time.perf_counter
 
@@ -96,6 +108,7 @@ class Config:
     seconds: float  # paced run length
     serial: int  # raw js.publish awaited one by one
     sessions: int = 50
+    users: int = 10  # session i belongs to user i mod users
     paced_sessions: int = 10
     commit_timeout_s: float = 180.0
 
@@ -144,8 +157,8 @@ def make_events(n: int, tag: str) -> list[Event]:
     return out
 
 
-def session_keys(n: int, tag: str) -> list[tuple[str, str]]:
-    return [(f"u{i % USERS}", f"{tag}-{i}") for i in range(n)]
+def session_keys(n: int, tag: str, users: int) -> list[tuple[str, str]]:
+    return [(f"u{i % users}", f"{tag}-{i}") for i in range(n)]
 
 
 def split(events: list[Event], keys: list[tuple[str, str]]) -> dict[tuple[str, str], list[Event]]:
@@ -231,7 +244,7 @@ async def publish_sessions(client: MemoryClient, plan: dict) -> dict[tuple[str, 
 
 
 async def run_throughput(client, watch, js, cfg: Config, row: Row) -> None:
-    plan = split(make_events(cfg.events, "tp"), session_keys(cfg.sessions, "tp"))
+    plan = split(make_events(cfg.events, "tp"), session_keys(cfg.sessions, "tp", cfg.users))
     row.events = sum(len(v) for v in plan.values())
     t0 = now()
     targets = await publish_sessions(client, plan)
@@ -242,7 +255,7 @@ async def run_throughput(client, watch, js, cfg: Config, row: Row) -> None:
 
 
 async def run_paced(client, watch, js, cfg: Config, row: Row) -> None:
-    keys = session_keys(cfg.paced_sessions, "lat")
+    keys = session_keys(cfg.paced_sessions, "lat", cfg.users)
     n = int(cfg.rate * cfg.seconds)
     events = make_events(n, "lat")
     sent: list[tuple[tuple[str, str], int, float]] = []
@@ -398,7 +411,7 @@ async def raw_publish_serial(js, payloads) -> float:
 
 
 async def client_publish_only(url: str, cfg: Config) -> float:
-    plan = split(make_events(cfg.events, "pub"), session_keys(cfg.sessions, "pub"))
+    plan = split(make_events(cfg.events, "pub"), session_keys(cfg.sessions, "pub", cfg.users))
     async with await MemoryClient.connect(url, app=APP) as client:
         t0 = now()
         await publish_sessions(client, plan)
@@ -406,7 +419,7 @@ async def client_publish_only(url: str, cfg: Config) -> float:
 
 
 async def run_baselines(cfg: Config) -> list[dict]:
-    keys = session_keys(cfg.sessions, "raw")
+    keys = session_keys(cfg.sessions, "raw", cfg.users)
     async_payloads = raw_payloads(make_events(cfg.events, "raw"), keys)
     serial_payloads = raw_payloads(make_events(cfg.serial, "serial"), keys)
     with services.NatsServer() as server:
@@ -470,7 +483,8 @@ def print_results(machine: dict, cfg: Config, quick: bool, baselines: list[dict]
         )
     console.print(table)
     console.print(
-        f"commit ev/s: {cfg.events:,} events over {cfg.sessions} sessions, first publish → last commit notice. "
+        f"commit ev/s: {cfg.events:,} events over {cfg.sessions} sessions of {cfg.users} users, "
+        "first publish → last commit notice. "
         f"p50/p99: publish → commit notice at {cfg.rate:,} events/s for {cfg.seconds:g} s over "
         f"{cfg.paced_sessions} sessions, one append each; reordered = notices that arrived below their "
         f"session's high mark (another replica's older batch; such events' latency is underestimated).",
@@ -490,13 +504,15 @@ def worker_settings() -> dict:
     return settings.persistence.model_dump(mode="json")
 
 
-def write_json(path: Path, machine: dict, cfg: Config, quick: bool, baselines: list[dict], rows: list[Row]) -> None:
+def write_json(
+    path: Path, machine: dict, cfg: Config, quick: bool, replicas: list[int], baselines: list[dict], rows: list[Row]
+) -> None:
     raw_async = baselines[0]["per_s"]
     data = {
         "benchmark": "ingest",
         "mode": "quick" if quick else "full",
         "machine": machine,
-        "config": {**asdict(cfg), "replicas": list(REPLICAS), "worker": worker_settings()},
+        "config": {**asdict(cfg), "replicas": replicas, "worker": worker_settings()},
         "baselines": [{**b, "ratio_to_raw_async": b["per_s"] / raw_async} for b in baselines],
         "rows": [{**asdict(r), "exactly_once": r.exactly_once} for r in rows],
     }
@@ -507,8 +523,12 @@ def write_json(path: Path, machine: dict, cfg: Config, quick: bool, baselines: l
 # --- main --------------------------------------------------------------------------------
 
 
-async def main(quick: bool, json_path: Path | None) -> int:
-    cfg = QUICK if quick else FULL
+async def main(args: argparse.Namespace) -> int:
+    quick, json_path, replicas = args.quick, args.json, args.replicas
+    cfg = replace(
+        QUICK if quick else FULL,
+        **{k: v for k, v in (("events", args.events), ("sessions", args.sessions), ("users", args.users)) if v},
+    )
     machine = machine_info()
     started = now()
     status(f"[bold]memq ingest benchmark[/] — {'quick' if quick else 'full'} run")
@@ -521,7 +541,8 @@ async def main(quick: bool, json_path: Path | None) -> int:
         status("starting PostgreSQL …")
         pg = stack.enter_context(services.Postgres())
         machine["postgres"] = pg.psql("SHOW server_version").strip()
-        configs = [(db, n) for db in ("PostgreSQL", "SQLite") for n in REPLICAS]
+        names = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
+        configs = [(names[db], n) for db in args.databases for n in replicas]
         for i, (db, n) in enumerate(configs, 1):
             work = Path(tmp) / f"{db.lower()}-{n}"
             work.mkdir()
@@ -537,7 +558,7 @@ async def main(quick: bool, json_path: Path | None) -> int:
     machine["wall_s"] = round(now() - started, 1)
     status(f"total {machine['wall_s']:.0f} s")
     if json_path:
-        write_json(json_path, machine, cfg, quick, baselines, rows)
+        write_json(json_path, machine, cfg, quick, replicas, baselines, rows)
     return 0 if all(r.exactly_once for r in rows) else 1
 
 
@@ -545,9 +566,43 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run (under a minute or two)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
-    return parser.parse_args()
+    parser.add_argument(
+        "--replicas", type=_counts, default=list(REPLICAS), metavar="N,N,…", help="persistence replica counts (1,2,4)"
+    )
+    parser.add_argument("--events", type=_count, metavar="N", help="events of the throughput run (20,000; quick 3,000)")
+    parser.add_argument("--sessions", type=_count, metavar="N", help="sessions of the throughput run (50)")
+    parser.add_argument("--users", type=_count, metavar="N", help="users the sessions belong to (10)")
+    parser.add_argument(
+        "--databases",
+        type=lambda v: _names(v, DATABASES),
+        default=list(DATABASES),
+        metavar="NAME,…",
+        help="postgresql, sqlite or both (both)",
+    )
+    args = parser.parse_args()
+    events = args.events or (QUICK if args.quick else FULL).events
+    if events < (args.sessions or Config.sessions):
+        parser.error("--events must be at least --sessions (every session gets events)")
+    return args
+
+
+def _count(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return n
+
+
+def _counts(value: str) -> list[int]:
+    return [_count(v) for v in value.split(",")]
+
+
+def _names(value: str, allowed: tuple[str, ...]) -> list[str]:
+    names = [v.strip().lower() for v in value.split(",")]
+    if unknown := [n for n in names if n not in allowed]:
+        raise argparse.ArgumentTypeError(f"unknown: {', '.join(unknown)} (choose from {', '.join(allowed)})")
+    return names
 
 
 if __name__ == "__main__":
-    args = parse_args()
-    sys.exit(asyncio.run(main(args.quick, args.json)))
+    sys.exit(asyncio.run(main(parse_args())))
