@@ -41,7 +41,7 @@ from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from memq.contracts.codec import DEFAULT_MAX_BYTES, encode, subject_for
+from memq.contracts.codec import DEFAULT_MAX_BYTES, encode, event_encoder, subject_for
 from memq.contracts.connection import DEFAULT_RECONNECT_ATTEMPTS, connect_nats
 from memq.contracts.errors import (
     Forbidden,
@@ -337,7 +337,7 @@ class MemoryClient:
         ``MAX_IN_FLIGHT`` unacknowledged at a time. If a chunk fails, earlier
         chunks stay published; retrying the whole call is safe (dedupe by id).
         """
-        prepared = [self._prepare(self._build(EventAppended, user=user, session=session, event=e)) for e in events]
+        prepared = self._prepare_events(user, session, events)
         if not prepared:
             return []
         # The first is awaited alone: nats-py drops JetStream errors of
@@ -800,12 +800,35 @@ class MemoryClient:
         except ValidationError as exc:
             raise InvalidMessage(f"invalid {cls.__name__}: {validation_details(exc)}") from None
 
+    def _payload_limit(self) -> int:
+        return min(self.max_message_bytes, self.nc.max_payload - HEADER_ROOM)
+
     def _prepare(self, message: Any) -> _Prepared:
         data = encode(message)
-        limit = min(self.max_message_bytes, self.nc.max_payload - HEADER_ROOM)
+        limit = self._payload_limit()
         if len(data) > limit:
             raise Oversize(f"{message.kind} message is {len(data)} bytes; the limit is {limit}")
         return subject_for(message), data, {"Nats-Msg-Id": message.msg_id}
+
+    def _prepare_events(self, user: str, session: str, events: Sequence[Event]) -> list[_Prepared]:
+        """``_prepare(_build(EventAppended, …))`` of every event, with the
+        envelope (ids, subject, its JSON) checked and encoded once per call,
+        not per event: an :class:`Event` was validated when it was made, and
+        EventAppended takes it as it is. Anything else (a dict) is built in full."""
+        if not events:
+            return []
+        first = self._build(EventAppended, user=user, session=session, event=events[0])
+        subject, encode_event, limit = subject_for(first), event_encoder(first), self._payload_limit()
+        prepared: list[_Prepared] = []
+        for event in events:
+            if type(event) is not Event:
+                prepared.append(self._prepare(self._build(EventAppended, user=user, session=session, event=event)))
+                continue
+            data = encode_event(event)
+            if len(data) > limit:
+                raise Oversize(f"event message is {len(data)} bytes; the limit is {limit}")
+            prepared.append((subject, data, {"Nats-Msg-Id": encode_token(event.id, "event id")}))
+        return prepared
 
     async def _publish(self, message: Any) -> int:
         return await self._send(self._prepare(message))

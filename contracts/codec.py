@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from memq.contracts.errors import InvalidMessage, Oversize, SubjectMismatch, UnsupportedVersion
-from memq.contracts.schemas import SUPPORTED_VERSIONS, StreamMessage
+from memq.contracts.schemas import SUPPORTED_VERSIONS, Event, EventAppended, StreamMessage
 from memq.contracts.subjects import Scope, events_subject, parse_events_subject
 
 _ADAPTER: TypeAdapter[StreamMessage] = TypeAdapter(StreamMessage)
+_EVENT: TypeAdapter[Event] = TypeAdapter(Event)
 
 DEFAULT_MAX_BYTES = 1024 * 1024  # NATS' default max_payload
 
@@ -22,6 +25,25 @@ def encode(message: StreamMessage) -> bytes:
         return _ADAPTER.dump_json(message, exclude_none=True)
     except PydanticSerializationError as exc:
         raise InvalidMessage(f"{message.kind} message cannot be encoded as JSON: {exc}") from None
+
+
+def _encode_event(event: Event) -> bytes:
+    try:
+        return _EVENT.dump_json(event, exclude_none=True)
+    except PydanticSerializationError as exc:
+        raise InvalidMessage(f"event message cannot be encoded as JSON: {exc}") from None
+
+
+def event_encoder(envelope: EventAppended) -> Callable[[Event], bytes]:
+    """``encode(EventAppended(<envelope's app, user, session>, event=e))`` for
+    many events of one session, byte for byte, with the envelope serialised
+    once: the event is the message's last field, so only its own JSON is new."""
+    whole = encode(envelope)
+    tail = _encode_event(envelope.event) + b"}"
+    if not whole.endswith(tail):  # the schema no longer ends with the event
+        return lambda event: encode(envelope.model_copy(update={"event": event}))
+    head = whole[: len(whole) - len(tail)]
+    return lambda event: b"".join((head, _encode_event(event), b"}"))
 
 
 def subject_for(message: StreamMessage) -> str:
