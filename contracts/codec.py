@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 import orjson
 from pydantic import TypeAdapter, ValidationError
@@ -10,7 +11,7 @@ from pydantic_core import PydanticSerializationError
 
 from memq.contracts.errors import InvalidMessage, Oversize, SubjectMismatch, UnsupportedVersion
 from memq.contracts.schemas import SUPPORTED_VERSIONS, Event, EventAppended, StreamMessage
-from memq.contracts.subjects import Scope, events_subject, parse_events_subject
+from memq.contracts.subjects import events_subject, parse_events_subject
 
 _ADAPTER: TypeAdapter[StreamMessage] = TypeAdapter(StreamMessage)
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
@@ -89,12 +90,16 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> StreamMessage:
         raise InvalidMessage(_summarise(exc)) from None
 
 
+# A batch holds few subjects, many times each; a malformed one raises, uncached.
+_parse_subject = lru_cache(maxsize=4096)(parse_events_subject)
+
+
 def decode_from_subject(subject: str, data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES) -> StreamMessage:
     """Decode and check that the payload names the same ids as its subject,
     so that NATS permissions on subjects also fence the payload."""
-    scope = parse_events_subject(subject)
+    scope = _parse_subject(subject)
     message = decode(data, max_bytes=max_bytes)
-    named = Scope(message.app, message.user, getattr(message, "session", None))
+    named = (message.app, message.user, getattr(message, "session", None))
     if named != scope:
         raise SubjectMismatch(f"payload names {tuple(named)} but was published on {subject!r}")
     return message

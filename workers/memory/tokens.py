@@ -57,6 +57,7 @@ def use_offline_encodings(available: Callable[[], frozenset[str]]) -> None:
     _offline = available
     choose_encoding.cache_clear()
     encoding_for.cache_clear()
+    _count_short.cache_clear()
 
 
 def available_encodings() -> frozenset[str]:
@@ -135,6 +136,16 @@ def count_text(text: str, model: str | None = None) -> int:
     ``encode_ordinary``: special-token text counts as ordinary text."""
     if not text:
         return 0
+    if len(text) <= SHORT_TEXT:
+        return _count_short(text, model)
+    return len(encoding_for(model).encode_ordinary(text))
+
+
+SHORT_TEXT = 32  # roles, names, ids: the same few strings in every message
+
+
+@functools.lru_cache(maxsize=4096)
+def _count_short(text: str, model: str | None) -> int:
     return len(encoding_for(model).encode_ordinary(text))
 
 
