@@ -43,7 +43,7 @@ class CommitNotice(BaseModel):
     app_state: bool = Field(default=False, description="the app's state changed")
     user_state: bool = Field(default=False, description="the user's state changed")
 
-    def encode(self) -> bytes:
+    def wire(self) -> dict:
         """The wire form: ``session``/``seq`` only when set, ``deleted`` only when true."""
         body: dict = {"app": self.app, "user": self.user, "app_state": self.app_state, "user_state": self.user_state}
         if self.session is not None:
@@ -52,7 +52,10 @@ class CommitNotice(BaseModel):
             body["seq"] = self.seq
         if self.deleted:
             body["deleted"] = True
-        return orjson.dumps(body)
+        return body
+
+    def encode(self) -> bytes:
+        return orjson.dumps(self.wire())
 
 
 SummaryState = Literal["summarizing", "summarized", "failed"]
@@ -82,9 +85,14 @@ class CommittedRanges(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     ranges: list[tuple[int, int]] = Field(description="inclusive [first, last] runs of stream sequences, ascending")
+    changed: list[CommitNotice] = Field(
+        default_factory=list,
+        description="the batch's commit notices (as on memq.v1.changed.>): a reader drops what they made stale "
+        "before it moves its floor, so a read woken by this notice is never cached and then dropped",
+    )
 
     @classmethod
-    def of(cls, seqs: Iterable[int]) -> CommittedRanges:
+    def of(cls, seqs: Iterable[int], changed: Iterable[CommitNotice] = ()) -> CommittedRanges:
         """Compress sequences (any order, repeats allowed) into runs."""
         ranges: list[tuple[int, int]] = []
         for seq in sorted(set(seqs)):
@@ -92,7 +100,7 @@ class CommittedRanges(BaseModel):
                 ranges[-1] = (ranges[-1][0], seq)
             else:
                 ranges.append((seq, seq))
-        return cls(ranges=ranges)
+        return cls(ranges=ranges, changed=list(changed))
 
     def encode(self) -> bytes:
-        return orjson.dumps({"ranges": self.ranges})
+        return orjson.dumps({"ranges": self.ranges, "changed": [n.wire() for n in self.changed]})

@@ -166,9 +166,10 @@ class QuerySettings(BaseModel):
     max_inflight: int = Field(default=256, ge=1, description="requests handled at once per replica")
     floor_refresh_s: float = Field(default=0.2, gt=0, description="how often the commit floor is re-read")
     commit_notices: bool = Field(
-        default=False,
+        default=True,
         description="move the commit floor on the persistence replicas' notices (`memq.v1.committed.<durable>`) "
-        "instead of polling the ack floor; off until cache invalidation is ordered with them (issue 13)",
+        "and drop this replica's stale cache entries from them; off: poll the ack floor, invalidate from "
+        "`memq.v1.changed.>`",
     )
     apps: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-app working-memory overrides, e.g. {'my-agent': {'budget': 4000}}"

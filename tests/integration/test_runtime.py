@@ -16,9 +16,9 @@ from faststream import FastStream
 from helpers import make_settings, wait_for
 
 from memq.contracts.client import MemoryClient
-from memq.contracts.notices import CommitNotice, StatusEvent
+from memq.contracts.notices import CommitNotice, CommittedRanges, StatusEvent
 from memq.contracts.schemas import Event, Message, TextPart
-from memq.contracts.subjects import CHANGED_WILDCARD, changed_subject, committed_subject
+from memq.contracts.subjects import CHANGED_WILDCARD, committed_subject
 from memq.workers import bus
 from memq.workers.app import Process, assemble, build_app
 from memq.workers.kinds import KINDS
@@ -42,12 +42,13 @@ def test_the_app_is_built_without_connecting(tmp_path):
     settings = make_settings("", "sqlite+aiosqlite:///" + str(tmp_path / "x.db"), tmp_path)
     app = build_app(settings)
     assert isinstance(app, FastStream)
-    # The summarizer's trigger (a queue group) and the query's invalidation of
-    # its local tier (every replica); no shared cache tier is configured.
-    subscribers = sorted((sub.subject.template, sub.queue) for sub in app.broker.subscribers)
-    assert subscribers == [(CHANGED_WILDCARD, ""), (CHANGED_WILDCARD, settings.summarizer.queue_group)]
-    publishers = sorted(pub.subject.template for pub in app.broker.publishers)
+    # The summarizer's trigger (a queue group) and the query's commit floor
+    # with the invalidation of its local tier (every replica); no shared
+    # cache tier is configured.
     committed = committed_subject(settings.persistence.durable)  # the commit floor's notices
+    subscribers = sorted((sub.subject.template, sub.queue) for sub in app.broker.subscribers)
+    assert subscribers == sorted([(committed, ""), (CHANGED_WILDCARD, settings.summarizer.queue_group)])
+    publishers = sorted(pub.subject.template for pub in app.broker.publishers)
     assert publishers == [CHANGED_WILDCARD, committed, "memq.v1.status.{app}.{user}.{session}"]
     process = assemble(settings, ["persistence", "query"])
     assert [k.name for k in process.kinds] == ["persistence", "query"]
@@ -147,13 +148,18 @@ async def test_a_bad_commit_notice_is_logged_and_the_next_one_still_works(nats_u
     publisher = await nats.connect(nats_url)
     try:
         with caplog.at_level(logging.WARNING):
-            for body in (b"not json", b'{"user": "no app"}', b"[1, 2]"):
-                await publisher.publish(changed_subject(APP, "ada", "s1"), body)
+            # The query replica hears commits on the persistence replicas'
+            # notices of finished sequences, which carry the commit notices.
+            subject = committed_subject(settings.persistence.durable)
+            for body in (b"not json", b'{"ranges": "none"}', b"[1, 2]"):
+                await publisher.publish(subject, body)
             good = CommitNotice(app=APP, user="ada", session="s1", seq=3)
-            await publisher.publish(changed_subject(APP, "ada", "s1"), good.encode())
+            await publisher.publish(subject, CommittedRanges.of([3], [good]).encode())
             await publisher.flush()
             await wait_for(lambda: _true(bool(dropped)), timeout=10, what="the good notice")
-        assert dropped == [{"app": APP, "user": "ada", "session": "s1", "app_state": False, "user_state": False}]
+        assert dropped == [
+            {"app": APP, "user": "ada", "session": "s1", "app_state": False, "user_state": False, "listing": True}
+        ]
         malformed = [r for r in caplog.records if "malformed notice" in r.getMessage()]
         assert len(malformed) == 3, [r.getMessage() for r in caplog.records]
         assert all(r.levelno == logging.WARNING and r.exc_info is None for r in malformed)

@@ -92,6 +92,7 @@ class PersistenceWorker:
         self.notices: LogicPublisher | None = None
         self.finished_notices: LogicPublisher | None = None  # the same, for CommittedRanges
         self._finished: list[int] = []  # stream sequences acked in the batch in hand
+        self._changed: list[CommitNotice] = []  # what the batch in hand changed (its commit notices)
         self.committed = 0  # messages committed by this process (for status and tests)
 
     @property
@@ -268,8 +269,7 @@ class PersistenceWorker:
         self._finished.extend(msg.metadata.sequence.stream for msg in raw)
         self.committed += len(raw)
         metrics.processed(WORKER, "ok", len(raw))
-        if self.settings.persistence.publish_changed:
-            await self._announce(result)
+        await self._announce(result)
 
     async def _retry_later(self, raw: list[Msg], exc: Exception) -> None:
         delays = self.settings.persistence.retry_delays_s
@@ -329,7 +329,8 @@ class PersistenceWorker:
         same connection): one small notice per batch, whatever it held."""
         if not self._finished:
             return
-        notice, self._finished = CommittedRanges.of(self._finished), []
+        notice = CommittedRanges.of(self._finished, self._changed)
+        self._finished, self._changed = [], []
         try:
             # On the connection, like _announce: router() declares it for the docs.
             await self._nats.publish(committed_subject(self.settings.persistence.durable), notice.encode())
@@ -338,8 +339,11 @@ class PersistenceWorker:
 
     async def _announce(self, result: CommitResult) -> None:
         """Tell caches and the summarizer what changed: one notice per session
-        touched or deleted, one per user whose user or app state changed."""
+        touched or deleted, one per user whose user or app state changed
+        (unless ``persistence.publish_changed`` is off). The notices also go
+        into the batch's :class:`CommittedRanges`, for the query replicas."""
         plan, scopes = result.plan, result.scopes
+        publish = self.settings.persistence.publish_changed
         apps_changed = {app for app, _ in plan.app_state}
         users_changed = {user_key for user_key, _ in plan.user_state}
 
@@ -352,9 +356,11 @@ class PersistenceWorker:
                 user_state=user_key in users_changed,
                 **fields,
             )
-            # Straight on the connection, in the batch's hot path: the publisher
-            # router() declares documents the notice (AsyncAPI) at no cost per batch.
-            await self._nats.publish(changed_subject(app, user, session), body.encode())
+            self._changed.append(body)
+            if publish:
+                # Straight on the connection, in the batch's hot path: the publisher
+                # router() declares documents the notice (AsyncAPI) at no cost per batch.
+                await self._nats.publish(changed_subject(app, user, session), body.encode())
 
         for session_key, touch in plan.touched.items():
             s = scopes.sessions[session_key]

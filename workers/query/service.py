@@ -18,9 +18,15 @@ Notices are FastStream subscribers of the process's app: what the persistence
 replicas finished with (``memq.v1.committed.<durable>``,
 :class:`memq.contracts.notices.CommittedRanges`) moves the commit floor and
 wakes the reads waiting on it, every replica hearing every notice (no queue
-group); commit notices (``memq.v1.changed.>``,
-:class:`memq.contracts.notices.CommitNotice`) invalidate the cache. A lost
-notice only delays a read: the floor falls back to the consumer's ack floor.
+group). The same notice carries the batch's commit notices, and the
+replica drops what they made stale in its own cache tier *before* it moves
+the floor: a read woken by the notice then caches an answer that holds the
+commit, which no later notice drops (on the separate ``memq.v1.changed.>``
+subscription the invalidation came a few ms after the wake-up, so every
+read after a write was cached, then dropped). The shared (Redis) tier is
+invalidated from ``memq.v1.changed.>`` (:class:`memq.contracts.notices.CommitNotice`)
+by one replica per notice. A lost notice only delays a read: the floor
+falls back to the consumer's ack floor.
 
 Why the endpoints are a nats micro service on the broker's connection and
 not FastStream subscribers (measured against raw nats-py on the same
@@ -144,14 +150,16 @@ class QueryWorker:
             router.subscriber(
                 committed_subject(self.settings.persistence.durable),
                 title="memq.v1.committed.<durable>:query",
-                description="Query worker: move the commit floor (read-your-writes) over the sequences "
-                "a persistence replica finished with, and wake the reads waiting on them.",
+                description="Query worker: drop this replica's cached answers that the batch made stale, then "
+                "move the commit floor (read-your-writes) over the sequences a persistence replica finished "
+                "with, and wake the reads waiting on them.",
             )(self.committed)
-        router.subscriber(
-            CHANGED_WILDCARD,
-            title="memq.v1.changed.>:query-local",
-            description="Query worker: drop this replica's cached answers that a commit made stale.",
-        )(self.invalidate_local)
+        else:
+            router.subscriber(
+                CHANGED_WILDCARD,
+                title="memq.v1.changed.>:query-local",
+                description="Query worker: drop this replica's cached answers that a commit made stale.",
+            )(self.invalidate_local)
         if cache_backend(self.settings) == "redis":
             router.subscriber(
                 CHANGED_WILDCARD,
@@ -357,7 +365,9 @@ class QueryWorker:
 
     # --- commit notices -------------------------------------------------------------
 
-    async def committed(self, notice: CommittedRanges) -> None:
+    async def committed(self, notice: CommittedRanges, cache: Annotated[QueryCache, Context("cache")]) -> None:
+        for changed in notice.changed:  # first: a read the floor wakes must not see a stale entry
+            await cache.invalidate_local(**_scope(changed))
         opened(self.floor, "the commit floor").finished(notice.ranges)
 
     async def invalidate_local(self, notice: CommitNotice, cache: Annotated[QueryCache, Context("cache")]) -> None:
