@@ -58,6 +58,7 @@ async def _run_workers(
     call ``on_ready`` once all run, then run until ``stop``. A NATS that
     cannot be reached ends it with one line, exit 1."""
     from memq.workers.app import assemble
+    from memq.workers.gc_tuning import settle_after_start
     from memq.workers.health import Monitor
 
     names = [k.value for k in kinds]
@@ -81,6 +82,7 @@ async def _run_workers(
         await process.start()
         for kind, component in zip(names, process.components, strict=True):
             monitor.watch(kind, component)
+        settle_after_start()  # a process of its own: the collector's settings are ours
         if on_ready is None:
             return
         # The indexing worker prepares its index in the background (a first
