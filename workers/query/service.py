@@ -202,6 +202,9 @@ class QueryWorker:
             await self.service.add_endpoint(
                 name=op.replace(".", "-"), subject=f"{PREFIX}.q.*.{op}", handler=self._handler(op)
             )
+        # The server registers subscriptions as it reads them: a request sent
+        # right after "ready" could otherwise find no responder.
+        await opened(self.nc, "the query worker's NATS connection").flush()
         tiers = " + ".join(type(t).__name__ for t in opened(self.cache, "the query cache").tiers) or "none"
         log.info("query worker started (%d ops, cache: %s)", len(q.OPS), tiers)
 
