@@ -322,7 +322,9 @@ def _first_paragraph(doc: str | None) -> str:
 
 
 def render(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    # Sorted: FastStream lists publishers in an order that varies with the
+    # process's string hash seed, and the committed document must not.
+    return json.dumps(doc, indent=2, ensure_ascii=False, sort_keys=True) + "\n"
 
 
 def write(path: Path = DEFAULT_PATH) -> Path:
