@@ -365,5 +365,11 @@ def test_event_messages_follow_openai_tool_rules():
     assert tk.call_ids(mixed) == {"new"} and tk.result_ids(mixed) == {"old", "new"}
 
 
+def test_tool_ids_are_call_ids_and_result_ids_in_one_pass():
+    mixed = ev("assistant", ToolResultPart(id="old", result=1), ToolCallPart(id="new", name="f"))
+    for event in [*EVENTS, mixed]:
+        assert tk.tool_ids(event) == (tk.call_ids(event), tk.result_ids(event))
+
+
 def test_count_texts():
     assert tk.count_texts(["", "hello world", "tiktoken is great!"]) == [0, 2, 6]

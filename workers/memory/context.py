@@ -33,12 +33,13 @@ def item_from_event(seq: int, event: Mapping[str, Any], *, model: str | None = N
             counted here otherwise.
     """
     message = event.get("message") or {}
+    calls, results = tk.tool_ids(event)
     return Item(
         seq=seq,
         role=message.get("role", ""),
         tokens=tk.count_event(event, model) if tokens is None else tokens,
-        call_ids=tk.call_ids(event),
-        result_ids=tk.result_ids(event),
+        call_ids=calls,
+        result_ids=results,
     )
 
 

@@ -268,10 +268,15 @@ def event_messages(event: Mapping[str, Any]) -> list[dict[str, Any]]:
     if not message:
         return []
     role = message.get("role") or "user"
+    parts: Sequence[Mapping[str, Any]] = message.get("parts") or ()
+    if len(parts) == 1 and parts[0].get("type") == "text":
+        # Most events: one text part, one message (what the loop below gives
+        # it, without its lists and sets; a query renders every window event).
+        return [{"role": "user" if role == "tool" else role, "content": parts[0].get("text") or ""}]
     calls: list[dict[str, Any]] = []
     results: list[Mapping[str, Any]] = []
     content: list[str] = []
-    for part in message.get("parts") or ():
+    for part in parts:
         kind = part.get("type")
         if kind == "tool_call":
             calls.append(
@@ -321,6 +326,23 @@ def call_ids(event: Mapping[str, Any]) -> frozenset[str]:
 def result_ids(event: Mapping[str, Any]) -> frozenset[str]:
     """Ids of the tool calls an event answers."""
     return frozenset(str(p.get("id", "")) for p in _parts(event) if p.get("type") == "tool_result")
+
+
+NO_IDS: frozenset[str] = frozenset()
+
+
+def tool_ids(event: Mapping[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
+    """``(call_ids(event), result_ids(event))`` in one pass over the parts,
+    sharing one empty set for the events (most) that neither call nor answer."""
+    calls: list[str] = []
+    results: list[str] = []
+    for p in _parts(event):
+        kind = p.get("type")
+        if kind == "tool_call":
+            calls.append(str(p.get("id", "")))
+        elif kind == "tool_result":
+            results.append(str(p.get("id", "")))
+    return (frozenset(calls) if calls else NO_IDS), (frozenset(results) if results else NO_IDS)
 
 
 def count_texts(texts: Sequence[str], model: str | None = None) -> list[int]:
