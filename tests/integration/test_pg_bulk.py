@@ -1,10 +1,13 @@
 """PostgreSQL's whole-batch writes (workers/persistence/pg_bulk.py) keep the
 row-by-row semantics: the first of two rows with one key stays, a value too
 long for its column fails instead of being cut, and a session's touch keeps
-its first created_at and the highest last_seq and updated_at."""
+its first created_at and the highest last_seq and updated_at. A batch that
+guessed its session tombstones before its user locks commits again when a
+delete committed in between."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -12,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from memq.contracts.ids import scope_key
-from memq.contracts.schemas import Event, EventAppended, Message, TextPart
+from memq.contracts.schemas import Event, EventAppended, Message, SessionDeleted, TextPart
 from memq.workers.memory.commit_plan import Incoming
 from memq.workers.persistence import pg_bulk
 from memq.workers.persistence.store import SqlStore
@@ -82,3 +85,42 @@ async def test_touch_keeps_the_first_created_at_and_the_highest_seq_and_time(eng
     q = sa.select(SESSIONS.c.created_at, SESSIONS.c.last_seq, SESSIONS.c.updated_at).where(SESSIONS.c.key == key)
     async with engine.connect() as conn:
         assert tuple((await conn.execute(q)).one()) == (100.0, 7, 300.0)
+
+
+class CountingStore(SqlStore):
+    """Records, per transaction, whether it guessed the session tombstones."""
+
+    def __init__(self, engine: AsyncEngine):
+        super().__init__(engine)
+        self.guesses: list[bool] = []
+
+    async def _commit(self, items, scopes, deleting, *, guess):
+        self.guesses.append(guess)
+        return await super()._commit(items, scopes, deleting, guess=guess)
+
+
+async def test_a_guess_that_missed_a_delete_committed_meanwhile_is_committed_again(engine):
+    await SqlStore(engine).commit([Incoming(1, appended("first"))])
+    # A session delete holds its user's row FOR UPDATE until it commits; the
+    # commit below reads its guess while it waits for that lock, so the guess
+    # misses the delete.
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("SELECT 1 FROM memq_users FOR UPDATE"))
+        await conn.execute(sa.update(SESSIONS).values(deleted_seq=10))
+        await conn.execute(sa.delete(EVENTS).where(EVENTS.c.seq < 10))
+        store = CountingStore(engine)
+        late = asyncio.create_task(store.commit([Incoming(5, appended("older")), Incoming(11, appended("newer"))]))
+        await asyncio.sleep(0.5)
+        assert not late.done()
+    await asyncio.wait_for(late, 30)
+    assert store.guesses == [True, False]
+    assert [seq for _, seq, _ in await stored(engine)] == [11]  # 5 is older than the delete
+    result = late.result()
+    assert result.plan.dropped == [5] and result.plan.touched[scope_key("a", "u", "s")].last_seq == 11
+
+
+async def test_a_batch_that_deletes_reads_the_tombstones_after_the_locks(engine):
+    store = CountingStore(engine)
+    await store.commit([Incoming(1, appended("first"))])
+    await store.commit([Incoming(2, SessionDeleted(app="a", user="u", session="s"))])
+    assert store.guesses == [True, False]

@@ -37,17 +37,25 @@ def _array_type(table: Table, column: str) -> str:
     raise TypeError(f"no array type for {table.name}.{column} ({kind!r})")
 
 
-@cache
-def _insert_ignore(table: Table, columns: tuple[str, ...]) -> TextClause:
+def _insert_ignore_sql(table: Table, columns: tuple[str, ...]) -> str:
     cols = ", ".join(_QUOTE(c) for c in columns)
     arrays = ", ".join(f"CAST(:{c} AS {_array_type(table, c)})" for c in columns)
     # ORDINALITY keeps the rows in input order, so that of two rows with the
     # same key the first one stays, as with one INSERT per row.
-    return text(
+    return (
         f"INSERT INTO {_QUOTE(table.name)} ({cols}) "
         f"SELECT {cols} FROM unnest({arrays}) WITH ORDINALITY AS r({cols}, ord) ORDER BY ord "
         f"ON CONFLICT DO NOTHING"
     )
+
+
+@cache
+def _insert_ignore(table: Table, columns: tuple[str, ...]) -> TextClause:
+    return text(_insert_ignore_sql(table, columns))
+
+
+def _columns(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    return {c: [row[c] for row in rows] for c in rows[0]}
 
 
 async def insert_ignore(conn: AsyncConnection, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -55,34 +63,94 @@ async def insert_ignore(conn: AsyncConnection, table: Table, rows: Sequence[Mapp
     in one statement."""
     if not rows:
         return
-    columns = tuple(rows[0])
-    await conn.execute(_insert_ignore(table, columns), {c: [row[c] for row in rows] for c in columns})
+    await conn.execute(_insert_ignore(table, tuple(rows[0])), _columns(rows))
 
 
-@cache
-def _touch_sessions(table: Table) -> TextClause:
+def _touch_sql(table: Table) -> str:
     name = _QUOTE(table.name)
     # The rows are locked first, in key order (the CTE is materialised, so it
     # runs as written), as one UPDATE per session in sorted order did: two
     # replicas touching the same sessions wait for each other, never deadlock.
     # created_at is set once, by the first commit that makes the session visible.
-    return text(
-        f"WITH locked AS MATERIALIZED (SELECT key FROM {name} WHERE key = ANY(CAST(:keys AS text[])) "
+    # RETURNING gives each row's tombstone as it is now (an UPDATE reads the
+    # newest committed row version), which the caller checks its plan against.
+    return (
+        f"locked AS MATERIALIZED (SELECT key FROM {name} WHERE key = ANY(CAST(:keys AS text[])) "
         "ORDER BY key FOR UPDATE) "
         f"UPDATE {name} AS s SET "
         "created_at = CASE WHEN s.created_at = 0 THEN t.t_at ELSE s.created_at END, "
         "last_seq = GREATEST(s.last_seq, t.t_seq), "
         "updated_at = GREATEST(s.updated_at, t.t_at) "
         "FROM unnest(CAST(:keys AS text[]), CAST(:seqs AS bigint[]), CAST(:ats AS float8[])) AS t(t_key, t_seq, t_at) "
-        "WHERE s.key = t.t_key AND s.key IN (SELECT key FROM locked)"
+        "WHERE s.key = t.t_key AND s.key IN (SELECT key FROM locked) "
+        "RETURNING s.key, s.deleted_seq"
     )
 
 
-async def touch_sessions(conn: AsyncConnection, table: Table, touched: Sequence[tuple[str, int, float]]) -> None:
+@cache
+def _touch_sessions(table: Table) -> TextClause:
+    return text(f"WITH {_touch_sql(table)}")
+
+
+@cache
+def _insert_and_touch(table: Table, columns: tuple[str, ...], sessions: Table) -> TextClause:
+    # One statement, one round trip: the events INSERT runs as a data-modifying
+    # CTE. It takes no lock on session rows (no foreign keys), so the lock
+    # order of the touch is unchanged.
+    return text(f"WITH inserted AS ({_insert_ignore_sql(table, columns)}), {_touch_sql(sessions)}")
+
+
+async def touch_sessions(
+    conn: AsyncConnection,
+    table: Table,
+    touched: Sequence[tuple[str, int, float]],
+    *,
+    insert_into: Table | None = None,
+    rows: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, int]:
     """For each (session key, last seq, updated at): raise the session's
     ``last_seq`` and ``updated_at``, and set ``created_at`` if unset; one
-    statement. Keys must be distinct."""
+    statement, which also inserts ``rows`` into ``insert_into`` (as
+    :func:`insert_ignore`) when given. Keys must be distinct. Returns the
+    touched sessions' ``deleted_seq`` as stored now."""
     if not touched:
-        return
+        if insert_into is not None:
+            await insert_ignore(conn, insert_into, rows)
+        return {}
     keys, seqs, ats = zip(*touched, strict=True)
-    await conn.execute(_touch_sessions(table), {"keys": list(keys), "seqs": list(seqs), "ats": list(ats)})
+    params: dict[str, Any] = {"keys": list(keys), "seqs": list(seqs), "ats": list(ats)}
+    stmt = _touch_sessions(table)
+    if insert_into is not None and rows:
+        stmt = _insert_and_touch(insert_into, tuple(rows[0]), table)
+        params.update(_columns(rows))
+    return dict((await conn.execute(stmt, params)).tuples().all())
+
+
+@cache
+def _share_users_read_sessions(users: Table, sessions: Table) -> TextClause:
+    return text(
+        f"WITH u AS (SELECT key, deleted_seq FROM {_QUOTE(users.name)} "
+        "WHERE key = ANY(CAST(:users AS text[])) ORDER BY key FOR SHARE) "
+        "SELECT true, key, deleted_seq FROM u UNION ALL "
+        f"SELECT false, key, deleted_seq FROM {_QUOTE(sessions.name)} WHERE key = ANY(CAST(:sessions AS text[]))"
+    )
+
+
+async def share_users_read_sessions(
+    conn: AsyncConnection, users: Table, sessions: Table, user_keys: Sequence[str], session_keys: Sequence[str]
+) -> tuple[dict[str, int], dict[str, int]]:
+    """One statement: lock the existing rows among ``user_keys`` (sorted)
+    FOR SHARE and read the ``deleted_seq`` of those and of the existing rows
+    among ``session_keys``.
+
+    The user tombstones are current (a locking read returns the newest row
+    version). The session tombstones come from the statement's snapshot, taken
+    before the locks were granted: a delete that committed while this waited is
+    missing from them, so they are only a guess, to be checked by a later
+    statement of the transaction (see :func:`touch_sessions`)."""
+    params = {"users": list(user_keys), "sessions": list(session_keys)}
+    user_tombs: dict[str, int] = {}
+    session_tombs: dict[str, int] = {}
+    for is_user, key, deleted_seq in (await conn.execute(_share_users_read_sessions(users, sessions), params)).all():
+        (user_tombs if is_user else session_tombs)[key] = deleted_seq
+    return user_tombs, session_tombs
