@@ -31,7 +31,10 @@ RECALL_MARGIN = 10  # extra recall candidates, for those already in the window
 
 
 def _stored(e: reads.StoredEvent) -> q.StoredEvent:
-    return q.StoredEvent(seq=e.seq, tokens=e.tokens, event=e.data)
+    # Unvalidated: the row's own types (int, int, the dict its JSON decoded
+    # to) are what the model would hold, and validating copied every event
+    # dict of every page; the reply's JSON is the same.
+    return q.StoredEvent.model_construct(seq=e.seq, tokens=e.tokens, event=e.data)
 
 
 async def _session(conn: AsyncConnection, app: str, user: str, session: str) -> reads.SessionRow:
