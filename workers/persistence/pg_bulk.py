@@ -123,7 +123,7 @@ async def touch_sessions(
     if insert_into is not None and rows:
         stmt = _insert_and_touch(insert_into, tuple(rows[0]), table)
         params.update(_columns(rows))
-    return dict((await conn.execute(stmt, params)).tuples().all())
+    return dict((await conn.execute(stmt, params)).all())
 
 
 @cache
