@@ -245,6 +245,16 @@ class RecallSettings(BaseModel):
     auto_recall: bool = Field(default=True, description="context puts recalled memories first")
     mode: SearchMode = Field(default="hybrid", description="how recall searches")
     alpha: float = Field(default=0.5, ge=0, le=1, description="hybrid: weight of the vector side")
+    speaker_aware: bool = Field(
+        default=True,
+        description="a query naming an author also searches that author's memories without the name",
+    )
+    author_boost: float = Field(default=0.3, ge=0, description="added to the score of a named author's memories")
+    time_boost: float = Field(
+        default=0.3, ge=0, description="a 'when' question: added to memories that state a time (English)"
+    )
+    speaker_weight: float = Field(default=1.2, gt=0, description="scales the named-author search's scores")
+    pool: int = Field(default=50, ge=1, le=1000, description="candidates each search ranks before the top k")
     timeout_s: float = Field(default=2.0, gt=0, description="a slower recall is skipped, never blocks the context")
 
 

@@ -22,6 +22,14 @@ date as the timestamp, a minute apart), published with
   scoped to the conversation's user: the fraction of a question's evidence
   turns among the top k, averaged over questions. "overall" is categories
   1–4 (adversarial questions, category 5, are shown but not in overall).
+- Beside them, in the same run and on the same index: **hybrid, one
+  search** (memq's search before issue 14's ranking: ``recall.speaker_aware``
+  off), through an in-process ``Searcher``.
+- **Plain baseline**, computed once per run: each turn as ``speaker: text``
+  (no date, no previous turn) in a fresh embedded index, BM25 and the same
+  MiniLM embedder fused by relative score (alpha 0.5), k = 10. The
+  benchmark flags every category where memq's hybrid falls below it.
+- **Search p50** beside the embedder's time for the question alone.
 
 ``--quick`` uses the first conversation only.
 """
@@ -48,13 +56,18 @@ import services  # noqa: E402
 from benchlib import console, git_revision, machine_info, status, warn_if_busy  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from memq.contracts import queries as qs  # noqa: E402
 from memq.contracts.client import MemoryClient  # noqa: E402
+from memq.workers.index.backends.embedded import EmbeddedIndex  # noqa: E402
 from memq.workers.index.embedders.local import LocalEmbedder  # noqa: E402
 from memq.workers.indexing.worker import IndexingWorker  # noqa: E402
-from memq.workers.memory.recall import Turn, search_text  # noqa: E402
-from memq.workers.settings import LocalEmbedderSettings, Settings  # noqa: E402
+from memq.workers.memory.recall import Doc, SearchQuery, Turn, search_text  # noqa: E402
+from memq.workers.query.search import Searcher  # noqa: E402
+from memq.workers.settings import LocalEmbedderSettings, RecallSettings, Settings  # noqa: E402
 
 MODES = ("keyword", "vector", "hybrid")
+ONE_SEARCH = "hybrid, one search"  # recall.speaker_aware off: the ranking before issue 14
+BASELINE = "plain baseline"  # speaker: text, BM25 + MiniLM relative-score fusion
 KS = (5, 10)
 CONCURRENCY = 4
 
@@ -69,6 +82,7 @@ class BackendResult:
     recall: dict = field(default_factory=dict)
     questions: dict = field(default_factory=dict)  # category → count
     search_p50_ms: dict = field(default_factory=dict)  # mode → ms
+    embed_question_p50_ms: float = 0.0  # the embedder alone, on each question
 
 
 def indexed_texts(conversations, context_turns: int) -> list[str]:
@@ -125,29 +139,97 @@ async def index_all(
     return n, time.perf_counter() - t0
 
 
-async def score(client: MemoryClient, conversations, result: BackendResult) -> None:
-    gate = asyncio.Semaphore(CONCURRENCY)
-    latencies: dict[str, list[float]] = {m: [] for m in MODES}
-    sums: dict = {m: {} for m in MODES}
+class Recalls:
+    """Evidence recall@k per question category, summed as questions are answered."""
 
-    async def one(c, q, mode):
-        async with gate:
-            t0 = time.perf_counter()
-            found = await client.search(c.sample_id, q.question, mode=mode, k=max(KS))
-            latencies[mode].append((time.perf_counter() - t0) * 1000)
-        ids = [r.event_id for r in found.results]
+    def __init__(self) -> None:
+        self.sums: dict = {}
+
+    def add(self, c, q, ids: list[str]) -> None:
         wanted = {c.event_id(d) for d in q.evidence}
         for k in KS:
             got = len(wanted & set(ids[:k])) / len(wanted)
             for key in (q.category, "overall") if q.category in locomo.SCORED else (q.category,):
-                sums[mode].setdefault(key, {}).setdefault(k, []).append(got)
+                self.sums.setdefault(key, {}).setdefault(k, []).append(got)
 
-    await asyncio.gather(*(one(c, q, m) for c in conversations for q in c.questions for m in MODES))
-    result.recall = {
-        m: {str(cat): {k: statistics.fmean(v) for k, v in by_k.items()} for cat, by_k in sums[m].items()} for m in MODES
-    }
-    result.questions = {str(cat): len(v[KS[0]]) for cat, v in sums[MODES[0]].items()}
+    def means(self) -> dict:
+        return {str(cat): {k: statistics.fmean(v) for k, v in by_k.items()} for cat, by_k in self.sums.items()}
+
+    def counts(self) -> dict:
+        return {str(cat): len(v[KS[0]]) for cat, v in self.sums.items()}
+
+
+async def score(client: MemoryClient, conversations, result: BackendResult, one_search: Searcher) -> None:
+    gate = asyncio.Semaphore(CONCURRENCY)
+    latencies: dict[str, list[float]] = {m: [] for m in (*MODES, ONE_SEARCH)}
+    recalls = {m: Recalls() for m in (*MODES, ONE_SEARCH)}
+
+    async def one(c, q, mode):
+        async with gate:
+            t0 = time.perf_counter()
+            if mode == ONE_SEARCH:
+                found = await one_search.search(
+                    qs.Search(app=client.app, user=c.sample_id, query=q.question, mode="hybrid", k=max(KS))
+                )
+            else:
+                found = await client.search(c.sample_id, q.question, mode=mode, k=max(KS))
+            latencies[mode].append((time.perf_counter() - t0) * 1000)
+        recalls[mode].add(c, q, [r.event_id for r in found.results])
+
+    modes = (*MODES, ONE_SEARCH)
+    await asyncio.gather(*(one(c, q, m) for c in conversations for q in c.questions for m in modes))
+    result.recall = {m: recalls[m].means() for m in modes}
+    result.questions = recalls[MODES[0]].counts()
     result.search_p50_ms = {m: statistics.median(v) for m, v in latencies.items()}
+    embedder = one_search.embedder
+    assert embedder is not None  # opened by the searches above
+    timings = []
+    for c in conversations:
+        for q in c.questions:
+            t0 = time.perf_counter()
+            await embedder.embed([q.question])
+            timings.append((time.perf_counter() - t0) * 1000)
+    result.embed_question_p50_ms = statistics.median(timings)
+
+
+async def plain_baseline(conversations, work: Path) -> dict:
+    """Recall of the plain baseline: ``speaker: text`` per turn in a fresh
+    embedded index, BM25 + MiniLM relative-score fusion (alpha 0.5)."""
+    index = EmbeddedIndex(work / "baseline.db")
+    await index.open()
+    embedder = LocalEmbedder(LocalEmbedderSettings())
+    try:
+        gen = await index.create_generation("baseline", embedder.dim)
+        for c in conversations:
+            turns = c.turns
+            texts = [f"{t.speaker}: {t.text}" for t in turns]
+            vectors = embedder.embed_sync(texts)
+            docs = [
+                Doc(
+                    c.event_id(t.dia_id),
+                    "bench",
+                    c.sample_id,
+                    t.session,
+                    i,
+                    t.speaker,
+                    "user",
+                    t.timestamp,
+                    t.text,
+                    text,
+                    v.tolist(),
+                )
+                for i, (t, text, v) in enumerate(zip(turns, texts, vectors, strict=True))
+            ]
+            await index.upsert(docs, generation=gen.generation)
+        recalls = Recalls()
+        for c in conversations:
+            vectors = embedder.embed_sync([q.question for q in c.questions])
+            for q, v in zip(c.questions, vectors, strict=True):
+                query = SearchQuery("bench", c.sample_id, q.question, "hybrid", max(KS), alpha=0.5, vector=v.tolist())
+                recalls.add(c, q, [h.doc.id for h in await index.search(query, generation=gen.generation)])
+        return recalls.means()
+    finally:
+        await index.close()
 
 
 async def run_backend(backend: str, conversations, work: Path, weaviate=None) -> BackendResult:
@@ -163,11 +245,21 @@ async def run_backend(backend: str, conversations, work: Path, weaviate=None) ->
             n, seconds = await index_all(settings, client, conversations, indexing)
             result = BackendResult(backend, n, seconds, n / seconds)
             status(f"  {n / seconds:.1f} events/s; searching …")
-            await score(client, conversations, result)
+            one_search = Searcher(settings.model_copy(update={"recall": RecallSettings(speaker_aware=False)}))
+            try:
+                await score(client, conversations, result, one_search)
+            finally:
+                await one_search.close()
             return result
 
 
-def print_results(results: list[BackendResult], raw_rate: float, machine: dict) -> None:
+def below_baseline(result: BackendResult, baseline: dict) -> list[str]:
+    """The scored categories (and overall) where memq's hybrid recall@10 is below the plain baseline's."""
+    cats = [str(c) for c in locomo.SCORED] + ["overall"]
+    return [c for c in cats if c in baseline and result.recall["hybrid"][c][10] < baseline[c][10]]
+
+
+def print_results(results: list[BackendResult], raw_rate: float, machine: dict, baseline: dict) -> None:
     console.print(f"\n[bold]LoCoMo evidence recall[/] — {machine.get('cpu', '?')}, {machine.get('nproc', '?')} cores")
     cats = [str(c) for c in (*locomo.SCORED, 5)] + ["overall"]
     for r in results:
@@ -180,13 +272,24 @@ def print_results(results: list[BackendResult], raw_rate: float, machine: dict) 
                 justify="right",
             )
         table.add_column("search p50", justify="right")
-        for mode in MODES:
+        for mode in (*MODES, ONE_SEARCH, BASELINE):
+            recall = baseline if mode == BASELINE else r.recall[mode]
             cells = []
             for cat in cats:
-                by_k = r.recall[mode].get(cat)
+                by_k = recall.get(cat)
                 cells.append(f"{by_k[5]:.3f} / {by_k[10]:.3f}" if by_k else "-")
-            table.add_row(mode, *cells, f"{r.search_p50_ms[mode]:.1f} ms")
+            p50 = r.search_p50_ms.get(mode)
+            table.add_row(mode, *cells, f"{p50:.1f} ms" if p50 is not None else "")
         console.print(table)
+        below = below_baseline(r, baseline)
+        console.print(
+            f"embedding the question alone: p50 {r.embed_question_p50_ms:.1f} ms. "
+            + (
+                f"[red]hybrid below the plain baseline in: {', '.join(below)}[/]"
+                if below
+                else "hybrid recall@10 ≥ the plain baseline in every category."
+            )
+        )
     table = Table(title="index throughput (publish → indexed), same run")
     for column in ("backend", "events", "seconds", "events/s", "÷ raw embedder"):
         table.add_column(column, justify="right")
@@ -210,6 +313,8 @@ async def main(args) -> int:
     raw_rate = raw_embedder_rate(conversations, batch)
     results = []
     with tempfile.TemporaryDirectory(prefix="memq-retrieval-") as tmp:
+        status("plain baseline …")
+        baseline = await plain_baseline(conversations, Path(tmp))
         for backend in args.backends:
             status(f"[bold]{backend}[/]")
             work = Path(tmp) / backend
@@ -219,7 +324,7 @@ async def main(args) -> int:
                     results.append(await run_backend(backend, conversations, work, weaviate))
             else:
                 results.append(await run_backend(backend, conversations, work))
-    print_results(results, raw_rate, machine)
+    print_results(results, raw_rate, machine, baseline)
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -229,6 +334,7 @@ async def main(args) -> int:
                     "revision": git_revision(),
                     "machine": machine,
                     "raw_embedder_per_s": raw_rate,
+                    "baseline": {"name": BASELINE, "recall": baseline},
                     "results": [asdict(r) for r in results],
                 },
                 indent=2,

@@ -323,6 +323,19 @@ async def test_a_rare_word_wins_a_multi_word_keyword_query(index):
     assert (await ids(index, q("day zeppelin", k=3)))[0] == rare.id
 
 
+async def test_keyword_search_matches_inflections(index):
+    # Porter stems: "research" finds "Researching", "painted" finds "paints";
+    # the scope still holds (bob's inflection is never alice's hit).
+    mine = doc("Researching adoption agencies this week", unit(1), seq=1)
+    other = doc("My sister paints landscapes", unit(0, 1), seq=2)
+    bobs = doc("Researched the same agencies", unit(1), seq=3, user="bob")
+    await index.upsert([mine, other, bobs])
+    assert await ids(index, q("What did she research?")) == [mine.id]
+    assert await ids(index, q("who painted")) == [other.id]
+    assert await ids(index, q("research", user="bob")) == [bobs.id]
+    assert await ids(index, q("?!")) == []
+
+
 async def test_a_keyword_only_generation_holds_docs_without_vectors(index):
     """``indexing.embedder = "none"``: a generation of dimension 0 stores
     text alone, searches it by BM25 and answers a hybrid query without a

@@ -22,7 +22,16 @@ from memq.workers.index.backends import open_backend
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
 from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders.base import Embedder, EmbedderError
-from memq.workers.memory.recall import Hit, SearchQuery, hit_dict
+from memq.workers.memory.recall import (
+    Hit,
+    Ranking,
+    SearchQuery,
+    asks_when,
+    hit_dict,
+    named_authors,
+    rank,
+    without_names,
+)
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.query")
@@ -113,14 +122,42 @@ class Searcher:
                     f"the index holds {live.model} vectors and this worker embeds with {embedder.model}: "
                     "answered by keyword until both use the same model"
                 )
-            vector = None
-            if mode != "keyword":
-                [vector] = await embedder.embed([query.text])
-            found = await backend.search(replace(query, mode=mode, vector=vector), generation=live.generation)
+            found = await self._ranked(backend, embedder, replace(query, mode=mode), live.generation)
             return found, mode, live.model, note
         except (IndexUnavailable, EmbedderError, OSError) as exc:
             self._live = None  # a switch of generation also lands here: re-read it
             raise Unavailable(f"search: the index is unavailable, retry later ({exc})") from None
+
+    async def _ranked(
+        self, backend: IndexBackend, embedder: Embedder, query: SearchQuery, generation: str
+    ) -> list[Hit]:
+        """The query's best ``k`` after :func:`rank`: a pool of candidates;
+        when the text names authors of those candidates (and the query does
+        not filter authors itself), a second pool from those authors'
+        memories for the text without the names; then boosts."""
+        r = self.settings.recall
+
+        async def search(q: SearchQuery, k: int) -> list[Hit]:
+            vector = None if q.mode == "keyword" else (await embedder.embed([q.text]))[0]
+            return await backend.search(replace(q, vector=vector, k=k), generation=generation)
+
+        if not r.speaker_aware:
+            return await search(query, query.k)
+        pool = max(query.k, r.pool)
+        general = await search(query, pool)
+        named = () if query.authors else named_authors(query.text, {h.doc.author for h in general})
+        content = without_names(query.text, named) if named else ""
+        by_author = await search(replace(query, text=content, authors=named), pool) if content else []
+        ranking = Ranking(r.author_boost, r.time_boost, r.speaker_weight)
+        return rank(
+            general,
+            by_author,
+            named=named,
+            when=asks_when(query.text),
+            k=query.k,
+            ranking=ranking,
+            normalise=query.mode != "hybrid",
+        )
 
     async def search(self, req: q.Search) -> q.SearchResults:
         query = SearchQuery(

@@ -48,6 +48,7 @@ from weaviate.exceptions import WeaviateBaseError, WeaviateInsertManyAllFailedEr
 
 from memq.contracts.ids import scope_key
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
+from memq.workers.index.stems import stems
 from memq.workers.memory.recall import Doc, Hit, SearchQuery
 from memq.workers.settings import WeaviateSettings
 
@@ -108,6 +109,8 @@ def _properties() -> list[Property]:
         Property(name="timestamp", data_type=DataType.NUMBER),
         Property(name="text", data_type=DataType.TEXT, index_searchable=False, index_filterable=False),
         Property(name="search_text", data_type=DataType.TEXT, tokenization=Tokenization.WORD, index_filterable=False),
+        # search_text's Porter stems (stems.py): what BM25 searches in a generation marked "stems"
+        Property(name="stems", data_type=DataType.TEXT, tokenization=Tokenization.WORD, index_filterable=False),
     ]
 
 
@@ -147,6 +150,11 @@ def _doc(obj: Any, vector: bool = False) -> Doc:
     )
 
 
+def _target(name: str, description: dict) -> _Target:
+    # "filter" and no stems: what a generation that names neither uses
+    return _Target(name, description.get("scoping", "filter"), bool(description.get("stems", False)))
+
+
 def _tenant_missing(exc: BaseException) -> bool:
     return "tenant not found" in str(exc)
 
@@ -155,6 +163,7 @@ def _tenant_missing(exc: BaseException) -> bool:
 class _Target:
     name: str  # a collection, or the alias for the live generation
     scoping: Scoping
+    stems: bool = False  # BM25 searches the "stems" property (generations created since issue 14)
 
     @property
     def tenants(self) -> bool:
@@ -199,7 +208,7 @@ class WeaviateIndex:
         self._gen_re = re.compile(rf"{re.escape(base)}_(\d+)")
         self._client: weaviate.WeaviateAsyncClient | None = None
         self._metas: dict[str, dict] = {}  # collection -> its description (never changes)
-        self._live_scoping: Scoping | None = None  # cached; reset after any failure
+        self._live_meta: dict | None = None  # the live generation's description, cached; reset after any failure
         self._lock = asyncio.Lock()  # one (re)connect at a time
         self._failing_since: float | None = None  # first failure since the last success
         self._attempts = 0  # reconnects since the last success
@@ -349,9 +358,9 @@ class WeaviateIndex:
             raise self._unavailable(exc) from None
         self._succeeded()
         if name is None or d is None:  # no alias, or one that points at no generation of ours
-            self._live_scoping = None
+            self._live_meta = None
             return None
-        self._live_scoping = d.get("scoping", "filter")
+        self._live_meta = d
         return IndexMeta(generation=name, model=d["model"], dim=int(d["dim"]), created_at=float(d["created_at"]))
 
     async def generations(self) -> list[IndexMeta]:
@@ -381,7 +390,9 @@ class WeaviateIndex:
             top = max((int(m.group(1)) for t in taken if (m := self._gen_re.fullmatch(t))), default=0)
             for n in range(top + 1, top + 10):  # another process may take a number at the same time
                 name, created = f"{self.alias}_{n}", time.time()
-                description = json.dumps({"model": model, "dim": dim, "created_at": created, "scoping": scoping})
+                description = json.dumps(
+                    {"model": model, "dim": dim, "created_at": created, "scoping": scoping, "stems": True}
+                )
                 try:
                     await self.client.collections.create(
                         name,
@@ -424,7 +435,7 @@ class WeaviateIndex:
                     previous = await self._live_name()
             if previous is not None:
                 await self.client.alias.update(alias_name=self.alias, new_target_collection=generation)
-            self._live_scoping = self._metas[generation].get("scoping", "filter")
+            self._live_meta = self._metas[generation]
             if previous is not None and previous != generation:
                 await self.client.collections.delete(previous)
                 self._metas.pop(previous, None)
@@ -452,15 +463,14 @@ class WeaviateIndex:
             d = await self._describe(generation)
             if d is None:
                 raise UnknownGeneration(f"no generation {generation!r}")
-            return _Target(generation, d.get("scoping", "filter"))
-        if self._live_scoping is None and await self.live() is None:
+            return _target(generation, d)
+        if self._live_meta is None and await self.live() is None:
             return None
-        # live() has just cached it; "filter" is what a generation that names none uses
-        return _Target(self.alias, self._live_scoping or "filter")
+        return _target(self.alias, self._live_meta or {})  # live() has just cached it
 
     def _failed(self, exc: BaseException, generation: str | None) -> IndexUnavailable:
         if generation is None:
-            self._live_scoping = None  # promoted elsewhere, maybe to another scoping: re-read
+            self._live_meta = None  # promoted elsewhere, maybe to another scoping: re-read
         return self._unavailable(exc)
 
     # --- writes -----------------------------------------------------------------
@@ -481,6 +491,8 @@ class WeaviateIndex:
                 props = {k: getattr(d, k) for k in ("app", "user", "session", "user_key", "session_key", "author")}
                 props |= {"role": d.role, "doc_id": d.id, "seq": d.seq, "timestamp": d.timestamp}
                 props |= {"text": d.text, "search_text": d.search_text}
+                if target.stems:
+                    props["stems"] = stems(d.search_text)
                 tenant = tenant_name(d.user_key) if target.tenants else None
                 vector = _vector(d.vector) if d.vector is not None else None
                 groups.setdefault(tenant, []).append(DataObject(properties=props, uuid=d.uuid, vector=vector))
@@ -613,9 +625,16 @@ class WeaviateIndex:
             if target.tenants:
                 coll = coll.with_tenant(tenant_name(user_key))
             common = {"filters": where, "limit": query.k, "return_properties": _RETURN}
+            searched = ["stems"] if target.stems else ["search_text"]
+            if target.stems:
+                text = stems(text)
+                if not text:  # punctuation only: no word to match
+                    if mode == "keyword":
+                        return []
+                    mode = "vector" if mode == "hybrid" else mode
             if mode == "keyword":
                 res = await coll.query.bm25(
-                    text, query_properties=["search_text"], return_metadata=MetadataQuery(score=True), **common
+                    text, query_properties=searched, return_metadata=MetadataQuery(score=True), **common
                 )
                 hits = [Hit(_doc(o), o.metadata.score, {"keyword": o.metadata.score}) for o in res.objects]
             elif vector is None:  # never: a vector search without one failed above, a hybrid one ran as keyword
@@ -632,7 +651,7 @@ class WeaviateIndex:
                     vector=_vector(vector),
                     alpha=query.alpha,  # explicit: the server's default may change
                     fusion_type=HybridFusion.RELATIVE_SCORE,
-                    query_properties=["search_text"],
+                    query_properties=searched,
                     return_metadata=MetadataQuery(score=True, explain_score=True),
                     **common,
                 )

@@ -1,0 +1,96 @@
+"""How a search's candidates are ranked: who the question names, and when it asks."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from memq.workers.memory.recall import (
+    Doc,
+    Hit,
+    Ranking,
+    asks_when,
+    named_authors,
+    rank,
+    states_time,
+    without_names,
+)
+
+
+def hit(id_: str, score: float, author: str = "Caroline", text: str = "hello") -> Hit:
+    doc = Doc(id_, "a", "u", "s", 1, author, "user", 0.0, text, text)
+    return Hit(doc, score, {"hybrid": score})
+
+
+def test_names_are_found_as_whole_words_in_any_case_and_possessive():
+    authors = {"Caroline", "Melanie", "Jon Snow", "al", "user"}
+    assert named_authors("What did caroline research?", authors) == ("Caroline",)
+    assert named_authors("What do Melanie's kids like?", authors) == ("Melanie",)
+    assert named_authors("Where does jon snow live?", authors) == ("Jon Snow",)
+    assert named_authors("Did Carolines cat eat?", authors) == ()  # not a word of its own
+    assert named_authors("What did the user and Melanie say?", authors) == ("Melanie", "user")
+    assert named_authors("all of it", authors) == ()  # "al" is only part of a word
+
+
+def test_names_are_removed_with_their_possessive():
+    assert without_names("What do Melanie's kids like?", ["Melanie"]) == "What do kids like?"
+    assert without_names("What did CAROLINE research?", ["Caroline"]) == "What did research?"
+    assert without_names("Melanie", ["Melanie"]) == ""
+
+
+def test_when_questions_and_time_stating_turns():
+    assert asks_when("When did Caroline go to the support group?")
+    assert asks_when("How long has Caroline had her friends?")
+    assert asks_when("What year did Jon move?")
+    assert not asks_when("What did Caroline do when she was young?")
+    assert states_time("I went to a support group yesterday")
+    assert states_time("A friend made it ten years ago")
+    assert states_time("We moved in May 2021")
+    assert not states_time("It was so powerful")
+
+
+def test_a_named_author_and_a_time_lift_a_doc_over_a_better_plain_score():
+    general = [
+        hit("other", 0.9, author="Melanie"),
+        hit("hers", 0.7),
+        hit("dated", 0.65, author="Melanie", text="I ran it last Saturday"),
+    ]
+    ranked = rank(general, named=("Caroline",), when=True, k=3, ranking=Ranking(0.3, 0.3, 1.0))
+    assert [h.doc.id for h in ranked] == ["hers", "dated", "other"]
+    assert ranked[0].score == 1.0 and ranked[0].scores["ranked"] == 1.0 and ranked[0].scores["hybrid"] == 0.7
+
+
+def test_without_names_or_when_the_general_order_stands():
+    general = [hit("b", 0.5), hit("a", 0.9), hit("c", 0.1)]
+    assert [h.doc.id for h in rank(general, k=2)] == ["a", "b"]
+
+
+def test_a_doc_found_by_both_searches_keeps_its_better_score():
+    general = [hit("x", 0.2), hit("y", 0.6)]
+    by_author = [hit("x", 0.9)]
+    ranked = rank(general, by_author, named=("Caroline",), k=5, ranking=Ranking(0.0, 0.0, 1.2))
+    assert [h.doc.id for h in ranked] == ["x", "y"]
+    assert abs(ranked[0].score - 1.08) < 1e-9
+
+
+def test_raw_scores_are_normalised_per_search_when_asked():
+    # BM25 scores of 12 and 3 must not swamp a 0.3 boost.
+    general = [hit("strong", 12.0, author="Melanie"), hit("weak", 3.0, author="Melanie"), hit("hers", 4.0)]
+    ranked = rank(general, named=("Caroline",), k=3, ranking=Ranking(0.3, 0.0, 1.0), normalise=True)
+    assert [h.doc.id for h in ranked] == ["strong", "hers", "weak"]
+    assert [round(h.score, 3) for h in ranked] == [1.0, round(1 / 9 + 0.3, 3), 0.0]
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from("abcdefgh"), st.floats(0, 1)), max_size=8),
+    st.lists(st.tuples(st.sampled_from("abcdefgh"), st.floats(0, 1)), max_size=8),
+    st.integers(1, 10),
+)
+def test_rank_returns_at_most_k_distinct_docs_best_first(general, by_author, k):
+    ranked = rank(
+        [hit(i, s) for i, s in general], [hit(i, s) for i, s in by_author], named=("Caroline",), when=True, k=k
+    )
+    ids = [h.doc.id for h in ranked]
+    assert len(ids) == len(set(ids)) <= k
+    assert ids == [h.doc.id for h in sorted(ranked, key=lambda h: (-h.score, h.doc.uuid))]
+    assert set(ids) <= {i for i, _ in general} | {i for i, _ in by_author}
