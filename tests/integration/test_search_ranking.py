@@ -1,0 +1,110 @@
+"""The Searcher's ranking on a real index and embedder: a question that
+names an author searches that author's memories without the name; a
+"when" question lifts turns that state a time; filters and users hold."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from memq.contracts import queries as q
+from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.memory.recall import Doc, Turn, search_text
+from memq.workers.query.search import Searcher
+from memq.workers.settings import LocalEmbedderSettings, Settings
+
+APP = "rank-app"
+TS = 1_683_504_000.0
+
+# Melanie names Caroline (and research) often; Caroline's own turn says what she researched.
+TURNS = [
+    ("s1", "Caroline", "Ha, thanks Melanie. I love painting sunsets by the lake."),
+    ("s1", "Melanie", "Caroline, my research group asked about Caroline again. Caroline is famous!"),
+    ("s2", "Caroline", "Researching adoption agencies this week, it has been a dream to have a family."),
+    ("s2", "Melanie", "I love running, it keeps me fit and happy."),
+    ("s3", "Melanie", "I ran a charity race for mental health last Saturday."),
+    ("s3", "Caroline", "That is wonderful, Melanie, I am proud of you."),
+]
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return LocalEmbedder(LocalEmbedderSettings())
+
+
+@pytest.fixture(params=["embedded", pytest.param("weaviate", marks=pytest.mark.services)])
+async def backend(request, tmp_path, embedder):
+    if request.param == "embedded":
+        from memq.workers.index.backends.embedded import EmbeddedIndex
+
+        index = EmbeddedIndex(tmp_path / "index.db")
+    else:
+        from memq.workers.index.backends.weaviate import WeaviateIndex
+        from memq.workers.settings import WeaviateSettings
+
+        server = request.getfixturevalue("weaviate_server")
+        index = WeaviateIndex(
+            WeaviateSettings(url=server.url, grpc_port=server.grpc_port, collection=f"R{uuid.uuid4().hex[:12]}")
+        )
+    await index.open()
+    meta = await index.create_generation(embedder.model, embedder.dim)
+    await index.promote(meta.generation)
+    docs = []
+    for user in ("alice", "bob"):
+        for i, (session, author, text) in enumerate(TURNS):
+            before = TURNS[i - 1] if i else None
+            previous = Turn(before[1], before[2]) if before and before[0] == session else None  # as the indexer does
+            st = search_text(author, text, TS + 60 * i, previous)
+            docs.append(Doc(f"{user}-{i}", APP, user, session, i + 1, author, "user", TS + 60 * i, text, st))
+    vectors = await embedder.embed([d.search_text for d in docs])
+    await index.upsert([d.with_vector(v) for d, v in zip(docs, vectors, strict=True)])
+    try:
+        yield index
+    finally:
+        await index.close()
+
+
+def searcher(backend, embedder, **recall) -> Searcher:
+    s = Settings()
+    s.recall = type(s.recall).model_validate({**s.recall.model_dump(), **recall})
+    return Searcher(s, backend=backend, embedder=embedder)
+
+
+async def found(searcher: Searcher, question: str, user: str = "alice", **kw) -> list[str]:
+    reply = await searcher.search(q.Search(app=APP, user=user, query=question, k=3, **kw))
+    return [r.event_id for r in reply.results]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "keyword", "vector"])
+async def test_a_named_author_is_searched_without_the_name(backend, embedder, mode):
+    ranked = await found(searcher(backend, embedder), "What did Caroline research?", mode=mode)
+    assert ranked[0] == "alice-2"
+    # one search alone lets the name-heavy turn by Melanie win: what the ranking fixes
+    one = await found(searcher(backend, embedder, speaker_aware=False), "What did Caroline research?", mode=mode)
+    assert one[0] != "alice-2"
+
+
+async def test_a_when_question_lifts_the_turn_that_says_when(backend, embedder):
+    async def scores(**recall) -> dict[str, float]:
+        s = searcher(backend, embedder, **recall)
+        reply = await s.search(q.Search(app=APP, user="alice", query="When did Melanie run a charity race?", k=6))
+        return {r.event_id: r.score for r in reply.results}
+
+    lifted, plain = await scores(), await scores(time_boost=0.0)
+    assert max(lifted, key=lifted.__getitem__) == "alice-4"  # "… last Saturday"
+    assert lifted["alice-4"] > plain["alice-4"]
+    assert lifted["alice-3"] == pytest.approx(plain["alice-3"])  # says no time: no lift
+    # not a when-question: no lift either
+    s = searcher(backend, embedder)
+    reply = await s.search(q.Search(app=APP, user="alice", query="Did Melanie run a charity race?", k=6))
+    unlifted = {r.event_id: r.score for r in reply.results}
+    assert unlifted["alice-4"] < lifted["alice-4"]
+
+
+async def test_filters_and_users_hold_in_the_authors_search(backend, embedder):
+    s = searcher(backend, embedder)
+    assert set(await found(s, "What did Caroline research?", session="s1")) <= {"alice-0", "alice-1"}
+    assert all(i.startswith("bob-") for i in await found(s, "What did Caroline research?", user="bob"))
+    # an explicit authors filter is the caller's: no second search widens it
+    assert set(await found(s, "What did Caroline research?", authors=["Melanie"])) <= {"alice-1", "alice-3", "alice-4"}
