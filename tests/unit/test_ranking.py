@@ -92,5 +92,5 @@ def test_rank_returns_at_most_k_distinct_docs_best_first(general, by_author, k):
     )
     ids = [h.doc.id for h in ranked]
     assert len(ids) == len(set(ids)) <= k
-    assert ids == [h.doc.id for h in sorted(ranked, key=lambda h: (-h.score, h.doc.uuid))]
+    assert ids == [h.doc.id for h in sorted(ranked, key=lambda h: (-h.score, h.doc.session, h.doc.id))]
     assert set(ids) <= {i for i, _ in general} | {i for i, _ in by_author}

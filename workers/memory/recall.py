@@ -316,19 +316,24 @@ def rank(
     score), plus ``author_boost`` if a ``named`` author wrote it, plus
     ``time_boost`` if ``when`` and its text states a time; ``by_author``
     scores are then scaled by ``speaker_weight``. A doc found by both keeps
-    its better score. Ties by doc uuid, so the order is deterministic.
+    its better score. Ties by session and doc id, so the order is deterministic.
     """
-    best: dict[str, tuple[float, Hit]] = {}
+    # Keyed by (session, id), unique within the one user a search covers:
+    # Doc.uuid is a uuid5 computed on each access, a third of the ranking's time.
+    best: dict[tuple[str, str], tuple[float, Hit]] = {}
     for hits, weight in ((general, 1.0), (by_author, ranking.speaker_weight)):
-        base = _normalised((h.doc.uuid, h.score) for h in hits) if normalise else {h.doc.uuid: h.score for h in hits}
-        for h in hits:
-            score = base[h.doc.uuid]
+        keys = [(h.doc.session, h.doc.id) for h in hits]
+        scores = [h.score for h in hits]
+        if normalise:
+            normal = _normalised(zip(range(len(hits)), scores, strict=True))
+            scores = [normal.get(i, 0.0) for i in range(len(hits))]
+        for key, h, score in zip(keys, hits, scores, strict=True):
             if h.doc.author in named:
                 score += ranking.author_boost
             if when and states_time(h.doc.text):
                 score += ranking.time_boost
             score *= weight
-            if h.doc.uuid not in best or score > best[h.doc.uuid][0]:
-                best[h.doc.uuid] = (score, h)
+            if key not in best or score > best[key][0]:
+                best[key] = (score, h)
     ordered = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:k]
     return [replace(hit, score=score, scores={**hit.scores, "ranked": score}) for _, (score, hit) in ordered]
