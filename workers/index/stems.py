@@ -11,6 +11,7 @@ then meet: on LoCoMo dev that took multi-hop recall@10 from ~0.48 to ~0.53.
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import unicodedata
@@ -21,10 +22,17 @@ _WORD = re.compile(r"[^\W_]+")
 _local = threading.local()  # a Snowball stemmer keeps state while it stems: one per thread
 
 
-def stems(text: str) -> str:
-    """The Porter stems of ``text``'s words, lowercased, space-separated."""
+@functools.lru_cache(maxsize=65536)
+def _stem(word: str) -> str:
+    # Words repeat (a user's vocabulary is small): cached, a LoCoMo doc's stems
+    # cost 20-50 us instead of ~930 us uncached, next to ~16 ms to embed it.
     stemmer = getattr(_local, "stemmer", None)
     if stemmer is None:
         stemmer = _local.stemmer = snowballstemmer.stemmer("porter")
-    words = stemmer.stemWords(_WORD.findall(unicodedata.normalize("NFC", text).lower()))
+    return stemmer.stemWord(word)
+
+
+def stems(text: str) -> str:
+    """The Porter stems of ``text``'s words, lowercased, space-separated."""
+    words = (_stem(w) for w in _WORD.findall(unicodedata.normalize("NFC", text).lower()))
     return " ".join(w for w in words if w)  # Porter stems a lone "s" to nothing
