@@ -568,7 +568,7 @@ class MemoryClient:
         model: str | None = None,
         format: ContextFormat = "memq",
         instruction: str | None = None,
-        recall_limit: int = 5,
+        recall_limit: int = 20,
         message: str | None = None,
         min_seq: int | None = None,
     ) -> ContextView:
@@ -588,7 +588,8 @@ class MemoryClient:
             ``{key}``, ``{user:key}``, ``{key?}`` (empty if unset; without ``?``
             an unset key raises :class:`~memq.contracts.errors.TemplateKeyMissing`).
             Default: none.
-        :param recall_limit: long-term memories to recall, 0..100. Default 5.
+        :param recall_limit: long-term memories to recall, at most, 0..100;
+            ``summary_buffer``'s ``recall_share`` bounds their tokens. Default 20.
         :param message: a user message not stored yet (about to be sent):
             placed last, counted in the budget and used for recall. Default none.
         :param min_seq: see the note above. Default: :attr:`last_seq`.

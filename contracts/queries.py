@@ -75,6 +75,12 @@ class StrategySpec(BaseModel):
     threshold: float | None = Field(default=None, gt=0, le=1)
     target: float | None = Field(default=None, gt=0, le=1)
     min_recent: int | None = Field(default=None, ge=0, le=10_000)
+    recall_share: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="summary_buffer: budget share recalled memories may take before the summary and older messages",
+    )
 
     @field_validator("kind")
     @classmethod
@@ -137,7 +143,7 @@ class ContextGet(_Paged, _Request):
     model: str | None = Field(default=None, max_length=128)
     format: ContextFormat = "memq"
     instruction: str | None = Field(default=None, max_length=200_000, description="template rendered from state")
-    recall_limit: int = Field(default=5, ge=0, le=100)
+    recall_limit: int = Field(default=20, ge=0, le=100)
     message: str | None = Field(
         default=None,
         max_length=200_000,

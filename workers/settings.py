@@ -22,7 +22,7 @@ from pydantic_settings import (
 )
 
 from memq.contracts.queries import SearchMode, StrategyKind
-from memq.workers.memory.strategies import normalize_kind
+from memq.workers.memory.strategies import RECALL_SHARE, normalize_kind
 
 
 def default_data_dir() -> Path:
@@ -126,6 +126,12 @@ class MemorySettings(BaseModel):
     threshold: float = Field(default=0.85, gt=0, le=1, description="summary_buffer: summarize above this share")
     target: float = Field(default=0.7, gt=0, le=1, description="summary_buffer: summarize down to this share")
     min_recent: int = Field(default=3, ge=0, description="summary_buffer: newest messages kept verbatim")
+    recall_share: float = Field(
+        default=RECALL_SHARE,
+        ge=0,
+        lt=1,
+        description="summary_buffer: budget share recalled memories may take before the summary and older messages",
+    )
     model: str | None = Field(default=None, description="model whose tokenizer counts (default cl100k_base)")
 
     @field_validator("strategy", mode="before")

@@ -26,7 +26,9 @@ model, a small *base* model: this shows the plumbing, not summary quality;
 skipped when not installed; it replays ``--llm-conversations`` conversations,
 default 1, as each fold takes seconds of CPU here), and ``summary_buffer``
 with the extractive summarizer plus recall (the indexing worker, hybrid
-search, 5 memories).
+search, at most 20 memories in up to half the budget: ``recall_share``,
+chosen with tests/bench/context_split.py), and the same with recall as it
+was before that share (at most 5 memories in what the window leaves).
 ``--quick``: the first conversation, its first 60 questions.
 """
 
@@ -68,6 +70,8 @@ class Config:
     strategy: str
     summarizer: str | None = None  # extractive | llm
     recall: bool = False
+    recall_limit: int = 20  # the context request's default
+    recall_share: float | None = None  # None: the strategy's default
 
 
 CONFIGS = (
@@ -76,6 +80,16 @@ CONFIGS = (
     Config("summary_buffer + extractive", "summary_buffer", "extractive"),
     Config("summary_buffer + LLM", "summary_buffer", "llm"),
     Config("summary_buffer + recall", "summary_buffer", "extractive", recall=True),
+    # the split before recall_share (issue 14): recall got what the window
+    # left, at most 5 memories
+    Config(
+        "summary_buffer + recall (5, no share)",
+        "summary_buffer",
+        "extractive",
+        recall=True,
+        recall_limit=5,
+        recall_share=0.0,
+    ),
 )
 
 
@@ -125,8 +139,10 @@ async def settle(client: MemoryClient, user: str, timeout: float) -> None:
 
 
 async def run_config(
-    config: Config, conversations, budget: int, work: Path, llm_url: str | None, max_q: int | None
+    config: Config, conversations, budget: int, work: Path, llm_url: str | None, max_q: int | None, scorer=None
 ) -> Result:
+    """Replay ``conversations`` under ``config`` and score its contexts
+    (``scorer``: :func:`score`'s signature; default :func:`score`)."""
     result = Result(config.name)
     with services.NatsServer(workdir=work / "nats") as nats_server:
         s = settings_for(config, nats_server.url, work, budget, llm_url)
@@ -155,7 +171,7 @@ async def run_config(
                 await helpers.wait_for(lambda: indexed(client, last), timeout=1800, what="indexing")
             result.replay_s = time.perf_counter() - t0
             result.checkpoints = summarizer.stats.checkpoints if summarizer else 0
-            await score(client, conversations, config, budget, result, max_q)
+            await (scorer or score)(client, conversations, config, budget, result, max_q)
     return result
 
 
@@ -173,11 +189,14 @@ async def score(client, conversations, config: Config, budget: int, result: Resu
     for c in conversations:
         text_of = {c.event_id(t.dia_id): t.text for t in c.turns}
         for q in c.questions[:max_q]:
+            strategy = {"kind": config.strategy, "budget": budget}
+            if config.recall_share is not None:
+                strategy["recall_share"] = config.recall_share
             ctx = await client.context(
                 c.sample_id,
                 SESSION,
-                strategy={"kind": config.strategy, "budget": budget},
-                recall_limit=5 if config.recall else 0,
+                strategy=strategy,
+                recall_limit=config.recall_limit if config.recall else 0,
                 message=q.question,
             )
             held = {w["event"].get("id") for w in ctx.context["window"]} | {

@@ -582,6 +582,7 @@ strategy_specs = st.builds(
     threshold=st.sampled_from([0.5, 0.85, 1.0]),
     target=st.sampled_from([0.1, 0.7, 1.0]),
     min_recent=st.integers(0, 10),
+    recall_share=st.sampled_from([0.0, 0.5, 0.9]),
 ).map(lambda d: {k: v for k, v in d.items() if v is not None})
 models = st.sampled_from(["gpt-4o", "gpt-3.5-turbo", "cl100k_base", "o200k_base", "llama-3"]) | hostile_text().filter(
     lambda s: len(s) <= 128

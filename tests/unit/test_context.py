@@ -3,6 +3,8 @@ OpenAI rendering exactly."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -184,7 +186,7 @@ def test_the_default_context_fits_its_budget_before_any_summary(budget):
     assert all(m["tool_call_id"] in called for m in msgs if m["role"] == "tool")
 
 
-def test_summary_buffer_keeps_every_event_after_the_checkpoint_and_recall_gets_the_rest():
+def test_summary_buffer_without_a_recall_share_keeps_every_event_after_the_checkpoint_and_recall_gets_the_rest():
     items, events = session(10)
     window_tokens = sum(it.tokens for it in items)
     recalled = [(1000 + i, text_event("user", f"old fact {i}"), 8) for i in range(10)]
@@ -193,13 +195,66 @@ def test_summary_buffer_keeps_every_event_after_the_checkpoint_and_recall_gets_t
     ctx = assemble(
         history=items,
         events=events,
-        strategy=Strategy(kind="summary_buffer", budget=budget, threshold=1.0, target=0.9),
+        strategy=Strategy(kind="summary_buffer", budget=budget, threshold=1.0, target=0.9, recall_share=0.0),
         summary="s",
         recalled=recalled,
     )
     assert [it.seq for it in ctx.window] == list(range(1, 11))  # all of them
     assert 0 < len(ctx.recalled) < 5  # what is left of the budget, not more
     assert ctx.tokens.total <= budget
+    check_total(ctx)
+
+
+def test_summary_buffer_gives_recall_its_share_before_older_messages_and_the_summary():
+    items, events = session(30)
+    recalled = [(1000 + i, text_event("user", f"old fact number {i} about the garden"), 0) for i in range(40)]
+    summary = "\n".join(f"line {i}: " + " ".join(WORDS) for i in range(20))
+    strategy = Strategy(kind="summary_buffer", budget=1200, threshold=1.0, target=0.9, min_recent=3)
+    without = assemble(
+        history=items,
+        events=events,
+        strategy=dataclasses.replace(strategy, recall_share=0.0),
+        summary=summary,
+        recalled=recalled,
+        recall_limit=40,
+    )
+    shared = assemble(
+        history=items,
+        events=events,
+        strategy=dataclasses.replace(strategy, recall_share=0.5),
+        summary=summary,
+        recalled=recalled,
+        recall_limit=40,
+    )
+    assert shared.tokens.recalled > without.tokens.recalled
+    # the share holds: recall takes at least its share's worth of memories
+    # (less one memory that did not fit whole), the rest makes do with less
+    line = tk.message_tokens(recall_message([recalled[0][:2]])) - tk.message_tokens(recall_message(()))
+    assert shared.tokens.recalled >= (1200 - 3) // 2 - line
+    assert len(shared.window) < len(without.window) or shared.tokens.summary < without.tokens.summary
+    assert [it.seq for it in shared.window][-3:] == [28, 29, 30]  # min_recent is never crowded out
+    for ctx in (without, shared):
+        assert ctx.tokens.total <= 1200
+        check_total(ctx)
+
+
+def test_a_recall_share_without_memories_leaves_the_context_as_it_was():
+    items, events = session(30)
+    strategy = Strategy(kind="summary_buffer", budget=900, threshold=1.0, target=0.9)
+    plain = assemble(history=items, events=events, strategy=dataclasses.replace(strategy, recall_share=0.0))
+    for recalled, limit in (((), 20), ([(900, text_event("user", "a fact"), 0)], 0)):
+        ctx = assemble(history=items, events=events, strategy=strategy, recalled=recalled, recall_limit=limit)
+        assert ctx.window == plain.window and ctx.tokens == plain.tokens
+
+
+def test_recall_share_never_crowds_out_min_recent():
+    items, events = session(30)
+    last3 = sum(it.tokens for it in items[-3:])
+    big = [(900 + i, text_event("user", " ".join(WORDS * 4)), 0) for i in range(5)]
+    strategy = Strategy(kind="summary_buffer", budget=last3 + 3 + 60, recall_share=0.9, min_recent=3)
+    ctx = assemble(history=items, events=events, strategy=strategy, recalled=big)
+    assert [it.seq for it in ctx.window][-3:] == [28, 29, 30]
+    assert ctx.recalled == () and ctx.tokens.total <= strategy.budget
     check_total(ctx)
 
 
@@ -272,6 +327,14 @@ def test_recall_message_without_timestamp():
     assert msg["content"] == f"{RECALL_HEADER}\n- [user] hi"
 
 
+def test_recall_message_names_the_speaker_and_the_date():
+    event = Event(
+        author="Caroline", message=Message(role="assistant", parts=[TextPart(text="I went to a support group.")])
+    ).model_dump() | {"timestamp": 1_683_504_000.0}
+    msg = recall_message([(1, event)])
+    assert msg["content"] == f"{RECALL_HEADER}\n- [2023-05-08, Caroline] I went to a support group."
+
+
 # --- property: totals are exact, budgets hold, OpenAI tool rules hold -----------
 
 
@@ -307,12 +370,15 @@ def histories(draw):
     summary=st.sampled_from([None, "They talked about alpha.", "x " * 100]),
     n_recalled=st.integers(0, 8),
     recall_limit=st.integers(0, 5),
+    recall_share=st.sampled_from([0.0, 0.3, 0.9]),
 )
-def test_assembly_properties(events, kind, budget, window, instruction, summary, n_recalled, recall_limit):
+def test_assembly_properties(
+    events, kind, budget, window, instruction, summary, n_recalled, recall_limit, recall_share
+):
     items = [item_from_event(s, e) for s, e in events.items()]
     recalled = [(s, events[s], items[s - 1].tokens) for s in list(events)[:n_recalled]]
     recalled += [(1000 + i, text_event("user", f"fact {i} " * (i + 1)), 0) for i in range(n_recalled)]
-    strategy = Strategy(kind=kind, budget=budget, window=window, threshold=1.0, target=0.7)
+    strategy = Strategy(kind=kind, budget=budget, window=window, threshold=1.0, target=0.7, recall_share=recall_share)
     ctx = assemble(
         history=items,
         events=events,

@@ -11,6 +11,7 @@ exactly, provided each history :class:`Item` was counted with the same model
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,15 +89,20 @@ def fit_summary(summary: str, room: int, model: str | None = None) -> str | None
     return None
 
 
+def recall_line(event: Mapping[str, Any]) -> str:
+    """One recalled event as ``- [date, speaker] text``: the date helps with
+    "when did..." questions, the speaker (the event's ``author``, else its
+    role) with "what did X..." ones, as a memory out of its conversation does
+    not say who spoke."""
+    speaker = event.get("author") or (event.get("message") or {}).get("role", "")
+    date = tk.event_time(event)
+    label = f"{date}, {speaker}" if date else speaker
+    return f"- [{label}] {tk.event_text(event)}"
+
+
 def recall_message(recalled: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[str, str]:
-    """One system message listing recalled events, each as
-    ``- [date, role] text`` (the date helps with "when did..." questions)."""
-    lines = [RECALL_HEADER]
-    for _seq, event in recalled:
-        role = (event.get("message") or {}).get("role", "")
-        date = tk.event_time(event)
-        label = f"{date}, {role}" if date else role
-        lines.append(f"- [{label}] {tk.event_text(event)}")
+    """One system message listing recalled events, one :func:`recall_line` each."""
+    lines = [RECALL_HEADER, *(recall_line(event) for _seq, event in recalled)]
     return {"role": "system", "content": "\n".join(lines)}
 
 
@@ -230,8 +236,14 @@ def _pick_recalled(
 ) -> tuple[tuple[tuple[int, Mapping[str, Any]], ...], int]:
     """Recalled memories in the given (relevance) order, skipping ``exclude``
     and repeats, at most ``limit``, while the block fits ``room`` tokens."""
+    if limit <= 0 or room <= 0:
+        return (), 0
+    # Each line is counted once (re-counting the growing block per candidate
+    # costs O(n^2) tokens: tens of ms for 30 memories); then the block is
+    # counted whole, as rendered, since tokens may merge across lines, and
+    # trimmed from the end in the rare case the sum was too low.
+    estimate = tk.message_tokens(recall_message(()), model)
     chosen: list[tuple[int, Mapping[str, Any]]] = []
-    used = 0
     seen: set[int] = set()
     for seq, event, _stored in recalled:
         if len(chosen) >= limit:
@@ -239,13 +251,17 @@ def _pick_recalled(
         if seq in exclude or seq in seen:
             continue
         seen.add(seq)
-        # The block is one message with a header, so it is re-counted whole
-        # rather than summed from the events' stored counts.
-        trial = [*chosen, (seq, event)]
-        cost = tk.message_tokens(recall_message(trial), model)
-        if cost <= room:
-            chosen, used = trial, cost
-    return tuple(chosen), used
+        # with its newline, which often merges with the line's last character
+        line = tk.count_text(recall_line(event) + "\n", model)
+        if estimate + line <= room:
+            chosen.append((seq, event))
+            estimate += line
+    while chosen:
+        used = tk.message_tokens(recall_message(chosen), model)
+        if used <= room:
+            return tuple(chosen), used
+        chosen.pop()
+    return (), 0
 
 
 def assemble(
@@ -255,7 +271,7 @@ def assemble(
     strategy: Strategy,
     summary: str | None = None,
     recalled: Sequence[tuple[int, Mapping[str, Any], int]] = (),
-    recall_limit: int = 5,
+    recall_limit: int = 20,
     instruction: str | None = None,
     model: str | None = None,
 ) -> Context:
@@ -270,18 +286,23 @@ def assemble(
         recalled: ``(seq, event, tokens)`` from long-term recall, most
             relevant first (default none). ``tokens`` is not needed:
             the recall block is re-counted as rendered.
-        recall_limit: at most this many memories (default 5).
+        recall_limit: at most this many memories (default 20, as a context
+            request's).
         instruction: the rendered system instruction (default None).
         model: the model to count for (default None: ``cl100k_base``).
 
     Order and budget: instruction, recalled memories, summary, recent window.
-    Instruction, summary and the 3 reply-priming tokens come first; for
+    Instruction and the 3 reply-priming tokens come first. ``summary_buffer``
+    with recalled memories then gives them up to ``strategy.recall_share`` of
+    the rest, but never the room of the ``min_recent`` messages: what the
+    question needs from long ago before what every question shares. For
     ``summary_buffer`` and ``token_window`` a summary that would not leave the
-    newest messages their room is cut to its newest part (:func:`fit_summary`,
-    ``summary_cut``). Then:
+    newest messages (and that recall share) their room is cut to its newest
+    part (:func:`fit_summary`, ``summary_cut``). Then:
 
     - ``summary_buffer`` keeps every event after the checkpoint that fits
-      (docs/design.md, Working memory and recall); recalled memories get what is left.
+      (docs/design.md, Working memory and recall) next to the recall share;
+      recalled memories get what is left (more of them, up to ``recall_limit``).
     - ``token_window`` reserves recalled memories before choosing the window
       (the window is selected with ``reserved`` = instruction + summary +
       recalled + priming), but never lets them crowd out ``preserve_recent``.
@@ -293,14 +314,27 @@ def assemble(
     instruction = instruction or None
     summary = summary or None
     instruction_tokens = tk.message_tokens({"role": "system", "content": instruction}, model) if instruction else 0
+    fixed = instruction_tokens + tk.REPLY_PRIMING
+    keep = preserved(history, strategy)
+    recent = sum(it.tokens for it in keep)
+    recent = recent if fixed + recent <= strategy.budget else 0  # they do not fit at all: no room to leave them
+    # summary_buffer's recall share: memories this question needs before the
+    # summary and the older messages, which every question shares.
+    reserved_recall: tuple[tuple[int, Mapping[str, Any]], ...] = ()
+    reserve_tokens = 0
+    if strategy.kind == "summary_buffer" and strategy.recall_share > 0 and recalled and recall_limit > 0:
+        share = math.floor(strategy.recall_share * max(0, strategy.budget - fixed))
+        room = max(0, min(share, strategy.budget - fixed - recent))
+        reserved_recall, reserve_tokens = _pick_recalled(
+            recalled, exclude={it.seq for it in keep}, limit=recall_limit, room=room, model=model
+        )
     summary_cut = False
     if summary and strategy.token_bounded:
         # A summary written for a larger budget (the app's) may not fit this
         # request's: keep its newest part, and leave the newest messages
-        # (min_recent / preserve_recent) their room whenever they fit at all.
-        fixed = instruction_tokens + tk.REPLY_PRIMING
-        recent = sum(it.tokens for it in preserved(history, strategy))
-        room = strategy.budget - fixed - (recent if fixed + recent <= strategy.budget else 0)
+        # (min_recent / preserve_recent) and the recall share their room
+        # whenever they fit at all.
+        room = strategy.budget - fixed - recent - reserve_tokens
         fitted = fit_summary(summary, room, model)
         summary_cut, summary = fitted != summary, fitted
     summary_tokens = tk.message_tokens(summary_message(summary), model) if summary else 0
@@ -334,6 +368,10 @@ def assemble(
             chosen = tuple((s, e) for s, e in chosen if s not in in_window)
             recall_tokens = tk.message_tokens(recall_message(chosen), model) if chosen else 0
     else:
+        if reserve_tokens:
+            # the window keeps what the recall share leaves; recall then takes
+            # whatever the window does not use (at least its share)
+            window = select(history, strategy, reserved=base + reserve_tokens)
         room = max(0, budget - base - window.tokens)
         exclude = {it.seq for it in window.items}
         chosen, recall_tokens = _pick_recalled(recalled, exclude=exclude, limit=recall_limit, room=room, model=model)
