@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from memq.workers.memory import tokens as tk
@@ -226,23 +227,49 @@ class Context:
         }
 
 
+class _RecallLines:
+    """Each recalled memory's line and its tokens, rendered and counted once
+    per assembly (recall is picked more than once as the window settles)."""
+
+    def __init__(self, model: str | None) -> None:
+        self.model = model
+        self._lines: dict[int, tuple[str, int]] = {}
+
+    @cached_property
+    def header(self) -> int:
+        return tk.message_tokens(recall_message(()), self.model)
+
+    def line(self, seq: int, event: Mapping[str, Any]) -> tuple[str, int]:
+        got = self._lines.get(seq)
+        if got is None:
+            text = recall_line(event)
+            # with its newline, which often merges with the line's last character
+            got = self._lines[seq] = (text, tk.count_text(text + "\n", self.model))
+        return got
+
+    def block_tokens(self, seqs: Sequence[int]) -> int:
+        """The exact tokens of :func:`recall_message` of these (seen) memories."""
+        content = "\n".join([RECALL_HEADER, *(self._lines[seq][0] for seq in seqs)])
+        return tk.message_tokens({"role": "system", "content": content}, self.model)
+
+
 def _pick_recalled(
     recalled: Sequence[tuple[int, Mapping[str, Any], int]],
     *,
     exclude: set[int],
     limit: int,
     room: int,
-    model: str | None,
+    lines: _RecallLines,
 ) -> tuple[tuple[tuple[int, Mapping[str, Any]], ...], int]:
     """Recalled memories in the given (relevance) order, skipping ``exclude``
     and repeats, at most ``limit``, while the block fits ``room`` tokens."""
     if limit <= 0 or room <= 0:
         return (), 0
-    # Each line is counted once (re-counting the growing block per candidate
-    # costs O(n^2) tokens: tens of ms for 30 memories); then the block is
-    # counted whole, as rendered, since tokens may merge across lines, and
-    # trimmed from the end in the rare case the sum was too low.
-    estimate = tk.message_tokens(recall_message(()), model)
+    # Lines are counted one by one (re-counting the growing block for each
+    # candidate costs O(n^2) tokens: milliseconds for 20 memories); then the
+    # block is counted whole, as rendered, since tokens may merge across
+    # lines, and trimmed from the end in the rare case the sum was too low.
+    estimate = lines.header
     chosen: list[tuple[int, Mapping[str, Any]]] = []
     seen: set[int] = set()
     for seq, event, _stored in recalled:
@@ -251,13 +278,12 @@ def _pick_recalled(
         if seq in exclude or seq in seen:
             continue
         seen.add(seq)
-        # with its newline, which often merges with the line's last character
-        line = tk.count_text(recall_line(event) + "\n", model)
-        if estimate + line <= room:
+        cost = lines.line(seq, event)[1]
+        if estimate + cost <= room:
             chosen.append((seq, event))
-            estimate += line
+            estimate += cost
     while chosen:
-        used = tk.message_tokens(recall_message(chosen), model)
+        used = lines.block_tokens([seq for seq, _ in chosen])
         if used <= room:
             return tuple(chosen), used
         chosen.pop()
@@ -315,6 +341,7 @@ def assemble(
     summary = summary or None
     instruction_tokens = tk.message_tokens({"role": "system", "content": instruction}, model) if instruction else 0
     fixed = instruction_tokens + tk.REPLY_PRIMING
+    lines = _RecallLines(model)
     keep = preserved(history, strategy)
     recent = sum(it.tokens for it in keep)
     recent = recent if fixed + recent <= strategy.budget else 0  # they do not fit at all: no room to leave them
@@ -326,7 +353,7 @@ def assemble(
         share = math.floor(strategy.recall_share * max(0, strategy.budget - fixed))
         room = max(0, min(share, strategy.budget - fixed - recent))
         reserved_recall, reserve_tokens = _pick_recalled(
-            recalled, exclude={it.seq for it in keep}, limit=recall_limit, room=room, model=model
+            recalled, exclude={it.seq for it in keep}, limit=recall_limit, room=room, lines=lines
         )
     summary_cut = False
     if summary and strategy.token_bounded:
@@ -357,7 +384,7 @@ def assemble(
         for _ in range(3):
             exclude = {it.seq for it in window.items}
             chosen, recall_tokens = _pick_recalled(
-                recalled, exclude=exclude, limit=recall_limit, room=room, model=model
+                recalled, exclude=exclude, limit=recall_limit, room=room, lines=lines
             )
             nxt = select(history, strategy, reserved=base + recall_tokens)
             if nxt.items == window.items:
@@ -374,7 +401,7 @@ def assemble(
             window = select(history, strategy, reserved=base + reserve_tokens)
         room = max(0, budget - base - window.tokens)
         exclude = {it.seq for it in window.items}
-        chosen, recall_tokens = _pick_recalled(recalled, exclude=exclude, limit=recall_limit, room=room, model=model)
+        chosen, recall_tokens = _pick_recalled(recalled, exclude=exclude, limit=recall_limit, room=room, lines=lines)
 
     counts = TokenCounts(
         instruction=instruction_tokens,
