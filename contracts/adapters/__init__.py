@@ -1,0 +1,10 @@
+"""memq behind the interfaces of agent frameworks, on the agent's side.
+
+Each module wraps :class:`memq.contracts.client.MemoryClient` in one
+framework's own abstractions and imports that framework, which only its
+extra installs: :mod:`memq.contracts.adapters.adk` (``pip install memq[adk]``,
+Google ADK's session and memory services) and
+:mod:`memq.contracts.adapters.langchain` (``pip install memq[langchain]``,
+LangChain's chat message history). Nothing here imports either package, so
+``memq.contracts`` stays as light as it was.
+"""
