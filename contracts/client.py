@@ -733,6 +733,18 @@ class MemoryClient:
 
         return chat
 
+    async def page(self, op: str, *, min_seq: int | None = None, **fields: Any) -> Any:
+        """One reply of query ``op`` (a key of :data:`memq.contracts.queries.OPS`)
+        as the service sends it, typed: for a paged op (``session.get``,
+        ``history``, ``context``) one page, whose ``next_cursor`` asks for the
+        next (``cursor=``). For callers that relay pages rather than join
+        them (the HTTP gateway); the named methods above are the usual way.
+
+        :param fields: the op's request fields (``user``, ``session``, …).
+        :param min_seq: as in every read. Default: :attr:`last_seq`.
+        """
+        return await self._query(op, min_seq, **fields)
+
     async def _pages(self, op: str, min_seq: int | None, **fields: Any) -> AsyncIterator[Any]:
         """Every page of a paged read (see :mod:`memq.contracts.queries`):
         the same request again with each reply's ``next_cursor``, until none."""
