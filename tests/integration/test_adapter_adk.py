@@ -1,0 +1,332 @@
+"""memq as Google ADK's session and memory services (memq.contracts.adapters.adk).
+
+Each test states one of ADK's documented session behaviours and runs it on
+MemqSessionService against a real stack and on ADK's own
+DatabaseSessionService (SQLite): the adapter behaves as ADK's does. Then an
+ADK Runner with a tiny agent (a fake model, no network) holds a multi-turn
+conversation on memq, and MemqMemoryService finds it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from adapter_stack import memq_stack
+from google.adk.agents import LlmAgent
+from google.adk.errors import StaleSessionError
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError
+from google.adk.events.event import Event
+from google.adk.events.event_actions import EventActions
+from google.adk.memory import InMemoryMemoryService
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import Runner
+from google.adk.sessions import DatabaseSessionService, InMemorySessionService
+from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig
+from google.genai import types
+
+from memq.contracts.adapters.adk import MemqMemoryService, MemqSessionService
+from memq.contracts.client import MemoryClient
+
+APP = "adk_app"
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+async def memq_url(tmp_path_factory) -> AsyncIterator[str]:
+    async with memq_stack(tmp_path_factory.mktemp("adk")) as url:
+        yield url
+
+
+@pytest.fixture
+async def memq(memq_url: str) -> AsyncIterator[MemoryClient]:
+    async with await MemoryClient.connect(memq_url, app=APP) as client:
+        yield client
+
+
+@pytest.fixture(params=["memq", "adk-database"])
+async def service(request, memq_url, tmp_path) -> AsyncIterator[BaseSessionService]:
+    """The service under test: memq's, or ADK's own on SQLite (the reference)."""
+    if request.param == "memq":
+        async with await MemoryClient.connect(memq_url, app=APP) as client:
+            yield MemqSessionService(client)
+    else:
+        async with DatabaseSessionService(f"sqlite+aiosqlite:///{tmp_path}/adk.db") as db:
+            yield db
+
+
+@pytest.fixture
+def user() -> str:
+    return f"u-{uuid.uuid4().hex[:8]}"  # the memq stack is shared by the module's tests
+
+
+def said(author: str, text: str, **fields) -> Event:
+    role = "user" if author == "user" else "model"
+    return Event(
+        author=author,
+        invocation_id="inv-1",
+        content=types.Content(role=role, parts=[types.Part(text=text)]),
+        **fields,
+    )
+
+
+def mine(state: dict, user: str) -> dict:
+    """A state without the app: keys of the module's other tests."""
+    return {k: v for k, v in state.items() if not k.startswith("app:") or k == f"app:{user}"}
+
+
+def texts(events: list[Event]) -> list[str]:
+    return [e.content.parts[0].text for e in events if e.content and e.content.parts]
+
+
+async def test_create_session_generates_an_id_and_keeps_the_state_but_temp(service, user):
+    session = await service.create_session(app_name=APP, user_id=user, state={"topic": "x", "temp:scratch": 1})
+    assert session.id and session.app_name == APP and session.user_id == user
+    assert session.state == {"topic": "x"} and session.events == []
+    got = await service.get_session(app_name=APP, user_id=user, session_id=session.id)
+    assert got.id == session.id and got.state == {"topic": "x"} and got.events == []
+
+
+async def test_create_session_with_a_taken_id_raises_already_exists(service, user):
+    await service.create_session(app_name=APP, user_id=user, session_id="s1")
+    with pytest.raises(AlreadyExistsError):
+        await service.create_session(app_name=APP, user_id=user, session_id="s1")
+
+
+async def test_get_session_of_an_unknown_session_is_none(service, user):
+    assert await service.get_session(app_name=APP, user_id=user, session_id="nope") is None
+
+
+async def test_state_scopes_app_user_session(service, user):
+    other = f"{user}-other"
+    app_key = f"app:{user}"  # app state is shared by the module's tests: a key of this test's own
+    first = await service.create_session(app_name=APP, user_id=user, state={"k": 1, "user:lang": "fr", app_key: 3})
+    assert mine(first.state, user) == {"k": 1, "user:lang": "fr", app_key: 3}
+    second = await service.create_session(app_name=APP, user_id=user)
+    assert mine(second.state, user) == {"user:lang": "fr", app_key: 3}  # session keys stay in their session
+    theirs = await service.create_session(app_name=APP, user_id=other)
+    assert mine(theirs.state, user) == {app_key: 3}  # user keys stay with their user
+    assert await service.get_user_state(app_name=APP, user_id=user) == {"lang": "fr"}
+
+
+async def test_append_event_applies_and_stores_the_delta_but_temp(service, user):
+    session = await service.create_session(app_name=APP, user_id=user)
+    event = said("agent", "noted", actions=EventActions(state_delta={"step": 2, "user:plan": "pro", "temp:draft": "d"}))
+    await service.append_event(session, event)
+    # temp: lives in the in-memory session for this invocation, and is trimmed from the stored event
+    assert mine(session.state, user) == {"step": 2, "user:plan": "pro", "temp:draft": "d"}
+    assert event.actions.state_delta == {"step": 2, "user:plan": "pro"}
+    got = await service.get_session(app_name=APP, user_id=user, session_id=session.id)
+    assert mine(got.state, user) == {"step": 2, "user:plan": "pro"}
+    assert got.events[0].actions.state_delta == {"step": 2, "user:plan": "pro"}
+    # user: state reaches the user's other sessions
+    other = await service.create_session(app_name=APP, user_id=user)
+    assert mine(other.state, user) == {"user:plan": "pro"}
+
+
+async def test_events_come_back_as_appended_in_order(service, user):
+    session = await service.create_session(app_name=APP, user_id=user)
+    hello = said("user", "hello")
+    call = Event(
+        author="agent",
+        content=types.Content(
+            role="model", parts=[types.Part(function_call=types.FunctionCall(id="c1", name="lookup", args={"q": 1}))]
+        ),
+    )
+    reply = Event(
+        author="agent",
+        content=types.Content(
+            role="user",
+            parts=[types.Part(function_response=types.FunctionResponse(id="c1", name="lookup", response={"r": 2}))],
+        ),
+    )
+    thought = said("agent", "done", branch="root.sub", turn_complete=True)
+    thought.content.parts.insert(0, types.Part(text="thinking", thought=True))
+    escalation = Event(author="agent", actions=EventActions(escalate=True))
+    appended = [hello, call, reply, thought, escalation]  # made in this order: ADK's database orders by timestamp
+    for event in appended:
+        await service.append_event(session, event)
+    got = await service.get_session(app_name=APP, user_id=user, session_id=session.id)
+    assert got.events == appended
+    assert got.events == session.events
+
+
+async def test_get_session_config_num_recent_events_and_after_timestamp(service, user):
+    session = await service.create_session(app_name=APP, user_id=user)
+    start = time.time()
+    for i in range(5):
+        await service.append_event(session, said("user", f"turn {i}", timestamp=start + i))
+
+    async def read(**config) -> list[str]:
+        got = await service.get_session(
+            app_name=APP, user_id=user, session_id=session.id, config=GetSessionConfig(**config)
+        )
+        return texts(got.events)
+
+    assert await read(num_recent_events=2) == ["turn 3", "turn 4"]
+    assert await read(num_recent_events=0) == []
+    assert await read(after_timestamp=start + 3) == ["turn 3", "turn 4"]  # at or after
+    assert await read(after_timestamp=start + 1, num_recent_events=2) == ["turn 3", "turn 4"]
+    assert await read(num_recent_events=100) == [f"turn {i}" for i in range(5)]
+    with pytest.raises(ValueError):
+        GetSessionConfig(num_recent_events=-1)
+
+
+async def test_list_sessions_oldest_update_first_with_state_without_events(service, user):
+    first = await service.create_session(app_name=APP, user_id=user, state={"n": 1, "user:lang": "fr"})
+    second = await service.create_session(app_name=APP, user_id=user, state={"n": 2})
+    await service.append_event(first, said("user", "bump", timestamp=time.time() + 5))  # now the newest
+    other = await service.create_session(app_name=APP, user_id=f"{user}-b")
+
+    listed = (await service.list_sessions(app_name=APP, user_id=user)).sessions
+    assert [s.id for s in listed] == [second.id, first.id]
+    assert [mine(s.state, user) for s in listed] == [{"n": 2, "user:lang": "fr"}, {"n": 1, "user:lang": "fr"}]
+    assert all(s.events == [] for s in listed)
+    everyone = {s.id for s in (await service.list_sessions(app_name=APP)).sessions}
+    assert {first.id, second.id, other.id} <= everyone
+
+
+async def test_delete_session_removes_it_and_deleting_again_is_harmless(service, user):
+    session = await service.create_session(app_name=APP, user_id=user)
+    await service.append_event(session, said("user", "bye"))
+    await service.delete_session(app_name=APP, user_id=user, session_id=session.id)
+    assert await service.get_session(app_name=APP, user_id=user, session_id=session.id) is None
+    assert (await service.list_sessions(app_name=APP, user_id=user)).sessions == []
+    await service.delete_session(app_name=APP, user_id=user, session_id=session.id)
+    with pytest.raises(SessionNotFoundError):
+        await service.append_event(session, said("user", "anyone there?"))
+
+
+async def test_appending_to_a_stale_session_raises_until_reloaded(service, user):
+    created = await service.create_session(app_name=APP, user_id=user)
+    mine = await service.get_session(app_name=APP, user_id=user, session_id=created.id)
+    theirs = await service.get_session(app_name=APP, user_id=user, session_id=created.id)
+    await service.append_event(theirs, said("user", "first"))
+    with pytest.raises(StaleSessionError):
+        await service.append_event(mine, said("user", "second"))
+    mine = await service.get_session(app_name=APP, user_id=user, session_id=created.id)
+    await service.append_event(mine, said("user", "second"))
+    # the writer's own session object follows its appends
+    await service.append_event(mine, said("user", "third"))
+    got = await service.get_session(app_name=APP, user_id=user, session_id=created.id)
+    assert texts(got.events) == ["first", "second", "third"]
+
+
+async def test_a_session_loaded_with_a_config_is_stale_after_another_append(service, user):
+    created = await service.create_session(app_name=APP, user_id=user)
+    await service.append_event(created, said("user", "one"))
+    window = await service.get_session(
+        app_name=APP, user_id=user, session_id=created.id, config=GetSessionConfig(num_recent_events=0)
+    )
+    await service.append_event(window, said("user", "two"))  # nothing newer than it was loaded at
+    with pytest.raises(StaleSessionError):  # "two" came after created's own append
+        await service.append_event(created, said("user", "three"))
+    current = await service.get_session(app_name=APP, user_id=user, session_id=created.id)
+    await service.append_event(current, said("user", "three"))
+    with pytest.raises(StaleSessionError):
+        await service.append_event(window, said("user", "four"))
+
+
+async def test_partial_events_are_not_stored(service, user):
+    session = await service.create_session(app_name=APP, user_id=user)
+    await service.append_event(session, said("agent", "strea", partial=True))
+    await service.append_event(session, said("agent", "streamed"))
+    got = await service.get_session(app_name=APP, user_id=user, session_id=session.id)
+    assert texts(got.events) == ["streamed"]
+
+
+# --- memq only -------------------------------------------------------------------------
+
+
+async def test_another_app_name_is_refused(memq, user):
+    service = MemqSessionService(memq)
+    with pytest.raises(ValueError, match="speaks for app"):
+        await service.create_session(app_name="other_app", user_id=user)
+
+
+async def test_adk_events_are_memq_events(memq, user):
+    """memq's own reads see an ADK conversation: history, context and search."""
+    service = MemqSessionService(memq)
+    session = await service.create_session(app_name=APP, user_id=user)
+    await service.append_event(session, said("user", "My sister Carla is allergic to peanuts."))
+    await service.append_event(session, said("helper", "Noted: no peanuts for Carla."))
+    hist = await memq.history(user, session.id)
+    assert [(e.event["author"], e.event["message"]["role"]) for e in hist.events] == [
+        ("user", "user"),
+        ("helper", "assistant"),
+    ]
+    ctx = await memq.context(user, session.id, format="openai")
+    assert [m["role"] for m in ctx.messages][-2:] == ["user", "assistant"]
+
+
+class ScriptedLlm(BaseLlm):
+    """A fake model: answers with how many contents it was sent and the last
+    user text, so the test sees what history the agent was given."""
+
+    async def generate_content_async(self, llm_request: LlmRequest, stream: bool = False):
+        last = llm_request.contents[-1].parts[0].text
+        yield LlmResponse(
+            content=types.Content(
+                role="model", parts=[types.Part(text=f"[{len(llm_request.contents)}] you said {last}")]
+            )
+        )
+
+
+async def test_a_runner_holds_a_multi_turn_conversation_on_memq(memq, user):
+    agent = LlmAgent(name="echo", model=ScriptedLlm(model="scripted"), instruction="Be brief.", output_key="last")
+    sessions, memory = MemqSessionService(memq), MemqMemoryService(memq, mode="keyword")
+    runner = Runner(app_name=APP, agent=agent, session_service=sessions, memory_service=memory)
+    session = await sessions.create_session(app_name=APP, user_id=user, state={"user:name": "Ann"})
+
+    replies = []
+    for text in ("hello", "pineapple pizza please", "thanks"):
+        message = types.Content(role="user", parts=[types.Part(text=text)])
+        async for event in runner.run_async(user_id=user, session_id=session.id, new_message=message):
+            if event.content and event.author == "echo":
+                replies.append(event.content.parts[0].text)
+    # Every turn the model saw the whole conversation so far, read back from memq.
+    assert replies == ["[1] you said hello", "[3] you said pineapple pizza please", "[5] you said thanks"]
+
+    stored = await sessions.get_session(app_name=APP, user_id=user, session_id=session.id)
+    assert [e.author for e in stored.events] == ["user", "echo"] * 3
+    assert mine(stored.state, user) == {"user:name": "Ann", "last": "[5] you said thanks"}
+
+    # Memory: the conversation is searchable (as the preload_memory tool would ask).
+    seq = memq.last_seq
+    await memq.search(user, "pizza", min_seq=seq)  # waits until indexed
+    found = await memory.search_memory(app_name=APP, user_id=user, query="pineapple pizza")
+    assert "pineapple pizza please" in texts_of(found)
+    assert all(m.custom_metadata["session_id"] == session.id for m in found.memories)
+
+
+def texts_of(found) -> list[str]:
+    return [m.content.parts[0].text for m in found.memories]
+
+
+async def test_memory_takes_sessions_of_another_session_service_once(memq, user):
+    other = InMemorySessionService()
+    session = await other.create_session(app_name=APP, user_id=user, session_id="elsewhere")
+    await other.append_event(session, said("user", "The boat is called Marigold."))
+    await other.append_event(session, said("agent", "A fine name.", actions=EventActions(state_delta={"user:x": 1})))
+    memory = MemqMemoryService(memq, mode="keyword")
+    await memory.add_session_to_memory(session)
+    await memory.add_session_to_memory(session)  # again: nothing twice
+    await memq.search(user, "x", min_seq=memq.last_seq)
+    found = await memory.search_memory(app_name=APP, user_id=user, query="Marigold boat")
+    assert texts_of(found).count("The boat is called Marigold.") == 1
+    hist = await memq.history(user, "elsewhere")
+    assert len(hist.events) == 2
+    assert mine(await memq.get_state(user), user) == {}  # content only: memory does not take the session's state
+
+    # and an InMemoryMemoryService over the same session finds the same event (ADK's reference)
+    reference = InMemoryMemoryService()
+    await reference.add_session_to_memory(session)
+    assert "The boat is called Marigold." in texts_of(
+        await reference.search_memory(app_name=APP, user_id=user, query="Marigold boat")
+    )
