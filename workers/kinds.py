@@ -9,7 +9,8 @@ log with, if any (for the consumer gauges). The process runtime
 here; none of them names a kind.
 
 ``KINDS`` is in start order: the kinds that write SQL and the index first,
-the query worker (which reads them) last.
+the query worker (which reads them) next, the HTTP gateway (which
+asks the query worker) last.
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ KINDS: dict[str, Kind] = {
             "memq.workers.query.service:QueryWorker",
             checks=("nats", "service", "database"),
             uses_sql=True,
+        ),
+        Kind(
+            "http",
+            "REST over the query service and the event log, an API key per app",
+            "memq.workers.http.gateway:HttpGateway",
+            checks=("nats", "http"),
         ),
     )
 }

@@ -63,10 +63,19 @@ def service(worker: Any) -> Check:
     return check
 
 
+def http(worker: Any) -> Check:
+    async def check() -> None:
+        if getattr(worker, "url", None) is None:
+            raise NotReady("the HTTP gateway is not serving")
+
+    return check
+
+
 CHECKS: dict[str, Callable[[Any], Check]] = {
     "nats": nats,
     "database": database,
     "consumer": consumer,
     "index": index,
     "service": service,
+    "http": http,
 }

@@ -322,6 +322,36 @@ class MetricsSettings(BaseModel):
     )
 
 
+class HttpAppSettings(BaseModel):
+    """One app of the HTTP gateway: its API key and the NATS user the
+    gateway acts as for it (``memq nats accounts`` makes one per app)."""
+
+    api_key: SecretStr = Field(description="the app's API key: `Authorization: Bearer <key>` or `X-API-Key`")
+    nats_user: str | None = Field(
+        default=None, description="the app's NATS user; default `app-<app>` when a password is known"
+    )
+    nats_password: SecretStr | None = Field(
+        default=None,
+        description="its password; unset: from http.accounts_file, else the gateway's own connection",
+    )
+
+
+class HttpSettings(BaseModel):
+    """The HTTP gateway (``memq worker http``, part of ``memq up``): REST over
+    the query service and the event log, one API key per app."""
+
+    host: str = Field(default="127.0.0.1", description="0.0.0.0 to serve other hosts (then set API keys)")
+    port: int = Field(default=8480, ge=0, le=65535, description="0: any free port (written to <data_dir>/run/http.url)")
+    apps: dict[str, HttpAppSettings] = Field(
+        default_factory=dict,
+        description="app id -> its API key (and NATS user); none: a loopback-only gateway that needs no key",
+    )
+    accounts_file: Path | None = Field(
+        default=None,
+        description="the secrets file of `memq nats accounts`: the gateway connects as each app's own NATS user",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="MEMQ_",
@@ -344,6 +374,7 @@ class Settings(BaseSettings):
     recall: RecallSettings = RecallSettings()
     summarizer: SummarizerSettings = SummarizerSettings()
     metrics: MetricsSettings = MetricsSettings()
+    http: HttpSettings = HttpSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -1,0 +1,436 @@
+"""The REST routes of the HTTP gateway (FastAPI), in the shape of ADK's and
+Hector's session endpoints: ``/v1/apps/{app}/users/{user}/sessions/{session}``
+with its ``events``, ``history``, ``context`` and ``state``, plus ``search``.
+
+Each route is one :class:`~memq.contracts.client.MemoryClient` call of the
+app the path names, after its API key is checked (:mod:`.keys`): reads are
+requests to the query service, writes are publishes to the event log, so
+the gateway adds HTTP and nothing else. Paged reads (a session's events,
+history, context) answer one page of the query service's and its
+``next_cursor``; ask again with ``cursor=`` for the next. Writes answer
+``202`` with the stream sequence; a read given ``min_seq=`` that sequence
+sees the write (read-your-writes, as every memq read).
+
+Every error is ``{"error": {"code", "message"}}``: 401 (no or unknown key),
+403 (another app's key, or refused by NATS), 404, 409 (``min_seq`` not
+committed in time), 413, 422 (bad input), 503 (no query service, NATS
+away), 500.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations
+# at run time, and `Client` is local to build_api.
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from memq.contracts.client import MemoryClient, event_filters
+from memq.contracts.errors import InvalidRequest, MemqError
+from memq.contracts.queries import (
+    ContextFormat,
+    ContextView,
+    HistoryView,
+    SearchMode,
+    SearchResults,
+    SessionsPage,
+    SessionView,
+    StateView,
+    StrategyName,
+)
+from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp
+from memq.workers.http.models import (
+    Accepted,
+    Appended,
+    ErrorBody,
+    EventsPage,
+    NewEvents,
+    NewSession,
+    SessionCreated,
+    StateChange,
+)
+
+API_VERSION = "1"
+Role = Literal["user", "assistant", "system", "tool"]
+
+# memq's error codes as HTTP statuses; anything else is a 500.
+STATUS = {
+    "invalid_id": 422,
+    "invalid_message": 422,
+    "invalid_request": 422,
+    "unsupported_version": 422,
+    "subject_mismatch": 422,
+    "template_key_missing": 422,
+    "oversize": 413,
+    "not_found": 404,
+    "forbidden": 403,
+    "not_committed": 409,
+    "unavailable": 503,
+    "publish_failed": 503,
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": what}
+    for status, what in (
+        (401, "no API key, or an unknown one"),
+        (403, "the key is another app's, or NATS refused the app's request"),
+        (404, "no such session"),
+        (409, "min_seq was not committed in time: retry"),
+        (422, "bad input: the message says which field"),
+        (503, "the query service or NATS is unavailable: retry"),
+    )
+}
+
+# --- parameters shared by routes ------------------------------------------------
+
+App = Annotated[str, Path(description="the app id (the API key must be this app's)")]
+User = Annotated[str, Path(description="the user id")]
+Session = Annotated[str, Path(description="the session id")]
+MinSeq = Annotated[
+    int | None,
+    Query(ge=1, description="answer once this stream sequence (a write's `seq`) is committed: read-your-writes"),
+]
+Cursor = Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page")]
+After = Annotated[float | None, Query(description="only events whose timestamp is later (unix seconds)")]
+Roles = Annotated[list[Role], Query(description="only events with these message roles (repeat the parameter)")]
+StrategyKind = Annotated[StrategyName | None, Query(description="working-memory strategy; default: the app's")]
+Budget = Annotated[int | None, Query(ge=1, le=10_000_000, description="token budget; default: the app's")]
+Window = Annotated[int | None, Query(ge=1, le=100_000, description="buffer_window: last N messages")]
+Turns = Annotated[int | None, Query(ge=1, le=100_000, description="buffer_window: last N user turns")]
+Model = Annotated[str | None, Query(max_length=128, description="count tokens as this model; default: the app's")]
+
+
+def _strategy(kind: str | None, budget: int | None, window: int | None, turns: int | None) -> dict | None:
+    spec = {
+        k: v for k, v in (("kind", kind), ("budget", budget), ("window", window), ("turns", turns)) if v is not None
+    }
+    return spec or None
+
+
+def _json(model: BaseModel, status: int = 200) -> Response:
+    # Serialized once, as the model says; FastAPI would validate it again first.
+    return Response(model.model_dump_json(), status_code=status, media_type="application/json")
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = ErrorBody.model_validate({"error": {"code": code, "message": message}})
+    return Response(body.model_dump_json(), status_code=status, media_type="application/json", headers=headers)
+
+
+class ContextBody(BaseModel):
+    """A context request in a body (long instructions and messages do not fit a URL)."""
+
+    strategy: StrategyName | None = None
+    budget: int | None = None
+    window: int | None = None
+    turns: int | None = None
+    model: str | None = None
+    format: ContextFormat = "memq"
+    instruction: str | None = None
+    recall_limit: int = 20
+    message: str | None = None
+    cursor: str | None = None
+    min_seq: int | None = None
+
+
+def build_api(keyring: Keyring, client_for: Callable[[str], MemoryClient]) -> FastAPI:
+    """The gateway's FastAPI app: ``client_for(app)`` gives the client of an
+    app whose key was checked (see :mod:`.clients`)."""
+    api = FastAPI(
+        title="memq HTTP gateway",
+        version=API_VERSION,
+        summary="Sessions, events, history, context, search and state of memq over HTTP",
+        description=(__doc__ or "").split("\n\n", 1)[1],
+        openapi_url="/openapi.json",
+        docs_url="/docs",
+        redoc_url=None,
+        responses=_ERRORS,
+    )
+    bearer = HTTPBearer(auto_error=False, description="the app's API key as a bearer token")
+    header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the app's API key")
+
+    def client(
+        app: App,
+        token: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+        key: Annotated[str | None, Depends(header)],
+    ) -> MemoryClient:
+        keyring.authorize(app, token.credentials if token is not None else key)
+        return client_for(app)
+
+    Client = Annotated[MemoryClient, Depends(client)]
+
+    @api.exception_handler(MemqError)
+    async def memq_error(request: Request, exc: MemqError) -> Response:
+        status = STATUS.get(exc.code, 500)
+        return _error(status, exc.code, exc.message, {"Retry-After": "1"} if status in (409, 503) else None)
+
+    @api.exception_handler(Unauthenticated)
+    async def unauthenticated(request: Request, exc: Unauthenticated) -> Response:
+        return _error(401, "unauthenticated", str(exc), {"WWW-Authenticate": "Bearer"})
+
+    @api.exception_handler(WrongApp)
+    async def wrong_app(request: Request, exc: WrongApp) -> Response:
+        return _error(403, "not_allowed", str(exc))
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> Response:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3]
+        )  # loc: ("query", "limit"), ("body", "events", 0, …)
+        return _error(422, InvalidRequest.code, problems or "invalid request")
+
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
+        return _error(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
+
+    base = "/v1/apps/{app}/users/{user}"
+    session_path = base + "/sessions/{session}"
+
+    # --- sessions -------------------------------------------------------------
+
+    @api.get("/v1/apps/{app}/sessions", response_model=SessionsPage, tags=["sessions"])
+    async def list_app_sessions(
+        client: Client,
+        user: Annotated[str | None, Query(description="only this user's sessions")] = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: Cursor = None,
+        min_seq: MinSeq = None,
+    ) -> Response:
+        """A page of the app's sessions (of every user, or one), most recently updated first."""
+        return _json(await client.list_sessions(user, limit=limit, cursor=cursor, min_seq=min_seq))
+
+    @api.get(base + "/sessions", response_model=SessionsPage, tags=["sessions"])
+    async def list_sessions(
+        client: Client,
+        user: User,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: Cursor = None,
+        min_seq: MinSeq = None,
+    ) -> Response:
+        """A page of a user's sessions, most recently updated first; `next_cursor` asks for the next."""
+        return _json(await client.list_sessions(user, limit=limit, cursor=cursor, min_seq=min_seq))
+
+    @api.post(base + "/sessions", response_model=SessionCreated, status_code=201, tags=["sessions"])
+    async def create_session(client: Client, user: User, body: NewSession) -> Response:
+        """Create a session (stored once the persistence worker commits `seq`)."""
+        ref = await client.create_session(user, body.session_id, body.state)
+        return _json(SessionCreated(app=ref.app, user=ref.user, session=ref.session, seq=ref.seq), 201)
+
+    @api.get(session_path, response_model=SessionView, tags=["sessions"])
+    async def get_session(
+        client: Client,
+        user: User,
+        session: Session,
+        events: Annotated[bool, Query(description="include the events (one page of them)")] = False,
+        num_recent_events: Annotated[int | None, Query(ge=0, le=100_000)] = None,
+        after_seq: Annotated[int | None, Query(ge=0)] = None,
+        after: After = None,
+        roles: Roles = [],  # noqa: B006 - FastAPI copies a parameter's default per request
+        cursor: Cursor = None,
+        min_seq: MinSeq = None,
+    ) -> Response:
+        """A session with its merged state; with `events`, one page of its events (`next_cursor`)."""
+        wants_events = events or num_recent_events is not None or after_seq is not None or after is not None or roles
+        view = await client.page(
+            "session.get",
+            min_seq=min_seq,
+            user=user,
+            session=session,
+            events=bool(wants_events),
+            num_recent_events=num_recent_events,
+            after_seq=after_seq,
+            cursor=cursor,
+            **event_filters(after, roles),
+        )
+        return _json(view)
+
+    @api.delete(session_path, response_model=Accepted, status_code=202, tags=["sessions"])
+    async def delete_session(client: Client, user: User, session: Session) -> Response:
+        """Delete a session everywhere (SQL, index, cache, stream, artifacts), in stream order."""
+        return _json(Accepted(seq=await client.delete_session(user, session)), 202)
+
+    # --- events -------------------------------------------------------------------
+
+    @api.get(session_path + "/events", response_model=EventsPage, tags=["events"])
+    async def list_events(
+        client: Client,
+        user: User,
+        session: Session,
+        after_seq: Annotated[int | None, Query(ge=0, description="only events after this sequence")] = None,
+        after: After = None,
+        roles: Roles = [],  # noqa: B006
+        cursor: Cursor = None,
+        min_seq: MinSeq = None,
+    ) -> Response:
+        """One page of a session's events, oldest first; `next_cursor` asks for the next."""
+        view = await client.page(
+            "session.get",
+            min_seq=min_seq,
+            user=user,
+            session=session,
+            events=True,
+            after_seq=after_seq,
+            cursor=cursor,
+            **event_filters(after, roles),
+        )
+        return _json(EventsPage(events=view.events or [], next_cursor=view.next_cursor))
+
+    @api.post(session_path + "/events", response_model=Appended, status_code=202, tags=["events"])
+    async def append_events(client: Client, user: User, session: Session, body: NewEvents) -> Response:
+        """Append events in order; each is in the log once JetStream has stored it."""
+        seqs = await client.append_many(user, session, body.events)
+        return _json(Appended(seq=max(seqs), seqs=seqs), 202)
+
+    # --- working memory -----------------------------------------------------------
+
+    @api.get(session_path + "/history", response_model=HistoryView, tags=["memory"])
+    async def history(
+        client: Client,
+        user: User,
+        session: Session,
+        strategy: StrategyKind = None,
+        budget: Budget = None,
+        window: Window = None,
+        turns: Turns = None,
+        model: Model = None,
+        after: After = None,
+        roles: Roles = [],  # noqa: B006
+        cursor: Cursor = None,
+        min_seq: MinSeq = None,
+    ) -> Response:
+        """A session's events as a working-memory strategy keeps them, with token counts (one page)."""
+        view = await client.page(
+            "history",
+            min_seq=min_seq,
+            user=user,
+            session=session,
+            strategy=_strategy(strategy, budget, window, turns),
+            model=model,
+            cursor=cursor,
+            **event_filters(after, roles),
+        )
+        return _json(view)
+
+    async def _context(client: MemoryClient, user: str, session: str, q: ContextBody) -> Response:
+        view: ContextView = await client.page(
+            "context",
+            min_seq=q.min_seq,
+            user=user,
+            session=session,
+            strategy=_strategy(q.strategy, q.budget, q.window, q.turns),
+            model=q.model,
+            format=q.format,
+            instruction=q.instruction,
+            recall_limit=q.recall_limit,
+            message=q.message,
+            cursor=q.cursor,
+        )
+        return _json(view)
+
+    @api.get(session_path + "/context", response_model=ContextView, tags=["memory"])
+    async def context(
+        client: Client,
+        user: User,
+        session: Session,
+        strategy: StrategyKind = None,
+        budget: Budget = None,
+        window: Window = None,
+        turns: Turns = None,
+        model: Model = None,
+        format: Annotated[ContextFormat, Query(description="`memq` or `openai` (chat messages)")] = "memq",
+        instruction: Annotated[str | None, Query(description="system instruction template, from state")] = None,
+        recall_limit: Annotated[int, Query(ge=0, le=100, description="long-term memories to recall")] = 20,
+        message: Annotated[str | None, Query(description="a user message not stored yet")] = None,
+        cursor: Cursor = None,
+        min_seq: MinSeq = None,
+    ) -> Response:
+        """What to send to the model: recalled memories, summary and recent window within the budget (one page)."""
+        q = ContextBody(
+            strategy=strategy,
+            budget=budget,
+            window=window,
+            turns=turns,
+            model=model,
+            format=format,
+            instruction=instruction,
+            recall_limit=recall_limit,
+            message=message,
+            cursor=cursor,
+            min_seq=min_seq,
+        )
+        return await _context(client, user, session, q)
+
+    @api.post(session_path + "/context", response_model=ContextView, tags=["memory"])
+    async def context_from_body(client: Client, user: User, session: Session, body: ContextBody) -> Response:
+        """The same as GET, its parameters in a JSON body (for long instructions and messages)."""
+        return await _context(client, user, session, body)
+
+    @api.get(base + "/search", response_model=SearchResults, tags=["memory"])
+    async def search(
+        client: Client,
+        user: User,
+        q: Annotated[str, Query(min_length=1, max_length=8192, description="what to look for")],
+        session: Annotated[str | None, Query(description="only this session")] = None,
+        mode: Annotated[SearchMode, Query()] = "hybrid",
+        k: Annotated[int, Query(ge=1, le=100)] = 10,
+        authors: Annotated[list[str], Query(description="only these authors")] = [],  # noqa: B006
+        roles: Annotated[list[Literal[Role, "summary"]], Query()] = [],  # noqa: B006
+        since: Annotated[float | None, Query(description="timestamp >= since")] = None,
+        until: Annotated[float | None, Query(description="timestamp < until")] = None,
+        alpha: Annotated[float | None, Query(ge=0, le=1, description="hybrid: weight of the vector side")] = None,
+        min_seq: Annotated[int | None, Query(ge=1, description="answer once this sequence is indexed")] = None,
+    ) -> Response:
+        """Search the user's long-term memory (all their sessions, or one), best first."""
+        results = await client.search(
+            user,
+            q,
+            session=session,
+            mode=mode,
+            k=k,
+            authors=authors,
+            roles=roles,
+            since=since,
+            until=until,
+            alpha=alpha,
+            min_seq=min_seq,
+        )
+        return _json(results)
+
+    # --- state --------------------------------------------------------------------
+
+    async def _change_state(client: MemoryClient, user: str, session: str | None, body: StateChange) -> Response:
+        if not body.set and not body.delete:
+            raise InvalidRequest("nothing to change: give `set`, `delete` or both")
+        if both := sorted(set(body.set) & set(body.delete)):
+            raise InvalidRequest(f"keys both set and deleted: {both}")
+        seq = 0
+        if body.delete:  # deletes and sets apply in stream order; no key is in both
+            seq = await client.delete_state(user, body.delete, session=session)
+        if body.set:
+            seq = await client.set_state(user, body.set, session=session)
+        return _json(Accepted(seq=seq), 202)
+
+    @api.get(base + "/state", response_model=StateView, tags=["state"])
+    async def user_state(client: Client, user: User, min_seq: MinSeq = None) -> Response:
+        """The user's and the app's state (`user:` and `app:` keys)."""
+        return _json(StateView(state=await client.get_state(user, min_seq=min_seq)))
+
+    @api.patch(base + "/state", response_model=Accepted, status_code=202, tags=["state"])
+    async def change_user_state(client: Client, user: User, body: StateChange) -> Response:
+        """Set and delete `user:`, `app:` and `temp:` keys outside any session."""
+        return await _change_state(client, user, None, body)
+
+    @api.get(session_path + "/state", response_model=StateView, tags=["state"])
+    async def session_state(client: Client, user: User, session: Session, min_seq: MinSeq = None) -> Response:
+        """The merged state a session sees (its keys, then `user:` and `app:` keys)."""
+        return _json(StateView(state=await client.get_state(user, session, min_seq=min_seq)))
+
+    @api.patch(session_path + "/state", response_model=Accepted, status_code=202, tags=["state"])
+    async def change_session_state(client: Client, user: User, session: Session, body: StateChange) -> Response:
+        """Set and delete a session's state keys (prefixed keys reach the user's or the app's state)."""
+        return await _change_state(client, user, session, body)
+
+    return api

@@ -1,0 +1,150 @@
+"""The HTTP gateway kind (``memq worker http``, part of ``memq up``): the REST
+API of :mod:`.api` served by uvicorn inside the worker process, on the
+process's NATS connection (or each app's own: :mod:`.clients`).
+
+Why plain FastAPI and not FastStream's FastAPI integration
+(``faststream.nats.fastapi.NatsRouter``): that router brings a broker of its
+own, one connection with one NATS identity, and its lifespan connects it.
+The gateway needs one identity *per app* (an app's key must reach NATS as
+that app's user, so NATS itself fences it), the process already has its
+broker and lifecycle (:mod:`memq.workers.app`), and the routes want
+:class:`~memq.contracts.client.MemoryClient` (typed errors, pages, the
+publish path of every other client) rather than bare ``broker.request``
+calls. So the component keeps the lifecycle of every kind (open, start,
+stop) and serves the FastAPI app with a uvicorn ``Server`` on a socket it
+binds itself: a taken port fails the start with a clear error instead of
+uvicorn's ``sys.exit``, and port 0 picks a free one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import uvicorn
+from faststream.nats import NatsRouter
+from nats.aio.client import Client as NATS
+
+from memq.workers.http.api import build_api
+from memq.workers.http.clients import AppClients
+from memq.workers.http.keys import Keyring, check_open_is_local
+from memq.workers.opened import opened
+from memq.workers.settings import Settings
+
+if TYPE_CHECKING:
+    from memq.workers.app import Resources
+
+log = logging.getLogger("memq.http")
+
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 5  # requests still open then are cut: the process is stopping
+
+
+class HttpPortTaken(OSError):
+    """The gateway's port is taken (another program, another `memq up`)."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the process owns SIGINT/SIGTERM
+    and stops every component, this one included, in order."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (0: any free port).
+
+    :raises HttpPortTaken: the port is in use, saying how to pick another.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise HttpPortTaken(
+            f"the HTTP gateway cannot listen on {host}:{port} ({exc.strerror or exc}): another program listens "
+            "there; pick another port with MEMQ_HTTP__PORT (0: any free port)"
+        ) from None
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+class HttpGateway:
+    """The http component of a worker process (:mod:`memq.workers.app`)."""
+
+    KIND = "http"
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.keyring = Keyring.from_settings(settings.http)
+        check_open_is_local(self.keyring, settings.http.host)  # before anything starts
+        self.nc: NATS | None = None
+        self.clients: AppClients | None = None
+        self.url: str | None = None  # once serving
+        self._server: _Server | None = None
+        self._serving: asyncio.Task | None = None
+
+    def router(self) -> NatsRouter:
+        """No subscribers: the gateway only sends (requests and publishes)."""
+        return NatsRouter()
+
+    async def open(self, nc: NATS, resources: Resources) -> None:
+        self.nc = nc
+        self.clients = AppClients(self.settings, nc)
+        await self.clients.open()
+
+    async def start(self) -> None:
+        clients = opened(self.clients, "the gateway's clients")
+        api = build_api(self.keyring, clients.get)
+        http = self.settings.http
+        sock = bind(http.host, http.port)
+        config = uvicorn.Config(
+            api,
+            lifespan="off",  # the process's lifecycle opens and closes what the routes use
+            log_config=None,  # keep memq's logging as it is
+            access_log=False,
+            timeout_graceful_shutdown=STOP_TIMEOUT_S,
+        )
+        self._server = _Server(config)
+        self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name="http gateway")
+        deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
+        while not self._server.started:
+            if self._serving.done():
+                self._serving.result()  # raises why it stopped
+                raise RuntimeError("the HTTP gateway stopped while starting")
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"the HTTP gateway did not start within {START_TIMEOUT_S:g}s")
+            await asyncio.sleep(0.01)
+        host, port = sock.getsockname()[:2]
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+        self._write_url_file()
+        log.info("HTTP gateway on %s (%s)", self.url, "open: no API keys" if self.keyring.open else "API keys")
+
+    def _write_url_file(self) -> None:
+        # Beside nats.url: what `memq up`'s users (and tests) read to find the gateway.
+        run_dir = self.settings.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "http.url").write_text(self.url or "")
+
+    async def stop(self) -> None:
+        if self._server is not None and self._serving is not None:
+            self._server.should_exit = True
+            try:
+                await asyncio.wait_for(self._serving, STOP_TIMEOUT_S + 2)
+            except Exception:
+                log.exception("the HTTP gateway did not stop cleanly")
+            with contextlib.suppress(OSError):
+                (self.settings.run_dir / "http.url").unlink()
+        self._server = self._serving = None
+        if self.clients is not None:
+            await self.clients.close()
+            self.clients = None

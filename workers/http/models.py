@@ -1,0 +1,72 @@
+"""What the HTTP gateway takes and answers beyond the query service's own
+reply models (:mod:`memq.contracts.queries`, served as they are)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from memq.contracts.queries import StoredEvent
+from memq.contracts.schemas import Event, SessionId
+
+MAX_EVENTS_PER_APPEND = 1000
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NewSession(_Body):
+    session_id: SessionId | None = Field(default=None, description="default: a new time-ordered id")
+    state: dict[str, Any] = Field(
+        default_factory=dict, description="initial state; keys may carry `user:`, `app:` or `temp:` prefixes"
+    )
+
+
+class NewEvents(_Body):
+    events: list[Event] = Field(
+        min_length=1,
+        max_length=MAX_EVENTS_PER_APPEND,
+        description="appended in this order (an event's `id` makes a retry a no-op)",
+    )
+
+
+class StateChange(_Body):
+    set: dict[str, Any] = Field(default_factory=dict, description="keys to set (a delta)")
+    delete: list[str] = Field(default_factory=list, max_length=1000, description="keys to delete")
+
+
+class SessionCreated(BaseModel):
+    app: str
+    user: str
+    session: str
+    seq: int = Field(description="stream sequence of the creation: `min_seq` of a read that must see it")
+
+
+class Accepted(BaseModel):
+    """A write JetStream has stored: the workers apply it in stream order."""
+
+    seq: int = Field(description="stream sequence of the (last) message: `min_seq` of a read that must see it")
+
+
+class Appended(Accepted):
+    seqs: list[int] = Field(description="each event's stream sequence, in input order")
+
+
+class EventsPage(BaseModel):
+    """One page of a session's events, oldest first."""
+
+    events: list[StoredEvent]
+    next_cursor: str | None = Field(default=None, description="ask again with `cursor=` this for the next page")
+
+
+class ErrorInfo(BaseModel):
+    code: str = Field(description="stable: memq's error codes, plus `unauthenticated` and `not_allowed`")
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error the gateway answers."""
+
+    error: ErrorInfo
