@@ -2,7 +2,7 @@
 
 One typer app (:mod:`.common`); each module adds its commands to it:
 :mod:`.run` (up, worker, init, demo, config), :mod:`.reads` (sessions,
-history, context, search), :mod:`.ops` (index, status, dlq),
+history, context, search), :mod:`.ops` (index, status, dlq), :mod:`.transfer` (export, import),
 :mod:`.accounts` (nats accounts) and :mod:`.asyncapi` (the AsyncAPI document).
 """
 
@@ -12,7 +12,7 @@ from memq.workers.cli.common import app
 
 # Imported in this order, which is the order of `memq --help` (an import
 # sorter would reorder plain import lines).
-for _module in ("run", "reads", "ops", "accounts", "asyncapi"):
+for _module in ("run", "reads", "ops", "transfer", "accounts", "asyncapi"):
     importlib.import_module(f"{__name__}.{_module}")
 
 from memq.workers.cli.run import WorkerKind  # noqa: E402 (after the commands are registered)
