@@ -304,3 +304,7 @@ async def test_context_recalls_memories_from_other_sessions(nats_url, sqlite_url
             )
             assert ctx.messages[-1] == {"role": "user", "content": "Where do I work again?"}
             assert "nurse" in ctx.messages[0]["content"]
+            assert ", Alice] I work as a nurse" in ctx.messages[0]["content"]  # who said it, with the date
+            # the recall share is the app's default unless the request names one
+            ctx = await client.context("alice", "new", strategy={"recall_share": 0.9})
+            assert ctx.context["strategy"]["recall_share"] == 0.9 and ctx.context["recalled"]
