@@ -302,6 +302,32 @@ class SummarizerSettings(BaseModel):
     llm: LLMSettings = LLMSettings()
 
 
+class ExpirySettings(BaseModel):
+    """Session expiry: a session idle (no write) for longer than its app's TTL
+    is deleted everywhere, as `delete_session` deletes it. Off by default."""
+
+    session_ttl_s: float | None = Field(
+        default=None, gt=0, description="idle time after which a session is deleted; unset: sessions never expire"
+    )
+    apps: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="per-app TTL in seconds, over session_ttl_s; null: this app's sessions never expire",
+    )
+    sweep_interval_s: float = Field(default=60.0, gt=0, description="how often idle sessions are looked for")
+    max_per_sweep: int = Field(default=1000, ge=1, description="sessions deleted per sweep at most (the rest next)")
+    lease_ttl_s: float = Field(
+        default=30.0, gt=0, description="one sweeper at a time: a crashed sweeper's lease is free after this"
+    )
+
+    def ttl_for(self, app: str) -> float | None:
+        """The idle TTL of ``app``'s sessions (None: they never expire)."""
+        return self.apps[app] if app in self.apps else self.session_ttl_s
+
+    @property
+    def enabled(self) -> bool:
+        return self.session_ttl_s is not None or any(ttl is not None for ttl in self.apps.values())
+
+
 class MetricsSettings(BaseModel):
     """Prometheus metrics and health probes over HTTP (``workers/health.py``):
     GET /metrics, /healthz (liveness), /readyz (readiness), one server per process."""
@@ -374,6 +400,7 @@ class Settings(BaseSettings):
     recall: RecallSettings = RecallSettings()
     summarizer: SummarizerSettings = SummarizerSettings()
     metrics: MetricsSettings = MetricsSettings()
+    expiry: ExpirySettings = ExpirySettings()
     http: HttpSettings = HttpSettings()
 
     @classmethod

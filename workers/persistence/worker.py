@@ -54,6 +54,7 @@ from memq.workers.consumer import BatchConsumer
 from memq.workers.dlq import DeadLetters
 from memq.workers.memory.commit_plan import Incoming
 from memq.workers.opened import opened
+from memq.workers.persistence.expiry import SessionSweeper
 from memq.workers.persistence.store import CommitResult, SqlStore
 from memq.workers.settings import Settings
 
@@ -94,6 +95,7 @@ class PersistenceWorker:
         self._finished: list[int] = []  # stream sequences acked in the batch in hand
         self._changed: list[CommitNotice] = []  # what the batch in hand changed (its commit notices)
         self.committed = 0  # messages committed by this process (for status and tests)
+        self.sweeper: SessionSweeper | None = None  # session expiry, when configured
 
     @property
     def engine(self) -> AsyncEngine:
@@ -172,11 +174,17 @@ class PersistenceWorker:
         self.service = await add_service(
             self._nats, name="memq-persistence", version="0.1.0", description="memq: commits the event log to SQL"
         )
+        if s.expiry.enabled:  # why here and not in another kind: see expiry.py
+            self.sweeper = SessionSweeper(s, self._nats, self.engine)
+            self.sweeper.start()
         log.info("persistence worker started (durable %s)", s.persistence.durable)
 
     async def stop(self) -> None:
         """Finish and ack the batch in hand; the process then drains the
         connection (acks and notices go out) and disposes of the engine."""
+        if self.sweeper is not None:
+            await self.sweeper.stop()
+            self.sweeper = None
         if self.service is not None:
             await self.service.stop()
             self.service = None
