@@ -158,12 +158,12 @@ class MemqChatMessageHistory(BaseChatMessageHistory):
 
     async def aget_messages(self) -> list[BaseMessage]:
         self._remember_loop()
-        if self.context:
-            ctx = await self.client.context(
-                self.user, self.session, format="openai", strategy=self.strategy, instruction=self.instruction
-            )
-            return convert_to_messages(ctx.messages)
         try:
+            if self.context:
+                ctx = await self.client.context(
+                    self.user, self.session, format="openai", strategy=self.strategy, instruction=self.instruction
+                )
+                return convert_to_messages(ctx.messages)
             view = await self.client.get_session(self.user, self.session, events=True)
         except NotFound:  # nothing said yet
             return []

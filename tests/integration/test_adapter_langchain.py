@@ -131,5 +131,6 @@ async def test_context_option_returns_the_budgeted_context(memq, user):
     assert isinstance(window[0], SystemMessage) and window[0].content == "Be brief."
     assert 1 < len(window) < 40
     assert window[-1].content == "reply 39"  # the newest turns are kept
+    assert await MemqChatMessageHistory(memq, user, "not-yet", context=True).aget_messages() == []
     ctx = await memq.context(user, "long", strategy={"kind": "token_window", "budget": 300})
     assert ctx.tokens["total"] <= 300
