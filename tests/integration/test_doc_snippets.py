@@ -100,7 +100,8 @@ def test_the_stack_runs_as_the_docs_say():
 
 def memq_env(data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
-    return {**env, "MEMQ_DATA_DIR": str(data_dir), "MEMQ_LOG_LEVEL": "WARNING", **extra}
+    # the HTTP gateway of `memq up` on any free port: test runs side by side do not collide
+    return {**env, "MEMQ_DATA_DIR": str(data_dir), "MEMQ_LOG_LEVEL": "WARNING", "MEMQ_HTTP__PORT": "0", **extra}
 
 
 @dataclass

@@ -337,7 +337,10 @@ async def test_summarizer_reports_summary_latency_and_outcomes(nats_url, sqlite_
 
 def memq_env(settings: Settings | None, data_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
-    env.update({"MEMQ_DATA_DIR": str(data_dir), "MEMQ_LOG_LEVEL": "WARNING", "COLUMNS": "200", **extra})
+    # the HTTP gateway of `memq up` on any free port: test runs side by side do not collide
+    env.update(
+        {"MEMQ_DATA_DIR": str(data_dir), "MEMQ_LOG_LEVEL": "WARNING", "COLUMNS": "200", "MEMQ_HTTP__PORT": "0", **extra}
+    )
     if settings is not None:
         env.update(MEMQ_NATS__URL=settings.nats.url, MEMQ_DATABASE__URL=settings.database_url())
     return env
