@@ -3,7 +3,7 @@ pyproject.toml ([tool.importlinter]):
 
 - ``contracts`` (what an agent installs) never imports ``workers``;
 - ``workers/memory/`` is pure: no I/O package, not even through another module;
-- the worker kinds (persistence, indexing, summarizer, query) are peers: none
+- the worker kinds (persistence, indexing, summarizer, query, http) are peers: none
   imports another, directly or through a shared module;
 - no import cycle among the modules and packages of any one package.
 
@@ -90,7 +90,7 @@ def test_every_rule_is_configured():
 # --- the same contracts on a synthetic memq ---------------------------------------
 
 FAKE = "fakeq"
-KINDS = ("persistence", "indexing", "summarizer", "query")
+KINDS = ("persistence", "indexing", "summarizer", "query", "http")
 
 # A clean tree shaped like memq: contracts, pure memory, SQL, four worker kinds.
 CLEAN = {
