@@ -325,8 +325,8 @@ def rank(
         keys = [(h.doc.session, h.doc.id) for h in hits]
         scores = [h.score for h in hits]
         if normalise:
-            normal = _normalised(zip(range(len(hits)), scores, strict=True))
-            scores = [normal.get(i, 0.0) for i in range(len(hits))]
+            normal = _normalised((str(i), s) for i, s in enumerate(scores))
+            scores = [normal.get(str(i), 0.0) for i in range(len(hits))]  # NaN: 0
         for key, h, score in zip(keys, hits, scores, strict=True):
             if h.doc.author in named:
                 score += ranking.author_boost
