@@ -734,7 +734,7 @@ class MemoryClient:
         return chat
 
     async def page(self, op: str, *, min_seq: int | None = None, **fields: Any) -> Any:
-        """One reply of query ``op`` (a key of :data:`memq.contracts.queries.OPS`)
+        """One reply of query ``op`` (a key of ``OPS`` in :mod:`memq.contracts.queries`)
         as the service sends it, typed: for a paged op (``session.get``,
         ``history``, ``context``) one page, whose ``next_cursor`` asks for the
         next (``cursor=``). For callers that relay pages rather than join
