@@ -56,7 +56,7 @@ async def idle_sessions(
                 .order_by(s.updated_at, s.key)
                 .limit(limit - len(found))
             )
-            found.extend(tuple(row) for row in (await conn.execute(q)).all())  # type: ignore[misc]
+            found.extend(tuple(row) for row in (await conn.execute(q)).all())
     return found
 
 
