@@ -213,7 +213,7 @@ async def _artifacts(conn: AsyncConnection, key: str, ids: dict[str, str]) -> As
         conn, q, (a.seq,), ARTIFACT_PAGE
     ):
         # A large artifact is a reference into the source's object store: the
-        # reference is exported, not the object (see docs/guide/export.md).
+        # reference is exported, not the object (docs/guide/export.md says so).
         ref = None if inline is not None else ObjectRef(bucket=bucket, name=name, size=size, sha256=sha)
         message = ArtifactSaved(
             **ids, id=artifact_id, filename=filename, mime_type=mime, inline=inline, object=ref, timestamp=created
