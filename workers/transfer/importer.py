@@ -132,7 +132,7 @@ def check_file(path: Path) -> Checked:
     elif footer is None:
         bad(BadLine(last, "no footer after the last line: the export is incomplete (truncated?)"))
     elif footer.records != checked.records:
-        bad(BadLine(last, f"the footer counts {footer.records} records, the file holds {checked.records}"))
+        bad(BadLine(footer.lineno, f"the footer counts {footer.records} records, the file holds {checked.records}"))
     return checked
 
 
