@@ -79,7 +79,12 @@ def test_up_then_demo_beside_it_needs_no_flags(memq_up):
     url = memq_up.start()
     log = memq_up.log.read_text()
     ready = log.index("memq ready:")
-    assert f"memq ready: NATS {url}, data {memq_up.data_dir}, workers persistence, indexing, summarizer, query" in log
+    http_url = (memq_up.data_dir / "run" / "http.url").read_text().strip()
+    assert http_url.startswith("http://127.0.0.1:")
+    assert (
+        f"memq ready: NATS {url}, HTTP {http_url}, data {memq_up.data_dir}, "
+        "workers persistence, indexing, summarizer, query, http"
+    ) in log
     assert "memq demo" not in log[:ready]  # not suggested before the workers run
     assert log.index("starting the query worker") < log.index("query worker started") < ready
     assert log.index("indexing worker started") < ready  # its index prepared in the background: search answers

@@ -28,6 +28,7 @@ import pytest
 ROOT = Path(__file__).parents[2]
 MEMQ = Path(sys.prefix) / "bin" / "memq"
 DOC_URL = "nats://127.0.0.1:4222"  # what snippets connect to: `memq up`'s default
+DOC_HTTP_URL = "http://127.0.0.1:8480"  # the HTTP gateway's default, replaced by the stack's
 SKIP = re.compile(r"^<!--\s*snippet:\s*skip\s*\((?P<reason>[^)]+)\)\s*-->$")
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```\s*$", re.M | re.S)
 # memq commands a bash snippet may run beside the stack: quick, and they do not stop it
@@ -148,7 +149,8 @@ def test_python_snippet_runs(snippet: Snippet, stack: Stack, tmp_path: Path):
         f"{snippet.id}: connect to {DOC_URL} (the test puts the stack's URL there)"
     )
     program = tmp_path / "snippet.py"
-    program.write_text(snippet.code.replace(DOC_URL, stack.url))
+    http_url = (stack.data_dir / "run" / "http.url").read_text().strip()
+    program.write_text(snippet.code.replace(DOC_URL, stack.url).replace(DOC_HTTP_URL, http_url))
     run = subprocess.run(
         [sys.executable, str(program)],
         cwd=tmp_path,

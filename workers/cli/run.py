@@ -158,8 +158,11 @@ def up(
     )
 
     def ready() -> None:
+        # the gateway writes its URL once bound (port 0 picks any free one)
+        http_url = settings.run_dir / "http.url"
+        http = f", HTTP {http_url.read_text().strip()}" if http_url.is_file() else ""
         console.print(
-            f"memq ready: NATS {url}, data {settings.data_dir}, workers {', '.join(k.value for k in kinds)}"
+            f"memq ready: NATS {url}{http}, data {settings.data_dir}, workers {', '.join(k.value for k in kinds)}"
             " — try `memq demo` in another terminal; Ctrl-C stops cleanly.",
             soft_wrap=True,
             markup=False,
