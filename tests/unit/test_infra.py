@@ -35,7 +35,7 @@ import subprocess
 import sys
 from functools import cache
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, get_args, get_origin
 
 import pytest
 import yaml
@@ -166,6 +166,25 @@ def route_hosts(text: str) -> set[tuple[str, int]]:
 
 def settings_field(env_name: str) -> str:
     """Resolve ``MEMQ_A__B__C`` to a field of memq.workers.settings.Settings, or raise ValueError."""
+    return _resolve_setting(env_name)[0]
+
+
+def is_json_setting(env_name: str) -> bool:
+    """A mapping (e.g. ``http.apps``, app id -> entry): set whole, as JSON."""
+    return get_origin(_resolve_setting(env_name)[1]) is dict
+
+
+# What a test gives a secret it cannot know: a setting read as JSON gets one entry's worth.
+JSON_STAND_IN = '{"dummy-app": {"api_key": "dummy-key"}}'
+
+
+def stand_in(env_name: str | None, dummy: str) -> str:
+    """The value a test gives the secret ``env_name`` (a MEMQ_* setting, or None for another variable)."""
+    return JSON_STAND_IN if env_name is not None and is_json_setting(env_name) else dummy
+
+
+def _resolve_setting(env_name: str) -> tuple[str, Any]:
+    """(the dotted setting, its annotation) of ``MEMQ_A__B__C``, or raise ValueError."""
     from pydantic import BaseModel
 
     from memq.workers.settings import Settings
@@ -177,6 +196,12 @@ def settings_field(env_name: str) -> str:
         field = model.model_fields.get(part)
         if field is None:
             raise ValueError(f"{env_name}: {part!r} is not a field of {model.__name__}")
+        if get_origin(field.annotation) is dict:
+            # pydantic-settings reads a mapping whole, as JSON; the deployment files
+            # set it so (its keys, e.g. app ids, are no field names to check).
+            if i == len(parts) - 1:
+                return ".".join(parts), field.annotation
+            raise ValueError(f"{env_name}: {part!r} is a mapping: set it whole, as JSON")
         nested = [
             t
             for t in (field.annotation, *get_args(field.annotation))
@@ -185,7 +210,7 @@ def settings_field(env_name: str) -> str:
         if i == len(parts) - 1:
             if nested:
                 raise ValueError(f"{env_name}: {part!r} is a section, not a setting")
-            return ".".join(parts)
+            return ".".join(parts), field.annotation
         if not nested:
             raise ValueError(f"{env_name}: {part!r} is a setting, not a section")
         model = nested[0]
@@ -445,7 +470,7 @@ def test_keda_reads_the_monitoring_port_through_a_service_in_the_namespace() -> 
 
 def test_hpas_scale_the_kinds_without_a_consumer_lag_on_cpu() -> None:
     hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in by_kind("HorizontalPodAutoscaler")}
-    assert set(hpas) == {"memq-query", "memq-summarizer"}
+    assert set(hpas) == {"memq-query", "memq-summarizer", "memq-http"}
     scaled_by_keda = {s["spec"]["scaleTargetRef"]["name"] for s in by_kind("ScaledObject")}
     assert not set(hpas) & scaled_by_keda, "KEDA makes its own HPA: two would fight"
     for name, hpa in hpas.items():
@@ -478,6 +503,37 @@ def test_every_worker_kind_has_a_deployment_with_probes_on_the_metrics_port() ->
         for what in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(container["resources"][what]), f"{kind}: {what}"
     assert set(kinds) == worker_kinds()
+
+
+def image_run_dir() -> Path:
+    """Where the gateway writes http.url in the image: <MEMQ_DATA_DIR>/run (a read-only root needs a mount there)."""
+    from memq.workers.settings import Settings
+
+    data_dir = re.search(r"\bMEMQ_DATA_DIR=(\S+)", (INFRA / "Dockerfile").read_text()).group(1)
+    return Settings(data_dir=Path(data_dir)).run_dir
+
+
+def http_port(env: dict[str, str]) -> int:
+    from memq.workers.settings import HttpSettings
+
+    return int(env.get("MEMQ_HTTP__PORT", HttpSettings().port))
+
+
+def test_the_http_gateway_is_served_through_its_service_and_never_open() -> None:
+    deployment = named("Deployment", "memq-http")
+    (container,) = pod_spec(deployment)["containers"]
+    assert check_command(container["args"], "memq-http") == "http"
+    env = {e["name"]: e for e in container["env"]}
+    # Beyond loopback the gateway refuses to start without API keys: they come from a Secret.
+    assert env["MEMQ_HTTP__HOST"]["value"] == "0.0.0.0"
+    assert env["MEMQ_HTTP__APPS"]["valueFrom"]["secretKeyRef"]["key"] == "MEMQ_HTTP__APPS"
+    port = http_port({k: v["value"] for k, v in env.items() if "value" in v})
+    named_ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    service = named("Service", "memq-http")
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert [named_ports.get(p["targetPort"], p["targetPort"]) for p in service["spec"]["ports"]] == [port]
+    mounts = {Path(m["mountPath"]) for m in container["volumeMounts"]}
+    assert image_run_dir() in mounts, "the root file system is read-only: http.url needs a writable run dir"
 
 
 def test_every_workload_has_a_disruption_budget_that_allows_a_drain() -> None:
@@ -516,11 +572,11 @@ def test_clients_get_plain_passwords_and_nats_nodes_only_the_hashes() -> None:
 
 def test_every_memq_variable_in_kubernetes_is_a_real_setting() -> None:
     config = named("ConfigMap", "memq-config")["data"]
-    for secret in ("memq-secrets", "memq-nats-admin"):  # memq-nats-server is the NATS nodes'
+    for secret in ("memq-secrets", "memq-nats-admin", "memq-http"):  # memq-nats-server is the NATS nodes'
         keys = named("Secret", secret)["stringData"]
-        check_settings({**config, **{k: "x" for k in keys}}, f"memq-config + {secret}")
+        check_settings({**config, **{k: stand_in(k, "x") for k in keys}}, f"memq-config + {secret}")
     for resource, container in memq_containers():
-        env = {**config, **{e["name"]: e.get("value", "x") for e in container.get("env", [])}}
+        env = {**config, **{e["name"]: e.get("value", stand_in(e["name"], "x")) for e in container.get("env", [])}}
         check_settings(env, f"{resource['metadata']['name']}/{container['name']}")
 
 
@@ -668,11 +724,19 @@ def compose_secret_vars() -> set[str]:
     return set(re.findall(r"\$\{([A-Z0-9_]+):\?", COMPOSE.read_text()))
 
 
+def compose_secret_settings() -> dict[str, str]:
+    """Required variable -> the memq setting it is given to (``MEMQ_X__Y: ${VAR:?...}``;
+    the NATS nodes' MEMQ_NATS_PASSWORD_<USER> are no memq settings)."""
+    found = re.findall(r"^\s*(MEMQ_[A-Z0-9_]+):\s*\$\{([A-Z0-9_]+):\?", COMPOSE.read_text(), re.MULTILINE)
+    return {var: setting for setting, var in found if "__" in setting}
+
+
 def compose_env(**overrides: str | None) -> dict[str, str]:
     """A clean environment with a dummy value for every secret compose requires."""
     env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME")}
     env["COMPOSE_DISABLE_ENV_FILE"] = "1"  # a developer's infra/.env must not leak in
-    env.update({name: f"dummy-{name.lower()}" for name in compose_secret_vars()})
+    settings = compose_secret_settings()
+    env.update({name: stand_in(settings.get(name), f"dummy-{name.lower()}") for name in compose_secret_vars()})
     for k, v in overrides.items():
         if v is None:
             env.pop(k, None)
@@ -742,6 +806,17 @@ def test_compose_runs_every_worker_kind_with_replicas_after_init(compose: dict) 
         assert service["deploy"]["replicas"] >= 1
         assert service["depends_on"]["memq-init"]["condition"] == "service_completed_successfully"
     assert set(kinds) == worker_kinds()
+
+
+def test_compose_publishes_the_http_gateway_with_keys_from_the_env_file(compose: dict) -> None:
+    service = memq_services(compose)["http"]
+    env = service["environment"]
+    assert check_command(service["command"], "http") == "http"
+    # Beyond loopback the gateway refuses to start without API keys: a required variable gives them.
+    assert env["MEMQ_HTTP__HOST"] == "0.0.0.0"
+    assert env["MEMQ_HTTP__APPS"] == JSON_STAND_IN
+    assert {p["target"] for p in service["ports"]} == {http_port(env)}
+    assert str(image_run_dir()) in service["tmpfs"], "read_only: http.url needs a writable run dir"
 
 
 def test_compose_healthchecks_every_long_running_service(compose: dict) -> None:
