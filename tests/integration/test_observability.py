@@ -440,7 +440,7 @@ async def test_memq_up_serves_every_worker_from_one_registry(tmp_path):
 
         await wait_for(ready, timeout=120, what="memq up ready")
         checks = (await probe(base, "/readyz"))[1]["checks"]
-        assert {name.split(".")[0] for name in checks} == {"persistence", "indexing", "summarizer", "query"}
+        assert {name.split(".")[0] for name in checks} == {"persistence", "indexing", "summarizer", "query", "http"}
         url = (data / "run" / "nats.url").read_text().strip()
         async with await MemoryClient.connect(url, app=APP) as client:
             seqs = await client.append_many(USER, SESSION, [said(i) for i in range(4)])
