@@ -20,6 +20,7 @@ import atexit
 import ctypes
 import glob
 import importlib.util
+import json
 import os
 import pwd
 import re
@@ -423,7 +424,35 @@ class NatsCluster:
             n.launch()
         for n in self.nodes:
             n.wait_ready()
+        self.wait_settled()
         return self
+
+    def wait_settled(self, timeout: float = 30.0) -> None:
+        """Until every node names the same JetStream meta leader and the
+        leader sees every other node current. /healthz can pass while a
+        follower is still catching up, and a JetStream API request sent
+        then got "no responders" on a loaded CI machine."""
+        deadline = time.monotonic() + timeout
+        while not self._settled():
+            if time.monotonic() > deadline:
+                raise ServiceError(f"the NATS cluster's JetStream did not settle within {timeout:.0f}s")
+            time.sleep(0.1)
+
+    def _settled(self) -> bool:
+        try:
+            metas = []
+            for n in self.nodes:
+                with urllib.request.urlopen(f"http://{HOST}:{n.monitor_port}/jsz", timeout=1) as r:
+                    metas.append(json.load(r).get("meta_cluster") or {})
+        except (OSError, ValueError):
+            return False
+        leaders = {m.get("leader") for m in metas}
+        if len(leaders) != 1 or None in leaders:
+            return False
+        (leader,) = leaders
+        led = next((m for n, m in zip(self.nodes, metas, strict=True) if n.server_name == leader), None)
+        replicas = (led or {}).get("replicas") or []
+        return len(replicas) == len(self.nodes) - 1 and all(r.get("current") for r in replicas)
 
     def close(self) -> None:
         for n in self.nodes:
