@@ -177,6 +177,12 @@ class QuerySettings(BaseModel):
         "and drop this replica's stale cache entries from them; off: poll the ack floor, invalidate from "
         "`memq.v1.changed.>`",
     )
+    window_cache: int = Field(
+        default=256,
+        ge=0,
+        description="sessions whose last read window a replica keeps, to extend with what was committed since "
+        "instead of reading it afresh (the read after an append); 0: off",
+    )
     apps: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-app working-memory overrides, e.g. {'my-agent': {'budget': 4000}}"
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -23,9 +23,10 @@ from memq.workers.memory.strategies import Strategy, select, strategy_for
 from memq.workers.memory.template import render
 from memq.workers.memory.tokens import event_messages, event_text
 from memq.workers.query import paging
+from memq.workers.query.windows import WindowCache
 from memq.workers.settings import MemorySettings
 from memq.workers.sql import reads
-from memq.workers.sql.window import Window, load_session_window
+from memq.workers.sql.window import Window
 
 RECALL_MARGIN = 10  # extra recall candidates, for those already in the window
 
@@ -54,15 +55,18 @@ async def _session_window(
     req: q.HistoryGet | q.ContextGet,
     strategy: Strategy,
     model: str | None,
+    ctx: OpContext,
     *,
     only: reads.EventFilter = reads.NO_FILTER,
 ) -> Window:
     """The session's window, its row read in the same round trip as the
-    checkpoint; NotFound as from :func:`_session`."""
-    found = await load_session_window(conn, scope_key(req.app, req.user, req.session), strategy, model, only=only)
+    checkpoint (extended from this replica's last read of it, if any: see
+    :mod:`memq.workers.query.windows`); NotFound as from :func:`_session`."""
+    key = scope_key(req.app, req.user, req.session)
+    found = await ctx.windows.load(conn, key, strategy, model, only=only)
     if found is None:
         raise _missing(req.app, req.user, req.session)
-    return found[1]
+    return found.window
 
 
 def _info(row: reads.SessionRow) -> dict[str, Any]:
@@ -187,7 +191,7 @@ async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext) -> q
         view = q.HistoryView(strategy=strategy.to_dict(), events=[], tokens=0)
         key = scope_key(req.app, req.user, req.session)
         return await _next_events("history", req, conn, key, cursor, view, ctx, only)
-    window = await _session_window(conn, req, strategy, model, only=only)
+    window = await _session_window(conn, req, strategy, model, ctx, only=only)
     reserved = window.checkpoint.tokens if window.checkpoint else 0
     selection = select(window.items, strategy, reserved=reserved)
     view = q.HistoryView(
@@ -221,7 +225,7 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext) -> q
     if cursor is not None:
         await _session(conn, req.app, req.user, req.session)
         return await _next_context(conn, req, cursor, strategy, model, ctx)
-    window = await _session_window(conn, req, strategy, model)
+    window = await _session_window(conn, req, strategy, model, ctx)
     instruction = None
     if req.instruction:
         state = await reads.merged_state(conn, req.app, req.user, req.session)
@@ -396,6 +400,9 @@ class OpContext:
     # this big (the worker sets it from its connection's max_payload).
     reply_bytes: int = paging.reply_bytes(1024 * 1024)
     searcher: Any = None  # memq.workers.query.search.Searcher: search and recall
+    # The session windows this replica read last (off until the worker sets
+    # it: a window is only as current as the commit floor it knows).
+    windows: WindowCache = field(default_factory=lambda: WindowCache(lambda: 0, 0))
 
     def strategy(self, app: str, spec: q.StrategySpec | None) -> Strategy:
         return strategy_for(self.memory, self.apps.get(app, {}), spec)

@@ -44,10 +44,9 @@ import dataclasses
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 import orjson
-from faststream import Context
 from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
@@ -78,6 +77,7 @@ from memq.workers.query import paging
 from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend, redis_pool_size
 from memq.workers.query.ops import HANDLERS, OpContext
 from memq.workers.query.search import Searcher
+from memq.workers.query.windows import WindowCache
 from memq.workers.settings import Settings
 from memq.workers.sql.engine import is_disconnect, reader
 
@@ -190,7 +190,12 @@ class QueryWorker:
         no answer is cached that a notice should have dropped)."""
         nc = opened(self.nc, "the query worker's NATS connection")
         # Pages of session.get, history and context fit this server's max_payload.
-        self.ctx = dataclasses.replace(self.ctx, reply_bytes=paging.reply_bytes(nc.max_payload))
+        floor = opened(self.floor, "the commit floor")
+        self.ctx = dataclasses.replace(
+            self.ctx,
+            reply_bytes=paging.reply_bytes(nc.max_payload),
+            windows=WindowCache(lambda: floor.value, self.settings.query.window_cache),
+        )
         self.service = await add_service(
             opened(self.nc, "the query worker's NATS connection"),
             name=SERVICE_NAME,
@@ -368,16 +373,21 @@ class QueryWorker:
 
     # --- commit notices -------------------------------------------------------------
 
-    async def committed(self, notice: CommittedRanges, cache: Annotated[QueryCache, Context("cache")]) -> None:
+    # The cache is the worker's own, not a FastStream Context("cache")
+    # argument: FastDepends solves such a field in a thread per message
+    # (anyio.to_thread), on the path that wakes every read-your-writes read.
+
+    async def committed(self, notice: CommittedRanges) -> None:
+        cache = opened(self.cache, "the query cache")
         for changed in notice.changed:  # first: a read the floor wakes must not see a stale entry
             await cache.invalidate_local(**_scope(changed))
         opened(self.floor, "the commit floor").finished(notice.ranges)
 
-    async def invalidate_local(self, notice: CommitNotice, cache: Annotated[QueryCache, Context("cache")]) -> None:
-        await cache.invalidate_local(**_scope(notice))
+    async def invalidate_local(self, notice: CommitNotice) -> None:
+        await opened(self.cache, "the query cache").invalidate_local(**_scope(notice))
 
-    async def invalidate_shared(self, notice: CommitNotice, cache: Annotated[QueryCache, Context("cache")]) -> None:
-        await cache.invalidate_shared(**_scope(notice))
+    async def invalidate_shared(self, notice: CommitNotice) -> None:
+        await opened(self.cache, "the query cache").invalidate_shared(**_scope(notice))
 
 
 def _request_key(op: str, req: q._Request) -> str:

@@ -87,6 +87,9 @@ class SessionRow:
     created_at: float
     updated_at: float
     last_seq: int
+    # The delete tombstone: events below it are gone. A window cached
+    # before a delete (or a re-creation) is stale once it moves.
+    deleted_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,11 +110,12 @@ _SESSION_COLUMNS = (
     SESSIONS.c.updated_at,
     SESSIONS.c.last_seq,
     SESSIONS.c.key,
+    SESSIONS.c.deleted_seq,
 )
 
 
 def _session(r) -> SessionRow:
-    return SessionRow(r.app, r.user_id, r.session_id, r.created_at, r.updated_at, r.last_seq)
+    return SessionRow(r.app, r.user_id, r.session_id, r.created_at, r.updated_at, r.last_seq, r.deleted_seq)
 
 
 # The hot reads of a cache miss are built once, with bind parameters: building

@@ -32,13 +32,28 @@ class Window:
 def _enough(strategy: Strategy, items: list[Item], reserved: int) -> bool:
     """Has the backward walk read everything this strategy can keep? One page
     of margin covers a tool call whose result opens the window."""
+    return _enough_from(strategy, items, reserved) is not None
+
+
+def _enough_from(strategy: Strategy, items: list[Item], reserved: int) -> int | None:
+    """Where the shortest suffix of ``items`` (oldest first) that is enough
+    for this strategy starts; None when not even all of them are."""
     if strategy.kind == "all":
-        return False
-    if strategy.kind == "buffer_window":
-        if strategy.turns is not None:
-            return sum(1 for it in items if it.role == "user") > strategy.turns + 1
-        return len(items) > strategy.window + PAGE // 2
-    return sum(it.tokens for it in items) + reserved > strategy.budget + 2048
+        return None
+    if strategy.kind == "buffer_window" and strategy.turns is None:
+        keep = strategy.window + PAGE // 2 + 1
+        return len(items) - keep if len(items) >= keep else None
+    turns, users, tokens = strategy.turns, 0, reserved
+    for i in range(len(items) - 1, -1, -1):
+        if turns is not None:  # buffer_window by turns
+            users += items[i].role == "user"
+            if users > turns + 1:
+                return i
+        else:
+            tokens += items[i].tokens
+            if tokens > strategy.budget + 2048:
+                return i
+    return None
 
 
 async def load_window(
@@ -62,6 +77,18 @@ async def load_window(
     return await _walk(conn, session_key, strategy, model, reserved, only, checkpoint)
 
 
+@dataclass(frozen=True)
+class SessionWindow:
+    """A visible session's row and its window. The window holds every stored
+    event of the session from its first one up to ``through`` (and maybe
+    some newer: with several persistence replicas, commits land out of
+    order, so only what is at or below the commit floor is known complete)."""
+
+    row: reads.SessionRow
+    window: Window
+    through: int
+
+
 async def load_session_window(
     conn: AsyncConnection,
     session_key: str,
@@ -70,17 +97,67 @@ async def load_session_window(
     reserved: int = 0,
     *,
     only: reads.EventFilter = reads.NO_FILTER,
-) -> tuple[reads.SessionRow, Window] | None:
+    through: int = 0,
+    last: SessionWindow | None = None,
+) -> SessionWindow | None:
     """The visible session's row and its window (as :func:`load_window`), or
     None when there is no such session: the row and the latest checkpoint
-    come in one statement, so a short session costs two round trips."""
+    come in one statement, so a short session costs two round trips.
+
+    :param through: the commit floor, read before this call: every event at
+        or below it is committed (and so is visible to these reads).
+    :param last: an earlier answer of this call for the same session,
+        strategy, model and filter. While the session was neither deleted
+        nor summarized since, only the events after its ``through`` are read
+        (newer ones it held may have had gaps) and the window is extended
+        with them: the read after an agent's append costs what was appended,
+        not the whole window again.
+    """
     if strategy.kind == "summary_buffer":
         row, checkpoint = await reads.session_and_checkpoint(conn, session_key)
     else:
         row, checkpoint = await reads.session_row(conn, session_key), None
     if row is None:
         return None
-    return row, await _walk(conn, session_key, strategy, model, reserved, only, checkpoint)
+    if last is not None and _same_history(last, row, checkpoint):
+        newer = await reads.newest_events(conn, session_key, after_seq=last.through, limit=PAGE, only=only)
+        if len(newer) < PAGE:  # all of them: else reading afresh costs no more
+            window = _extended(last.window, newer, last.through, strategy, model, reserved)
+            return SessionWindow(row, window, max(through, last.through))
+    return SessionWindow(row, await _walk(conn, session_key, strategy, model, reserved, only, checkpoint), through)
+
+
+def _same_history(last: SessionWindow, row: reads.SessionRow, checkpoint: reads.CheckpointRow | None) -> bool:
+    """Nothing but appends since ``last``: no delete (the tombstone would have
+    moved) and no new summary (the window starts after the checkpoint)."""
+    before = last.window.checkpoint
+    return row.deleted_seq == last.row.deleted_seq and ((before.seq, before.up_to_seq) if before else None) == (
+        (checkpoint.seq, checkpoint.up_to_seq) if checkpoint else None
+    )
+
+
+def _extended(
+    window: Window,
+    newer: list[reads.StoredEvent],
+    through: int,
+    strategy: Strategy,
+    model: str | None,
+    reserved: int,
+) -> Window:
+    """``window``'s events up to ``through``, then ``newer`` (every stored
+    event after ``through``, newest first), less the oldest events that the
+    strategy no longer needs (the shortest suffix that is enough, as the walk
+    stops at)."""
+    stored = [e for e in window.stored.values() if e.seq <= through] + newer[::-1]
+    items = [it for it in window.items if it.seq <= through] + [_item(e, model) for e in reversed(newer)]
+    start = _enough_from(strategy, items, reserved) or 0
+    stored, items = stored[start:], items[start:]
+    return Window(
+        items=items,
+        events={e.seq: e.data for e in stored},
+        stored={e.seq: e for e in stored},
+        checkpoint=window.checkpoint,
+    )
 
 
 async def _walk(
