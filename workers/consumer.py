@@ -43,8 +43,8 @@ TIMEOUTS = (asyncio.TimeoutError, TimeoutError)  # nats-py raises both kinds
 
 
 class BatchConsumer:
-    """Fetch up to ``batch_size`` messages and await ``handler`` on each batch
-    in turn. A batch is handed over as soon as no more messages are waiting;
+    """Fetch up to ``batch_size`` messages and await ``handler`` on each batch,
+    up to ``concurrency`` batches at once (default 1: one after the other). A batch is handed over as soon as no more messages are waiting;
     while more are (the last one fetched says so), it is topped up for at
     most ``batch_wait_s``. The handler acks/naks; every replica runs the same
     loop on the same durable, and JetStream spreads the messages between them."""
@@ -60,6 +60,7 @@ class BatchConsumer:
         batch_size: int,
         batch_wait_s: float,
         idle_wait_s: float = 1.0,
+        concurrency: int = 1,
     ):
         self.js = js
         self.stream = stream
@@ -69,6 +70,8 @@ class BatchConsumer:
         self.batch_size = batch_size
         self.batch_wait_s = batch_wait_s
         self.idle_wait_s = idle_wait_s
+        self.concurrency = concurrency
+        self._handling: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -116,19 +119,35 @@ class BatchConsumer:
         return msgs
 
     async def _run(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                msgs = await self._next_batch()
-            except NatsError as exc:  # disconnected, reconnecting, no responders
-                log.warning("fetch failed (%s); retrying", exc or type(exc).__name__)
-                await asyncio.sleep(0.5)
-                continue
-            except Exception:  # unexpected: say so loudly, but never stop consuming
-                log.exception("fetch failed unexpectedly; retrying in 5s")
-                await asyncio.sleep(5.0)
-                continue
-            if msgs:
-                await self._handle(msgs)
+        # Up to ``concurrency`` batches are handled at once: the next one is
+        # fetched while earlier ones wait on their database round trips. The
+        # handler must allow it (the persistence worker's commits are
+        # order-independent, as they are across replicas).
+        slots = asyncio.Semaphore(self.concurrency)
+        try:
+            while not self._stopping.is_set():
+                await slots.acquire()
+                try:
+                    msgs = await self._next_batch()
+                except NatsError as exc:  # disconnected, reconnecting, no responders
+                    slots.release()
+                    log.warning("fetch failed (%s); retrying", exc or type(exc).__name__)
+                    await asyncio.sleep(0.5)
+                    continue
+                except Exception:  # unexpected: say so loudly, but never stop consuming
+                    slots.release()
+                    log.exception("fetch failed unexpectedly; retrying in 5s")
+                    await asyncio.sleep(5.0)
+                    continue
+                if not msgs:
+                    slots.release()
+                    continue
+                task = asyncio.create_task(self._handle(msgs))
+                self._handling.add(task)
+                task.add_done_callback(lambda t: (self._handling.discard(t), slots.release()))
+        finally:
+            if self._handling:  # stopping: the batches in hand finish and are acked
+                await asyncio.gather(*self._handling, return_exceptions=True)
 
     async def _handle(self, msgs: list[Msg]) -> None:
         try:

@@ -101,6 +101,14 @@ class PersistenceSettings(BaseModel):
         description="longest wait to top a batch up while more messages are waiting; "
         "a batch goes at once when none are",
     )
+    concurrency: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="batches a replica commits at once, each in its own transaction (commits are "
+        "order-independent, as across replicas): the next batch is fetched while one waits on the "
+        "database; 1: one at a time. SQLite, with one writer, always commits one at a time",
+    )
     ack_wait_s: float = Field(default=30.0, gt=0, description="redelivery after a silent crash")
     retry_delays_s: list[float] = Field(
         default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the database is down"

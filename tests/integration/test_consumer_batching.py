@@ -17,7 +17,7 @@ STREAM = "BATCHING"
 SUBJECT = "batching.>"
 
 
-async def _consumer(js, handler, batch_size: int, batch_wait_s: float) -> BatchConsumer:
+async def _consumer(js, handler, batch_size: int, batch_wait_s: float, concurrency: int = 1) -> BatchConsumer:
     await js.add_stream(name=STREAM, subjects=[SUBJECT])
     consumer = BatchConsumer(
         js,
@@ -28,6 +28,7 @@ async def _consumer(js, handler, batch_size: int, batch_wait_s: float) -> BatchC
         batch_size=batch_size,
         batch_wait_s=batch_wait_s,
         idle_wait_s=0.2,
+        concurrency=concurrency,
     )
     await consumer.start()
     return consumer
@@ -83,3 +84,36 @@ async def test_batches_fill_up_while_messages_keep_coming(nats_url):
     finally:
         await consumer.stop()
         await nc.close()
+
+
+async def test_with_concurrency_the_next_batch_is_handled_while_one_waits_and_stop_finishes_both(nats_url):
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    started: list[bytes] = []
+    release = asyncio.Event()
+    acked: list[bytes] = []
+
+    async def handler(msgs: list[Msg]) -> None:
+        started.extend(m.data for m in msgs)
+        await release.wait()  # a commit waiting on the database
+        for msg in msgs:
+            await msg.ack()
+        acked.extend(m.data for m in msgs)
+
+    consumer = await _consumer(js, handler, batch_size=100, batch_wait_s=0.05, concurrency=2)
+    try:
+        await js.publish("batching.a", b"a")
+        await asyncio.sleep(0.3)
+        await js.publish("batching.b", b"b")
+        deadline = time.monotonic() + 5
+        while len(started) < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert started == [b"a", b"b"], "the second batch waited for the first one's handler"
+        await js.publish("batching.c", b"c")
+        await asyncio.sleep(0.3)
+        assert started == [b"a", b"b"], "more batches at once than the concurrency allows"
+    finally:
+        release.set()
+        await consumer.stop()  # the batches in hand finish and are acked
+    assert {b"a", b"b"} <= set(acked), "stop() left a batch in hand unacked"
+    await nc.close()

@@ -24,6 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from faststream.nats import NatsRouter
@@ -92,8 +93,6 @@ class PersistenceWorker:
         # document; _announce publishes on the connection itself.
         self.notices: LogicPublisher | None = None
         self.finished_notices: LogicPublisher | None = None  # the same, for CommittedRanges
-        self._finished: list[int] = []  # stream sequences acked in the batch in hand
-        self._changed: list[CommitNotice] = []  # what the batch in hand changed (its commit notices)
         self.committed = 0  # messages committed by this process (for status and tests)
         self.sweeper: SessionSweeper | None = None  # session expiry, when configured
 
@@ -167,6 +166,7 @@ class PersistenceWorker:
             handler=self._handle_batch,
             batch_size=s.persistence.batch_size,
             batch_wait_s=s.persistence.batch_wait_s,
+            concurrency=1 if self.engine.dialect.name == "sqlite" else s.persistence.concurrency,
         )
         await self.consumer.start()
         # No endpoints: registering makes the replica visible to `memq status`
@@ -196,13 +196,15 @@ class PersistenceWorker:
 
     async def _handle_batch(self, msgs: list[Msg]) -> None:
         """One batch, then the notice of what it finished (even if handling
-        failed part way: what was acked is done)."""
+        failed part way: what was acked is done). Batches of one replica may
+        run side by side (``persistence.concurrency``), so each has its own."""
+        outcome = _Outcome()
         try:
-            await self.handle(msgs)
+            await self.handle(msgs, outcome)
         finally:
-            await self._announce_finished()
+            await self._announce_finished(outcome)
 
-    async def handle(self, msgs: list[Msg]) -> None:
+    async def handle(self, msgs: list[Msg], outcome: _Outcome) -> None:
         metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
         items: list[Incoming] = []
         raw: list[Msg] = []
@@ -210,19 +212,19 @@ class PersistenceWorker:
             try:
                 message = decode_from_subject(msg.subject, msg.data, max_bytes=self.settings.streams.max_message_bytes)
             except MemqError as exc:
-                await self._dead_letter(msg, exc.code, exc.message)
+                await self._dead_letter(msg, exc.code, exc.message, outcome)
                 continue
             except Exception as exc:  # a decoder bug: one message must not stall the batch forever
                 log.exception("decoding seq %s failed unexpectedly", msg.metadata.sequence.stream)
                 reason = f"the decoder failed ({type(exc).__name__}: {exc}); a bug in memq: replay once fixed"
-                await self._dead_letter(msg, Internal.code, reason)
+                await self._dead_letter(msg, Internal.code, reason, outcome)
                 continue
             items.append(Incoming(msg.metadata.sequence.stream, message))
             raw.append(msg)
         if items:
-            await self._commit_and_ack(items, raw)
+            await self._commit_and_ack(items, raw, outcome)
 
-    async def _commit_and_ack(self, items: list[Incoming], raw: list[Msg]) -> None:
+    async def _commit_and_ack(self, items: list[Incoming], raw: list[Msg], outcome: _Outcome) -> None:
         try:
             result = await self._commit(items)
         except Exception as exc:
@@ -231,9 +233,9 @@ class PersistenceWorker:
                 return
             # The database is up, so some message in the batch is at fault.
             log.warning("batch of %d rejected (%s); committing one by one", len(items), _reason(exc))
-            await self._commit_one_by_one(items, raw)
+            await self._commit_one_by_one(items, raw, outcome)
             return
-        await self._finish(result, raw)
+        await self._finish(result, raw, outcome)
 
     async def _commit(self, items: Sequence[Incoming]) -> CommitResult:
         """Commit, retrying at once on deadlocks and serialisation conflicts,
@@ -250,17 +252,17 @@ class PersistenceWorker:
                 await asyncio.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    async def _commit_one_by_one(self, items: list[Incoming], raw: list[Msg]) -> None:
+    async def _commit_one_by_one(self, items: list[Incoming], raw: list[Msg], outcome: _Outcome) -> None:
         for item, msg in zip(items, raw, strict=True):
             try:
                 result = await self._commit([item])
             except Exception as exc:
                 if await self._database_ok():
-                    await self._dead_letter(msg, "storage_rejected", _reason(exc))
+                    await self._dead_letter(msg, "storage_rejected", _reason(exc), outcome)
                 else:
                     await self._retry_later([msg], exc)
                 continue
-            await self._finish(result, [msg])
+            await self._finish(result, [msg], outcome)
 
     async def _database_ok(self) -> bool:
         try:
@@ -270,14 +272,14 @@ class PersistenceWorker:
         except Exception:
             return False
 
-    async def _finish(self, result: CommitResult, raw: list[Msg]) -> None:
+    async def _finish(self, result: CommitResult, raw: list[Msg], outcome: _Outcome) -> None:
         await self._purge_deleted(result)
         for msg in raw:
             await msg.ack()
-        self._finished.extend(msg.metadata.sequence.stream for msg in raw)
+        outcome.finished.extend(msg.metadata.sequence.stream for msg in raw)
         self.committed += len(raw)
         metrics.processed(WORKER, "ok", len(raw))
-        await self._announce(result)
+        await self._announce(result, outcome)
 
     async def _retry_later(self, raw: list[Msg], exc: Exception) -> None:
         delays = self.settings.persistence.retry_delays_s
@@ -287,10 +289,11 @@ class PersistenceWorker:
         metrics.processed(WORKER, "retried", len(raw))
         for msg in raw:
             await msg.nak(delay=delay)
-        # Hold the consume loop too: fetching more now would only fail again.
+        # Hold this batch's slot of the consume loop too: fetching more now
+        # would only fail again.
         await asyncio.sleep(delay)
 
-    async def _dead_letter(self, msg: Msg, code: str, reason: str) -> None:
+    async def _dead_letter(self, msg: Msg, code: str, reason: str, outcome: _Outcome) -> None:
         try:
             await self.dlq.send(msg, code, reason)
         except Exception as exc:  # the DLQ itself is unreachable: keep the message
@@ -298,7 +301,7 @@ class PersistenceWorker:
             await msg.nak(delay=self.settings.persistence.retry_delays_s[0])
             return
         await msg.ack()
-        self._finished.append(msg.metadata.sequence.stream)
+        outcome.finished.append(msg.metadata.sequence.stream)
         metrics.processed(WORKER, "dead_lettered")
 
     # --- after commit ---------------------------------------------------------
@@ -332,20 +335,19 @@ class PersistenceWorker:
             if info.name.startswith(tuple(prefixes)):
                 await store.delete(info.name)
 
-    async def _announce_finished(self) -> None:
+    async def _announce_finished(self, outcome: _Outcome) -> None:
         """Say which sequences this batch finished (after their acks, on the
         same connection): one small notice per batch, whatever it held."""
-        if not self._finished:
+        if not outcome.finished:
             return
-        notice = CommittedRanges.of(self._finished, self._changed)
-        self._finished, self._changed = [], []
+        notice = CommittedRanges.of(outcome.finished, outcome.changed)
         try:
             # On the connection, like _announce: router() declares it for the docs.
             await self._nats.publish(committed_subject(self.settings.persistence.durable), notice.encode())
         except NatsError as exc:  # readers fall back to the ack floor
             log.warning("cannot announce finished sequences (%s)", exc or type(exc).__name__)
 
-    async def _announce(self, result: CommitResult) -> None:
+    async def _announce(self, result: CommitResult, outcome: _Outcome) -> None:
         """Tell caches and the summarizer what changed: one notice per session
         touched or deleted, one per user whose user or app state changed
         (unless ``persistence.publish_changed`` is off). The notices also go
@@ -364,7 +366,7 @@ class PersistenceWorker:
                 user_state=user_key in users_changed,
                 **fields,
             )
-            self._changed.append(body)
+            outcome.changed.append(body)
             if publish:
                 # Straight on the connection, in the batch's hot path: the publisher
                 # router() declares documents the notice (AsyncAPI) at no cost per batch.
@@ -381,6 +383,15 @@ class PersistenceWorker:
                 await notice(u.app, u.user, None, user_key, seq=plan.user_deletes[user_key], deleted=True)
             elif user_key in users_changed or u.app in apps_changed:
                 await notice(u.app, u.user, None, user_key)
+
+
+@dataclass
+class _Outcome:
+    """What one batch finished: the stream sequences it acked (committed or
+    dead-lettered) and the commit notices of what it changed."""
+
+    finished: list[int] = field(default_factory=list)
+    changed: list[CommitNotice] = field(default_factory=list)
 
 
 def _reason(exc: Exception) -> str:

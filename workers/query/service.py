@@ -136,6 +136,11 @@ class QueryWorker:
         self.index_floor: CommitFloor | None = None
         self._slots = asyncio.Semaphore(settings.query.max_inflight)
         self._tasks: set[asyncio.Task] = set()
+        # Reads wait for one of the pool's kept connections rather than open
+        # an overflow one: a commit notice wakes every read waiting on it at
+        # once, and the pool closes overflow connections as they come back,
+        # so each burst paid a connect (TLS probe, statements prepared again).
+        self._sql_slots = asyncio.Semaphore(settings.database.pool_size)
 
     # --- lifecycle (driven by the process's FastStream hooks) ------------------
 
@@ -335,16 +340,17 @@ class QueryWorker:
             return await handler.run(None, req, self.ctx)
         if self._reads is None:  # the process's engine, without a transaction per read
             self._reads = reader(opened(self.engine, "the SQL engine"))
-        try:
+        async with self._sql_slots:
+            try:
+                async with self._reads.connect() as conn:
+                    return await handler.run(conn, req, self.ctx)
+            except sa_exc.DBAPIError as exc:
+                if not is_disconnect(exc):
+                    raise
+            # A pooled connection had died (the database restarted): the pool is
+            # recycled now, so once more reaches the database if it is up.
             async with self._reads.connect() as conn:
                 return await handler.run(conn, req, self.ctx)
-        except sa_exc.DBAPIError as exc:
-            if not is_disconnect(exc):
-                raise
-        # A pooled connection had died (the database restarted): the pool is
-        # recycled now, so once more reaches the database if it is up.
-        async with self._reads.connect() as conn:
-            return await handler.run(conn, req, self.ctx)
 
     def _local_hit(self, req: q._Request, key: str) -> bytes | None:
         """The answer if this replica's own tier has it, fresh enough for the
