@@ -144,7 +144,12 @@ class BatchConsumer:
                     continue
                 task = asyncio.create_task(self._handle(msgs))
                 self._handling.add(task)
-                task.add_done_callback(lambda t: (self._handling.discard(t), slots.release()))
+
+                def handled(task: asyncio.Task, slots: asyncio.Semaphore = slots) -> None:
+                    self._handling.discard(task)
+                    slots.release()
+
+                task.add_done_callback(handled)
         finally:
             if self._handling:  # stopping: the batches in hand finish and are acked
                 await asyncio.gather(*self._handling, return_exceptions=True)
