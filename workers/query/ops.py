@@ -255,7 +255,7 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext) -> q
         over_budget=built.over_budget,
         note=built.note,
     )
-    rendered = (_window_part(it.seq, built.events[it.seq], it.tokens, memq) for it in built.window)
+    rendered = (_rendered(window, it.seq, built.events[it.seq], it.tokens, memq) for it in built.window)
     parts, _, full = paging.fill(rendered, ctx.reply_bytes - paging.body_size(view), at_least_one=False)
     nxt = None
     if full:
@@ -281,6 +281,18 @@ def _window_part(seq: int, event: Mapping[str, Any], tokens: int, memq: bool) ->
     entry = {"seq": seq, "tokens": tokens, "event": dict(event)} if memq else None
     size = sum(paging.json_size(m) for m in messages) + (paging.json_size(entry) if entry else 0)
     return _WindowPart(seq, messages, entry), size
+
+
+def _rendered(window: Window, seq: int, event: Mapping[str, Any], tokens: int, memq: bool) -> tuple[_WindowPart, int]:
+    """:func:`_window_part`, once per stored event while its window is kept
+    (the pending message is new in each request). Parts are only read after."""
+    if seq == PENDING_SEQ:
+        return _window_part(seq, event, tokens, memq)
+    key = (seq, "context", memq)
+    part = window.memo.get(key)
+    if part is None:
+        part = window.memo[key] = _window_part(seq, event, tokens, memq)
+    return part
 
 
 def _with_parts(view: q.ContextView, parts: list[_WindowPart], next_cursor: str | None) -> q.ContextView:

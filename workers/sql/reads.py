@@ -206,6 +206,43 @@ async def session_and_checkpoint(conn, session_key: str) -> tuple[SessionRow | N
     return _session(row), checkpoint
 
 
+@cache
+def _session_checkpoint_and_newer():
+    c = _latest_checkpoint(_KEY).subquery()
+    e = (
+        select(*(col.label(f"e_{col.name}") for col in EVENT_COLUMNS))
+        .where(EVENTS.c.session_key == _KEY, EVENTS.c.seq > bindparam("after", type_=BigInteger))
+        .order_by(EVENTS.c.seq.desc())
+        .limit(bindparam("limit", type_=Integer))
+        .subquery()
+    )
+    return (
+        select(*_SESSION_COLUMNS, c.c.seq.label("cp_seq"), c.c.up_to_seq, c.c.summary, c.c.tokens, *e.c)
+        .select_from(SESSIONS.outerjoin(c, true()).outerjoin(e, true()))
+        .where(SESSIONS.c.key == _KEY, _VISIBLE)
+        .order_by(e.c.e_seq.desc())
+    )
+
+
+async def session_checkpoint_and_newer(
+    conn, session_key: str, *, after_seq: int, limit: int
+) -> tuple[SessionRow | None, CheckpointRow | None, list[StoredEvent]]:
+    """:func:`session_and_checkpoint` and :func:`newest_events` (``after_seq``,
+    ``limit``) in one statement: one round trip, one snapshot. The row and
+    checkpoint repeat on each event's row (one row with no event when none
+    is newer)."""
+    params = {"key": session_key, "after": after_seq, "limit": limit}
+    rows = (await conn.execute(_session_checkpoint_and_newer(), params)).all()
+    if not rows:
+        return None, None, []
+    first = rows[0]
+    checkpoint = (
+        CheckpointRow(first.cp_seq, first.up_to_seq, first.summary, first.tokens) if first.cp_seq is not None else None
+    )
+    newer = [_event(r[-len(EVENT_COLUMNS) :]) for r in rows if r.e_seq is not None]
+    return _session(first), checkpoint, newer
+
+
 async def sessions_over_tokens(conn, limit: int) -> list[tuple[str, str, str]]:
     """(app, user, session) of every live session whose tokens after its
     latest checkpoint, plus that checkpoint's summary, pass ``limit``: the

@@ -7,7 +7,7 @@ reads rather than in either worker.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -27,6 +27,10 @@ class Window:
     events: dict[int, dict[str, Any]]
     stored: dict[int, reads.StoredEvent]
     checkpoint: reads.CheckpointRow | None
+    # What readers derived from one event (the query worker: its rendering
+    # in a reply), by (seq, …): kept with the window while the window is
+    # kept (see memq.workers.query.windows), so a stored event is rendered once.
+    memo: dict[tuple, Any] = field(default_factory=dict)
 
 
 def _enough(strategy: Strategy, items: list[Item], reserved: int) -> bool:
@@ -113,14 +117,22 @@ async def load_session_window(
         with them: the read after an agent's append costs what was appended,
         not the whole window again.
     """
-    if strategy.kind == "summary_buffer":
+    newer: list[reads.StoredEvent] | None = None
+    if last is not None and not only:  # the likely case, the read after an append: one round trip
+        row, checkpoint, newer = await reads.session_checkpoint_and_newer(
+            conn, session_key, after_seq=last.through, limit=PAGE
+        )
+    elif strategy.kind == "summary_buffer":
         row, checkpoint = await reads.session_and_checkpoint(conn, session_key)
     else:
         row, checkpoint = await reads.session_row(conn, session_key), None
+    if strategy.kind != "summary_buffer":
+        checkpoint = None  # only summary_buffer starts after the summary
     if row is None:
         return None
     if last is not None and _same_history(last, row, checkpoint):
-        newer = await reads.newest_events(conn, session_key, after_seq=last.through, limit=PAGE, only=only)
+        if newer is None:
+            newer = await reads.newest_events(conn, session_key, after_seq=last.through, limit=PAGE, only=only)
         if len(newer) < PAGE:  # all of them: else reading afresh costs no more
             window = _extended(last.window, newer, last.through, strategy, model, reserved)
             return SessionWindow(row, window, max(through, last.through))
@@ -152,11 +164,14 @@ def _extended(
     items = [it for it in window.items if it.seq <= through] + [_item(e, model) for e in reversed(newer)]
     start = _enough_from(strategy, items, reserved) or 0
     stored, items = stored[start:], items[start:]
+    kept = {e.seq: e for e in stored}
     return Window(
         items=items,
         events={e.seq: e.data for e in stored},
-        stored={e.seq: e for e in stored},
+        stored=kept,
         checkpoint=window.checkpoint,
+        # a kept event is the same stored event: what was derived from it holds
+        memo={k: v for k, v in window.memo.items() if k[0] <= through and k[0] in kept},
     )
 
 
