@@ -276,6 +276,12 @@ class RecallSettings(BaseModel):
     speaker_weight: float = Field(default=1.2, gt=0, description="scales the named-author search's scores")
     pool: int = Field(default=50, ge=1, le=1000, description="candidates each search ranks before the top k")
     timeout_s: float = Field(default=2.0, gt=0, description="a slower recall is skipped, never blocks the context")
+    vector_cache: int = Field(
+        default=1024,
+        ge=0,
+        description="query texts whose vectors a query replica keeps (a context is asked for again "
+        "after each tool call, with the same last user message); 0: embed every time",
+    )
 
 
 class LLMSettings(BaseModel):

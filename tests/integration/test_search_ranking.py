@@ -107,3 +107,31 @@ async def test_filters_and_users_hold_in_the_authors_search(backend, embedder):
     assert all(i.startswith("bob-") for i in await found(s, "What did Caroline research?", user="bob"))
     # an explicit authors filter is the caller's: no second search widens it
     assert set(await found(s, "What did Caroline research?", authors=["Melanie"])) <= {"alice-1", "alice-3", "alice-4"}
+
+
+class CountingEmbedder:
+    """The real embedder, counting the texts it is asked to embed."""
+
+    def __init__(self, inner: LocalEmbedder):
+        self.inner, self.model, self.dim = inner, inner.model, inner.dim
+        self.texts: list[str] = []
+
+    async def embed(self, texts):
+        self.texts += texts
+        return await self.inner.embed(texts)
+
+
+@pytest.mark.parametrize("backend", ["embedded"], indirect=True)
+async def test_a_question_asked_again_is_embedded_once_and_answers_the_same(backend, embedder):
+    counting = CountingEmbedder(embedder)
+    question = "What did Caroline research?"
+    first = await found(searcher(backend, counting), question)
+    cached = searcher(backend, counting)
+    answers = [await found(cached, question) for _ in range(3)]
+    assert answers == [first] * 3
+    # the question, and the same without the author's name: once each in the cached searcher
+    assert len(counting.texts) == 4 and counting.texts[:2] == counting.texts[2:]
+    off = searcher(backend, counting, vector_cache=0)
+    await found(off, question)
+    await found(off, question)
+    assert len(counting.texts) == 8

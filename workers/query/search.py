@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import replace
 
 from memq.contracts import queries as q
@@ -48,6 +49,10 @@ class Searcher:
         self._opening: asyncio.Task | None = None
         self._live: IndexMeta | None = None
         self._live_at = 0.0
+        # Query vectors by (model, text), LRU: an agent asks for its context
+        # again after each tool call, with the same last user message, and
+        # embedding it is most of a recall's CPU (ms on 2 cores).
+        self._vectors: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
 
     async def _open(self) -> None:
         if self._opened:
@@ -138,7 +143,7 @@ class Searcher:
         r = self.settings.recall
 
         async def search(q: SearchQuery, k: int) -> list[Hit]:
-            vector = None if q.mode == "keyword" else (await embedder.embed([q.text]))[0]
+            vector = None if q.mode == "keyword" else await self._vector(embedder, q.text)
             return await backend.search(replace(q, vector=vector, k=k), generation=generation)
 
         if not r.speaker_aware:
@@ -158,6 +163,19 @@ class Searcher:
             ranking=ranking,
             normalise=query.mode != "hybrid",
         )
+
+    async def _vector(self, embedder: Embedder, text: str) -> list[float]:
+        keep = self.settings.recall.vector_cache
+        key = (embedder.model, text)
+        if (vector := self._vectors.get(key)) is not None:
+            self._vectors.move_to_end(key)
+            return vector
+        vector = (await embedder.embed([text]))[0]
+        if keep:
+            self._vectors[key] = vector
+            while len(self._vectors) > keep:
+                self._vectors.popitem(last=False)
+        return vector
 
     async def search(self, req: q.Search) -> q.SearchResults:
         query = SearchQuery(
