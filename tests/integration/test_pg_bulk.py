@@ -88,11 +88,15 @@ async def test_touch_keeps_the_first_created_at_and_the_highest_seq_and_time(eng
 
 
 class CountingStore(SqlStore):
-    """Records, per transaction, whether it guessed the session tombstones."""
+    """Records, per transaction, whether it guessed the session tombstones
+    (the full commit: the one-statement path for appends is turned off)."""
 
     def __init__(self, engine: AsyncEngine):
         super().__init__(engine)
         self.guesses: list[bool] = []
+
+    async def _append_only(self, items, scopes):
+        return None
 
     async def _commit(self, items, scopes, deleting, *, guess):
         self.guesses.append(guess)
@@ -117,6 +121,40 @@ async def test_a_guess_that_missed_a_delete_committed_meanwhile_is_committed_aga
     assert [seq for _, seq, _ in await stored(engine)] == [11]  # 5 is older than the delete
     result = late.result()
     assert result.plan.dropped == [5] and result.plan.touched[scope_key("a", "u", "s")].last_seq == 11
+
+
+async def test_an_append_only_batch_waiting_on_a_delete_keeps_only_what_is_newer(engine):
+    """The one-statement commit of appends takes no user lock: the session
+    row it locks is what the delete updates, so it waits for the delete and
+    then sees its tombstone."""
+    await SqlStore(engine).commit([Incoming(1, appended("first"))])
+    async with engine.begin() as conn:
+        await conn.execute(sa.text("SELECT 1 FROM memq_users FOR UPDATE"))
+        await conn.execute(sa.update(SESSIONS).values(deleted_seq=10))
+        await conn.execute(sa.delete(EVENTS).where(EVENTS.c.seq < 10))
+        store = CountingStore(engine)
+        store._append_only = SqlStore._append_only.__get__(store)  # the path under test
+        late = asyncio.create_task(store.commit([Incoming(5, appended("older")), Incoming(11, appended("newer"))]))
+        await asyncio.sleep(0.5)
+        assert not late.done()
+    await asyncio.wait_for(late, 30)
+    assert store.guesses == []  # committed in the one statement
+    assert [seq for _, seq, _ in await stored(engine)] == [11]
+    result = late.result()
+    assert result.plan.dropped == [5] and result.plan.touched[scope_key("a", "u", "s")].last_seq == 11
+
+
+async def test_an_append_only_batch_to_a_deleted_session_leaves_it_deleted(engine):
+    store = SqlStore(engine)
+    await store.commit([Incoming(1, appended("first"))])
+    await store.commit([Incoming(9, SessionDeleted(app="a", user="u", session="s"))])
+    result = await store.commit([Incoming(4, appended("late"))])  # redelivered from before the delete
+    assert result.plan.dropped == [4] and result.plan.touched == {}
+    assert await stored(engine) == []
+    q = sa.select(SESSIONS.c.last_seq, SESSIONS.c.deleted_seq).where(SESSIONS.c.key == scope_key("a", "u", "s"))
+    async with engine.connect() as conn:
+        last_seq, deleted_seq = (await conn.execute(q)).one()
+    assert last_seq <= deleted_seq  # still deleted
 
 
 async def test_a_batch_that_deletes_reads_the_tombstones_after_the_locks(engine):

@@ -154,3 +154,57 @@ async def share_users_read_sessions(
     for is_user, key, deleted_seq in (await conn.execute(_share_users_read_sessions(users, sessions), params)).all():
         (user_tombs if is_user else session_tombs)[key] = deleted_seq
     return user_tombs, session_tombs
+
+
+def _append_only_sql(events: Table, columns: tuple[str, ...], sessions: Table, users: Table) -> str:
+    ev, ss, us = _QUOTE(events.name), _QUOTE(sessions.name), _QUOTE(users.name)
+    cols = ", ".join(_QUOTE(c) for c in columns)
+    arrays = ", ".join(f"CAST(:{c} AS {_array_type(events, c)})" for c in columns)
+    # The session rows are locked first, in key order, as _touch_sql does;
+    # FOR UPDATE returns each row's newest version, so a delete that committed
+    # while this waited is seen. A user delete raises the tombstone of every
+    # session of the user in the same transaction, so the locked row covers
+    # it; the user row (read in the snapshot) covers a session created after
+    # an earlier user delete. Events below the tombstone are not written, and
+    # a session is only touched by the events kept (it stays deleted).
+    return (
+        f"WITH locked AS MATERIALIZED (SELECT key, user_key, deleted_seq FROM {ss} "
+        "WHERE key = ANY(CAST(:keys AS text[])) ORDER BY key FOR UPDATE), "
+        "tomb AS (SELECT l.key, GREATEST(l.deleted_seq, COALESCE(u.deleted_seq, 0)) AS t "
+        f"FROM locked l LEFT JOIN {us} u ON u.key = l.user_key), "
+        f"r AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS r({cols}, ord)), "
+        "kept AS (SELECT r.* FROM r JOIN tomb ON tomb.key = r.session_key WHERE r.seq >= tomb.t), "
+        f"inserted AS (INSERT INTO {ev} ({cols}) SELECT {cols} FROM kept ORDER BY ord ON CONFLICT DO NOTHING), "
+        'touch AS (SELECT session_key, max(seq) AS t_seq, max("timestamp") AS t_at FROM kept GROUP BY session_key), '
+        f"upd AS (UPDATE {ss} AS s SET "
+        "created_at = CASE WHEN s.created_at = 0 THEN t.t_at ELSE s.created_at END, "
+        "last_seq = GREATEST(s.last_seq, t.t_seq), "
+        "updated_at = GREATEST(s.updated_at, t.t_at) "
+        "FROM touch t WHERE s.key = t.session_key AND s.key IN (SELECT key FROM locked) RETURNING s.key) "
+        "SELECT (SELECT count(*) FROM locked), ARRAY(SELECT seq FROM kept), (SELECT count(*) FROM upd)"
+    )
+
+
+@cache
+def _append_only(events: Table, columns: tuple[str, ...], sessions: Table, users: Table) -> TextClause:
+    return text(_append_only_sql(events, columns, sessions, users))
+
+
+async def append_only(
+    conn: AsyncConnection,
+    events: Table,
+    sessions: Table,
+    users: Table,
+    rows: Sequence[Mapping[str, Any]],
+    session_keys: Sequence[str],
+) -> set[int] | None:
+    """Commit a batch that only appends events to sessions that exist, in one
+    statement (on an autocommit connection: one round trip, no BEGIN or
+    COMMIT): insert the ``rows`` at or above their session's tombstone, and
+    touch the sessions by the rows kept. Returns the seqs of the rows kept,
+    or None when some of ``session_keys`` has no row yet (then nothing may
+    rely on this call: the caller commits the batch the full way, which is
+    safe to repeat)."""
+    params: dict[str, Any] = {"keys": sorted(session_keys), **_columns(rows)}
+    found, kept, _ = (await conn.execute(_append_only(events, tuple(rows[0]), sessions, users), params)).one()
+    return set(kept) if found == len(session_keys) else None
