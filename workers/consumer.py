@@ -44,9 +44,10 @@ TIMEOUTS = (asyncio.TimeoutError, TimeoutError)  # nats-py raises both kinds
 
 class BatchConsumer:
     """Fetch up to ``batch_size`` messages and await ``handler`` on each batch,
-    up to ``concurrency`` batches at once (default 1: one after the other). A batch is handed over as soon as no more messages are waiting;
-    while more are (the last one fetched says so), it is topped up for at
-    most ``batch_wait_s``. The handler acks/naks; every replica runs the same
+    up to ``concurrency`` batches at once (default 1: one after the other). A
+    batch is handed over as soon as no more messages are waiting; while more
+    are (the last one fetched says so), it is topped up for at most
+    ``batch_wait_s``. The handler acks/naks; every replica runs the same
     loop on the same durable, and JetStream spreads the messages between them."""
 
     def __init__(
@@ -127,6 +128,9 @@ class BatchConsumer:
         try:
             while not self._stopping.is_set():
                 await slots.acquire()
+                if self._stopping.is_set():  # asked to stop while the slots were full
+                    slots.release()
+                    break
                 try:
                     msgs = await self._next_batch()
                 except NatsError as exc:  # disconnected, reconnecting, no responders

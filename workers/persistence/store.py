@@ -79,9 +79,8 @@ def deleting_users(items: Iterable[Incoming]) -> set[str]:
 
 
 def _writes_more_than_events(plan: CommitPlan) -> bool:
-    return bool(plan.artifacts or plan.checkpoints or plan.app_state or plan.user_state or plan.session_state) or bool(
-        plan.user_deletes or plan.session_deletes
-    )
+    deletes = (plan.user_deletes, plan.session_deletes)
+    return any((plan.artifacts, plan.checkpoints, plan.app_state, plan.user_state, plan.session_state, *deletes))
 
 
 def _chunks(rows: Sequence[dict], size: int):
