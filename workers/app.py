@@ -215,7 +215,6 @@ class Process:
             on_shutdown=[self._stop_components],
             after_shutdown=[self.resources.close],
         )
-        self.app.context.set_global("settings", settings)
         self._opened: list[Any] = []
 
     @property
@@ -245,17 +244,11 @@ class Process:
             await migrate(self.resources.engine)
         nc = await self.broker.connect()
         await bus.ensure_streams(nc.jetstream(), s.streams)
-        context = self.app.context
-        if any(k.uses_sql for k in self.kinds):
-            context.set_global("engine", self.resources.engine)
         for component, kind in zip(self.components, self.kinds, strict=True):
             if self.on_starting is not None:
                 self.on_starting(kind.name)
             self._opened.append(component)  # stopped even if opening is cut short
             await component.open(nc, self.resources)
-        for name in ("cache", "index"):
-            if getattr(self.resources, f"_{name}") is not None:
-                context.set_global(name, getattr(self.resources, name))
 
     async def _start_hot_paths(self) -> None:
         for component in self.components:

@@ -27,7 +27,7 @@ from memq.workers.memory.commit_plan import (
     state_rows,
 )
 from memq.workers.persistence import pg_bulk
-from memq.workers.sql.engine import dialect_name, greatest, insert_ignore, upsert_if_newer
+from memq.workers.sql.engine import dialect_name, greatest, insert_ignore, reader, upsert_if_newer
 from memq.workers.sql.models import (
     APP_STATE,
     ARTIFACTS,
@@ -95,8 +95,9 @@ class SqlStore:
         # MySQL's default REPEATABLE READ would read the tombstones from a
         # snapshot older than the user locks; PostgreSQL's default is this one.
         self._writer = engine.execution_options(isolation_level="READ COMMITTED") if self.dialect == "mysql" else engine
-        # PostgreSQL: one statement in autocommit for a batch that only appends.
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # PostgreSQL: a batch that only appends is one statement, in autocommit
+        # (the reads' engine: no BEGIN or COMMIT round trip around it).
+        self._autocommit = reader(engine)
 
     async def commit(self, items: Sequence[Incoming]) -> CommitResult:
         """Apply a batch atomically. Safe to repeat (redelivery) and to run

@@ -44,9 +44,6 @@ class WindowCache:
         self.max_windows = max_windows
         self._windows: OrderedDict[Hashable, SessionWindow] = OrderedDict()
 
-    def __len__(self) -> int:
-        return len(self._windows)
-
     async def load(
         self,
         conn: AsyncConnection,
