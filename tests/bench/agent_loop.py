@@ -35,6 +35,12 @@ every round; the memq rows also give the p50 of each step. Every memq reply
 is checked: a context that lacks the user event just appended is counted as
 a read-your-writes violation (and fails the run), as is any error.
 
+**What a turn costs the machine.** Around every loop the script reads the
+CPU time of every process (``/proc/<pid>/stat``) and reports CPU ms per turn
+by process: this script (the client of both loops), each worker, nats-server,
+PostgreSQL's backends and the rest of the machine. On a machine with few
+cores, turns/s at many agents is bounded by cores ÷ CPU per turn.
+
 Targets (issue 13), from numbers of this run: with 1 agent, memq's turn p50
 ≤ 2× the direct-SQL turn's; with 64 agents, memq's turns/s ≥ direct SQL's.
 """
@@ -59,7 +65,16 @@ import asyncpg  # noqa: E402
 import helpers  # noqa: E402
 import nats  # noqa: E402
 import services  # noqa: E402
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
+from benchlib import (  # noqa: E402
+    console,
+    cpu_between,
+    machine_info,
+    percentile,
+    process_cpu,
+    process_label,
+    status,
+    warn_if_busy,
+)
 from query import Proc  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -107,6 +122,7 @@ class Run:
     errors: int = 0
     ryw_violations: int = 0
     first_error: str | None = None
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU the machine spent on this loop, by process
 
     def record(self, turn_ms: float, steps: dict[str, float] | None = None) -> None:
         self.turns += 1
@@ -122,6 +138,15 @@ class Run:
     def per_s(self) -> float:
         return self.turns / self.seconds if self.seconds else 0.0
 
+    def spent(self, cpu: dict[str, float]) -> None:
+        for who, seconds in cpu.items():
+            self.cpu_s[who] = self.cpu_s.get(who, 0.0) + seconds
+
+    def cpu_ms_per_turn(self) -> dict[str, float]:
+        """What one turn costs the machine, by process, and in all."""
+        per = {who: round(s * 1000 / max(self.turns, 1), 3) for who, s in sorted(self.cpu_s.items())}
+        return per | {"total": round(sum(self.cpu_s.values()) * 1000 / max(self.turns, 1), 3)}
+
     def summary(self) -> dict:
         return dict(
             path=self.path,
@@ -131,6 +156,7 @@ class Run:
             p50_ms=round(percentile(self.turn_ms, 50), 3),
             p99_ms=round(percentile(self.turn_ms, 99), 3),
             steps_p50_ms={k: round(percentile(v, 50), 3) for k, v in self.step_ms.items()},
+            cpu_ms_per_turn=self.cpu_ms_per_turn(),
             errors=self.errors,
             ryw_violations=self.ryw_violations,
             first_error=self.first_error,
@@ -210,7 +236,9 @@ class SqlLoop:
         run.record((now() - t0) * 1000)
 
 
-async def measure(cfg: Config, nc, pool: asyncpg.Pool) -> list[Run]:
+async def measure(cfg: Config, nc, pool: asyncpg.Pool, label) -> list[Run]:
+    """Both loops at each number of agents; ``label(pid, name)`` names the
+    process a pid is, for the CPU each loop costs the machine."""
     runs: list[Run] = []
     for n in cfg.agents:
         memq_run, sql_run = Run("memq", n), Run("sql", n)
@@ -227,7 +255,9 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool) -> list[Run]:
                 async def turn(agent: int, i: int, run: Run = run, loop=loop) -> None:
                     await loop.turn(run, agent, i)
 
+                before = process_cpu()
                 run.seconds += await run_agents(n, cfg.seconds, turn)
+                run.spent(cpu_between(before, process_cpu(), label))
             status(
                 f"  round {r + 1}: memq {memq_run.per_s:,.0f} turns/s p50 {percentile(memq_run.turn_ms, 50):.2f} ms"
                 f" · sql {sql_run.per_s:,.0f} turns/s p50 {percentile(sql_run.turn_ms, 50):.2f} ms"
@@ -295,7 +325,7 @@ async def run(cfg: Config, machine: dict, work: Path) -> list[Run]:
         try:
             await helpers.wait_for_consumer(nats_server.url)
             await wait_until_answering(nc, procs)
-            return await measure(cfg, nc, pool)
+            return await measure(cfg, nc, pool, process_label({p.proc.pid: p.cmd[-1] for p in procs}))
         except BaseException:
             for p in procs:
                 console.print(f"[red]{' '.join(p.cmd[-2:])} log:[/]\n{p.log_tail()}")
@@ -337,6 +367,12 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
             str(r.ryw_violations),
         )
     console.print(table)
+    who = sorted({k for r in runs for k in r.cpu_s}, key=lambda k: (k == "other", k))
+    cpu = Table("agents", "path", *who, "total", title="CPU per turn, ms (all processes of the machine)")
+    for r in runs:
+        per = r.cpu_ms_per_turn()
+        cpu.add_row(str(r.agents), r.path, *(f"{per.get(k, 0):.3f}" for k in who), f"{per['total']:.3f}")
+    console.print(cpu)
     for t in targets(runs):
         mark = "[green]met[/]" if t["ok"] else "[red]not met[/]"
         status(f"{t['what']}: {t['value']:.2f} (target {t['target']}) {mark}")

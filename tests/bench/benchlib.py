@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -61,6 +62,60 @@ def cpu_busy(seconds: float = 1.0) -> float:
     except OSError:
         return float("nan")
     return round(1 - (idle1 - idle0) / max(total1 - total0, 1), 3)
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) so far of every process on the machine,
+    by pid, with its name: /proc/<pid>/stat. Two snapshots around a loop say
+    what each process spent on it (see ``cpu_between``)."""
+    out: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:  # exited while we looked
+            continue
+        name, fields = raw[raw.index("(") + 1 : raw.rindex(")")], raw[raw.rindex(")") + 2 :].split()
+        out[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / CLOCK_TICKS)
+    return out
+
+
+def cpu_between(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], label: Callable[[int, str], str]
+) -> dict[str, float]:
+    """CPU seconds spent between two ``process_cpu`` snapshots, summed by
+    ``label(pid, name)``. A process that ended in between is not counted,
+    so measure around long-lived ones (servers, workers, pooled backends)."""
+    spent: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        used = cpu - before.get(pid, (name, 0.0))[1]
+        if used > 0:
+            key = label(pid, name)
+            spent[key] = spent.get(key, 0.0) + used
+    return spent
+
+
+def process_label(workers: dict[int, str]) -> Callable[[int, str], str]:
+    """Who a process is, for a CPU table: this script ("client"), a memq
+    worker (``workers``: pid → kind), a server, or "other" (the rest of the
+    machine)."""
+    me = os.getpid()
+    servers = {"nats-server": "nats-server", "redis-server": "Redis"}
+
+    def label(pid: int, name: str) -> str:
+        if pid == me:
+            return "client"
+        if pid in workers:
+            return workers[pid]
+        if name.startswith("postgres"):
+            return "PostgreSQL"
+        return servers.get(name, "other")
+
+    return label
 
 
 def git_revision() -> str:

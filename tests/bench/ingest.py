@@ -50,6 +50,11 @@ pipelined and with ``js.publish`` awaited one by one, and
 ``MemoryClient.append_many`` publishing into ``MEMQ_EVENTS`` with no worker.
 Ratios are against raw ``publish_async``.
 
+Around the throughput run and the baselines the script reads the CPU time of
+every process on the machine (``/proc/<pid>/stat``) and reports CPU ms per
+1,000 events by process: this script (the publishing client and the notice
+watcher), the workers, nats-server, PostgreSQL's backends and the rest.
+
 Workers get SIGTERM at the end of a configuration, after the checks, and
 SIGKILL if they have not exited 5 s later (so a slow shutdown cannot stretch
 the run; the script says when it had to).
@@ -71,7 +76,7 @@ import urllib.request
 import uuid
 from collections import defaultdict
 from contextlib import AsyncExitStack, ExitStack
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
@@ -80,7 +85,16 @@ import helpers  # noqa: E402
 import nats  # noqa: E402
 import orjson  # noqa: E402
 import services  # noqa: E402
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
+from benchlib import (  # noqa: E402
+    console,
+    cpu_between,
+    machine_info,
+    percentile,
+    process_cpu,
+    process_label,
+    status,
+    warn_if_busy,
+)
 from nats.js.api import StorageType, StreamConfig  # noqa: E402
 from nats.js.errors import NotFoundError  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -134,6 +148,7 @@ class Row:
     stored_rows: int = 0
     stored_distinct: int = 0
     startup_s: float = 0.0
+    cpu_ms_per_1k: dict[str, float] = field(default_factory=dict)  # the throughput run, by process
 
     @property
     def exactly_once(self) -> bool:
@@ -243,15 +258,23 @@ async def publish_sessions(client: MemoryClient, plan: dict) -> dict[tuple[str, 
     return {key: max(seqs) for key, seqs in zip(plan, results)}
 
 
-async def run_throughput(client, watch, js, cfg: Config, row: Row) -> None:
+async def run_throughput(client, watch, js, cfg: Config, row: Row, label) -> None:
     plan = split(make_events(cfg.events, "tp"), session_keys(cfg.sessions, "tp", cfg.users))
     row.events = sum(len(v) for v in plan.values())
+    before = process_cpu()
     t0 = now()
     targets = await publish_sessions(client, plan)
     published = now()
     committed = await wait_committed(watch, js, targets, cfg.commit_timeout_s)
+    row.cpu_ms_per_1k = per_1k(cpu_between(before, process_cpu(), label), row.events)
     row.publish_per_s = row.events / (published - t0)
     row.commit_per_s = row.events / (committed - t0)
+
+
+def per_1k(cpu: dict[str, float], events: int) -> dict[str, float]:
+    """CPU seconds by process → ms per 1,000 events, and the total."""
+    out = {who: round(s * 1e6 / events, 1) for who, s in sorted(cpu.items())}
+    return out | {"total": round(sum(cpu.values()) * 1e6 / events, 1)}
 
 
 async def run_paced(client, watch, js, cfg: Config, row: Row) -> None:
@@ -365,7 +388,8 @@ async def run_configuration(db: str, db_url: str, replicas: int, cfg: Config, wo
             client = await stack.enter_async_context(await MemoryClient.connect(nats_server.url, app=APP))
 
             status(f"  throughput: {cfg.events:,} events, {cfg.sessions} sessions …")
-            await run_throughput(client, watch, js, cfg, row)
+            label = process_label({w.proc.pid: "persistence" for w in workers if w.proc is not None})
+            await run_throughput(client, watch, js, cfg, row, label)
             status(f"    {row.commit_per_s:,.0f} events/s committed (published at {row.publish_per_s:,.0f}/s)")
 
             status(f"  latency: {cfg.rate:,}/s for {cfg.seconds:g} s, {cfg.paced_sessions} sessions …")
@@ -396,11 +420,14 @@ def raw_payloads(events: list[Event], keys) -> list[tuple[str, bytes, str]]:
     return out
 
 
-async def raw_publish_async(js, payloads) -> float:
+async def raw_publish_async(js, payloads) -> tuple[float, dict[str, float]]:
+    """Messages/s, and the CPU they cost by process (ms per 1,000)."""
+    before = process_cpu()
     t0 = now()
     futures = [await js.publish_async(s, d, headers={"Nats-Msg-Id": i}) for s, d, i in payloads]
     await asyncio.gather(*futures)
-    return len(payloads) / (now() - t0)
+    rate = len(payloads) / (now() - t0)
+    return rate, per_1k(cpu_between(before, process_cpu(), process_label({})), len(payloads))
 
 
 async def raw_publish_serial(js, payloads) -> float:
@@ -410,12 +437,15 @@ async def raw_publish_serial(js, payloads) -> float:
     return len(payloads) / (now() - t0)
 
 
-async def client_publish_only(url: str, cfg: Config) -> float:
+async def client_publish_only(url: str, cfg: Config) -> tuple[float, dict[str, float]]:
     plan = split(make_events(cfg.events, "pub"), session_keys(cfg.sessions, "pub", cfg.users))
+    events = sum(len(v) for v in plan.values())
     async with await MemoryClient.connect(url, app=APP) as client:
+        before = process_cpu()
         t0 = now()
         await publish_sessions(client, plan)
-        return sum(len(v) for v in plan.values()) / (now() - t0)
+        rate = events / (now() - t0)
+        return rate, per_1k(cpu_between(before, process_cpu(), process_label({})), events)
 
 
 async def run_baselines(cfg: Config) -> list[dict]:
@@ -431,17 +461,27 @@ async def run_baselines(cfg: Config) -> list[dict]:
             )
             await bus.ensure_streams(js, StreamSettings())
             status(f"  raw js.publish_async: {len(async_payloads):,} messages …")
-            raw_async = await raw_publish_async(js, async_payloads)
+            raw_async, raw_cpu = await raw_publish_async(js, async_payloads)
             status(f"  raw js.publish one by one: {len(serial_payloads):,} messages …")
             raw_serial = await raw_publish_serial(js, serial_payloads)
         finally:
             await nc.close()
         status(f"  MemoryClient.append_many, no workers: {cfg.events:,} events …")
-        client = await client_publish_only(server.url, cfg)
+        client, client_cpu = await client_publish_only(server.url, cfg)
     return [
-        {"path": "raw nats-py js.publish_async (pipelined)", "messages": len(async_payloads), "per_s": raw_async},
+        {
+            "path": "raw nats-py js.publish_async (pipelined)",
+            "messages": len(async_payloads),
+            "per_s": raw_async,
+            "cpu_ms_per_1k": raw_cpu,
+        },
         {"path": "raw nats-py js.publish (awaited one by one)", "messages": len(serial_payloads), "per_s": raw_serial},
-        {"path": "MemoryClient.append_many (publish only)", "messages": cfg.events, "per_s": client},
+        {
+            "path": "MemoryClient.append_many (publish only)",
+            "messages": cfg.events,
+            "per_s": client,
+            "cpu_ms_per_1k": client_cpu,
+        },
     ]
 
 
@@ -496,6 +536,19 @@ def print_results(machine: dict, cfg: Config, quick: bool, baselines: list[dict]
     for b in baselines:
         base.add_row(b["path"], f"{b['messages']:,}", f"{b['per_s']:,.0f}", f"{b['per_s'] / raw_async:.2f}")
     console.print(base)
+    print_cpu(baselines, rows)
+
+
+def print_cpu(baselines: list[dict], rows: list[Row]) -> None:
+    """What 1,000 events cost the machine, by process: on a machine with few
+    cores, events/s is bounded by cores ÷ CPU per event."""
+    runs = [(b["path"], b["cpu_ms_per_1k"]) for b in baselines if "cpu_ms_per_1k" in b]
+    runs += [(f"{r.database}, {r.replicas} replica{'s' if r.replicas > 1 else ''}", r.cpu_ms_per_1k) for r in rows]
+    who = sorted({k for _, cpu in runs for k in cpu if k != "total"}, key=lambda k: (k == "other", k))
+    table = Table("run", *who, "total", title="CPU per 1,000 events, ms (all processes of the machine)")
+    for name, cpu in runs:
+        table.add_row(name, *(f"{cpu.get(k, 0):,.0f}" for k in who), f"{cpu.get('total', 0):,.0f}")
+    console.print(table)
 
 
 def worker_settings() -> dict:
