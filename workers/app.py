@@ -63,10 +63,7 @@ DRAIN_TIMEOUT_S = 5  # a drain past this closes anyway: unacked work is redelive
 
 
 async def _malformed(exc: ValidationError, message: NatsMessage) -> None:
-    """A notice that does not parse is logged in one line and dropped: it is
-    no instruction to anyone, and the subscriber goes on with the next."""
-    errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:3])
-    log.warning("ignoring a malformed notice on %s: %s", message.raw_message.subject, errors)
+    bus.malformed_notice(message.raw_message.subject, exc)
 
 
 class MemqBroker(NatsBroker):

@@ -22,7 +22,9 @@ publishers: the commit notices and the status events, typed by
   AsyncAPI 3 ``reply`` objects, so these operations are written here, from
   the one op registry (:data:`memq.contracts.queries.OPS`);
 - the dead-letter subjects (``memq.v1.dlq.<worker>``), published with
-  JetStream directly, with their headers (:mod:`memq.contracts.dlq`).
+  JetStream directly, with their headers (:mod:`memq.contracts.dlq`);
+- the query workers' side of the committed notices, a nats-py subscription
+  on the read-your-writes path (see :mod:`memq.workers.query.service`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from faststream.specification import AsyncAPI
 import memq.contracts
 from memq.contracts import dlq, jsonschema
 from memq.contracts.queries import OPS
-from memq.contracts.subjects import DLQ_STREAM, EVENTS_STREAM, PREFIX
+from memq.contracts.subjects import DLQ_STREAM, EVENTS_STREAM, PREFIX, committed_subject
 from memq.workers.settings import Settings
 
 DEFAULT_PATH = Path(memq.contracts.__file__).with_name("asyncapi.json")
@@ -146,6 +148,7 @@ def complete(doc: dict[str, Any], settings: Settings) -> dict[str, Any]:
     _add_events(doc, server)
     _add_queries(doc, server, settings)
     _add_dead_letters(doc, server)
+    _add_commit_floor(doc, server, settings)
     _add_parameters(doc)
     components["schemas"] = _asyncapi_schemas(components["schemas"])
     return doc
@@ -243,6 +246,41 @@ def _add_queries(doc: dict[str, Any], server: list[dict[str, str]], settings: Se
                 "messages": [{"$ref": f"#/channels/{reply_channel}/messages/reply"}],
             },
         }
+
+
+# --- the commit floor ----------------------------------------------------------------
+
+
+def _add_commit_floor(doc: dict[str, Any], server: list[dict[str, str]], settings: Settings) -> None:
+    """The query workers hear the committed notices the persistence replicas
+    publish: FastStream documents that side, and its schema of the payload."""
+    assert "CommittedRanges" in doc["components"]["schemas"], "the persistence side declares the notice"
+    channel = f"{PREFIX}.committed.<durable>:query"
+    subject = committed_subject(settings.persistence.durable)
+    doc["components"]["messages"][f"{channel}:SubscribeMessage"] = {
+        "title": f"{channel}:SubscribeMessage",
+        "contentType": "application/json",
+        "payload": {"$ref": SCHEMAS + "CommittedRanges"},
+    }
+    doc["channels"][channel] = {
+        "address": subject,
+        "description": "Query worker: drop this replica's cached answers that the batch made stale, then move "
+        "the commit floor (read-your-writes) over the sequences a persistence replica finished with, and wake "
+        "the reads waiting on them. Every replica hears every notice (no queue group).",
+        "servers": server,
+        "bindings": {"nats": {"subject": subject, "bindingVersion": "custom"}},
+        "messages": {"SubscribeMessage": {"$ref": f"#/components/messages/{_escaped(channel)}:SubscribeMessage"}},
+    }
+    doc["operations"][channel] = {
+        "action": "receive",
+        "channel": {"$ref": f"#/channels/{_escaped(channel)}"},
+        "messages": [{"$ref": f"#/channels/{_escaped(channel)}/messages/SubscribeMessage"}],
+    }
+
+
+def _escaped(name: str) -> str:
+    """A name as a JSON pointer token in a $ref, the way FastStream writes them."""
+    return name.replace("<", "%3C").replace(">", "%3E")
 
 
 # --- dead letters ------------------------------------------------------------------

@@ -18,6 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
+from pydantic import ValidationError
 
 from memq.contracts.connection import NatsUnreachable, connect_nats  # noqa: F401 (what connect raises)
 from memq.contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
@@ -229,3 +230,10 @@ async def _ensure_streams(js: JetStreamContext, s: StreamSettings) -> dict[str, 
         await js.create_object_store(ARTIFACT_BUCKET, storage=StorageType(s.storage), replicas=s.replicas)
         result[ARTIFACT_BUCKET] = "created"
     return result
+
+
+def malformed_notice(subject: str, exc: ValidationError) -> None:
+    """A notice that does not parse is logged in one line and dropped: it is
+    no instruction to anyone, and the subscriber goes on with the next."""
+    errors = "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()[:3])
+    log.warning("ignoring a malformed notice on %s: %s", subject, errors)

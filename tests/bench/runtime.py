@@ -1,10 +1,10 @@
-"""Runtime benchmark: memq's two hot paths beside their FastStream alternatives, same run.
+"""Runtime benchmark: memq's hot paths beside their FastStream alternatives, same run.
 
 Usage::
 
     .venv/bin/python tests/bench/runtime.py [--quick] [--runs N] [--json PATH]
 
-The worker process is a FastStream app (``memq.workers.app``), but two hot
+The worker process is a FastStream app (``memq.workers.app``), but three hot
 paths stay on nats-py inside it, on the broker's connection, for reasons
 measured here against a nats-server this script starts (``tests/services.py``):
 
@@ -25,6 +25,14 @@ measured here against a nats-server this script starts (``tests/services.py``):
     process of its own and each decoding a JSON request and encoding a JSON
     reply: p50 latency one request at a time (2,000; ``--quick`` 300), and
     requests/s with 64 in flight (20,000; ``--quick`` 3,000).
+
+(c) **commit notices** — what the query worker does with each
+    ``memq.v1.committed.<durable>`` notice (one per persistence batch, two
+    per agent turn, each waking a read-your-writes read): a nats-py
+    subscription parsing it with pydantic (what the query worker runs)
+    against a FastStream subscriber typed with the same model, each in a
+    process of its own: the process's CPU µs per notice (``/proc``) and
+    notices/s, for N notices (20,000; ``--quick`` 5,000) published at once.
 
 Every figure is the median of ``--runs`` runs (3 by default); the ratios are
 FastStream's figure over the owned one's.
@@ -49,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services
 import nats  # noqa: E402
 import orjson  # noqa: E402
 import services  # noqa: E402
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
+from benchlib import console, machine_info, percentile, process_cpu, status, warn_if_busy  # noqa: E402
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -71,11 +79,12 @@ class Size:
     trickle_s: float
     one_at_a_time: int
     concurrent: int
+    notices: int
 
 
-FULL = Size(backlog=20_000, trickle_s=10.0, one_at_a_time=2_000, concurrent=20_000)
-QUICK = Size(backlog=5_000, trickle_s=4.0, one_at_a_time=300, concurrent=3_000)
-SMOKE = Size(backlog=500, trickle_s=1.0, one_at_a_time=50, concurrent=300)  # the unit test's run
+FULL = Size(backlog=20_000, trickle_s=10.0, one_at_a_time=2_000, concurrent=20_000, notices=20_000)
+QUICK = Size(backlog=5_000, trickle_s=4.0, one_at_a_time=300, concurrent=3_000, notices=5_000)
+SMOKE = Size(backlog=500, trickle_s=1.0, one_at_a_time=50, concurrent=300, notices=500)  # the unit test's run
 
 
 @dataclass
@@ -313,6 +322,91 @@ async def request_once(url: str, server: str, subject: str, size: Size) -> Reply
         proc.wait()
 
 
+# --- (c) commit notices ----------------------------------------------------------------
+
+# Each prints "done" once it has handled argv[2] notices.
+HEAR_NATS_PY = """
+import asyncio, sys, nats
+from memq.contracts.notices import CommittedRanges
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    want, done = int(sys.argv[2]), asyncio.Event()
+    heard = []
+    async def on(msg):
+        heard.append(CommittedRanges.model_validate_json(msg.data))
+        if len(heard) == want:
+            done.set()
+    await nc.subscribe("bench.notice.nats-py", cb=on)
+    await nc.flush()
+    print("ready", flush=True)
+    await done.wait()
+    print("done", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+HEAR_FASTSTREAM = """
+import asyncio, logging, sys
+from faststream.nats import NatsBroker
+from memq.contracts.notices import CommittedRanges
+async def main():
+    broker = NatsBroker(sys.argv[1], logger=logging.getLogger("quiet"))
+    want, done = int(sys.argv[2]), asyncio.Event()
+    heard = []
+    @broker.subscriber("bench.notice.faststream")
+    async def on(notice: CommittedRanges) -> None:
+        heard.append(notice)
+        if len(heard) == want:
+            done.set()
+    await broker.start()
+    await broker.connection.flush()
+    print("ready", flush=True)
+    await done.wait()
+    print("done", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+@dataclass
+class NoticeRun:
+    cpu_us: float  # the hearing process's CPU per notice
+    per_s: float
+
+
+def notice_body(i: int) -> bytes:
+    from memq.contracts.notices import CommitNotice, CommittedRanges
+
+    changed = [CommitNotice(app="bench", user="ada", session=f"s{i % 50}", seq=i + 1)]
+    return CommittedRanges.of([i + 1], changed).encode()
+
+
+async def notices_once(url: str, script: str, subject: str, n: int) -> NoticeRun:
+    proc = subprocess.Popen([sys.executable, "-c", script, url, str(n)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready", "the notice hearer did not start"
+        bodies = [notice_body(i) for i in range(n)]
+        nc = await nats.connect(url, name="bench-notices")
+        try:
+            before = process_cpu()[proc.pid][1]
+            t0 = time.perf_counter()
+            for i, body in enumerate(bodies):
+                await nc.publish(subject, body)
+                if i % 100 == 99:  # core NATS: do not outrun a slow consumer's buffer
+                    await nc.flush()
+            await nc.flush()
+            done = await asyncio.to_thread(proc.stdout.readline)
+            assert done.strip() == "done", "the notice hearer missed notices"
+            per_s = n / (time.perf_counter() - t0)
+            cpu = process_cpu()[proc.pid][1] - before
+        finally:
+            await nc.close()
+        return NoticeRun(cpu_us=cpu * 1e6 / n, per_s=per_s)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 # --- the run ------------------------------------------------------------------------------
 
 
@@ -321,7 +415,7 @@ def median(values: list[float]) -> float:
 
 
 async def measure(size: Size, runs: int) -> dict:
-    results: dict = {"consume": {}, "reply": {}}
+    results: dict = {"consume": {}, "reply": {}, "notices": {}}
     with services.NatsServer() as server:
         for impl in (Owned(), FastStreamBatch()):
             seen = []
@@ -346,6 +440,18 @@ async def measure(size: Size, runs: int) -> dict:
             results["reply"][name] = {
                 "p50_ms": median([r.p50_ms for r in seen]),
                 "per_s": median([r.per_s for r in seen]),
+            }
+        for name, script, subject in (
+            ("nats-py subscription", HEAR_NATS_PY, "bench.notice.nats-py"),
+            ("FastStream subscriber", HEAR_FASTSTREAM, "bench.notice.faststream"),
+        ):
+            heard = []
+            for i in range(runs):
+                status(f"  commit notices, {name}: run {i + 1}/{runs} …")
+                heard.append(await notices_once(server.url, script, subject, size.notices))
+            results["notices"][name] = {
+                "cpu_us": median([r.cpu_us for r in heard]),
+                "per_s": median([r.per_s for r in heard]),
             }
     return results
 
@@ -385,6 +491,21 @@ def print_results(machine: dict, size: Size, runs: int, results: dict) -> None:
             f"{row['p50_ms'] / micro['p50_ms']:.2f}",
             f"{row['per_s']:,.0f}",
             f"{row['per_s'] / micro['per_s']:.2f}",
+        )
+    console.print(table)
+    notices = results["notices"]
+    owned_notices = notices["nats-py subscription"]
+    table = Table(title=f"commit notices: {size.notices:,} published at once, CPU of the hearing process")
+    for col in ("path", "CPU µs/notice", "× nats-py", "notices/s", "× nats-py "):
+        table.add_column(col, justify="left" if col == "path" else "right")
+    for name, row in notices.items():
+        table.add_row(
+            name,
+            f"{row['cpu_us']:.1f}",
+            # CPU is read in clock ticks (10 ms): a smoke run may see none
+            f"{row['cpu_us'] / owned_notices['cpu_us']:.2f}" if owned_notices["cpu_us"] else "—",
+            f"{row['per_s']:,.0f}",
+            f"{row['per_s'] / owned_notices['per_s']:.2f}",
         )
     console.print(table)
 
