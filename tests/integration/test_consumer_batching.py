@@ -74,7 +74,9 @@ async def test_batches_fill_up_while_messages_keep_coming(nats_url):
     try:
         await js.publish("batching.first", b"first")
         await asyncio.sleep(0.2)  # the first batch is in the handler
-        acks = [js.publish_async(f"batching.burst.{i % 7}", b"x") for i in range(250)]
+        # publish_async hands back a future of the PubAck: the burst is
+        # stored before the handler lets go.
+        acks = await asyncio.gather(*(js.publish_async(f"batching.burst.{i % 7}", b"x") for i in range(250)))
         await asyncio.gather(*acks)
         release.set()
         deadline = time.monotonic() + 10
