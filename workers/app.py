@@ -11,8 +11,8 @@
   publishers (commit notices, summarizer triggers, status events, typed by
   :mod:`memq.contracts.notices`), included in the broker;
 - the process's shared dependencies (:class:`Resources`): the settings,
-  one SQL engine, the query cache and the index, put in the app's context
-  and handed to each component when it opens;
+  one SQL engine, the query cache and the index, handed to each component
+  when it opens;
 - the FastStream app, whose hooks run the lifecycle:
 
   1. ``on_startup``: migrate the database (once per process, if a kind uses
@@ -20,8 +20,9 @@
      component on the broker's connection (before any subscriber runs);
   2. the broker starts the FastStream subscribers;
   3. ``after_startup``: each component starts its hot path on the same
-     connection (the owned batch consumer, the nats micro service: their
-     modules say why these are not FastStream subscribers);
+     connection (the owned batch consumer, the nats micro service, the
+     query worker's committed notices: their modules say why these are not
+     FastStream subscribers);
   4. ``on_shutdown``: the components stop, in reverse (a batch in hand is
      finished and acked); the broker then drains the connection;
   5. ``after_shutdown``: the shared dependencies are closed.

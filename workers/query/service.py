@@ -30,10 +30,10 @@ back to the consumer's ack floor.
 
 Why the committed notices are a nats-py subscription and not a FastStream
 subscriber: one arrives per persistence batch, so an agent's turn brings two,
-and each wakes a read-your-writes read. A FastStream subscriber spent 58-59 µs
+and each wakes a read-your-writes read. A FastStream subscriber spent 57-64 µs
 of CPU per notice (its middlewares, and FastDepends opening an anyio task
-group per call), nats-py with a pydantic parse 8.5-9 µs (20,000 notices
-published straight at one query worker, alternating, on the 2-core dev VM).
+group per call), nats-py with a pydantic parse 8.5-12 µs, on the 2-core dev VM
+(``tests/bench/runtime.py``; a query worker fed 20,000 notices agreed).
 
 Why the endpoints are a nats micro service on the broker's connection and
 not FastStream subscribers (measured against raw nats-py on the same
