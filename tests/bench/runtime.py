@@ -479,35 +479,43 @@ def print_results(machine: dict, size: Size, runs: int, results: dict) -> None:
             ", ".join(map(str, row["missing"])),
         )
     console.print(table)
-    reply = results["reply"]
-    micro = reply["nats micro endpoint"]
-    table = Table(title=f"request/reply: p50 one at a time, throughput with {CONCURRENCY} in flight")
-    for col in ("path", "p50 ms", "× micro", "req/s", "× micro "):
-        table.add_column(col, justify="left" if col == "path" else "right")
-    for name, row in reply.items():
-        table.add_row(
-            name,
-            f"{row['p50_ms']:.3f}",
-            f"{row['p50_ms'] / micro['p50_ms']:.2f}",
-            f"{row['per_s']:,.0f}",
-            f"{row['per_s'] / micro['per_s']:.2f}",
-        )
-    console.print(table)
-    notices = results["notices"]
-    owned_notices = notices["nats-py subscription"]
-    table = Table(title=f"commit notices: {size.notices:,} published at once, CPU of the hearing process")
-    for col in ("path", "CPU µs/notice", "× nats-py", "notices/s", "× nats-py "):
-        table.add_column(col, justify="left" if col == "path" else "right")
-    for name, row in notices.items():
-        table.add_row(
-            name,
-            f"{row['cpu_us']:.1f}",
+    for title, key, base, short, measures in (
+        (
+            f"request/reply: p50 one at a time, throughput with {CONCURRENCY} in flight",
+            "reply",
+            "nats micro endpoint",
+            "micro",
+            (("p50_ms", "p50 ms", ".3f"), ("per_s", "req/s", ",.0f")),
+        ),
+        (
+            f"commit notices: {size.notices:,} published at once, CPU of the hearing process",
+            "notices",
+            "nats-py subscription",
+            "nats-py",
+            (("cpu_us", "CPU µs/notice", ".1f"), ("per_s", "notices/s", ",.0f")),
+        ),
+    ):
+        console.print(ratio_table(title, results[key], base, short, measures))
+
+
+def ratio_table(
+    title: str, rows: dict[str, dict], base: str, short: str, measures: tuple[tuple[str, str, str], ...]
+) -> Table:
+    """Each path's measures (key, column name, format), each beside its
+    ratio to the ``base`` path's (``short`` names it in the header)."""
+    table = Table(title=title)
+    table.add_column("path")
+    for _, name, _ in measures:
+        table.add_column(name, justify="right")
+        table.add_column(f"× {short}", justify="right")
+    for path, row in rows.items():
+        cells = []
+        for key, _, fmt in measures:
             # CPU is read in clock ticks (10 ms): a smoke run may see none
-            f"{row['cpu_us'] / owned_notices['cpu_us']:.2f}" if owned_notices["cpu_us"] else "—",
-            f"{row['per_s']:,.0f}",
-            f"{row['per_s'] / owned_notices['per_s']:.2f}",
-        )
-    console.print(table)
+            ratio = f"{row[key] / rows[base][key]:.2f}" if rows[base][key] else "—"
+            cells += [format(row[key], fmt), ratio]
+        table.add_row(path, *cells)
+    return table
 
 
 def versions() -> dict:
