@@ -231,12 +231,12 @@ class QueryWorker:
         if self.service is not None:
             await self.service.stop()
             self.service = None
+        if self._tasks:  # reads waiting on the floor still hear the notices
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._notices is not None:
             with contextlib.suppress(NatsError):  # the connection is already gone
                 await self._notices.unsubscribe()
             self._notices = None
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.searcher.close()
 
     async def reconnected(self) -> None:
@@ -392,10 +392,6 @@ class QueryWorker:
 
     # --- commit notices -------------------------------------------------------------
 
-    # The cache is the worker's own, not a FastStream Context("cache")
-    # argument: FastDepends solves such a field in a thread per message
-    # (anyio.to_thread), on the path that wakes every read-your-writes read.
-
     async def _on_committed(self, msg: Msg) -> None:
         # nats-py runs a subscription's callbacks one at a time, in order.
         try:
@@ -410,6 +406,10 @@ class QueryWorker:
         for changed in notice.changed:  # first: a read the floor wakes must not see a stale entry
             await cache.invalidate_local(**_scope(changed))
         opened(self.floor, "the commit floor").finished(notice.ranges)
+
+    # The FastStream handlers use the worker's own cache, not a
+    # Context("cache") argument: FastDepends solves such a field in a
+    # thread per message (anyio.to_thread).
 
     async def invalidate_local(self, notice: CommitNotice) -> None:
         await opened(self.cache, "the query cache").invalidate_local(**_scope(notice))
