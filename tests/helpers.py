@@ -188,6 +188,27 @@ async def wait_for_consumer(nats_url: str, durable: str = "memq-persistence", ti
         await nc.close()
 
 
+async def wait_committed(nats_url: str, seq: int, durable: str = "memq-persistence", timeout: float = 60.0) -> None:
+    """Until every message up to stream sequence ``seq`` is committed: the
+    persistence consumer's ack floor (contiguous) has reached it. A later
+    write's commit alone says nothing of an earlier one: batches of one
+    worker (``persistence.concurrency``) and of replicas commit out of order."""
+    import nats
+
+    from memq.contracts.subjects import EVENTS_STREAM
+
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+
+    async def reached() -> bool:
+        return (await js.consumer_info(EVENTS_STREAM, durable)).ack_floor.stream_seq >= seq
+
+    try:
+        await wait_for(reached, timeout=timeout, what=f"commits up to seq {seq}")
+    finally:
+        await nc.close()
+
+
 class SharedEmbedder:
     """Lets several workers of one test share one loaded model (closing is a no-op)."""
 

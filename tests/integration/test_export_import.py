@@ -11,7 +11,7 @@ import nats
 import orjson
 import pytest
 from conftest import running
-from helpers import make_settings, run_memq, running_worker, wait_for
+from helpers import make_settings, run_memq, running_worker, wait_committed
 from services import NatsServer
 from sqlalchemy import select
 
@@ -37,20 +37,6 @@ def turn(text: str, role: str = "user", **delta: Any) -> Event:
         message=Message(role=role, parts=[TextPart(text=text)]),  # type: ignore[arg-type]
         actions=Actions(state_delta=delta),
     )
-
-
-async def committed(url: str, seq: int) -> None:
-    nc = await nats.connect(url)
-    js = nc.jetstream()
-
-    async def floor() -> bool:
-        info = await js.consumer_info("MEMQ_EVENTS", "memq-persistence")
-        return info.ack_floor.stream_seq >= seq
-
-    try:
-        await wait_for(floor, what=f"seq {seq} committed")
-    finally:
-        await nc.close()
 
 
 async def stream_last_seq(url: str) -> int:
@@ -94,7 +80,7 @@ async def populate(url: str) -> None:
     async with await MemoryClient.connect(url, app=OTHER) as other:
         last = max(last, await other.append("carol", "c1", turn("another app")))
     assert ack.seq > seqs[1]
-    await committed(url, last)
+    await wait_committed(url, last)
 
 
 async def snapshot(url: str) -> dict[str, Any]:
