@@ -31,7 +31,12 @@ For each number of concurrent agents A (1, 16, 64), the two loops run one
 after the other for ``--seconds`` each, alternating, ``--rounds`` times
 (memq first in odd rounds, SQL first in even ones), so a slow moment of a
 shared machine does not favour one side. Turns/s and turn p50/p99 are over
-every round; the memq rows also give the p50 of each step. Every memq reply
+every round; the memq rows also give the p50 of each step. With one agent
+the context step is split in two: the wait for the commit (from the PubAck
+to the persistence worker's ``memq.v1.committed`` notice naming the seq,
+heard by this script as the query worker hears it) and the read after it.
+Only then: the subscription costs client CPU, and the split is what matters
+for one agent's latency. Every memq reply
 is checked: a context that lacks the user event just appended is counted as
 a read-your-writes violation (and fails the run), as is any error.
 
@@ -64,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services
 import asyncpg  # noqa: E402
 import helpers  # noqa: E402
 import nats  # noqa: E402
+import orjson  # noqa: E402
 import services  # noqa: E402
 from benchlib import (  # noqa: E402
     console,
@@ -80,11 +86,13 @@ from rich.table import Table  # noqa: E402
 
 from memq.contracts.client import MemoryClient  # noqa: E402
 from memq.contracts.errors import MemqError  # noqa: E402
+from memq.contracts.subjects import committed_subject  # noqa: E402
 
 APP = "agents"
 EVENT_CHARS = 300
 LAST_N = 50
 MEMQ = Path(sys.prefix) / "bin" / "memq"
+DURABLE = "memq-persistence"
 now = time.perf_counter
 
 FLOOR_SCHEMA = """
@@ -187,10 +195,33 @@ async def run_agents(n: int, seconds: float, turn) -> float:
     return now() - started
 
 
+class CommitClock:
+    """When each stream sequence was committed, as the query worker learns
+    it: the arrival of the persistence worker's notice that names it. A
+    notice can arrive before the PubAck of its own append is read, so every
+    seq is kept until asked for (``reset`` between loops bounds it)."""
+
+    def __init__(self) -> None:
+        self.at: dict[int, float] = {}
+
+    async def start(self, nc) -> None:
+        await nc.subscribe(committed_subject(DURABLE), cb=self._on_notice)
+
+    async def _on_notice(self, msg) -> None:
+        t = now()
+        for first, last in orjson.loads(msg.data)["ranges"]:
+            for seq in range(first, last + 1):
+                self.at.setdefault(seq, t)
+
+    def reset(self) -> None:
+        self.at.clear()
+
+
 class MemqLoop:
-    def __init__(self, nc, n: int, tag: str):
+    def __init__(self, nc, n: int, tag: str, clock: CommitClock | None = None):
         self.clients = [MemoryClient(nc, APP) for _ in range(n)]
         self.sessions = [(f"user-{a % 16}", f"{tag}-agent-{a}") for a in range(n)]
+        self.clock = clock
 
     async def turn(self, run: Run, agent: int, i: int) -> None:
         client, (user, session) = self.clients[agent], self.sessions[agent]
@@ -208,10 +239,14 @@ class MemqLoop:
             return
         if not ctx.messages or ctx.messages[-1].get("content") != said:
             run.ryw_violations += 1
-        run.record(
-            (t3 - t0) * 1000,
-            {"append user": (t1 - t0) * 1000, "context": (t2 - t1) * 1000, "append assistant": (t3 - t2) * 1000},
-        )
+        steps = {"append user": (t1 - t0) * 1000, "context": (t2 - t1) * 1000}
+        if self.clock is not None and (committed := self.clock.at.pop(seq, None)) is not None:
+            # min/max: the notice may come before the PubAck is read, or
+            # (read from a cache no commit had to wait for) after the reply
+            steps["of which: commit"] = (min(max(committed, t1), t2) - t1) * 1000
+            steps["of which: read after it"] = (t2 - min(max(committed, t1), t2)) * 1000
+        steps["append assistant"] = (t3 - t2) * 1000
+        run.record((t3 - t0) * 1000, steps)
 
 
 class SqlLoop:
@@ -236,16 +271,17 @@ class SqlLoop:
         run.record((now() - t0) * 1000)
 
 
-async def measure(cfg: Config, nc, pool: asyncpg.Pool, label) -> list[Run]:
+async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock | None) -> list[Run]:
     """Both loops at each number of agents; ``label(pid, name)`` names the
-    process a pid is, for the CPU each loop costs the machine."""
+    process a pid is, for the CPU each loop costs the machine; ``clock``
+    splits the one-agent context step."""
     runs: list[Run] = []
     for n in cfg.agents:
         memq_run, sql_run = Run("memq", n), Run("sql", n)
         status(f"[bold]{n} agent{'s' if n > 1 else ''}[/]: {cfg.rounds} rounds of {cfg.seconds:g} s per loop")
         for r in range(cfg.rounds):
             tag = f"a{n}r{r}-{uuid.uuid4().hex[:6]}"
-            memq_loop, sql_loop = MemqLoop(nc, n, tag), SqlLoop(pool, tag)
+            memq_loop, sql_loop = MemqLoop(nc, n, tag, clock if n == 1 else None), SqlLoop(pool, tag)
             # one warm-up turn each: the sessions exist, connections are open
             await asyncio.gather(*(memq_loop.turn(Run("warm", n), a, -1) for a in range(n)))
             await asyncio.gather(*(sql_loop.turn(Run("warm", n), a, -1) for a in range(n)))
@@ -255,6 +291,8 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label) -> list[Run]:
                 async def turn(agent: int, i: int, run: Run = run, loop=loop) -> None:
                     await loop.turn(run, agent, i)
 
+                if clock is not None:
+                    clock.reset()
                 before = process_cpu()
                 run.seconds += await run_agents(n, cfg.seconds, turn)
                 run.spent(cpu_between(before, process_cpu(), label))
@@ -325,7 +363,11 @@ async def run(cfg: Config, machine: dict, work: Path) -> list[Run]:
         try:
             await helpers.wait_for_consumer(nats_server.url)
             await wait_until_answering(nc, procs)
-            return await measure(cfg, nc, pool, process_label({p.proc.pid: p.cmd[-1] for p in procs}))
+            clock = None
+            if 1 in cfg.agents:  # only there: hearing every notice costs the client CPU
+                clock = CommitClock()
+                await clock.start(nc)
+            return await measure(cfg, nc, pool, process_label({p.proc.pid: p.cmd[-1] for p in procs}), clock)
         except BaseException:
             for p in procs:
                 console.print(f"[red]{' '.join(p.cmd[-2:])} log:[/]\n{p.log_tail()}")
