@@ -69,9 +69,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services
 import asyncpg  # noqa: E402
 import helpers  # noqa: E402
 import nats  # noqa: E402
-import orjson  # noqa: E402
 import services  # noqa: E402
 from benchlib import (  # noqa: E402
+    CommitClock,
     console,
     cpu_between,
     machine_info,
@@ -86,13 +86,11 @@ from rich.table import Table  # noqa: E402
 
 from memq.contracts.client import MemoryClient  # noqa: E402
 from memq.contracts.errors import MemqError  # noqa: E402
-from memq.contracts.subjects import committed_subject  # noqa: E402
 
 APP = "agents"
 EVENT_CHARS = 300
 LAST_N = 50
 MEMQ = Path(sys.prefix) / "bin" / "memq"
-DURABLE = "memq-persistence"
 now = time.perf_counter
 
 FLOOR_SCHEMA = """
@@ -193,28 +191,6 @@ async def run_agents(n: int, seconds: float, turn) -> float:
     started = now()
     await asyncio.gather(*(loop(a) for a in range(n)))
     return now() - started
-
-
-class CommitClock:
-    """When each stream sequence was committed, as the query worker learns
-    it: the arrival of the persistence worker's notice that names it. A
-    notice can arrive before the PubAck of its own append is read, so every
-    seq is kept until asked for (``reset`` between loops bounds it)."""
-
-    def __init__(self) -> None:
-        self.at: dict[int, float] = {}
-
-    async def start(self, nc) -> None:
-        await nc.subscribe(committed_subject(DURABLE), cb=self._on_notice)
-
-    async def _on_notice(self, msg) -> None:
-        t = now()
-        for first, last in orjson.loads(msg.data)["ranges"]:
-            for seq in range(first, last + 1):
-                self.at.setdefault(seq, t)
-
-    def reset(self) -> None:
-        self.at.clear()
 
 
 class MemqLoop:

@@ -13,7 +13,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 from rich.console import Console
+
+from memq.contracts.subjects import committed_subject
 
 # Wide enough for the result tables when the output goes to a file.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -146,3 +149,27 @@ def warn_if_busy(machine: dict) -> None:
     busy = machine["cpu_busy_at_start"]
     if busy >= 0.15:
         status(f"[yellow]the CPU was {busy:.0%} busy before the run: other processes share it; expect noise[/]")
+
+
+class CommitClock:
+    """When each stream sequence was committed, as a query worker learns it:
+    the arrival of the persistence replicas' ``memq.v1.committed`` notice
+    that names it (exact with any number of replicas). A notice can arrive
+    before the PubAck of its own append is read, so every seq is kept until
+    popped or ``reset``."""
+
+    def __init__(self, durable: str = "memq-persistence") -> None:
+        self.durable = durable
+        self.at: dict[int, float] = {}
+
+    async def start(self, nc) -> None:
+        async def heard(msg) -> None:
+            t = time.perf_counter()
+            for first, last in orjson.loads(msg.data)["ranges"]:
+                for seq in range(first, last + 1):
+                    self.at.setdefault(seq, t)
+
+        await nc.subscribe(committed_subject(self.durable), cb=heard)
+
+    def reset(self) -> None:
+        self.at.clear()

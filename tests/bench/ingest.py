@@ -85,6 +85,7 @@ import nats  # noqa: E402
 import orjson  # noqa: E402
 import services  # noqa: E402
 from benchlib import (  # noqa: E402
+    CommitClock,
     console,
     cpu_between,
     machine_info,
@@ -101,7 +102,7 @@ from rich.table import Table  # noqa: E402
 from memq.contracts.client import MemoryClient  # noqa: E402
 from memq.contracts.codec import encode, subject_for  # noqa: E402
 from memq.contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
-from memq.contracts.subjects import CHANGED_WILDCARD, EVENTS_STREAM, committed_subject  # noqa: E402
+from memq.contracts.subjects import CHANGED_WILDCARD, EVENTS_STREAM  # noqa: E402
 from memq.workers import bus  # noqa: E402
 from memq.workers.settings import StreamSettings  # noqa: E402
 
@@ -192,17 +193,12 @@ class CommitWatch:
         self.notices: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
         self.high: dict[tuple[str, str], int] = {}
         self.last_at = 0.0
-        self.finished_at: dict[int, float] = {}
+        self.clock = CommitClock(DURABLE)
+        self.finished_at = self.clock.at
 
     async def start(self, nc) -> None:
         await nc.subscribe(CHANGED_WILDCARD, cb=self._on_notice)
-        await nc.subscribe(committed_subject(DURABLE), cb=self._on_finished)
-
-    async def _on_finished(self, msg) -> None:
-        t = now()
-        for first, last in orjson.loads(msg.data)["ranges"]:
-            for seq in range(first, last + 1):
-                self.finished_at.setdefault(seq, t)
+        await self.clock.start(nc)
 
     async def _on_notice(self, msg) -> None:
         t = now()
