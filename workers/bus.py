@@ -11,7 +11,8 @@ import contextlib
 import logging
 import ssl
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
@@ -23,6 +24,8 @@ from pydantic import ValidationError
 from memq.contracts.connection import NatsUnreachable, connect_nats  # noqa: F401 (what connect raises)
 from memq.contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
 from memq.workers.settings import NatsSettings, Settings, StreamSettings, mask_url
+
+T = TypeVar("T")
 
 log = logging.getLogger("memq.bus")
 
@@ -200,22 +203,28 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> str:
 _TRANSIENT = (nats.errors.TimeoutError, ServiceUnavailableError)
 
 
-async def ensure_streams(js: JetStreamContext, s: StreamSettings, patience_s: float = 60.0) -> dict[str, str]:
-    """Idempotent setup of the event log, the DLQ and the artifact bucket,
-    retried for up to ``patience_s`` while JetStream is transiently unavailable
-    (seen in tests/faults: a worker starting beside others on a fresh 3-node
-    cluster timed out here and exited)."""
+async def patiently(what: str, call: Callable[[], Awaitable[T]], patience_s: float = 60.0) -> T:
+    """``call()``, retried for up to ``patience_s`` while JetStream is
+    transiently unavailable; then what it raises. For the JetStream requests
+    a worker cannot start without (seen in tests/faults: a worker starting
+    beside others on a fresh 3-node cluster timed out and exited)."""
     deadline = time.monotonic() + patience_s
     delay = 0.5
     while True:
         try:
-            return await _ensure_streams(js, s)
+            return await call()
         except _TRANSIENT as exc:
             if time.monotonic() + delay > deadline:
                 raise
-            log.warning("JetStream unavailable (%s); setting up streams again in %.1fs", type(exc).__name__, delay)
+            log.warning("JetStream unavailable (%s); %s again in %.1fs", type(exc).__name__, what, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+async def ensure_streams(js: JetStreamContext, s: StreamSettings, patience_s: float = 60.0) -> dict[str, str]:
+    """Idempotent setup of the event log, the DLQ and the artifact bucket,
+    retried for up to ``patience_s`` while JetStream is transiently unavailable."""
+    return await patiently("setting up streams", lambda: _ensure_streams(js, s), patience_s)
 
 
 async def _ensure_streams(js: JetStreamContext, s: StreamSettings) -> dict[str, str]:

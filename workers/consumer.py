@@ -36,6 +36,8 @@ from nats.errors import NotJSMessageError
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
+from memq.workers.bus import patiently
+
 log = logging.getLogger("memq.consumer")
 
 Handler = Callable[[list[Msg]], Awaitable[None]]
@@ -77,8 +79,11 @@ class BatchConsumer:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        self._sub = await self.js.pull_subscribe(
-            self.subject, durable=self.config.durable_name, stream=self.stream, config=self.config
+        self._sub = await patiently(
+            f"creating consumer {self.config.durable_name}",
+            lambda: self.js.pull_subscribe(
+                self.subject, durable=self.config.durable_name, stream=self.stream, config=self.config
+            ),
         )
         self._task = asyncio.create_task(self._run(), name=f"consume {self.config.durable_name}")
 

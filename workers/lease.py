@@ -19,6 +19,8 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
+from memq.workers.bus import patiently
+
 log = logging.getLogger("memq.lease")
 
 BUCKET = "MEMQ_LEASES"
@@ -26,7 +28,12 @@ BUCKET = "MEMQ_LEASES"
 
 async def lease_bucket(js: JetStreamContext, ttl_s: float, bucket: str = BUCKET, replicas: int = 1):
     """The bucket, created on first use. ``replicas``: as the streams' (R3 in
-    a cluster), else losing one node would stop every lease."""
+    a cluster), else losing one node would stop every lease. Waits while
+    JetStream is transiently unavailable (:func:`memq.workers.bus.patiently`)."""
+    return await patiently("opening the lease bucket", lambda: _lease_bucket(js, ttl_s, bucket, replicas))
+
+
+async def _lease_bucket(js: JetStreamContext, ttl_s: float, bucket: str, replicas: int):
     try:
         return await js.key_value(bucket)
     except (BucketNotFoundError, NotFoundError):

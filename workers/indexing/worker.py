@@ -37,6 +37,7 @@ from nats.micro import add_service
 
 from memq.contracts.subjects import EVENTS_WILDCARD
 from memq.workers import metrics
+from memq.workers.bus import patiently
 from memq.workers.consumer import BatchConsumer
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
 from memq.workers.index.embedders import open_embedder
@@ -219,7 +220,8 @@ class IndexingWorker:
             self._generation = live
             return None
         # Everything up to here is replayed by the rebuild below.
-        replayed_to = (await self.js.stream_info(self.settings.streams.events)).state.last_seq
+        events = self.settings.streams.events
+        replayed_to = (await patiently("reading the stream", lambda: self.js.stream_info(events))).state.last_seq
         async with Lease(self.js, REBUILD_LEASE, replicas=self.settings.streams.replicas):
             live = await self.backend.live()  # another replica may have rebuilt meanwhile
             if not self._matches(live):
@@ -240,7 +242,8 @@ class IndexingWorker:
         # just replayed; an existing one keeps its position (re-indexing is
         # idempotent).
         try:
-            await self.js.consumer_info(self.settings.streams.events, self.settings.indexing.durable)
+            durable = self.settings.indexing.durable
+            await patiently("reading the consumer", lambda: self.js.consumer_info(events, durable))
             return None
         except NotFoundError:
             return replayed_to + 1 if replayed_to else None

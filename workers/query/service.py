@@ -190,7 +190,10 @@ class QueryWorker:
         self.floor = CommitFloor(
             js, s.streams.events, s.persistence.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s
         )
-        await self.floor.refresh()
+        try:  # a head start only: a read that needs the floor reads it then
+            await self.floor.refresh()
+        except (NatsError, TimeoutError) as exc:  # JetStream electing a leader (a cluster starting)
+            log.warning("the commit floor could not be read yet (%s); reads will read it", type(exc).__name__)
         # search's min_seq waits for the indexing worker instead
         self.index_floor = CommitFloor(js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s)
 
