@@ -28,12 +28,7 @@ BUCKET = "MEMQ_LEASES"
 
 async def lease_bucket(js: JetStreamContext, ttl_s: float, bucket: str = BUCKET, replicas: int = 1):
     """The bucket, created on first use. ``replicas``: as the streams' (R3 in
-    a cluster), else losing one node would stop every lease. Waits while
-    JetStream is transiently unavailable (:func:`memq.workers.bus.patiently`)."""
-    return await patiently("opening the lease bucket", lambda: _lease_bucket(js, ttl_s, bucket, replicas))
-
-
-async def _lease_bucket(js: JetStreamContext, ttl_s: float, bucket: str, replicas: int):
+    a cluster), else losing one node would stop every lease."""
     try:
         return await js.key_value(bucket)
     except (BucketNotFoundError, NotFoundError):
@@ -70,7 +65,9 @@ class Lease:
         return True
 
     async def wait_acquire(self, poll_s: float = 0.5) -> None:
-        while not await self.acquire():
+        """Wait for the lease, and over JetStream being briefly unavailable
+        (:func:`memq.workers.bus.patiently`): a waiter has time to."""
+        while not await patiently(f"taking lease {self.key}", self.acquire):
             await asyncio.sleep(poll_s)
 
     async def _keep(self) -> None:
