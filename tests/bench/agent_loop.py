@@ -217,10 +217,11 @@ class MemqLoop:
             run.ryw_violations += 1
         steps = {"append user": (t1 - t0) * 1000, "context": (t2 - t1) * 1000}
         if self.clock is not None and (committed := self.clock.at.pop(seq, None)) is not None:
-            # min/max: the notice may come before the PubAck is read, or
+            # clamped: the notice may come before the PubAck is read, or
             # (read from a cache no commit had to wait for) after the reply
-            steps["of which: commit"] = (min(max(committed, t1), t2) - t1) * 1000
-            steps["of which: read after it"] = (t2 - min(max(committed, t1), t2)) * 1000
+            heard = min(max(committed, t1), t2)
+            steps["of which: commit"] = (heard - t1) * 1000
+            steps["of which: read after it"] = (t2 - heard) * 1000
         steps["append assistant"] = (t3 - t2) * 1000
         run.record((t3 - t0) * 1000, steps)
 

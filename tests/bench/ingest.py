@@ -193,8 +193,7 @@ class CommitWatch:
         self.notices: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
         self.high: dict[tuple[str, str], int] = {}
         self.last_at = 0.0
-        self.clock = CommitClock(DURABLE)
-        self.finished_at = self.clock.at
+        self.clock = CommitClock(DURABLE)  # when each stream sequence was finished
 
     async def start(self, nc) -> None:
         await nc.subscribe(CHANGED_WILDCARD, cb=self._on_notice)
@@ -297,7 +296,7 @@ async def run_paced(client, watch, js, cfg: Config, row: Row) -> None:
     await wait_committed(watch, js, targets, cfg.commit_timeout_s)
 
     # Exact with any number of replicas: the notice that names the sequence.
-    latencies = [(watch.finished_at[seq] - t0) * 1000 for _, seq, t0 in sent]
+    latencies = [(watch.clock.at[seq] - t0) * 1000 for _, seq, t0 in sent]
     row.paced_events = n
     row.paced_rate = n / (last_start - start) if last_start > start else float("nan")
     row.p50_ms = statistics.median(latencies)

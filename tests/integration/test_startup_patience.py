@@ -14,7 +14,6 @@ from helpers import make_settings, running_query, running_worker
 from memq.contracts.client import MemoryClient
 from memq.workers import bus
 from memq.workers.commit_floor import CommitFloor
-from memq.workers.query.service import QueryWorker
 
 APP = "patience-app"
 
@@ -79,8 +78,7 @@ async def test_query_worker_starts_without_its_first_floor_read(monkeypatch, nat
     monkeypatch.setattr(CommitFloor, "refresh", call)
     async with running_worker(settings), await MemoryClient.connect(nats_url, app=APP) as client:
         seq = await client.append_text("u", "s", "user", "hello")
-        async with running_query(settings) as query:
-            assert isinstance(query, QueryWorker)
+        async with running_query(settings):
             history = await client.history("u", "s", min_seq=seq)
     assert calls["n"] >= 2  # the failed head start, then the read that needed it
     assert [e.seq for e in history.events] == [seq]
