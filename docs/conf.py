@@ -37,8 +37,14 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(nats|pydantic|pydantic_core|typing_extensions|annotated_types|uuid_utils)(\..*)?"),
     (r"py:.*", r"(Client|ObjectStore|BaseModel|ConfigDict|FieldInfo|SecretStr|ValidationError)"),
-    (r"py:.*", r"(collections\.abc\.|typing\.)?(AsyncIterator|Awaitable|Callable|Sequence|Any|Literal|Generic|TypeVar)"),
-    (r"py:.*", r"(R|ModelFn|Strategy|StrategyName|StrategyKind|ContextFormat|SearchMode|Role|After|ErrorCallback|_Prepared)"),
+    (
+        r"py:.*",
+        r"(collections\.abc\.|typing\.)?(AsyncIterator|Awaitable|Callable|Sequence|Any|Literal|Generic|TypeVar)",
+    ),
+    (
+        r"py:.*",
+        r"(R|ModelFn|Strategy|StrategyName|StrategyKind|ContextFormat|SearchMode|Role|After|ErrorCallback|_Prepared)",
+    ),
     (r"py:.*", r"(datetime|pathlib|enum|asyncio|ssl)\..*"),
     (r"py:class", r"(Exception|ValueError|int|str|bytes|float|bool|dict|list|tuple|None)"),
     # private bases and the contract's annotated id types (pydantic validators, not classes)

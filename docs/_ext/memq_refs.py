@@ -104,7 +104,6 @@ def settings() -> list[Setting]:
     return out
 
 
-
 def plain_defaults() -> dict[str, str]:
     """Each setting's default as plain text (``30``, ``summary_buffer``,
     ``unset``), for prose: ``{{ default.MEMQ_METRICS__REFRESH_S }}`` in a
@@ -141,7 +140,6 @@ def plain_defaults() -> dict[str, str]:
     return out
 
 
-
 def section_titles() -> dict[str, str]:
     from memq.workers.settings import Settings
 
@@ -169,7 +167,9 @@ def settings_markdown() -> str:
         for s in (r for r in rows if r.section == section):
             lines += [f"```{{envvar}} {s.env}", "```", ""]
             # A paragraph after the directive (not in its body) stays Markdown.
-            meta = f"type `{s.type}` · default {s.default}" + (" · secret (masked by `memq config`)" if s.secret else "")
+            meta = f"type `{s.type}` · default {s.default}" + (
+                " · secret (masked by `memq config`)" if s.secret else ""
+            )
             lines += [meta, "", s.description or "*(no description)*", ""]
     return "\n".join(lines)
 
