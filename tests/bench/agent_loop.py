@@ -36,7 +36,9 @@ the context step is split in two: the wait for the commit (from the PubAck
 to the persistence worker's ``memq.v1.committed`` notice naming the seq,
 heard by this script as the query worker hears it) and the read after it.
 Only then: the subscription costs client CPU, and the split is what matters
-for one agent's latency. Every memq reply
+for one agent's latency. Turns run back to back unless ``--think-ms`` makes
+each agent pause between them, as its LLM call would (the machine is then
+idle between turns, and no commit of the last turn overlaps the next). Every memq reply
 is checked: a context that lacks the user event just appended is counted as
 a read-your-writes violation (and fails the run), as is any error.
 
@@ -113,6 +115,7 @@ class Config:
     seconds: float  # each loop, each round
     rounds: int
     cache: str  # the query worker's cache backend: memory or redis
+    think_ms: float = 0.0  # each agent's pause between turns (its LLM call)
 
 
 @dataclass
@@ -177,9 +180,10 @@ def text_of(role: str, agent: int, turn: int) -> str:
 # --- the two loops ----------------------------------------------------------------------
 
 
-async def run_agents(n: int, seconds: float, turn) -> float:
-    """Run ``turn(agent, i)`` in ``n`` concurrent loops for ``seconds``; the
-    wall time until the last loop finished its last turn."""
+async def run_agents(n: int, seconds: float, turn, think_s: float = 0.0) -> float:
+    """Run ``turn(agent, i)`` in ``n`` concurrent loops for ``seconds``,
+    each pausing ``think_s`` after a turn; the wall time until the last loop
+    finished its last turn."""
     stop_at = now() + seconds
 
     async def loop(agent: int) -> None:
@@ -187,6 +191,8 @@ async def run_agents(n: int, seconds: float, turn) -> float:
         while now() < stop_at:
             await turn(agent, i)
             i += 1
+            if think_s:
+                await asyncio.sleep(think_s)
 
     started = now()
     await asyncio.gather(*(loop(a) for a in range(n)))
@@ -271,7 +277,7 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock
                 if clock is not None:
                     clock.reset()
                 before = process_cpu()
-                run.seconds += await run_agents(n, cfg.seconds, turn)
+                run.seconds += await run_agents(n, cfg.seconds, turn, cfg.think_ms / 1000)
                 run.spent(cpu_between(before, process_cpu(), label))
             status(
                 f"  round {r + 1}: memq {memq_run.per_s:,.0f} turns/s p50 {percentile(memq_run.turn_ms, 50):.2f} ms"
@@ -405,6 +411,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, help="each loop, each round (default 5; --quick 2)")
     parser.add_argument("--rounds", type=int, help="alternating rounds (default 3; --quick 1)")
     parser.add_argument("--cache", choices=("memory", "redis"), default="memory", help="the query worker's cache")
+    parser.add_argument(
+        "--think-ms",
+        type=float,
+        default=0.0,
+        help="each agent's pause between turns, as its LLM call (default 0: turns back to back, "
+        "so one turn's commits overlap the next; turns/s then counts the pauses too)",
+    )
     return parser.parse_args()
 
 
@@ -414,6 +427,7 @@ async def main(args: argparse.Namespace) -> int:
         seconds=args.seconds or (2.0 if args.quick else 5.0),
         rounds=args.rounds or (1 if args.quick else 3),
         cache=args.cache,
+        think_ms=args.think_ms,
     )
     machine = machine_info()
     status(f"[bold]memq agent-loop benchmark[/] — {'quick' if args.quick else 'full'} run")
