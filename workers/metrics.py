@@ -141,6 +141,13 @@ QUERY_SECONDS = Histogram(
 QUERY_ERRORS = Counter(
     "memq_query_errors", "Requests answered with an error, by op and error code", ["op", "code"], registry=REGISTRY
 )
+QUERY_TAIL = Counter(
+    "memq_query_tail_reads",
+    "Reads with min_seq above the commit floor, by how they were answered: tail (from SQL plus the "
+    "session's uncommitted messages in the stream) or wait (once committed: the tail needed SQL's rules)",
+    ["outcome"],
+    registry=REGISTRY,
+)
 
 READY = Gauge(
     "memq_ready", "1 while a readiness check passes, 0 while it fails (see /readyz)", ["check"], registry=REGISTRY

@@ -174,7 +174,7 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
 
         timestamp: float
         if type(m) is EventAppended:
-            plan.events.append(_event_row(seq, session_key, m))
+            plan.events.append(event_row(seq, session_key, m))
             timestamp = m.event.timestamp
         else:
             if type(m) is ArtifactSaved:
@@ -197,7 +197,7 @@ def _text(value: str, limit: int | None = None) -> str:
     return value.replace("\x00", "\ufffd")[:limit]
 
 
-def _event_row(seq: int, session_key: str, m: EventAppended) -> dict[str, Any]:
+def event_row(seq: int, session_key: str, m: EventAppended) -> dict[str, Any]:
     e = m.event
     data = e.model_dump(mode="json", exclude_none=True)
     return {

@@ -20,13 +20,15 @@ from memq.contracts.ids import scope_key
 from memq.workers.memory.context import assemble, item_from_event
 from memq.workers.memory.recall import recalled_event
 from memq.workers.memory.strategies import Strategy, select, strategy_for
+from memq.workers.memory.tail import MustWait
 from memq.workers.memory.template import render
 from memq.workers.memory.tokens import event_messages, event_text
 from memq.workers.query import paging
+from memq.workers.query.tail import SessionTail
 from memq.workers.query.windows import WindowCache
 from memq.workers.settings import MemorySettings
 from memq.workers.sql import reads
-from memq.workers.sql.window import Window
+from memq.workers.sql.window import Window, with_tail
 
 RECALL_MARGIN = 10  # extra recall candidates, for those already in the window
 
@@ -58,15 +60,23 @@ async def _session_window(
     ctx: OpContext,
     *,
     only: reads.EventFilter = reads.NO_FILTER,
+    tail: SessionTail | None = None,
 ) -> Window:
     """The session's window, its row read in the same round trip as the
     checkpoint (extended from this replica's last read of it, if any: see
-    :mod:`memq.workers.query.windows`); NotFound as from :func:`_session`."""
+    :mod:`memq.workers.query.windows`); NotFound as from :func:`_session`.
+    With a ``tail``, also the session's uncommitted appends (see
+    :mod:`memq.workers.query.tail`); MustWait when they need the commit."""
     key = scope_key(req.app, req.user, req.session)
     found = await ctx.windows.load(conn, key, strategy, model, only=only)
     if found is None:
+        if tail is not None:  # its first append may be in the tail
+            raise MustWait("the session is not in SQL yet")
         raise _missing(req.app, req.user, req.session)
-    return found.window
+    if tail is None:
+        return found.window
+    events = await tail.events(conn, found.row.last_seq)
+    return with_tail(found.window, events, strategy, model, tombstone=found.row.deleted_seq)
 
 
 def _info(row: reads.SessionRow) -> dict[str, Any]:
@@ -170,7 +180,9 @@ def _filter(req: q.SessionGet | q.HistoryGet) -> reads.EventFilter:
     return reads.EventFilter(after=req.after, roles=tuple(req.roles or ()))
 
 
-async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext) -> q.HistoryView:
+async def history(
+    conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext, tail: SessionTail | None = None
+) -> q.HistoryView:
     """Filters first, then the strategy: ``after``/``roles`` pick events in
     SQL and the strategy windows what they picked (summary_buffer: of the
     events after the latest checkpoint; the summary is returned as usual).
@@ -191,7 +203,7 @@ async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext) -> q
         view = q.HistoryView(strategy=strategy.to_dict(), events=[], tokens=0)
         key = scope_key(req.app, req.user, req.session)
         return await _next_events("history", req, conn, key, cursor, view, ctx, only)
-    window = await _session_window(conn, req, strategy, model, ctx, only=only)
+    window = await _session_window(conn, req, strategy, model, ctx, only=only, tail=tail)
     reserved = window.checkpoint.tokens if window.checkpoint else 0
     selection = select(window.items, strategy, reserved=reserved)
     view = q.HistoryView(
@@ -207,7 +219,9 @@ async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext) -> q
     return _first_events("history", req, view, chosen, ctx.reply_bytes - paging.body_size(view))
 
 
-async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext) -> q.ContextView:
+async def context(
+    conn: AsyncConnection, req: q.ContextGet, ctx: OpContext, tail: SessionTail | None = None
+) -> q.ContextView:
     """A model context, in pages when it does not fit one reply.
 
     The first page assembles the whole context (instruction, recall,
@@ -225,7 +239,7 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext) -> q
     if cursor is not None:
         await _session(conn, req.app, req.user, req.session)
         return await _next_context(conn, req, cursor, strategy, model, ctx)
-    window = await _session_window(conn, req, strategy, model, ctx)
+    window = await _session_window(conn, req, strategy, model, ctx, tail=tail)
     instruction = None
     if req.instruction:
         state = await reads.merged_state(conn, req.app, req.user, req.session)
@@ -402,6 +416,19 @@ async def artifact_get(conn: AsyncConnection, req: q.ArtifactGet, ctx: OpContext
         inline=row.inline,
         object=obj,
     )
+
+
+def reads_tail(op: str, req: q._Request) -> bool:
+    """Can this read add the session's uncommitted appends instead of
+    waiting for their commit (:mod:`memq.workers.query.tail`)? Only what
+    depends on the session's events alone: the first page of a history
+    without filters (they are applied in SQL), or of a context without an
+    instruction (its state is read from SQL)."""
+    if isinstance(req, q.HistoryGet):
+        return req.cursor is None and not _filter(req)
+    if isinstance(req, q.ContextGet):
+        return req.cursor is None and not req.instruction
+    return False
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ each request it:
 2. waits, bounded, until the caller's ``min_seq`` is committed (read-your-writes):
    on the commit floor (:mod:`memq.workers.commit_floor`), which the
    persistence replicas' notices move as they commit, so the read goes the
-   moment its sequence and every one below it are in SQL;
+   moment its sequence and every one below it are in SQL. With
+   ``query.read_tail``, a history or context instead adds the session's
+   uncommitted appends, held from the stream (:mod:`memq.workers.query.tail`),
+   and does not wait at all;
 3. answers from the cache, or from SQL through the op in :mod:`memq.workers.query.ops`
    and fills the cache;
 4. always replies: a typed error rather than silence or a hang.
@@ -52,7 +55,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from faststream.nats import NatsRouter
@@ -80,14 +83,16 @@ from memq.contracts.ids import decode_token
 from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.replies import error_body, ok_body
 from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX, committed_subject
-from memq.workers import metrics
+from memq.workers import bus, metrics
 from memq.workers.bus import malformed_notice
 from memq.workers.commit_floor import CommitFloor
+from memq.workers.memory.tail import MustWait
 from memq.workers.opened import opened
 from memq.workers.query import paging
 from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend, redis_pool_size
-from memq.workers.query.ops import HANDLERS, OpContext
+from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
 from memq.workers.query.search import Searcher
+from memq.workers.query.tail import SessionTail, StreamTail
 from memq.workers.query.windows import WindowCache
 from memq.workers.settings import Settings
 from memq.workers.sql.engine import is_disconnect, reader
@@ -145,6 +150,7 @@ class QueryWorker:
         self.service: Service | None = None
         self.floor: CommitFloor | None = None
         self.index_floor: CommitFloor | None = None
+        self.tails: StreamTail | None = None  # set by open() when query.read_tail is on
         self._slots = asyncio.Semaphore(settings.query.max_inflight)
         self._tasks: set[asyncio.Task] = set()
         self._notices: Subscription | None = None  # the committed notices (start())
@@ -194,6 +200,15 @@ class QueryWorker:
             await self.floor.refresh()
         except (NatsError, TimeoutError) as exc:  # JetStream electing a leader (a cluster starting)
             log.warning("the commit floor could not be read yet (%s); reads will read it", type(exc).__name__)
+        if s.query.read_tail:
+            floor = self.floor
+            self.tails = StreamTail(
+                js,
+                s.streams.events,
+                lambda: floor.value,
+                max_messages=s.query.tail_max_messages,
+                max_bytes=s.streams.max_message_bytes,
+            )
         # search's min_seq waits for the indexing worker instead
         self.index_floor = CommitFloor(js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s)
 
@@ -206,6 +221,8 @@ class QueryWorker:
             self._notices = await nc.subscribe(
                 committed_subject(self.settings.persistence.durable), cb=self._on_committed
             )
+        if self.tails is not None:
+            await bus.patiently("the events stream's tail", self.tails.start)
         # Pages of session.get, history and context fit this server's max_payload.
         floor = opened(self.floor, "the commit floor")
         self.ctx = dataclasses.replace(
@@ -240,6 +257,8 @@ class QueryWorker:
             with contextlib.suppress(NatsError):  # the connection is already gone
                 await self._notices.unsubscribe()
             self._notices = None
+        if self.tails is not None:
+            await self.tails.stop()
         await self.searcher.close()
 
     async def reconnected(self) -> None:
@@ -312,6 +331,16 @@ class QueryWorker:
         when the op or the settings do not cache."""
         try:
             if req.min_seq is not None:
+                if (tail := self._tail(op, req)) is not None:
+                    try:
+                        body = ok_body(await self._run(op, req, tail=tail))
+                        metrics.QUERY_TAIL.labels("tail").inc()
+                        return body
+                    except MustWait as why:  # the commit path answers it
+                        log.debug("%s waits for seq %d: %s", op, req.min_seq, why)
+                        metrics.QUERY_TAIL.labels("wait").inc()
+                    finally:
+                        tail.close()
                 floor = self.index_floor if q.OPS[op].waits_for == "indexing" else self.floor
                 await opened(floor, "the commit floor").wait_for(req.min_seq, req.wait_ms / 1000)
             if key is not None:
@@ -332,6 +361,17 @@ class QueryWorker:
             metrics.QUERY_ERRORS.labels(op, Internal.code).inc()
             return error_body(Internal(f"{op} failed; see the worker log"))
 
+    def _tail(self, op: str, req: q._Request) -> SessionTail | None:
+        """The uncommitted tail this read adds instead of waiting for the
+        commit (:mod:`memq.workers.query.tail`), when it can."""
+        if self.tails is None or req.min_seq is None or not reads_tail(op, req):
+            return None
+        floor = opened(self.floor, "the commit floor").value
+        if req.min_seq <= floor:
+            return None
+        session: str = req.session  # type: ignore[attr-defined]  # reads_tail: a history or context
+        return self.tails.reader(req.app, req.user, session, after=floor, upto=req.min_seq)
+
     def _parse(self, op: str, subject: str, data: bytes) -> q._Request:
         try:
             app = decode_token(subject.split(".")[3], "app")
@@ -350,7 +390,7 @@ class QueryWorker:
             raise Forbidden(f"request for app {req.app!r} sent on app {app!r}'s subject")
         return req
 
-    async def _run(self, op: str, req: q._Request) -> q._Reply:
+    async def _run(self, op: str, req: q._Request, **extra: Any) -> q._Reply:
         handler = HANDLERS[op]
         if not handler.sql:
             return await handler.run(None, req, self.ctx)
@@ -359,14 +399,14 @@ class QueryWorker:
         async with self._sql_slots:
             try:
                 async with self._reads.connect() as conn:
-                    return await handler.run(conn, req, self.ctx)
+                    return await handler.run(conn, req, self.ctx, **extra)
             except sa_exc.DBAPIError as exc:
                 if not is_disconnect(exc):
                     raise
             # A pooled connection had died (the database restarted): the pool is
             # recycled now, so once more reaches the database if it is up.
             async with self._reads.connect() as conn:
-                return await handler.run(conn, req, self.ctx)
+                return await handler.run(conn, req, self.ctx, **extra)
 
     def _local_hit(self, req: q._Request, key: str) -> bytes | None:
         """The answer if this replica's own tier has it, fresh enough for the

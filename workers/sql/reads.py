@@ -243,6 +243,16 @@ async def session_checkpoint_and_newer(
     return _session(first), checkpoint, newer
 
 
+async def stored_event_ids(conn, session_key: str, ids: list[str]) -> dict[str, int]:
+    """The seq of each of ``ids`` that the session holds: the event id is
+    the idempotency key, so an event with one of them at another seq is not
+    written again."""
+    if not ids:
+        return {}
+    q = select(EVENTS.c.event_id, EVENTS.c.seq).where(EVENTS.c.session_key == session_key, EVENTS.c.event_id.in_(ids))
+    return {event_id: seq for event_id, seq in (await conn.execute(q)).all()}
+
+
 async def sessions_over_tokens(conn, limit: int) -> list[tuple[str, str, str]]:
     """(app, user, session) of every live session whose tokens after its
     latest checkpoint, plus that checkpoint's summary, pass ``limit``: the

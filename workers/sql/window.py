@@ -175,6 +175,39 @@ def _extended(
     )
 
 
+def with_tail(
+    window: Window,
+    tail: list[reads.StoredEvent],
+    strategy: Strategy,
+    model: str | None,
+    *,
+    tombstone: int,
+    reserved: int = 0,
+) -> Window:
+    """``window`` as it reads once the events of an uncommitted tail (see
+    :mod:`memq.workers.memory.tail`) are committed: those at or above the
+    session's ``tombstone``, after the window's checkpoint and not already
+    in it (a replica may have committed some), in seq order, less the oldest
+    events the strategy no longer needs (as the walk stops at)."""
+    after = window.checkpoint.up_to_seq if window.checkpoint else 0
+    new = [e for e in tail if e.seq >= tombstone and e.seq > after and e.seq not in window.stored]
+    if not new:
+        return window
+    by_seq = {e.seq: e for e in window.stored.values()} | {e.seq: e for e in new}
+    fresh = {e.seq: _item(e, model) for e in new}
+    items = sorted([*window.items, *fresh.values()], key=lambda it: it.seq)
+    start = _enough_from(strategy, items, reserved) or 0
+    items = items[start:]
+    stored = {it.seq: by_seq[it.seq] for it in items}
+    return Window(
+        items=items,
+        events={seq: e.data for seq, e in stored.items()},
+        stored=stored,
+        checkpoint=window.checkpoint,
+        memo=dict(window.memo),  # the kept window's own memo stays as SQL holds it
+    )
+
+
 async def _walk(
     conn: AsyncConnection,
     session_key: str,

@@ -1,0 +1,60 @@
+"""What a session's uncommitted messages add to its events: pure, no I/O.
+
+A read with ``min_seq`` above the commit floor need not wait for the commit
+when all that lies between the floor and ``min_seq`` on the session's
+subject only appends events: the query worker reads those messages from the
+stream (:mod:`memq.workers.query.tail`) and adds the events to what SQL
+holds, exactly as the persistence worker will write them. Anything else
+that changes which events a read sees (a delete, a new session, a
+checkpoint) makes the read wait for the commit instead, as every read did
+before; so do sessions and users that SQL does not show yet.
+
+The persistence rules this applies (:mod:`memq.workers.memory.commit_plan`):
+
+- a message that does not decode is dead-lettered, never written: skipped;
+- an event below the session's tombstone is dropped: the caller filters by
+  the tombstone it read from SQL (:func:`merge_tail`), since a delete inside
+  the tail never gets this far;
+- an event id is the idempotency key within a session: a second event with
+  an id already written, or already earlier in the tail, is not written;
+- state writes and artifacts do not change the events: they are left out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from memq.contracts.schemas import CheckpointSaved, EventAppended, SessionCreated, SessionDeleted, UserDeleted
+from memq.workers.memory.commit_plan import Incoming, event_row
+
+# Kinds that change what a read of the session's events sees, other than appends.
+_REWRITES = (SessionCreated, SessionDeleted, UserDeleted, CheckpointSaved)
+
+
+class MustWait(Exception):
+    """The uncommitted tail cannot be applied without the commit's rules
+    that need SQL (a delete, a new session, a checkpoint...): the read waits
+    for the commit instead. The message says why (for logs and tests)."""
+
+
+def tail_events(items: Iterable[Incoming], session_key: str) -> list[dict[str, Any]]:
+    """The event rows (as :func:`memq.workers.memory.commit_plan.event_row`
+    makes them, ``data`` decoded) that these messages, the session's in
+    stream order, append; the first of each event id only. Raise
+    :class:`MustWait` for a message that does more than append."""
+    rows: list[dict[str, Any]] = []
+    ids: set[str] = set()
+    for seq, message in items:
+        if isinstance(message, _REWRITES):
+            raise MustWait(f"seq {seq} is a {message.kind} message")
+        if not isinstance(message, EventAppended) or message.event.id in ids:
+            continue
+        ids.add(message.event.id)
+        row = event_row(seq, session_key, message)
+        # What a read of the stored row decodes: the same JSON, parsed back.
+        row["data"] = orjson.loads(row["data"])
+        rows.append(row)
+    return rows
