@@ -29,9 +29,10 @@ trip, and the answer is exact because of what is checked, and when:
    seq is not written again.
 
 Answers read this way are not cached: the commit drops them anyway. Off
-by default (``query.read_tail``): the id check is one more SQL round trip
-per read, which costs more throughput with many agents than the lone
-agent's turn gains (docs/benchmarks).
+by default (``query.read_tail``): on 16 cores the lone agent's gain was
+within the spread from run to run, and 16 agents ran 25-30 % fewer
+turns/s (the extra work is in the query worker, one Python process, and
+the id check is one more SQL round trip; see docs/benchmarks).
 """
 
 from __future__ import annotations
