@@ -195,8 +195,8 @@ class QuerySettings(BaseModel):
         default=False,
         description="answer a read-your-writes history or context from SQL plus the session's uncommitted "
         "appends, which each replica follows on the stream, instead of waiting for their commit (anything but "
-        "appends still waits). Measured on 2 and 16 cores: a lone agent gains little (its context 10-15 % faster "
-        "on 2 cores), 16 agents run 25-33 % fewer turns/s (docs/benchmarks)",
+        "appends still waits). Measured: a lone agent's turn gains little on shared cores, 16 agents run 16 % "
+        "fewer turns/s (docs/benchmarks)",
     )
     tail_max_messages: int = Field(
         default=20_000,

@@ -54,17 +54,20 @@ async def test_no_room_drops_the_oldest_and_reads_from_before_them_wait():
         await t._on_message(msg(seq, S, appended(f"m{seq}")))
     assert [seq for seq, _ in t.held(S, 0, 9)] == [3, 4, 5] and t.held_after == 2
     with pytest.raises(MustWait, match="not all held"):
-        await t.reader("a", "u", "s", after=1, upto=5).events(None, 0)
+        await t.reader("a", "u", "s", after=1, upto=5).appended()
 
 
 async def test_a_read_waits_for_what_the_consumer_has_not_delivered():
     t = tail([0], catch_up_s=0.01)
     await t._on_message(msg(1, S, appended("one")))
     with pytest.raises(MustWait, match="not delivered seq 2"):
-        await t.reader("a", "u", "s", after=0, upto=2).events(None, 0)
+        await t.reader("a", "u", "s", after=0, upto=2).appended()
     # SQL answered with a newer commit of the session (last_seq): it must be delivered too
+    read = t.reader("a", "u", "s", after=0, upto=1)
+    rows = await read.appended()
+    assert [r["seq"] for r in rows] == [1]
     with pytest.raises(MustWait, match="not delivered seq 7"):
-        await t.reader("a", "u", "s", after=0, upto=1).events(None, 7)
+        await read.events(None, rows, 7, {})
 
 
 async def test_the_users_own_messages_since_the_floor_make_a_read_wait():
@@ -73,4 +76,5 @@ async def test_the_users_own_messages_since_the_floor_make_a_read_wait():
     state = StateSet(app="a", user="u", delta={"user:k": 1})
     await t._on_message(msg(2, U, encode(state)))  # after min_seq, and still
     with pytest.raises(MustWait, match="the user has messages"):
-        await t.reader("a", "u", "s", after=0, upto=1).events(None, 0)
+        read = t.reader("a", "u", "s", after=0, upto=1)
+        await read.events(None, await read.appended(), 0, {})

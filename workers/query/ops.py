@@ -68,14 +68,17 @@ async def _session_window(
     With a ``tail``, also the session's uncommitted appends (see
     :mod:`memq.workers.query.tail`); MustWait when they need the commit."""
     key = scope_key(req.app, req.user, req.session)
-    found = await ctx.windows.load(conn, key, strategy, model, only=only)
+    rows = await tail.appended() if tail is not None else []
+    ids = [r["event_id"] for r in rows] or None
+    found = await ctx.windows.load(conn, key, strategy, model, only=only, ids=ids)
     if found is None:
         if tail is not None:  # its first append may be in the tail
             raise MustWait("the session is not in SQL yet")
         raise _missing(req.app, req.user, req.session)
     if tail is None:
         return found.window
-    events = await tail.events(conn, found.row.last_seq)
+    stored = found.stored_ids if ids else {}
+    events = await tail.events(conn, rows, found.row.last_seq, stored)
     return with_tail(found.window, events, strategy, model, tombstone=found.row.deleted_seq)
 
 

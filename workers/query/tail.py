@@ -25,14 +25,14 @@ trip, and the answer is exact because of what is checked, and when:
    so it holds every message that SQL's answer depends on, and
 3. a message on the user's subject since the floor (a user delete, which
    may have committed before 2) makes the read wait;
-4. the events' ids are checked in SQL: one the session holds at another
-   seq is not written again.
+4. the events' ids are looked up in SQL, in the window's own statement
+   where it is one: one the session holds at another seq is not written
+   again.
 
 Answers read this way are not cached: the commit drops them anyway. Off
-by default (``query.read_tail``): on 16 cores the lone agent's gain was
-within the spread from run to run, and 16 agents ran 25-30 % fewer
-turns/s (the extra work is in the query worker, one Python process, and
-the id check is one more SQL round trip; see docs/benchmarks).
+by default (``query.read_tail``): measured, the lone agent's turn gained
+little on shared cores and 16 agents ran 16 % fewer turns/s, since every
+replica also handles every message (docs/benchmarks).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import bisect
 import logging
 from collections import Counter, deque
 from collections.abc import Callable
+from typing import Any
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -56,6 +57,7 @@ from memq.contracts.ids import scope_key
 from memq.contracts.subjects import EVENTS_WILDCARD, events_subject
 from memq.workers.memory.commit_plan import Incoming
 from memq.workers.memory.tail import MustWait, tail_events
+from memq.workers.memory.tokens import encoding_for
 from memq.workers.sql import reads
 
 log = logging.getLogger("memq.query.tail")
@@ -101,6 +103,9 @@ class StreamTail:
     async def start(self) -> None:
         """Follow the stream from its next message: a read whose floor is
         below that waits for the commit (nothing older is held)."""
+        # Tail reads count tokens as the persistence worker does (loading
+        # the encoding takes ~0.2 s): not on the first read.
+        await asyncio.to_thread(encoding_for)
         last = (await self.js.stream_info(self.stream)).state.last_seq
         self.held_after = self.seen = last
         config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=last + 1)
@@ -196,18 +201,16 @@ class SessionTail:
         tail._pins[after] += 1
         self._closed = False
 
-    async def events(self, conn: AsyncConnection, last_seq: int) -> list[reads.StoredEvent]:
-        """The events the tail appends, as SQL will hold them. Call it after
-        the SQL read it extends, with the session's ``last_seq`` as that read
-        found it. Raise :class:`MustWait` when they cannot be told without
-        the commit."""
+    async def appended(self) -> list[dict[str, Any]]:
+        """The event rows the session's messages in (``after``, ``upto``]
+        append (:func:`memq.workers.memory.tail.tail_events`), before any
+        SQL: their ids go with the SQL read. Raise :class:`MustWait` when
+        they cannot be told without the commit."""
         tail = self.tail
         if self.after < tail.held_after:
             raise MustWait(f"messages after seq {self.after} are not all held")
-        if not await tail.caught_up(max(self.upto, last_seq)):
-            raise MustWait(f"the stream consumer has not delivered seq {max(self.upto, last_seq)}")
-        if tail.held(self.user_subject, self.after, tail.seen):
-            raise MustWait(f"the user has messages after seq {self.after}")
+        if not await tail.caught_up(self.upto):
+            raise MustWait(f"the stream consumer has not delivered seq {self.upto}")
         items = []
         for seq, data in tail.held(self.subject, self.after, self.upto):
             try:
@@ -216,10 +219,24 @@ class SessionTail:
                 pass  # dead-lettered by the persistence worker: never written
             except Exception as exc:  # a decoder bug: the persistence worker's verdict is unknown here
                 raise MustWait(f"seq {seq} did not decode ({type(exc).__name__})") from None
-        rows = tail_events(items, self.session_key)
+        return tail_events(items, self.session_key)
+
+    async def events(
+        self, conn: AsyncConnection, rows: list[dict[str, Any]], last_seq: int, stored: dict[str, int] | None
+    ) -> list[reads.StoredEvent]:
+        """``rows`` (from :meth:`appended`) as SQL will hold them. Call it
+        after the SQL read they extend, with the session's ``last_seq`` as
+        that read found it and the ids it found (``stored``; None: look them
+        up now). Raise :class:`MustWait` when they need the commit."""
+        tail = self.tail
+        if not await tail.caught_up(last_seq):
+            raise MustWait(f"the stream consumer has not delivered seq {last_seq}")
+        if tail.held(self.user_subject, self.after, tail.seen):
+            raise MustWait(f"the user has messages after seq {self.after}")
+        if stored is None:
+            stored = await reads.stored_event_ids(conn, self.session_key, [r["event_id"] for r in rows])
         # An id stored at this very seq is this message, committed since the
         # window was read (the window lacks it): it stays.
-        stored = await reads.stored_event_ids(conn, self.session_key, [r["event_id"] for r in rows])
         return [
             reads.StoredEvent(r["seq"], r["event_id"], r["author"], r["role"], r["timestamp"], r["data"], r["tokens"])
             for r in rows

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from dataclasses import replace
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -52,22 +53,24 @@ class WindowCache:
         model: str | None,
         *,
         only: reads.EventFilter = reads.NO_FILTER,
+        ids: list[str] | None = None,
     ) -> SessionWindow | None:
         """The session's row and window, as :func:`load_session_window` reads
-        them, starting from the one this replica read last, if any."""
+        them (with ``ids`` looked up alongside), starting from the one this
+        replica read last, if any."""
         through = self.floor()  # first: everything at or below it is in SQL for the reads below
         if not self.max_windows:
             return await load_session_window(conn, session_key, strategy, model, only=only, through=through)
         key = (session_key, strategy, model, only)
         found = await load_session_window(
-            conn, session_key, strategy, model, only=only, through=through, last=self._windows.get(key)
+            conn, session_key, strategy, model, only=only, through=through, last=self._windows.get(key), ids=ids
         )
         if found is None or len(found.window.items) > MAX_EVENTS:
             self._windows.pop(key, None)
             return found
         # Concurrent reads of one session each store theirs: any is correct
         # up to its own ``through``, so the last one stored is as good.
-        self._windows[key] = found
+        self._windows[key] = replace(found, stored_ids=None) if found.stored_ids is not None else found
         self._windows.move_to_end(key)
         while len(self._windows) > self.max_windows:
             self._windows.popitem(last=False)

@@ -224,23 +224,46 @@ def _session_checkpoint_and_newer():
     )
 
 
+@cache
+def _session_checkpoint_newer_and_ids():
+    d = (
+        select(EVENTS.c.event_id.label("d_id"), EVENTS.c.seq.label("d_seq"))
+        .where(EVENTS.c.session_key == _KEY, EVENTS.c.event_id.in_(bindparam("ids", expanding=True)))
+        .subquery()
+    )
+    q = _session_checkpoint_and_newer()
+    return q.add_columns(d.c.d_id, d.c.d_seq).outerjoin(d, true())
+
+
 async def session_checkpoint_and_newer(
-    conn, session_key: str, *, after_seq: int, limit: int
-) -> tuple[SessionRow | None, CheckpointRow | None, list[StoredEvent]]:
+    conn, session_key: str, *, after_seq: int, limit: int, ids: list[str] | None = None
+) -> tuple[SessionRow | None, CheckpointRow | None, list[StoredEvent], dict[str, int]]:
     """:func:`session_and_checkpoint` and :func:`newest_events` (``after_seq``,
     ``limit``) in one statement: one round trip, one snapshot. The row and
     checkpoint repeat on each event's row (one row with no event when none
-    is newer)."""
-    params = {"key": session_key, "after": after_seq, "limit": limit}
-    rows = (await conn.execute(_session_checkpoint_and_newer(), params)).all()
+    is newer). With ``ids``, the same statement also answers
+    :func:`stored_event_ids` for them (the last value; each found id
+    multiplies the rows, and there are usually none)."""
+    params: dict[str, Any] = {"key": session_key, "after": after_seq, "limit": limit}
+    statement = _session_checkpoint_and_newer()
+    if ids:
+        statement, params["ids"] = _session_checkpoint_newer_and_ids(), ids
+    rows = (await conn.execute(statement, params)).all()
     if not rows:
-        return None, None, []
+        return None, None, [], {}
     first = rows[0]
     checkpoint = (
         CheckpointRow(first.cp_seq, first.up_to_seq, first.summary, first.tokens) if first.cp_seq is not None else None
     )
-    newer = [_event(r[-len(EVENT_COLUMNS) :]) for r in rows if r.e_seq is not None]
-    return _session(first), checkpoint, newer
+    stored: dict[str, int] = {}
+    if ids:
+        stored = {r.d_id: r.d_seq for r in rows if r.d_id is not None}
+        rows = list({r.e_seq: r for r in rows}.values())  # once per event again
+        width = len(EVENT_COLUMNS) + 2
+        newer = [_event(r[-width:-2]) for r in rows if r.e_seq is not None]
+    else:
+        newer = [_event(r[-len(EVENT_COLUMNS) :]) for r in rows if r.e_seq is not None]
+    return _session(first), checkpoint, newer, stored
 
 
 async def stored_event_ids(conn, session_key: str, ids: list[str]) -> dict[str, int]:

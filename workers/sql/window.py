@@ -91,6 +91,9 @@ class SessionWindow:
     row: reads.SessionRow
     window: Window
     through: int
+    # The seq of each id asked for (``ids``) that the session holds, read
+    # in the same statement; None when that statement did not run.
+    stored_ids: dict[str, int] | None = None
 
 
 async def load_session_window(
@@ -103,6 +106,7 @@ async def load_session_window(
     only: reads.EventFilter = reads.NO_FILTER,
     through: int = 0,
     last: SessionWindow | None = None,
+    ids: list[str] | None = None,
 ) -> SessionWindow | None:
     """The visible session's row and its window (as :func:`load_window`), or
     None when there is no such session: the row and the latest checkpoint
@@ -116,11 +120,14 @@ async def load_session_window(
         (newer ones it held may have had gaps) and the window is extended
         with them: the read after an agent's append costs what was appended,
         not the whole window again.
+    :param ids: event ids to look up in the same round trip, where the read
+        is one statement (see ``stored_ids``).
     """
     newer: list[reads.StoredEvent] | None = None
+    stored_ids = None
     if last is not None and not only:  # the likely case, the read after an append: one round trip
-        row, checkpoint, newer = await reads.session_checkpoint_and_newer(
-            conn, session_key, after_seq=last.through, limit=PAGE
+        row, checkpoint, newer, stored_ids = await reads.session_checkpoint_and_newer(
+            conn, session_key, after_seq=last.through, limit=PAGE, ids=ids
         )
     elif strategy.kind == "summary_buffer":
         row, checkpoint = await reads.session_and_checkpoint(conn, session_key)
@@ -135,7 +142,7 @@ async def load_session_window(
             newer = await reads.newest_events(conn, session_key, after_seq=last.through, limit=PAGE, only=only)
         if len(newer) < PAGE:  # all of them: else reading afresh costs no more
             window = _extended(last.window, newer, last.through, strategy, model, reserved)
-            return SessionWindow(row, window, max(through, last.through))
+            return SessionWindow(row, window, max(through, last.through), stored_ids if ids else None)
     return SessionWindow(row, await _walk(conn, session_key, strategy, model, reserved, only, checkpoint), through)
 
 
