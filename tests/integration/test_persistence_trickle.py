@@ -55,5 +55,9 @@ async def test_two_replicas_commit_a_trickle_without_holding_appends(nats_url, p
     waited = sorted(finished_at[seq] - at for seq, at in sent_at.items())
     assert len(waited) == len(sent_at)
     slow = sum(w > 0.2 for w in waited)
-    # Generous for a loaded machine: the old fetch held hundreds of them for 0.4-1 s.
-    assert slow <= 5, f"{slow} appends waited over 200 ms for their commit (slowest {waited[-1]:.3f}s)"
+    # The old fetch held ~27 % of them (403 of 1,500) for 0.4-1 s. A stall of
+    # the machine (a clean-clone CI run once saw 8 over 200 ms, the slowest
+    # 0.32 s) holds a few of any loop's: allow 2 %, far below the fault.
+    assert slow <= len(waited) // 50, (
+        f"{slow} of {len(waited)} appends waited over 200 ms for their commit (slowest {waited[-1]:.3f}s)"
+    )
