@@ -148,6 +148,8 @@ QUERY_TAIL = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+QUERY_TAIL_READ = QUERY_TAIL.labels(outcome="tail")  # bound once: on every such read
+QUERY_TAIL_WAIT = QUERY_TAIL.labels(outcome="wait")
 
 READY = Gauge(
     "memq_ready", "1 while a readiness check passes, 0 while it fails (see /readyz)", ["check"], registry=REGISTRY

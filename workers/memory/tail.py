@@ -2,9 +2,9 @@
 
 A read with ``min_seq`` above the commit floor need not wait for the commit
 when all that lies between the floor and ``min_seq`` on the session's
-subject only appends events: the query worker reads those messages from the
-stream (:mod:`memq.workers.query.tail`) and adds the events to what SQL
-holds, exactly as the persistence worker will write them. Anything else
+subject only appends events: the query worker holds those messages as the
+stream delivers them (:mod:`memq.workers.query.tail`) and adds the events to
+what SQL holds, exactly as the persistence worker will write them. Anything else
 that changes which events a read sees (a delete, a new session, a
 checkpoint) makes the read wait for the commit instead, as every read did
 before; so do sessions and users that SQL does not show yet.
@@ -13,8 +13,8 @@ The persistence rules this applies (:mod:`memq.workers.memory.commit_plan`):
 
 - a message that does not decode is dead-lettered, never written: skipped;
 - an event below the session's tombstone is dropped: the caller filters by
-  the tombstone it read from SQL (:func:`merge_tail`), since a delete inside
-  the tail never gets this far;
+  the tombstone it read from SQL (:func:`memq.workers.sql.window.with_tail`),
+  since a delete inside the tail never gets this far;
 - an event id is the idempotency key within a session: a second event with
   an id already written, or already earlier in the tail, is not written;
 - state writes and artifacts do not change the events: they are left out.

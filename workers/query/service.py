@@ -334,11 +334,11 @@ class QueryWorker:
                 if (tail := self._tail(op, req)) is not None:
                     try:
                         body = ok_body(await self._run(op, req, tail=tail))
-                        metrics.QUERY_TAIL.labels("tail").inc()
+                        metrics.QUERY_TAIL_READ.inc()
                         return body
                     except MustWait as why:  # the commit path answers it
                         log.debug("%s waits for seq %d: %s", op, req.min_seq, why)
-                        metrics.QUERY_TAIL.labels("wait").inc()
+                        metrics.QUERY_TAIL_WAIT.inc()
                     finally:
                         tail.close()
                 floor = self.index_floor if q.OPS[op].waits_for == "indexing" else self.floor

@@ -38,8 +38,6 @@ replica also handles every message (docs/benchmarks).
 from __future__ import annotations
 
 import asyncio
-import bisect
-import logging
 from collections import Counter, deque
 from collections.abc import Callable
 from typing import Any
@@ -59,8 +57,6 @@ from memq.workers.memory.commit_plan import Incoming
 from memq.workers.memory.tail import MustWait, tail_events
 from memq.workers.memory.tokens import encoding_for
 from memq.workers.sql import reads
-
-log = logging.getLogger("memq.query.tail")
 
 
 class StreamTail:
@@ -97,7 +93,7 @@ class StreamTail:
         self._order: deque[tuple[int, str]] = deque()  # (seq, subject), oldest first
         self._by_subject: dict[str, deque[tuple[int, bytes]]] = {}
         self._pins: Counter[int] = Counter()  # floors that reads in flight started from
-        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._delivered = asyncio.Event()  # set, and replaced, at each delivery
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
@@ -139,8 +135,8 @@ class StreamTail:
             held = self._by_subject[msg.subject] = deque()
         held.append((seq, msg.data))
         self._prune()
-        if self._waiters:
-            self._wake()
+        self._delivered.set()
+        self._delivered = asyncio.Event()
 
     def _prune(self) -> None:
         limit = self.floor()
@@ -156,35 +152,19 @@ class StreamTail:
                 del self._by_subject[subject]
             self.held_after = max(self.held_after, seq)
 
-    def _wake(self) -> None:
-        waiting = []
-        for seq, fut in self._waiters:
-            if self.seen >= seq:
-                if not fut.done():
-                    fut.set_result(None)
-            elif not fut.done():
-                waiting.append((seq, fut))
-        self._waiters = waiting
-
     async def caught_up(self, seq: int) -> bool:
         """Has the consumer delivered ``seq``? Wait ``catch_up_s`` at most."""
-        if self.seen >= seq:
-            return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((seq, fut))
         try:
-            await asyncio.wait_for(fut, self.catch_up_s)
+            async with asyncio.timeout(self.catch_up_s):
+                while self.seen < seq:
+                    await self._delivered.wait()
         except TimeoutError:
             pass
         return self.seen >= seq
 
     def held(self, subject: str, after: int, upto: int) -> list[tuple[int, bytes]]:
         """The held messages on ``subject`` with seq in (``after``, ``upto``]."""
-        held = self._by_subject.get(subject)
-        if not held:
-            return []
-        seqs = [seq for seq, _ in held]
-        return list(held)[bisect.bisect_right(seqs, after) : bisect.bisect_right(seqs, upto)]
+        return [(seq, data) for seq, data in self._by_subject.get(subject, ()) if after < seq <= upto]
 
 
 class SessionTail:
