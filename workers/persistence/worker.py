@@ -54,6 +54,7 @@ from memq.workers import metrics
 from memq.workers.consumer import BatchConsumer
 from memq.workers.dlq import DeadLetters
 from memq.workers.memory.commit_plan import Incoming
+from memq.workers.memory.tokens import encoding_for
 from memq.workers.opened import opened
 from memq.workers.persistence.expiry import SessionSweeper
 from memq.workers.persistence.store import CommitResult, SqlStore
@@ -158,6 +159,9 @@ class PersistenceWorker:
 
     async def start(self) -> None:
         s = self.settings
+        # Every event's tokens are counted at commit, and loading the encoding
+        # takes ~0.2 s: not in the first batch's commit.
+        await asyncio.to_thread(encoding_for)
         self.consumer = BatchConsumer(
             self.js,
             stream=s.streams.events,
