@@ -55,6 +55,7 @@ import dataclasses
 import hashlib
 import logging
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -319,23 +320,34 @@ class QueryWorker:
         self._slots.release()
 
     async def _respond(self, op: str, req: q._Request, key: str | None, request: Request, started: float) -> None:
-        body = self._deliverable(op, await self.answer(op, req, key))
+        body, fill = await self._answer(op, req, key)
         try:
-            await request.respond(body)
+            await request.respond(self._deliverable(op, body))
         except Exception as exc:  # the requester is gone; nothing to tell
             log.debug("reply to %s failed: %s", request.subject, exc)
         metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
+        if fill is not None:  # after the reply: the requester need not wait on the cache's round trip
+            await fill
 
     async def answer(self, op: str, req: q._Request, key: str | None) -> bytes:
         """The reply to a valid request; ``key`` is its cache key, or None
-        when the op or the settings do not cache."""
+        when the op or the settings do not cache. A miss is cached before
+        this returns."""
+        body, fill = await self._answer(op, req, key)
+        if fill is not None:
+            await fill
+        return body
+
+    async def _answer(self, op: str, req: q._Request, key: str | None) -> tuple[bytes, Awaitable[None] | None]:
+        """The reply, and the cache fill of a miss still to await (None when
+        nothing is to be cached)."""
         try:
             if req.min_seq is not None:
                 if (tail := self._tail(op, req)) is not None:
                     try:
                         body = ok_body(await self._run(op, req, tail=tail))
                         metrics.QUERY_TAIL_READ.inc()
-                        return body
+                        return body, None
                     except MustWait as why:  # the commit path answers it
                         log.debug("%s waits for seq %d: %s", op, req.min_seq, why)
                         metrics.QUERY_TAIL_WAIT.inc()
@@ -345,21 +357,21 @@ class QueryWorker:
                 await opened(floor, "the commit floor").wait_for(req.min_seq, req.wait_ms / 1000)
             if key is not None:
                 return await self._cached(op, req, key)
-            return ok_body(await self._run(op, req))
+            return ok_body(await self._run(op, req)), None
         except MemqError as exc:
             metrics.QUERY_ERRORS.labels(op, exc.code).inc()
-            return error_body(exc)
+            return error_body(exc), None
         except (TimeoutError, sa_exc.OperationalError, sa_exc.InterfaceError, OSError, NatsError) as exc:
             log.warning("%s failed: %s", op, exc)
             metrics.QUERY_ERRORS.labels(op, Unavailable.code).inc()
             # nats-py's timeouts are asyncio.TimeoutErrors too: the commit
             # floor's consumer info, while JetStream elects a leader.
             what = "JetStream" if isinstance(exc, NatsError) else "the database"
-            return error_body(Unavailable(f"{op}: {what} is unavailable, retry later"))
+            return error_body(Unavailable(f"{op}: {what} is unavailable, retry later")), None
         except Exception:
             log.exception("%s failed", op)
             metrics.QUERY_ERRORS.labels(op, Internal.code).inc()
-            return error_body(Internal(f"{op} failed; see the worker log"))
+            return error_body(Internal(f"{op} failed; see the worker log")), None
 
     def _tail(self, op: str, req: q._Request) -> SessionTail | None:
         """The uncommitted tail this read adds instead of waiting for the
@@ -422,16 +434,17 @@ class QueryWorker:
             return None
         return entry.body
 
-    async def _cached(self, op: str, req: q._Request, key: str) -> bytes:
+    async def _cached(self, op: str, req: q._Request, key: str) -> tuple[bytes, Awaitable[None] | None]:
         cache = opened(self.cache, "the query cache")
         ticket, entry = await cache.get(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
         if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
-            return entry.body
+            return entry.body, None
         # read before SQL: the answer holds at least this
         as_of = await opened(self.floor, "the commit floor").current()
         body = ok_body(await self._run(op, req))
-        await cache.put(ticket, Entry(as_of, body))
-        return body
+        # The ticket holds the generations read before SQL: a commit after
+        # them makes the store a no-op, however late it runs.
+        return body, cache.put(ticket, Entry(as_of, body))
 
     # --- commit notices -------------------------------------------------------------
 

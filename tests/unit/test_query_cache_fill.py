@@ -1,0 +1,85 @@
+"""A cache miss is answered before its answer is stored (no servers needed):
+the requester does not wait on the shared tier's round trip."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from memq.contracts import queries as q
+from memq.workers.query.cache import MemoryBackend, QueryCache
+from memq.workers.query.service import QueryWorker
+from memq.workers.settings import Settings
+
+
+class SlowStoreBackend(MemoryBackend):
+    """The in-process backend whose stores wait until released, as a slow Redis would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.storing = asyncio.Event()
+
+    async def store(self, key: str, value: bytes, ttl_s: float) -> None:
+        self.storing.set()
+        await self.release.wait()
+        await super().store(key, value, ttl_s)
+
+    async def lookup(self, gen_keys: Sequence[str], entry_prefix: str) -> tuple[str, bytes | None]:
+        return self.lookup_now(gen_keys, entry_prefix)
+
+
+class Floor:
+    value = 7
+
+    async def current(self) -> int:
+        return self.value
+
+
+class Request:
+    subject = "_INBOX.test"
+
+    def __init__(self) -> None:
+        self.replies: list[bytes] = []
+
+    async def respond(self, body: bytes) -> None:
+        self.replies.append(body)
+
+
+def worker_with(shared: SlowStoreBackend, tmp_path) -> QueryWorker:
+    worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
+    worker.cache = QueryCache(local=None, shared=shared, ttl_s=60)
+    worker.floor = Floor()  # type: ignore[assignment]
+
+    async def run(op: str, req: q._Request, **extra) -> q.StateView:
+        return q.StateView(state={"k": 1})
+
+    worker._run = run  # type: ignore[method-assign]
+    return worker
+
+
+async def test_a_miss_is_answered_before_the_slow_store_and_stored_after(tmp_path):
+    shared = SlowStoreBackend()
+    worker = worker_with(shared, tmp_path)
+    req = q.StateGet(app="a", user="u", session="s")
+    request = Request()
+    responding = asyncio.create_task(worker._respond("state.get", req, "key", request, 0.0))
+    await asyncio.wait_for(shared.storing.wait(), 5)
+    assert request.replies == [b'{"ok":true,"result":{"state":{"k":1}}}']  # while the store still waits
+    assert not responding.done()
+    shared.release.set()
+    await asyncio.wait_for(responding, 5)
+    _, entry = await worker.cache.get("a", "u", "s", "key")
+    assert entry is not None and entry.as_of == 7 and entry.body == request.replies[0]
+
+
+async def test_answer_returns_once_the_miss_is_stored(tmp_path):
+    shared = SlowStoreBackend()
+    worker = worker_with(shared, tmp_path)
+    answering = asyncio.create_task(worker.answer("state.get", q.StateGet(app="a", user="u", session="s"), "key"))
+    await asyncio.wait_for(shared.storing.wait(), 5)
+    assert not answering.done()
+    shared.release.set()
+    body = await asyncio.wait_for(answering, 5)
+    _, entry = await worker.cache.get("a", "u", "s", "key")
+    assert entry is not None and entry.body == body
