@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -19,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from memq.contracts.ids import scope_key
 from memq.workers.memory.state import TOMBSTONE, merge_state
+from memq.workers.sql.driver import fetch_all
 from memq.workers.sql.models import APP_STATE, ARTIFACTS, CHECKPOINTS, EVENTS, SESSION_STATE, SESSIONS, USER_STATE
 
 
@@ -115,7 +117,13 @@ _SESSION_COLUMNS = (
 
 
 def _session(r) -> SessionRow:
-    return SessionRow(r.app, r.user_id, r.session_id, r.created_at, r.updated_at, r.last_seq, r.deleted_seq)
+    # By position (_SESSION_COLUMNS' order): rows may be asyncpg records (driver.fetch_all).
+    return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[7])
+
+
+def _checkpoint(r) -> CheckpointRow | None:
+    # cp_seq, up_to_seq, summary, tokens after the session's columns
+    return CheckpointRow(r[8], r[9], r[10], r[11]) if r[8] is not None else None
 
 
 # The hot reads of a cache miss are built once, with bind parameters: building
@@ -129,8 +137,8 @@ def _session_row():
 
 
 async def session_row(conn, session_key: str) -> SessionRow | None:
-    row = (await conn.execute(_session_row(), {"key": session_key})).first()
-    return _session(row) if row else None
+    rows = await fetch_all(conn, _session_row(), {"key": session_key})
+    return _session(rows[0]) if rows else None
 
 
 def encode_cursor(updated_at: float, key: str) -> str:
@@ -199,11 +207,10 @@ async def session_and_checkpoint(conn, session_key: str) -> tuple[SessionRow | N
     """The visible session's row and its latest checkpoint in one statement
     (one round trip, one snapshot): the row, outer-joined to the checkpoint
     seek. (None, None) when no such session is visible."""
-    row = (await conn.execute(_session_and_checkpoint(), {"key": session_key})).first()
-    if row is None:
+    rows = await fetch_all(conn, _session_and_checkpoint(), {"key": session_key})
+    if not rows:
         return None, None
-    checkpoint = CheckpointRow(row.cp_seq, row.up_to_seq, row.summary, row.tokens) if row.cp_seq is not None else None
-    return _session(row), checkpoint
+    return _session(rows[0]), _checkpoint(rows[0])
 
 
 @cache
@@ -245,25 +252,21 @@ async def session_checkpoint_and_newer(
     :func:`stored_event_ids` for them (the last value; each found id
     multiplies the rows, and there are usually none)."""
     params: dict[str, Any] = {"key": session_key, "after": after_seq, "limit": limit}
-    statement = _session_checkpoint_and_newer()
-    if ids:
-        statement, params["ids"] = _session_checkpoint_newer_and_ids(), ids
-    rows = (await conn.execute(statement, params)).all()
+    e_seq = len(_SESSION_COLUMNS) + 4  # after the checkpoint's four columns
+    stored: dict[str, int] = {}
+    if ids:  # an expanding IN list: through SQLAlchemy
+        params["ids"] = ids
+        rows: Sequence[Sequence[Any]] = (await conn.execute(_session_checkpoint_newer_and_ids(), params)).all()
+        stored = {r[-2]: r[-1] for r in rows if r[-2] is not None}
+        rows = list({r[e_seq]: r for r in rows}.values())  # once per event again
+        width = len(EVENT_COLUMNS) + 2
+        newer = [_event(r[-width:-2]) for r in rows if r[e_seq] is not None]
+    else:
+        rows = await fetch_all(conn, _session_checkpoint_and_newer(), params)
+        newer = [_event(r[-len(EVENT_COLUMNS) :]) for r in rows if r[e_seq] is not None]
     if not rows:
         return None, None, [], {}
-    first = rows[0]
-    checkpoint = (
-        CheckpointRow(first.cp_seq, first.up_to_seq, first.summary, first.tokens) if first.cp_seq is not None else None
-    )
-    stored: dict[str, int] = {}
-    if ids:
-        stored = {r.d_id: r.d_seq for r in rows if r.d_id is not None}
-        rows = list({r.e_seq: r for r in rows}.values())  # once per event again
-        width = len(EVENT_COLUMNS) + 2
-        newer = [_event(r[-width:-2]) for r in rows if r.e_seq is not None]
-    else:
-        newer = [_event(r[-len(EVENT_COLUMNS) :]) for r in rows if r.e_seq is not None]
-    return _session(first), checkpoint, newer, stored
+    return _session(rows[0]), _checkpoint(rows[0]), newer, stored
 
 
 async def stored_event_ids(conn, session_key: str, ids: list[str]) -> dict[str, int]:
@@ -353,8 +356,7 @@ async def newest_events(
     ``only`` (default: all), newest first."""
     if not only:
         params = {"key": session_key, "after": after_seq, "before": before_seq, "limit": limit}
-        rows = (await conn.execute(_newest_events(before_seq is not None), params)).all()
-        return [_event(r) for r in rows]
+        return [_event(r) for r in await fetch_all(conn, _newest_events(before_seq is not None), params)]
     q = select(*EVENT_COLUMNS).where(EVENTS.c.session_key == session_key, EVENTS.c.seq > after_seq)
     if before_seq is not None:
         q = q.where(EVENTS.c.seq < before_seq)

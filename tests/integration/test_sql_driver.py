@@ -1,0 +1,96 @@
+"""The hot reads on asyncpg's prepared statements (workers/sql/driver.py)
+answer what SQLAlchemy answers, really bypass it on PostgreSQL, and fail as
+a SQLAlchemy read fails when the connection dies (so the caller's retry on a
+fresh connection works)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy import exc as sa_exc
+
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import CheckpointSaved, Event, EventAppended, Message, TextPart
+from memq.workers.memory.commit_plan import Incoming
+from memq.workers.persistence.store import SqlStore
+from memq.workers.sql import reads
+from memq.workers.sql.driver import fetch_all
+from memq.workers.sql.engine import create_engine, is_disconnect, migrate, reader
+
+KEY = scope_key("a", "u", "s")
+
+
+def appended(seq: int) -> Incoming:
+    event = Event(author="user", message=Message(role="user", parts=[TextPart(text=f"turn {seq}")]))
+    return Incoming(seq, EventAppended(app="a", user="u", session="s", event=event))
+
+
+async def seeded(url: str):
+    engine = create_engine(url)
+    await migrate(engine)
+    store = SqlStore(engine)
+    await store.commit([appended(seq) for seq in range(1, 31)])
+    summary = CheckpointSaved(app="a", user="u", session="s", up_to_seq=20, summary="so far")
+    await store.commit([Incoming(31, summary), appended(32)])
+    return engine
+
+
+# Every statement fetch_all runs, with parameters that find rows.
+CASES = [
+    (reads._session_row(), {"key": KEY}),
+    (reads._session_and_checkpoint(), {"key": KEY}),
+    (reads._session_checkpoint_and_newer(), {"key": KEY, "after": 25, "limit": 4}),
+    (reads._session_checkpoint_and_newer(), {"key": KEY, "after": 99, "limit": 4}),  # no newer event
+    (reads._newest_events(False), {"key": KEY, "after": 0, "limit": 5}),
+    (reads._newest_events(True), {"key": KEY, "after": 3, "before": 9, "limit": 50}),
+]
+
+
+@pytest.mark.parametrize("database", ["postgresql", "sqlite"])
+async def test_rows_are_sqlalchemys_rows(database, request):
+    engine = await seeded(request.getfixturevalue("pg_url" if database == "postgresql" else "sqlite_url"))
+    try:
+        async with reader(engine).connect() as conn:
+            for statement, params in CASES:
+                expected = [tuple(r) for r in (await conn.execute(statement, params)).all()]
+                assert expected, statement
+                assert [tuple(r) for r in await fetch_all(conn, statement, params)] == expected
+            # what the reads make of them: the checkpoint and the events after it
+            row, checkpoint, newer, _ = await reads.session_checkpoint_and_newer(conn, KEY, after_seq=29, limit=10)
+            assert (row.last_seq, row.deleted_seq) == (32, 0)
+            assert (checkpoint.seq, checkpoint.up_to_seq, checkpoint.summary) == (31, 20, "so far")
+            assert [e.seq for e in newer] == [32, 30] and newer[0].data["message"]["parts"][0]["text"] == "turn 32"
+    finally:
+        await engine.dispose()
+
+
+async def test_on_postgresql_the_read_does_not_go_through_sqlalchemy(pg_url):
+    engine = await seeded(pg_url)
+    through_sqlalchemy: list[str] = []
+    listener = lambda conn, cursor, statement, *rest: through_sqlalchemy.append(statement)  # noqa: E731
+    event.listen(engine.sync_engine, "before_cursor_execute", listener)
+    try:
+        async with reader(engine).connect() as conn:
+            rows = await fetch_all(conn, *CASES[2])
+            assert [r[12] for r in rows] == [32, 30, 29, 28]  # 31 is the checkpoint
+            assert through_sqlalchemy == []
+            await conn.execute(*CASES[2])  # the listener does hear SQLAlchemy's
+            assert len(through_sqlalchemy) == 1
+    finally:
+        await engine.dispose()
+
+
+async def test_a_dead_connection_fails_as_sqlalchemy_says_and_the_retry_reads(pg_url):
+    engine = await seeded(pg_url)
+    try:
+        async with reader(engine).connect() as conn:
+            pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+            async with engine.connect() as other:
+                await other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+            with pytest.raises(sa_exc.DBAPIError) as failed:
+                await fetch_all(conn, *CASES[0])
+            assert is_disconnect(failed.value)
+        async with reader(engine).connect() as conn:  # what the query worker's retry does
+            assert len(await fetch_all(conn, *CASES[0])) == 1
+    finally:
+        await engine.dispose()
