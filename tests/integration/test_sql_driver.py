@@ -80,6 +80,22 @@ async def test_on_postgresql_the_read_does_not_go_through_sqlalchemy(pg_url):
         await engine.dispose()
 
 
+async def test_a_commit_of_appends_runs_on_the_driver_too(pg_url):
+    engine = await seeded(pg_url)
+    through_sqlalchemy: list[str] = []
+    listener = lambda conn, cursor, statement, *rest: through_sqlalchemy.append(statement)  # noqa: E731
+    event.listen(engine.sync_engine, "before_cursor_execute", listener)
+    try:
+        again = appended(41)
+        await SqlStore(engine).commit([appended(40), again, again])  # a redelivery in the batch
+        assert through_sqlalchemy == []  # the append-only commit: one statement, on asyncpg
+        async with reader(engine).connect() as conn:
+            assert [e.seq for e in await reads.newest_events(conn, KEY, after_seq=32, limit=9)] == [41, 40]
+            assert (await reads.session_row(conn, KEY)).last_seq == 41
+    finally:
+        await engine.dispose()
+
+
 async def test_a_dead_connection_fails_as_sqlalchemy_says_and_the_retry_reads(pg_url):
     engine = await seeded(pg_url)
     try:

@@ -22,6 +22,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql.schema import Table
 
+from memq.workers.sql.driver import fetch_all
+
 _QUOTE = postgresql.dialect().identifier_preparer.quote
 # By SQLAlchemy type class (BigInteger is an Integer, Text a String).
 _ARRAY_TYPES = ((String, "text[]"), (Integer, "bigint[]"), (Float, "float8[]"))
@@ -206,5 +208,8 @@ async def append_only(
     rely on this call: the caller commits the batch the full way, which is
     safe to repeat)."""
     params: dict[str, Any] = {"keys": sorted(session_keys), **_columns(rows)}
-    found, kept, _ = (await conn.execute(_append_only(events, tuple(rows[0]), sessions, users), params)).one()
+    # On the driver's prepared statement: a lone append's commit is on the
+    # agent's turn (driver.fetch_all). One statement in autocommit: if it
+    # fails it did nothing, and it is idempotent anyway.
+    (found, kept, _), *_ = await fetch_all(conn, _append_only(events, tuple(rows[0]), sessions, users), params)
     return set(kept) if found == len(session_keys) else None

@@ -2,7 +2,9 @@
 
 SQLAlchemy's execution layer (a greenlet hop, an execution context, the
 DB-API cursor adapter, result rows) costs more than the round trip itself
-for the reads of an agent's turn. The window read after an append (one
+for the statements of an agent's turn: the persistence worker's commit of
+an append (:func:`memq.workers.persistence.pg_bulk.append_only`) and the
+query worker's reads (:mod:`memq.workers.sql.reads`). The window read after an append (one
 statement) took 0.32 ms p50 through ``AsyncConnection.execute`` on a held
 connection and 0.14 ms as the same SQL text on asyncpg's prepared statement
 (PostgreSQL 15, 2-core VM, 3,000 calls each). So on asyncpg, the statements
@@ -21,7 +23,7 @@ from typing import Any
 
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
-from sqlalchemy.sql import Select
+from sqlalchemy.sql import Select, TextClause
 
 _ASYNCPG = asyncpg_dialect()
 
@@ -34,7 +36,7 @@ class _Compiled:
 
 
 @cache
-def _compiled(statement: Select) -> _Compiled | None:
+def _compiled(statement: Select | TextClause) -> _Compiled | None:
     """None for a statement whose text depends on its parameters (an
     expanding IN list): SQLAlchemy runs those."""
     compiled = statement.compile(dialect=_ASYNCPG)
@@ -43,10 +45,13 @@ def _compiled(statement: Select) -> _Compiled | None:
     return _Compiled(compiled.string, tuple(compiled.positiontup), dict(compiled.params))
 
 
-async def fetch_all(conn: AsyncConnection, statement: Select, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
-    """Every row of ``statement`` (one built once and kept, see
-    :mod:`memq.workers.sql.reads`), each a sequence in the statement's column
-    order (index it; asyncpg's records have no attributes)."""
+async def fetch_all(
+    conn: AsyncConnection, statement: Select | TextClause, params: Mapping[str, Any]
+) -> Sequence[Sequence[Any]]:
+    """Every row of ``statement`` (one built once and kept), each a sequence
+    in the statement's column order (index it: asyncpg's records have no
+    attributes). ``statement`` must be safe to run twice: a read, or one
+    idempotent statement in autocommit (which, if it failed, did nothing)."""
     sync = conn.sync_connection
     if conn.dialect.driver == "asyncpg" and sync is not None and not (sync.closed or sync.invalidated):
         compiled = _compiled(statement)
