@@ -5,9 +5,13 @@ fresh connection works)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import pytest
 from sqlalchemy import event, text
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from memq.contracts.ids import scope_key
 from memq.contracts.schemas import CheckpointSaved, Event, EventAppended, Message, TextPart
@@ -25,14 +29,26 @@ def appended(seq: int) -> Incoming:
     return Incoming(seq, EventAppended(app="a", user="u", session="s", event=event))
 
 
-async def seeded(url: str):
+@asynccontextmanager
+async def seeded(url: str) -> AsyncIterator[AsyncEngine]:
+    """A session of 32 events and a checkpoint (seq 31) covering 1-20."""
     engine = create_engine(url)
-    await migrate(engine)
-    store = SqlStore(engine)
-    await store.commit([appended(seq) for seq in range(1, 31)])
-    summary = CheckpointSaved(app="a", user="u", session="s", up_to_seq=20, summary="so far")
-    await store.commit([Incoming(31, summary), appended(32)])
-    return engine
+    try:
+        await migrate(engine)
+        store = SqlStore(engine)
+        await store.commit([appended(seq) for seq in range(1, 31)])
+        summary = CheckpointSaved(app="a", user="u", session="s", up_to_seq=20, summary="so far")
+        await store.commit([Incoming(31, summary), appended(32)])
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+def sent_by_sqlalchemy(engine) -> list[str]:
+    """The statements SQLAlchemy sends to the database from now on."""
+    statements: list[str] = []
+    event.listen(engine.sync_engine, "before_cursor_execute", lambda c, cursor, sql, *rest: statements.append(sql))
+    return statements
 
 
 # Every statement fetch_all runs, with parameters that find rows.
@@ -48,8 +64,7 @@ CASES = [
 
 @pytest.mark.parametrize("database", ["postgresql", "sqlite"])
 async def test_rows_are_sqlalchemys_rows(database, request):
-    engine = await seeded(request.getfixturevalue("pg_url" if database == "postgresql" else "sqlite_url"))
-    try:
+    async with seeded(request.getfixturevalue("pg_url" if database == "postgresql" else "sqlite_url")) as engine:
         async with reader(engine).connect() as conn:
             for statement, params in CASES:
                 expected = [tuple(r) for r in (await conn.execute(statement, params)).all()]
@@ -60,45 +75,32 @@ async def test_rows_are_sqlalchemys_rows(database, request):
             assert (row.last_seq, row.deleted_seq) == (32, 0)
             assert (checkpoint.seq, checkpoint.up_to_seq, checkpoint.summary) == (31, 20, "so far")
             assert [e.seq for e in newer] == [32, 30] and newer[0].data["message"]["parts"][0]["text"] == "turn 32"
-    finally:
-        await engine.dispose()
 
 
 async def test_on_postgresql_the_read_does_not_go_through_sqlalchemy(pg_url):
-    engine = await seeded(pg_url)
-    through_sqlalchemy: list[str] = []
-    listener = lambda conn, cursor, statement, *rest: through_sqlalchemy.append(statement)  # noqa: E731
-    event.listen(engine.sync_engine, "before_cursor_execute", listener)
-    try:
+    async with seeded(pg_url) as engine:
+        through_sqlalchemy = sent_by_sqlalchemy(engine)
         async with reader(engine).connect() as conn:
             rows = await fetch_all(conn, *CASES[2])
             assert [r[12] for r in rows] == [32, 30, 29, 28]  # 31 is the checkpoint
             assert through_sqlalchemy == []
             await conn.execute(*CASES[2])  # the listener does hear SQLAlchemy's
             assert len(through_sqlalchemy) == 1
-    finally:
-        await engine.dispose()
 
 
 async def test_a_commit_of_appends_runs_on_the_driver_too(pg_url):
-    engine = await seeded(pg_url)
-    through_sqlalchemy: list[str] = []
-    listener = lambda conn, cursor, statement, *rest: through_sqlalchemy.append(statement)  # noqa: E731
-    event.listen(engine.sync_engine, "before_cursor_execute", listener)
-    try:
+    async with seeded(pg_url) as engine:
+        through_sqlalchemy = sent_by_sqlalchemy(engine)
         again = appended(41)
         await SqlStore(engine).commit([appended(40), again, again])  # a redelivery in the batch
         assert through_sqlalchemy == []  # the append-only commit: one statement, on asyncpg
         async with reader(engine).connect() as conn:
             assert [e.seq for e in await reads.newest_events(conn, KEY, after_seq=32, limit=9)] == [41, 40]
             assert (await reads.session_row(conn, KEY)).last_seq == 41
-    finally:
-        await engine.dispose()
 
 
 async def test_a_dead_connection_fails_as_sqlalchemy_says_and_the_retry_reads(pg_url):
-    engine = await seeded(pg_url)
-    try:
+    async with seeded(pg_url) as engine:
         async with reader(engine).connect() as conn:
             pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
             async with engine.connect() as other:
@@ -108,5 +110,3 @@ async def test_a_dead_connection_fails_as_sqlalchemy_says_and_the_retry_reads(pg
             assert is_disconnect(failed.value)
         async with reader(engine).connect() as conn:  # what the query worker's retry does
             assert len(await fetch_all(conn, *CASES[0])) == 1
-    finally:
-        await engine.dispose()
