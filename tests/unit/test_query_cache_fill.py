@@ -35,6 +35,26 @@ class Floor:
     async def current(self) -> int:
         return self.value
 
+    async def wait_for(self, seq: int, timeout_s: float) -> int:
+        self.value = max(self.value, seq)  # as if the commit landed
+        return self.value
+
+
+class CountingBackend(MemoryBackend):
+    """The in-process backend standing in for Redis, counting its calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    async def lookup(self, gen_keys: Sequence[str], entry_prefix: str) -> tuple[str, bytes | None]:
+        self.calls.append("lookup")
+        return await super().lookup(gen_keys, entry_prefix)
+
+    async def store(self, key: str, value: bytes, ttl_s: float) -> None:
+        self.calls.append("store")
+        await super().store(key, value, ttl_s)
+
 
 class Request:
     subject = "_INBOX.test"
@@ -83,3 +103,18 @@ async def test_answer_returns_once_the_miss_is_stored(tmp_path):
     body = await asyncio.wait_for(answering, 5)
     _, entry = await worker.cache.get("a", "u", "s", "key")
     assert entry is not None and entry.body == body
+
+
+async def test_a_read_that_waits_for_a_commit_uses_this_replicas_tier_alone(tmp_path):
+    shared = CountingBackend()
+    worker = worker_with(shared, tmp_path)  # type: ignore[arg-type]
+    worker.cache = QueryCache(local=MemoryBackend(), shared=shared, ttl_s=60)
+    # min_seq 9 is above the floor (7): the read waits, then neither looks
+    # the shared tier up nor stores its answer there; the local tier has it.
+    waited = await worker.answer("state.get", q.StateGet(app="a", user="u", session="s", min_seq=9), "k1")
+    assert shared.calls == []
+    assert worker.cache.get_local("a", "u", "s", "k1").body == waited
+    # At or below the floor: both tiers, as any read.
+    await worker.answer("state.get", q.StateGet(app="a", user="u", session="s", min_seq=9), "k2")
+    await worker.answer("state.get", q.StateGet(app="a", user="u", session="s"), "k3")
+    assert shared.calls == ["lookup", "store", "lookup", "store"]

@@ -12,6 +12,8 @@ from memq.workers.settings import Settings
 
 
 class FailingFloor:
+    value = 0
+
     def __init__(self, exc: Exception):
         self.exc = exc
 

@@ -266,14 +266,23 @@ class QueryCache:
         return bool(self.tiers)
 
     async def get(
-        self, app: str, user: str | None, session: str | None, request_key: str, *, listing: bool = False
+        self,
+        app: str,
+        user: str | None,
+        session: str | None,
+        request_key: str,
+        *,
+        listing: bool = False,
+        shared: bool = True,
     ) -> tuple[Ticket, Entry | None]:
         """``listing``: the request is a page of sessions (of ``user``, or of
-        the app), stale after any commit of a session in that scope."""
+        the app), stale after any commit of a session in that scope.
+        ``shared=False``: this replica's tier only, for the lookup and for the
+        ticket's store."""
         prefix = f"{PREFIX}:e:{request_key}"
         gens = listing_gen_keys(app, user) if listing else gen_keys(app, user, session)
         keys: list[tuple[Backend, str]] = []
-        for tier in self.tiers:
+        for tier in self.tiers if shared else (self.local,) if self.local is not None else ():
             try:
                 if tier is self.shared and self._pending:
                     # Never trust shared entries while an invalidation is unwritten.

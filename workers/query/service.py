@@ -341,6 +341,7 @@ class QueryWorker:
     async def _answer(self, op: str, req: q._Request, key: str | None) -> tuple[bytes, Awaitable[None] | None]:
         """The reply, and the cache fill of a miss still to await (None when
         nothing is to be cached)."""
+        shared = True  # the cache's shared tier too (below)
         try:
             if req.min_seq is not None:
                 if (tail := self._tail(op, req)) is not None:
@@ -353,10 +354,16 @@ class QueryWorker:
                         metrics.QUERY_TAIL_WAIT.inc()
                     finally:
                         tail.close()
-                floor = self.index_floor if q.OPS[op].waits_for == "indexing" else self.floor
-                await opened(floor, "the commit floor").wait_for(req.min_seq, req.wait_ms / 1000)
+                floor = opened(self.index_floor if q.OPS[op].waits_for == "indexing" else self.floor, "the floor")
+                # A read that waits for a commit is answered right after it:
+                # no other replica can have stored its answer in the shared
+                # tier yet, and the writer's next append makes it stale. It
+                # uses this replica's tier alone (two Redis round trips fewer
+                # on an agent's turn).
+                shared = req.min_seq <= floor.value
+                await floor.wait_for(req.min_seq, req.wait_ms / 1000)
             if key is not None:
-                return await self._cached(op, req, key)
+                return await self._cached(op, req, key, shared=shared)
             return ok_body(await self._run(op, req)), None
         except MemqError as exc:
             metrics.QUERY_ERRORS.labels(op, exc.code).inc()
@@ -434,9 +441,12 @@ class QueryWorker:
             return None
         return entry.body
 
-    async def _cached(self, op: str, req: q._Request, key: str) -> tuple[bytes, Awaitable[None] | None]:
+    async def _cached(
+        self, op: str, req: q._Request, key: str, *, shared: bool = True
+    ) -> tuple[bytes, Awaitable[None] | None]:
         cache = opened(self.cache, "the query cache")
-        ticket, entry = await cache.get(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
+        session = getattr(req, "session", None)
+        ticket, entry = await cache.get(req.app, req.user, session, key, listing=_lists(req), shared=shared)
         if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
             return entry.body, None
         # read before SQL: the answer holds at least this
