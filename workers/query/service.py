@@ -356,10 +356,10 @@ class QueryWorker:
                         tail.close()
                 floor = opened(self.index_floor if q.OPS[op].waits_for == "indexing" else self.floor, "the floor")
                 # A read that waits for a commit is answered right after it:
-                # no other replica can have stored its answer in the shared
-                # tier yet, and the writer's next append makes it stale. It
-                # uses this replica's tier alone (two Redis round trips fewer
-                # on an agent's turn).
+                # another replica is unlikely to have stored its answer in the
+                # shared tier yet, and the writer's next append makes it
+                # stale. It uses this replica's tier alone (two Redis round
+                # trips fewer on an agent's turn).
                 shared = req.min_seq <= floor.value
                 await floor.wait_for(req.min_seq, req.wait_ms / 1000)
             if key is not None:
