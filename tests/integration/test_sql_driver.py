@@ -62,15 +62,20 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("database", ["postgresql", "sqlite"])
-async def test_rows_are_sqlalchemys_rows(database, request):
-    async with seeded(request.getfixturevalue("pg_url" if database == "postgresql" else "sqlite_url")) as engine:
+async def test_on_postgresql_the_rows_are_sqlalchemys_rows(pg_url):
+    async with seeded(pg_url) as engine:
         async with reader(engine).connect() as conn:
             for statement, params in CASES:
                 expected = [tuple(r) for r in (await conn.execute(statement, params)).all()]
                 assert expected, statement
                 assert [tuple(r) for r in await fetch_all(conn, statement, params)] == expected
-            # what the reads make of them: the checkpoint and the events after it
+
+
+@pytest.mark.parametrize("database", ["postgresql", "sqlite"])
+async def test_the_reads_take_the_rows_by_position(database, request):
+    async with seeded(request.getfixturevalue("pg_url" if database == "postgresql" else "sqlite_url")) as engine:
+        async with reader(engine).connect() as conn:
+            # the session row, the checkpoint and the events after it
             row, checkpoint, newer, _ = await reads.session_checkpoint_and_newer(conn, KEY, after_seq=29, limit=10)
             assert (row.last_seq, row.deleted_seq) == (32, 0)
             assert (checkpoint.seq, checkpoint.up_to_seq, checkpoint.summary) == (31, 20, "so far")

@@ -66,7 +66,14 @@ class Request:
         self.replies.append(body)
 
 
-def worker_with(shared: SlowStoreBackend, tmp_path) -> QueryWorker:
+async def reply(worker: QueryWorker, req: q._Request, key: str) -> bytes:
+    """The request answered as a replica answers it (cache fill included)."""
+    request = Request()
+    await worker._respond("state.get", req, key, request, 0.0)
+    return request.replies[0]
+
+
+def worker_with(shared: MemoryBackend, tmp_path) -> QueryWorker:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
     worker.cache = QueryCache(local=None, shared=shared, ttl_s=60)
     worker.floor = Floor()  # type: ignore[assignment]
@@ -93,28 +100,16 @@ async def test_a_miss_is_answered_before_the_slow_store_and_stored_after(tmp_pat
     assert entry is not None and entry.as_of == 7 and entry.body == request.replies[0]
 
 
-async def test_answer_returns_once_the_miss_is_stored(tmp_path):
-    shared = SlowStoreBackend()
-    worker = worker_with(shared, tmp_path)
-    answering = asyncio.create_task(worker.answer("state.get", q.StateGet(app="a", user="u", session="s"), "key"))
-    await asyncio.wait_for(shared.storing.wait(), 5)
-    assert not answering.done()
-    shared.release.set()
-    body = await asyncio.wait_for(answering, 5)
-    _, entry = await worker.cache.get("a", "u", "s", "key")
-    assert entry is not None and entry.body == body
-
-
 async def test_a_read_that_waits_for_a_commit_uses_this_replicas_tier_alone(tmp_path):
     shared = CountingBackend()
-    worker = worker_with(shared, tmp_path)  # type: ignore[arg-type]
+    worker = worker_with(shared, tmp_path)
     worker.cache = QueryCache(local=MemoryBackend(), shared=shared, ttl_s=60)
     # min_seq 9 is above the floor (7): the read waits, then neither looks
     # the shared tier up nor stores its answer there; the local tier has it.
-    waited = await worker.answer("state.get", q.StateGet(app="a", user="u", session="s", min_seq=9), "k1")
+    waited = await reply(worker, q.StateGet(app="a", user="u", session="s", min_seq=9), "k1")
     assert shared.calls == []
     assert worker.cache.get_local("a", "u", "s", "k1").body == waited
     # At or below the floor: both tiers, as any read.
-    await worker.answer("state.get", q.StateGet(app="a", user="u", session="s", min_seq=9), "k2")
-    await worker.answer("state.get", q.StateGet(app="a", user="u", session="s"), "k3")
+    await reply(worker, q.StateGet(app="a", user="u", session="s", min_seq=9), "k2")
+    await reply(worker, q.StateGet(app="a", user="u", session="s"), "k3")
     assert shared.calls == ["lookup", "store", "lookup", "store"]

@@ -25,8 +25,8 @@ async def answer_with(exc: Exception, tmp_path) -> dict:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
     worker.floor = FailingFloor(exc)
     req = q.HistoryGet(app="a", user="u", session="s", min_seq=5)
-    body = orjson.loads(await worker.answer("history", req, None))
-    return body["error"]
+    body, _ = await worker._answer("history", req, None)
+    return orjson.loads(body)["error"]
 
 
 async def test_a_jetstream_timeout_is_not_blamed_on_the_database(tmp_path):

@@ -257,6 +257,7 @@ class QueryCache:
         self.local = local
         self.shared = shared
         self.tiers: tuple[Backend, ...] = tuple(t for t in (local, shared) if t is not None)
+        self._local_tiers: tuple[Backend, ...] = (local,) if local is not None else ()
         self.ttl_s = ttl_s
         self._pending: set[str] = set()  # shared-tier bumps that failed
         self.hits = self.misses = self.errors = 0
@@ -282,7 +283,7 @@ class QueryCache:
         prefix = f"{PREFIX}:e:{request_key}"
         gens = listing_gen_keys(app, user) if listing else gen_keys(app, user, session)
         keys: list[tuple[Backend, str]] = []
-        for tier in self.tiers if shared else (self.local,) if self.local is not None else ():
+        for tier in self.tiers if shared else self._local_tiers:
             try:
                 if tier is self.shared and self._pending:
                     # Never trust shared entries while an invalidation is unwritten.

@@ -329,18 +329,10 @@ class QueryWorker:
         if fill is not None:  # after the reply: the requester need not wait on the cache's round trip
             await fill
 
-    async def answer(self, op: str, req: q._Request, key: str | None) -> bytes:
-        """The reply to a valid request; ``key`` is its cache key, or None
-        when the op or the settings do not cache. A miss is cached before
-        this returns."""
-        body, fill = await self._answer(op, req, key)
-        if fill is not None:
-            await fill
-        return body
-
     async def _answer(self, op: str, req: q._Request, key: str | None) -> tuple[bytes, Awaitable[None] | None]:
-        """The reply, and the cache fill of a miss still to await (None when
-        nothing is to be cached)."""
+        """The reply to a valid request (``key``: its cache key, or None when
+        the op or the settings do not cache), and the cache fill of a miss
+        still to await (None when nothing is to be cached)."""
         shared = True  # the cache's shared tier too (below)
         try:
             if req.min_seq is not None:

@@ -201,8 +201,7 @@ def with_tail(
     if not new:
         return window
     by_seq = {e.seq: e for e in window.stored.values()} | {e.seq: e for e in new}
-    fresh = {e.seq: _item(e, model) for e in new}
-    items = sorted([*window.items, *fresh.values()], key=lambda it: it.seq)
+    items = sorted([*window.items, *(_item(e, model) for e in new)], key=lambda it: it.seq)
     start = _enough_from(strategy, items, reserved) or 0
     items = items[start:]
     stored = {it.seq: by_seq[it.seq] for it in items}
