@@ -380,6 +380,15 @@ class NatsServer(Server):
     def _command(self) -> list[str]:
         return [self.binary, "-c", str(self.config_path)]
 
+    def _popen_kwargs(self) -> dict:
+        # The threads `memq up` gives its server (half the cores), so that
+        # tests and benchmarks run nats-server as memq ships it.
+        from memq.workers.embedded import server_env
+
+        kw = super()._popen_kwargs()
+        kw["env"] = server_env(0, kw["env"])
+        return kw
+
     def _ready(self) -> bool:
         # Plain /healthz also waits for streams recovered from disk after a restart
         # (and, in a cluster, for the JetStream meta leader).

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from memq.workers.settings import Settings
@@ -75,6 +76,25 @@ def running_pid(run_dir: Path) -> int | None:
     if cmdline.exists() and b"nats-server" not in cmdline.read_bytes():
         return None  # the pid was reused by another program after a crash
     return pid
+
+
+def server_env(threads: int, environ: Mapping[str, str] = os.environ, cores: int | None = None) -> dict[str, str]:
+    """The embedded nats-server's environment: ``environ`` with GOMAXPROCS,
+    the threads it runs Go code on at once. ``threads`` (the setting
+    ``nats.embedded_threads``) when not 0; else GOMAXPROCS as ``environ``
+    has it, or half the cores, at least one. Go's own default is every core,
+    but `memq up` runs its workers beside the server, and each wake of a
+    parked Go thread costs a syscall, on a VM a hypervisor exit. On a 2-core
+    VM, with nats-server on both cores, an agent's turn cost it 1.2-2.4x the
+    CPU, and 16 and 64 agents ran 13-38 % fewer turns/s; ingest was the same
+    (docs/benchmarks/index.md, "nats-server's threads")."""
+    env = dict(environ)
+    if threads:
+        env["GOMAXPROCS"] = str(threads)
+    elif "GOMAXPROCS" not in env:
+        cores = cores or len(os.sched_getaffinity(0))
+        env["GOMAXPROCS"] = str(max(1, cores // 2))
+    return env
 
 
 def _die_with_parent() -> None:
@@ -155,7 +175,12 @@ class EmbeddedNats:
         log = open(self.log_file, "ab")
         # Own session: Ctrl-C reaches memq, which stops the workers before NATS.
         self.process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            env=server_env(self.settings.nats.embedded_threads),
         )
         deadline = time.monotonic() + timeout
         while not _accepts(port):

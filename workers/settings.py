@@ -57,6 +57,14 @@ class NatsSettings(BaseModel):
     )
     connect_timeout_s: float = Field(default=5.0, description="connect timeout")
     name: str = Field(default="memq", description="connection name prefix (shown in NATS monitoring)")
+    embedded_threads: int = Field(
+        default=0,
+        ge=0,
+        description="threads the embedded nats-server of `memq up` runs Go code on at once (its "
+        "GOMAXPROCS); 0: half the cores, at least one, unless GOMAXPROCS is set in the environment. "
+        "Its workers share the machine with it, and a nats-server on every core spent more CPU on "
+        "waking its threads than on messages (docs/benchmarks)",
+    )
 
 
 class StreamSettings(BaseModel):

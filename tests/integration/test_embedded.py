@@ -1,15 +1,17 @@
 """The embedded nats-server of `memq up` after a crash (issue 11): its port
-in TIME-WAIT, a port truly taken, the run files a killed run leaves."""
+in TIME-WAIT, a port truly taken, the run files a killed run leaves; and
+the threads it runs Go code on (GOMAXPROCS)."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from memq.workers import bus
-from memq.workers.embedded import EmbeddedError, EmbeddedNats, _port_is_free
+from memq.workers.embedded import EmbeddedError, EmbeddedNats, _port_is_free, server_env
 from memq.workers.settings import Settings
 
 
@@ -75,5 +77,25 @@ def test_the_run_files_of_a_crashed_run_are_stale_and_cleaned_up(settings):
         url = embedded.start()
         assert embedded.stale_files_removed
         assert bus.nats_url(settings) == url
+    finally:
+        embedded.stop()
+
+
+def test_the_server_runs_on_half_the_cores_unless_told(monkeypatch):
+    assert server_env(0, {}, cores=2)["GOMAXPROCS"] == "1"
+    assert server_env(0, {}, cores=16)["GOMAXPROCS"] == "8"
+    assert server_env(0, {}, cores=1)["GOMAXPROCS"] == "1"
+    assert server_env(0, {"GOMAXPROCS": "3", "PATH": "/bin"}, cores=16) == {"GOMAXPROCS": "3", "PATH": "/bin"}
+    assert server_env(4, {"GOMAXPROCS": "3"}, cores=2)["GOMAXPROCS"] == "4"  # the setting wins
+
+
+def test_memq_up_starts_nats_server_with_its_threads_set(tmp_path, monkeypatch):
+    monkeypatch.delenv("GOMAXPROCS", raising=False)
+    monkeypatch.setenv("MEMQ_NATS__EMBEDDED_THREADS", "3")
+    embedded = EmbeddedNats(Settings(data_dir=tmp_path), port=0)
+    embedded.start()
+    try:
+        environ = (Path("/proc") / str(embedded.process.pid) / "environ").read_bytes().split(b"\0")
+        assert b"GOMAXPROCS=3" in environ
     finally:
         embedded.stop()
