@@ -115,3 +115,21 @@ async def test_a_dead_connection_fails_as_sqlalchemy_says_and_the_retry_reads(pg
             assert is_disconnect(failed.value)
         async with reader(engine).connect() as conn:  # what the query worker's retry does
             assert len(await fetch_all(conn, *CASES[0])) == 1
+
+
+@pytest.mark.parametrize("database", ["postgresql", "sqlite"])
+async def test_the_ids_a_read_asks_for_come_with_it(database, request):
+    """The tail read's id check (query.read_tail): on PostgreSQL as one
+    array parameter, so it too runs on asyncpg; elsewhere an IN list."""
+    async with seeded(request.getfixturevalue("pg_url" if database == "postgresql" else "sqlite_url")) as engine:
+        async with reader(engine).connect() as conn:
+            ids = {e.event_id: e.seq for e in await reads.newest_events(conn, KEY, after_seq=0, limit=3)}
+            asked = [*ids, "never-stored"]
+            through_sqlalchemy = sent_by_sqlalchemy(engine)
+            row, _, newer, stored = await reads.session_checkpoint_and_newer(
+                conn, KEY, after_seq=29, limit=10, ids=asked
+            )
+            assert row.last_seq == 32 and [e.seq for e in newer] == [32, 30]  # each event once, whatever was found
+            assert stored == ids and sorted(ids.values()) == [29, 30, 32]
+            assert await reads.stored_event_ids(conn, KEY, asked) == ids
+            assert len(through_sqlalchemy) == (0 if database == "postgresql" else 2)

@@ -15,7 +15,8 @@ from functools import cache
 from typing import Any
 
 import orjson
-from sqlalchemy import BigInteger, Integer, bindparam, func, or_, select, true
+from sqlalchemy import BigInteger, Integer, String, any_, bindparam, func, or_, select, true
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from memq.contracts.ids import scope_key
@@ -231,11 +232,21 @@ def _session_checkpoint_and_newer():
     )
 
 
+def _id_in(array: bool):
+    """``event_id IN (ids)``: on PostgreSQL as ``= ANY`` of one array
+    parameter, so the statement's text does not depend on how many ids
+    there are and it runs as one prepared statement (:func:`fetch_all`);
+    elsewhere as SQLAlchemy's expanding IN list."""
+    if array:
+        return EVENTS.c.event_id == any_(bindparam("ids", type_=ARRAY(String)))
+    return EVENTS.c.event_id.in_(bindparam("ids", expanding=True))
+
+
 @cache
-def _session_checkpoint_newer_and_ids():
+def _session_checkpoint_newer_and_ids(array: bool):
     d = (
         select(EVENTS.c.event_id.label("d_id"), EVENTS.c.seq.label("d_seq"))
-        .where(EVENTS.c.session_key == _KEY, EVENTS.c.event_id.in_(bindparam("ids", expanding=True)))
+        .where(EVENTS.c.session_key == _KEY, _id_in(array))
         .subquery()
     )
     q = _session_checkpoint_and_newer()
@@ -254,9 +265,10 @@ async def session_checkpoint_and_newer(
     params: dict[str, Any] = {"key": session_key, "after": after_seq, "limit": limit}
     e_seq = len(_SESSION_COLUMNS) + 4  # after the checkpoint's four columns
     stored: dict[str, int] = {}
-    if ids:  # an expanding IN list: through SQLAlchemy
+    if ids:
         params["ids"] = ids
-        rows: Sequence[Sequence[Any]] = (await conn.execute(_session_checkpoint_newer_and_ids(), params)).all()
+        statement = _session_checkpoint_newer_and_ids(conn.dialect.name == "postgresql")
+        rows: Sequence[Sequence[Any]] = await fetch_all(conn, statement, params)
         stored = {r[-2]: r[-1] for r in rows if r[-2] is not None}
         rows = list({r[e_seq]: r for r in rows}.values())  # once per event again
         width = len(EVENT_COLUMNS) + 2
@@ -275,8 +287,13 @@ async def stored_event_ids(conn, session_key: str, ids: list[str]) -> dict[str, 
     written again."""
     if not ids:
         return {}
-    q = select(EVENTS.c.event_id, EVENTS.c.seq).where(EVENTS.c.session_key == session_key, EVENTS.c.event_id.in_(ids))
-    return {event_id: seq for event_id, seq in (await conn.execute(q)).all()}
+    statement = _stored_event_ids(conn.dialect.name == "postgresql")
+    return {event_id: seq for event_id, seq in await fetch_all(conn, statement, {"key": session_key, "ids": ids})}
+
+
+@cache
+def _stored_event_ids(array: bool):
+    return select(EVENTS.c.event_id, EVENTS.c.seq).where(EVENTS.c.session_key == _KEY, _id_in(array))
 
 
 async def sessions_over_tokens(conn, limit: int) -> list[tuple[str, str, str]]:
