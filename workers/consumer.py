@@ -28,20 +28,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 
+import orjson
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.errors import NotJSMessageError
-from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig
+from nats.js.api import ConsumerConfig, Header, StatusCode
+from nats.js.errors import NotFoundError
 
 from memq.workers.bus import patiently
 
 log = logging.getLogger("memq.consumer")
 
 Handler = Callable[[list[Msg]], Awaitable[None]]
-TIMEOUTS = (asyncio.TimeoutError, TimeoutError)  # nats-py raises both kinds
+JS_API = "$JS.API"  # memq's JetStream contexts use the default API prefix
+REFUSED_PAUSE_S = 0.5  # after the server refuses or ends a pull request: a pause, not a loop
 
 
 class BatchConsumer:
@@ -54,7 +60,7 @@ class BatchConsumer:
 
     def __init__(
         self,
-        js: JetStreamContext,
+        nc: NATS,
         *,
         stream: str,
         subject: str,
@@ -65,9 +71,13 @@ class BatchConsumer:
         idle_wait_s: float = 1.0,
         concurrency: int = 1,
     ):
-        self.js = js
+        self.nc = nc
+        self.js = nc.jetstream()
         self.stream = stream
         self.subject = subject
+        if not config.durable_name:
+            raise ValueError("a BatchConsumer's consumer is durable: name it (durable_name)")
+        self.durable: str = config.durable_name
         self.config = config
         self.handler = handler
         self.batch_size = batch_size
@@ -77,15 +87,24 @@ class BatchConsumer:
         self._handling: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task | None = None
+        self._feed: PullFeed | None = None
 
     async def start(self) -> None:
-        self._sub = await patiently(
-            f"creating consumer {self.config.durable_name}",
-            lambda: self.js.pull_subscribe(
-                self.subject, durable=self.config.durable_name, stream=self.stream, config=self.config
-            ),
-        )
-        self._task = asyncio.create_task(self._run(), name=f"consume {self.config.durable_name}")
+        await patiently(f"creating consumer {self.durable}", self._create_consumer)
+        self._feed = PullFeed(self.nc, self.stream, self.durable, ahead=self.batch_size)
+        await self._feed.start()
+        self._task = asyncio.create_task(self._run(), name=f"consume {self.durable}")
+
+    async def _create_consumer(self) -> None:
+        """The durable consumer, unless it exists (as nats-py's pull_subscribe
+        makes it: filtered on ``subject`` unless the config says otherwise)."""
+        try:
+            await self.js.consumer_info(self.stream, self.durable)
+        except NotFoundError:
+            config = replace(self.config, name=self.durable)
+            if not config.filter_subjects:
+                config.filter_subject = self.subject
+            await self.js.add_consumer(self.stream, config=config)
 
     @property
     def running(self) -> bool:
@@ -93,32 +112,27 @@ class BatchConsumer:
         return self._task is not None and not self._task.done()
 
     async def stop(self) -> None:
-        """Finish the batch in hand, then stop fetching. Unacked messages stay
-        with the consumer and are redelivered to a replica."""
+        """Finish the batches in hand, then stop fetching. Unacked messages
+        stay with the consumer and are redelivered to a replica: those
+        delivered ahead are naked for that at once."""
         self._stopping.set()
         if self._task is not None:
             await self._task
             self._task = None
-            await self._sub.unsubscribe()  # else draining the connection waits on it
+        if self._feed is not None:
+            await self._feed.stop()  # else draining the connection waits on it
+            self._feed = None
 
     async def _fetch(self, n: int, timeout: float) -> list[Msg]:
-        try:
-            return await self._sub.fetch(n, timeout=timeout)
-        except TIMEOUTS:
-            return []
+        assert self._feed is not None  # started
+        return await self._feed.take(n, timeout)
 
     async def _next_batch(self) -> list[Msg]:
-        # The first message is fetched alone: nats-py's fetch of one returns
-        # the moment it lands. A fetch of n, once its first message is in,
-        # waits for all n or its timeout (idle_wait_s) unless the server ends
-        # the request; with two replicas sharing a trickle it often did not,
-        # and a lone append waited up to that second (publish -> commit p99
-        # at 1,000 events/s: 971 ms, now 6 ms). Returns after idle_wait_s
-        # with nothing. What else is waiting comes with the top-up, which
-        # asks with no_wait first and so brings what is there (up to the
-        # batch size); a top-up only pays off for what arrived since, which
-        # each message's metadata counts.
-        msgs = await self._fetch(1, self.idle_wait_s)
+        # What the feed holds goes at once; while the stream still holds
+        # more for this consumer (the last message's metadata says how
+        # many), the batch waits up to batch_wait_s for them. A lone append
+        # is handed over the moment it lands.
+        msgs = await self._fetch(self.batch_size, self.idle_wait_s)
         deadline = time.monotonic() + self.batch_wait_s
         while msgs and len(msgs) < self.batch_size and _more_waiting(msgs[-1]):
             remaining = deadline - time.monotonic()
@@ -190,3 +204,123 @@ def _more_waiting(msg: Msg) -> bool:
         return msg.metadata.num_pending > 0
     except NotJSMessageError:  # no metadata to go by: top up as before
         return True
+
+
+class PullFeed:
+    """A pull consumer's messages, asked for ahead: one standing request for
+    up to ``ahead`` messages, which the server fills as they arrive, topped
+    up once half of it is in hand or used. nats-py's ``fetch`` sends a
+    request per call and makes a task, a timer and an inbox id for every
+    message it waits on: on a lone agent's turn that was one more NATS
+    write per commit, and ~10 % of the persistence worker's CPU draining a
+    backlog (docs/benchmarks). nats-py has no standing pull of its own.
+
+    What the server says besides messages (ADR-13 statuses): ``408`` a
+    request expired, with how many of its messages it did not send; ``409``
+    a leadership change or a deleted consumer, which ends the requests;
+    ``100`` an idle heartbeat. When nothing at all has come for two
+    heartbeats (a reconnect, a restarted server forgets its requests), the
+    requests are taken as gone and asked again.
+    """
+
+    def __init__(
+        self, nc: NATS, stream: str, durable: str, *, ahead: int, expires_s: float = 5.0, heartbeat_s: float = 1.0
+    ):
+        self.nc = nc
+        self.ahead = ahead
+        self._next = f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._expires_ns = int(expires_s * 1e9)
+        self._heartbeat_ns = int(heartbeat_s * 1e9)
+        self._silent_s = 2 * heartbeat_s
+        self._asked = 0  # messages requested that have not come, expired or been cancelled
+        self._held: deque[Msg] = deque()  # delivered, not yet taken
+        self._arrived = asyncio.Event()
+        self._heard = time.monotonic()  # the server's last word on our inbox
+        self._quiet_until = 0.0  # no request before this (after a refusal: no tight loop)
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self._inbox = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(self._inbox, cb=self._on_message)
+
+    async def stop(self) -> None:
+        """No more deliveries; what was delivered and not taken goes back
+        (nak) for another replica now rather than after ``ack_wait``."""
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            try:
+                await sub.drain()  # what is on its way still lands in _held
+            except NatsError:
+                pass  # the connection is gone: redelivered after ack_wait
+        while self._held:
+            try:
+                await self._held.popleft().nak()
+            except NatsError:
+                pass
+
+    async def take(self, n: int, timeout: float) -> list[Msg]:
+        """Up to ``n`` messages, as soon as there is one; [] after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not self._held:
+            self._arrived.clear()  # before asking: what lands while we ask sets it again
+            await self._ask()
+            if self._held:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            try:
+                async with asyncio.timeout(min(remaining, self._silent_s)):
+                    await self._arrived.wait()
+            except TimeoutError:
+                pass
+        held = self._held
+        taken = [held.popleft() for _ in range(min(n, len(held)))]
+        await self._ask()
+        return taken
+
+    async def _ask(self) -> None:
+        """Top the standing request up to ``ahead`` messages in hand, once
+        half of them are used."""
+        now = time.monotonic()
+        if self._sub is None or now < self._quiet_until:
+            return
+        if self._asked and now - self._heard > self._silent_s:
+            log.info("no word from the server for %.1fs on %s: asking again", now - self._heard, self._next)
+            self._asked = 0
+        want = self.ahead - self._asked - len(self._held)
+        if want < max(1, self.ahead // 2) and self._asked:
+            return
+        if want <= 0:
+            return
+        request = {"batch": want, "expires": self._expires_ns, "idle_heartbeat": self._heartbeat_ns}
+        await self.nc.publish(self._next, orjson.dumps(request), reply=self._inbox)
+        self._asked += want
+        self._heard = now  # the new request's heartbeats are due from now
+
+    async def _on_message(self, msg: Msg) -> None:
+        self._heard = time.monotonic()
+        headers = msg.headers or {}
+        status = headers.get(Header.STATUS)
+        if not status:
+            self._asked = max(0, self._asked - 1)
+            self._held.append(msg)
+        elif status == StatusCode.CONTROL_MESSAGE:
+            return  # an idle heartbeat: the requests are alive
+        elif status in (StatusCode.REQUEST_TIMEOUT, StatusCode.CONFLICT):
+            # An expired request (or one ended early) says how many of its
+            # messages will not come; a leadership change or a deleted
+            # consumer ends them all.
+            left = headers.get("Nats-Pending-Messages", "")
+            if left.isdigit():
+                self._asked = max(0, self._asked - int(left))
+            else:
+                self._asked = 0
+            if status == StatusCode.CONFLICT:
+                log.warning("pull request ended: %s %s", status, headers.get(Header.DESCRIPTION, ""))
+                self._quiet_until = self._heard + REFUSED_PAUSE_S
+        else:
+            log.warning("unexpected status on the pull inbox: %s %s", status, headers.get(Header.DESCRIPTION, ""))
+            self._asked = 0
+            self._quiet_until = self._heard + REFUSED_PAUSE_S
+        self._arrived.set()

@@ -146,7 +146,7 @@ class Owned:
             tally.batch(msgs)
 
         self.consumer = BatchConsumer(
-            self.nc.jetstream(),
+            self.nc,
             stream=STREAM,
             subject=SUBJECT,
             config=consumer_config(durable),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 from helpers import make_settings, run_memq, running_query, running_worker
@@ -190,8 +191,9 @@ async def test_commands_show_sessions_history_context_and_status(stack):
     assert refused.returncode == 1 and "Aborted" in refused.stderr
     deleted = await run_memq(settings, "sessions", "delete", "-a", APP, "-u", USER, SESSION, "--yes")
     assert deleted.returncode == 0, deleted.stderr
-    with pytest.raises(NotFound):
-        await client.get_session(USER, SESSION)  # waits for the delete: it came from another process
+    delete_seq = int(re.search(r"delete published at seq (\d+)", deleted.stdout)[1])
+    with pytest.raises(NotFound):  # the delete came from another process: wait for it by its seq
+        await client.get_session(USER, SESSION, min_seq=delete_seq)
     gone = await run_memq(settings, "history", "-a", APP, "-u", USER, SESSION)
     assert gone.returncode == 1 and "not_found" in gone.stderr
 

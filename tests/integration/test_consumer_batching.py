@@ -8,6 +8,7 @@ import asyncio
 import time
 
 import nats
+import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -17,10 +18,10 @@ STREAM = "BATCHING"
 SUBJECT = "batching.>"
 
 
-async def _consumer(js, handler, batch_size: int, batch_wait_s: float, concurrency: int = 1) -> BatchConsumer:
-    await js.add_stream(name=STREAM, subjects=[SUBJECT])
+async def _consumer(nc, handler, batch_size: int, batch_wait_s: float, concurrency: int = 1) -> BatchConsumer:
+    await nc.jetstream().add_stream(name=STREAM, subjects=[SUBJECT])
     consumer = BatchConsumer(
-        js,
+        nc,
         stream=STREAM,
         subject=SUBJECT,
         config=ConsumerConfig(durable_name="batching", ack_policy=AckPolicy.EXPLICIT),
@@ -44,7 +45,7 @@ async def test_a_lone_message_is_handed_over_without_waiting_for_the_batch_windo
             await msg.ack()
         handed.put_nowait((time.monotonic(), len(msgs)))
 
-    consumer = await _consumer(js, handler, batch_size=100, batch_wait_s=0.5)
+    consumer = await _consumer(nc, handler, batch_size=100, batch_wait_s=0.5)
     try:
         for i in range(3):  # each one alone, as an idle agent appends
             sent = time.monotonic()
@@ -70,7 +71,7 @@ async def test_batches_fill_up_while_messages_keep_coming(nats_url):
             await msg.ack()
         sizes.append(len(msgs))
 
-    consumer = await _consumer(js, handler, batch_size=100, batch_wait_s=0.5)
+    consumer = await _consumer(nc, handler, batch_size=100, batch_wait_s=0.5)
     try:
         await js.publish("batching.first", b"first")
         await asyncio.sleep(0.2)  # the first batch is in the handler
@@ -102,7 +103,7 @@ async def test_with_concurrency_the_next_batch_is_handled_while_one_waits_and_st
             await msg.ack()
         acked.extend(m.data for m in msgs)
 
-    consumer = await _consumer(js, handler, batch_size=100, batch_wait_s=0.05, concurrency=2)
+    consumer = await _consumer(nc, handler, batch_size=100, batch_wait_s=0.05, concurrency=2)
     try:
         await js.publish("batching.a", b"a")
         await asyncio.sleep(0.3)
@@ -119,3 +120,122 @@ async def test_with_concurrency_the_next_batch_is_handled_while_one_waits_and_st
         await consumer.stop()  # the batches in hand finish and are acked
     assert {b"a", b"b"} <= set(acked), "stop() left a batch in hand unacked"
     await nc.close()
+
+
+async def test_stop_hands_back_at_once_what_was_delivered_ahead(nats_url):
+    """Messages the standing pull request brought in while the handler was
+    busy are naked on stop: another replica has them now, not after
+    ack_wait (30 s)."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    release = asyncio.Event()
+    first: list[bytes] = []
+
+    async def slow(msgs: list[Msg]) -> None:
+        first.extend(m.data for m in msgs)
+        await release.wait()
+        for msg in msgs:
+            await msg.ack()
+
+    consumer = await _consumer(nc, slow, batch_size=10, batch_wait_s=0.01)
+    try:
+        await js.publish("batching.busy", b"busy")
+        deadline = time.monotonic() + 5
+        while not first and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for i in range(5):  # delivered ahead, held: the only slot is busy
+            await js.publish("batching.ahead", f"{i}".encode())
+        await asyncio.sleep(0.3)
+        release.set()
+        await consumer.stop()
+        assert first == [b"busy"]
+        seconds = (await js.consumer_info(STREAM, "batching")).config.ack_wait
+        assert seconds is not None and seconds >= 30
+        got: list[bytes] = []
+
+        async def quick(msgs: list[Msg]) -> None:
+            for msg in msgs:
+                await msg.ack()
+            got.extend(m.data for m in msgs)
+
+        other = await _consumer(nc, quick, batch_size=10, batch_wait_s=0.01)
+        try:
+            deadline = time.monotonic() + 5
+            while len(got) < 5 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert sorted(got) == [b"0", b"1", b"2", b"3", b"4"]
+        finally:
+            await other.stop()
+    finally:
+        release.set()
+        await nc.close()
+
+
+@pytest.mark.parametrize("crash", [False, True])
+async def test_after_a_server_restart_the_lost_pull_request_is_asked_again(fresh_nats, crash):
+    """A restarted nats-server forgets the standing request. Stopped, it
+    says so (409); killed, it says nothing, its heartbeats stop, and the
+    feed asks again (the old fetch timed out each second)."""
+    nc = await nats.connect(fresh_nats.url, max_reconnect_attempts=-1, reconnect_time_wait=0.1)
+    js = nc.jetstream()
+    handed: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def handler(msgs: list[Msg]) -> None:
+        for msg in msgs:
+            await msg.ack()
+            handed.put_nowait(msg.data)
+
+    consumer = await _consumer(nc, handler, batch_size=10, batch_wait_s=0.01)
+    try:
+        await js.publish("batching.before", b"before")
+        assert await asyncio.wait_for(handed.get(), 5) == b"before"
+        await asyncio.to_thread(fresh_nats.kill if crash else fresh_nats.stop)
+        await asyncio.to_thread(fresh_nats.start)
+        deadline = time.monotonic() + 10
+        while not nc.is_connected and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await js.publish("batching.after", b"after", timeout=5)
+        assert await asyncio.wait_for(handed.get(), 8) == b"after"
+    finally:
+        await consumer.stop()
+        await nc.close()
+
+
+async def test_an_expired_pull_request_is_renewed(nats_url):
+    """The standing request expires while idle (408, with how many it did
+    not send); the next one is asked for, so a message after that is
+    delivered at once."""
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    handed: asyncio.Queue[float] = asyncio.Queue()
+
+    async def handler(msgs: list[Msg]) -> None:
+        for msg in msgs:
+            await msg.ack()
+            handed.put_nowait(time.monotonic())
+
+    await js.add_stream(name=STREAM, subjects=[SUBJECT])
+    consumer = BatchConsumer(
+        nc,
+        stream=STREAM,
+        subject=SUBJECT,
+        config=ConsumerConfig(durable_name="batching", ack_policy=AckPolicy.EXPLICIT),
+        handler=handler,
+        batch_size=10,
+        batch_wait_s=0.01,
+        idle_wait_s=0.2,
+    )
+    await consumer.start()
+    assert consumer._feed is not None
+    consumer._feed._expires_ns = int(0.3e9)  # expire often (heartbeats every 0.1 s)
+    consumer._feed._heartbeat_ns = int(0.1e9)
+    consumer._feed._silent_s = 60.0  # only the 408 can renew it here
+    try:
+        await asyncio.sleep(1.5)  # several requests expire
+        sent = time.monotonic()
+        await js.publish("batching.late", b"late")
+        at = await asyncio.wait_for(handed.get(), 5)
+        assert at - sent < 0.25, f"waited {at - sent:.3f}s: the expired request was not renewed at once"
+    finally:
+        await consumer.stop()
+        await nc.close()

@@ -14,6 +14,7 @@ from helpers import make_settings, running_query, running_worker
 from memq.contracts.client import MemoryClient
 from memq.workers import bus
 from memq.workers.commit_floor import CommitFloor
+from memq.workers.consumer import BatchConsumer
 
 APP = "patience-app"
 
@@ -61,9 +62,8 @@ async def test_patiently_retries_what_is_transient_and_gives_up_after_its_patien
 
 async def test_persistence_worker_waits_for_its_consumer(monkeypatch, nats_url, sqlite_url, tmp_path):
     settings = make_settings(nats_url, sqlite_url, tmp_path)
-    real = nats.js.JetStreamContext.pull_subscribe
-    call, calls = failing_first(1, real)
-    monkeypatch.setattr(nats.js.JetStreamContext, "pull_subscribe", call)
+    call, calls = failing_first(1, BatchConsumer._create_consumer)
+    monkeypatch.setattr(BatchConsumer, "_create_consumer", call)
     async with running_worker(settings), await MemoryClient.connect(nats_url, app=APP) as client:
         seq = await client.append_text("u", "s", "user", "hello")
         async with running_query(settings):

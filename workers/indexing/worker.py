@@ -189,7 +189,7 @@ class IndexingWorker:
                 await asyncio.sleep(delay)
         s = self.settings.indexing
         self.consumer = BatchConsumer(
-            self.js,
+            opened(self.nc, "IndexingWorker.nc"),
             stream=self.settings.streams.events,
             subject=EVENTS_WILDCARD,
             config=self.consumer_config(start_seq),

@@ -163,7 +163,7 @@ class PersistenceWorker:
         # takes ~0.2 s: not in the first batch's commit.
         await asyncio.to_thread(encoding_for)
         self.consumer = BatchConsumer(
-            self.js,
+            self._nats,
             stream=s.streams.events,
             subject=EVENTS_WILDCARD,
             config=self.consumer_config(),
