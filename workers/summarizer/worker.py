@@ -116,6 +116,9 @@ class SummarizerWorker:
         self.stats = Stats()
         self._slots = asyncio.Semaphore(settings.summarizer.max_concurrent)
         self._pending: set[tuple[str, str, str]] = set()  # sessions queued or in progress here
+        # Pending sessions whose notice came while they were: the look in
+        # progress may have read the session before that commit.
+        self._again: set[tuple[str, str, str]] = set()
         self._retry_at: dict[tuple[str, str, str], float] = {}
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
@@ -210,7 +213,10 @@ class SummarizerWorker:
 
     def schedule(self, app: str, user: str, session: str) -> None:
         key = (app, user, session)
-        if key in self._pending or self._retry_at.get(key, 0) > time.monotonic():
+        if key in self._pending:
+            self._again.add(key)
+            return
+        if self._retry_at.get(key, 0) > time.monotonic():
             return
         if self._strategy(app).kind != "summary_buffer":
             return
@@ -260,10 +266,14 @@ class SummarizerWorker:
             log.warning("summary of %s failed (%s: %s); retrying later", key, type(exc).__name__, exc)
         finally:
             self._pending.discard(key)
-        if made is not None:
-            # Notices that came while this fold ran (its own checkpoint's
-            # among them) found the session pending and were dropped, and
-            # other replicas found it leased: look again until nothing is due.
+        noticed = key in self._again
+        self._again.discard(key)
+        if made is not None or noticed:
+            # Notices that came while this look ran found the session pending:
+            # the look may have read it before their commits (a lost wake-up,
+            # with no sweep until the next interval), and after a fold its own
+            # checkpoint's notice is among them, and other replicas found it
+            # leased. Look again until nothing is due.
             self.schedule(*key)
 
     async def summarize_session(self, app: str, user: str, session: str) -> int | None:
