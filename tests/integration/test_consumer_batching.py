@@ -214,18 +214,9 @@ async def test_an_expired_pull_request_is_renewed(nats_url):
             await msg.ack()
             handed.put_nowait(time.monotonic())
 
-    await js.add_stream(name=STREAM, subjects=[SUBJECT])
-    consumer = BatchConsumer(
-        nc,
-        stream=STREAM,
-        subject=SUBJECT,
-        config=ConsumerConfig(durable_name="batching", ack_policy=AckPolicy.EXPLICIT),
-        handler=handler,
-        batch_size=10,
-        batch_wait_s=0.01,
-        idle_wait_s=0.2,
-    )
-    await consumer.start()
+    consumer = await _consumer(nc, handler, batch_size=10, batch_wait_s=0.01)
+    # Its loop has not run yet (no await since start): the first request is
+    # made with these.
     assert consumer._feed is not None
     consumer._feed._expires_ns = int(0.3e9)  # expire often (heartbeats every 0.1 s)
     consumer._feed._heartbeat_ns = int(0.1e9)
