@@ -266,11 +266,17 @@ class PullFeed:
             await self._ask()
             if self._held:
                 break
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = deadline - now
             if remaining <= 0:
                 return []
+            # Wake to ask again when a pause after a refusal ends, or when
+            # the server may have gone silent.
+            wake = min(remaining, self._silent_s)
+            if self._quiet_until > now:
+                wake = min(wake, self._quiet_until - now)
             try:
-                async with asyncio.timeout(min(remaining, self._silent_s)):
+                async with asyncio.timeout(wake):
                     await self._arrived.wait()
             except TimeoutError:
                 pass
