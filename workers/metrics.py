@@ -107,6 +107,13 @@ CACHE_ERRORS = Counter(
     "memq_cache_errors", "Redis failures of the query cache (each one answered from SQL)", ["op"], registry=REGISTRY
 )
 
+RECALL_SKIPPED = Counter(
+    "memq_recall_skipped",
+    "Contexts answered without recall because the index was unavailable or too slow",
+    ["reason"],
+    registry=REGISTRY,
+)
+
 EMBED_SECONDS = Histogram(
     "memq_embed_seconds",
     "Time of one embed call (a batch of texts; indexing and search queries)",

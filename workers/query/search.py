@@ -19,6 +19,7 @@ from dataclasses import replace
 
 from memq.contracts import queries as q
 from memq.contracts.errors import Unavailable
+from memq.workers import metrics
 from memq.workers.index.backends import open_backend
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
 from memq.workers.index.embedders import open_embedder
@@ -38,6 +39,10 @@ from memq.workers.settings import Settings
 log = logging.getLogger("memq.query")
 
 LIVE_REFRESH_S = 2.0  # how long the live generation's meta is trusted
+# At most one "recall skipped" line this often. An index that is down fails
+# every context's recall: a line each flooded the log, and rendering them was
+# half of a context miss's CPU (py-spy, tests/bench/query.py without an index).
+SKIPPED_LOG_EVERY_S = 60.0
 
 
 class Searcher:
@@ -53,6 +58,8 @@ class Searcher:
         # again after each tool call, with the same last user message, and
         # embedding it is most of a recall's CPU (ms on 2 cores).
         self._vectors: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+        self._skipped = 0  # recalls skipped since the last line that said so
+        self._skipped_logged_at: float | None = None
 
     async def _open(self) -> None:
         if self._opened:
@@ -206,7 +213,23 @@ class Searcher:
         try:
             found, _, _, _ = await asyncio.wait_for(self.hits(query), r.timeout_s)
             return found
-        except (TimeoutError, Unavailable) as exc:
-            # (an exception is always truthy: test its text, which a timeout lacks)
-            log.warning("recall skipped: %s", str(exc) or f"no answer within {r.timeout_s}s")
-            return []
+        except TimeoutError:
+            self._skip("timeout", f"no answer within {r.timeout_s}s")
+        except Unavailable as exc:
+            self._skip("unavailable", str(exc))
+        return []
+
+    def _skip(self, reason: str, detail: str) -> None:
+        """Count a skipped recall; say so in the log at most every
+        SKIPPED_LOG_EVERY_S, with how many were skipped since the last line."""
+        metrics.RECALL_SKIPPED.labels(reason).inc()
+        self._skipped += 1
+        now = time.monotonic()
+        if self._skipped_logged_at is not None and now - self._skipped_logged_at < SKIPPED_LOG_EVERY_S:
+            return
+        if self._skipped_logged_at is None:
+            log.warning("recall skipped: %s", detail)
+        else:
+            ago = now - self._skipped_logged_at
+            log.warning("recall skipped: %s (%d in the last %.0fs)", detail, self._skipped, ago)
+        self._skipped, self._skipped_logged_at = 0, now
