@@ -1,4 +1,4 @@
-"""Agent-loop benchmark: the turn an agent runs all day, memq beside plain SQL.
+"""Agent-loop benchmark: the turn an agent runs all day, memq beside plain SQL and beside its design's floor.
 
 Usage::
 
@@ -27,10 +27,18 @@ written directly through asyncpg, a pool of one connection per agent: one
 rows. It does less than memq (no stream, no second append, no token counts,
 no strategy), which is why it is the floor.
 
-For each number of concurrent agents A (1, 16, 64), the two loops run one
-after the other for ``--seconds`` each, alternating, ``--rounds`` times
-(memq first in odd rounds, SQL first in even ones), so a slow moment of a
-shared machine does not favour one side. Turns/s and turn p50/p99 are over
+**The design's floor** (same run): the bare pipeline
+(``tests/bench/bare_pipeline.py``), memq's hops without memq's work. The
+turn goes client → JetStream → a persister process (one ``INSERT`` per
+batch, ack, a notice) → an answerer process woken by the notice (one
+``SELECT``) → client, then the assistant event to JetStream. Beside the
+direct-SQL turn it says what the hops alone cost on this machine; beside
+memq's turn, what memq's own work costs.
+
+For each number of concurrent agents A (1, 16, 64), the three loops run one
+after the other for ``--seconds`` each, ``--rounds`` times, each loop
+leading a round in turn, so a slow moment of a shared machine does not
+favour one side. Turns/s and turn p50/p99 are over
 every round; the memq rows also give the p50 of each step. With one agent
 the context step is split in two: the wait for the commit (from the PubAck
 to the persistence worker's ``memq.v1.committed`` notice naming the seq,
@@ -69,6 +77,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
 
 import asyncpg  # noqa: E402
+import bare_pipeline  # noqa: E402
 import helpers  # noqa: E402
 import nats  # noqa: E402
 import services  # noqa: E402
@@ -254,22 +263,47 @@ class SqlLoop:
         run.record((now() - t0) * 1000)
 
 
+class BareLoop:
+    """memq's hops without memq's work (:mod:`bare_pipeline`): what the design
+    costs on this machine before any of memq's code runs."""
+
+    def __init__(self, nc, tag: str):
+        self.client = bare_pipeline.BareClient(nc)
+        self.tag = tag
+
+    async def turn(self, run: Run, agent: int, i: int) -> None:
+        session = f"{self.tag}-agent-{agent}"
+        said = text_of("user", agent, i)
+        t0 = now()
+        try:
+            seq = await self.client.append(session, "user", said, f"{session}-{i}-u")
+            rows = await self.client.last_50(session, seq)
+            await self.client.append(session, "assistant", text_of("assistant", agent, i), f"{session}-{i}-a")
+        except (nats.errors.Error, TimeoutError) as exc:
+            run.failed(exc)
+            return
+        if not rows or rows[0][0] != seq or json.loads(rows[0][2])["content"] != said:
+            run.ryw_violations += 1
+        run.record((now() - t0) * 1000)
+
+
 async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock | None) -> list[Run]:
     """Both loops at each number of agents; ``label(pid, name)`` names the
     process a pid is, for the CPU each loop costs the machine; ``clock``
     splits the one-agent context step."""
     runs: list[Run] = []
     for n in cfg.agents:
-        memq_run, sql_run = Run("memq", n), Run("sql", n)
+        memq_run, sql_run, bare_run = Run("memq", n), Run("sql", n), Run("bare", n)
         status(f"[bold]{n} agent{'s' if n > 1 else ''}[/]: {cfg.rounds} rounds of {cfg.seconds:g} s per loop")
         for r in range(cfg.rounds):
             tag = f"a{n}r{r}-{uuid.uuid4().hex[:6]}"
             memq_loop, sql_loop = MemqLoop(nc, n, tag, clock if n == 1 else None), SqlLoop(pool, tag)
+            bare_loop = BareLoop(nc, tag)
+            order = [(memq_run, memq_loop), (sql_run, sql_loop), (bare_run, bare_loop)]
             # one warm-up turn each: the sessions exist, connections are open
-            await asyncio.gather(*(memq_loop.turn(Run("warm", n), a, -1) for a in range(n)))
-            await asyncio.gather(*(sql_loop.turn(Run("warm", n), a, -1) for a in range(n)))
-            order = [(memq_run, memq_loop), (sql_run, sql_loop)]
-            for run, loop in order if r % 2 == 0 else order[::-1]:
+            for _, loop in order:
+                await asyncio.gather(*(loop.turn(Run("warm", n), a, -1) for a in range(n)))
+            for run, loop in order[r % 3 :] + order[: r % 3]:  # each loop leads a round in turn
 
                 async def turn(agent: int, i: int, run: Run = run, loop=loop) -> None:
                     await loop.turn(run, agent, i)
@@ -282,8 +316,9 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock
             status(
                 f"  round {r + 1}: memq {memq_run.per_s:,.0f} turns/s p50 {percentile(memq_run.turn_ms, 50):.2f} ms"
                 f" · sql {sql_run.per_s:,.0f} turns/s p50 {percentile(sql_run.turn_ms, 50):.2f} ms"
+                f" · bare {bare_run.per_s:,.0f} turns/s p50 {percentile(bare_run.turn_ms, 50):.2f} ms"
             )
-        runs += [memq_run, sql_run]
+        runs += [memq_run, sql_run, bare_run]
     return runs
 
 
@@ -318,6 +353,21 @@ async def wait_until_answering(nc, workers: list[Proc], timeout: float = 60.0) -
         await asyncio.sleep(0.2)
 
 
+async def wait_until_bare_answers(nc, procs: list[Proc], timeout: float = 30.0) -> None:
+    client = bare_pipeline.BareClient(nc)
+    deadline = now() + timeout
+    while True:
+        for p in procs:
+            p.check_alive()
+        try:
+            await client.last_50("nobody", 0)
+            return
+        except (nats.errors.NoRespondersError, TimeoutError):
+            if now() > deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
 async def run(cfg: Config, machine: dict, work: Path) -> list[Run]:
     async with AsyncExitStack() as stack:
         status("starting nats-server, PostgreSQL" + (", Redis" if cfg.cache == "redis" else "") + " …")
@@ -332,13 +382,19 @@ async def run(cfg: Config, machine: dict, work: Path) -> list[Run]:
         procs = [
             Proc([str(MEMQ), "worker", kind], env, work / f"{kind}.log").start() for kind in ("persistence", "query")
         ]
+        names = {p.pid: p.cmd[-1] for p in procs}
+        nc = await nats.connect(nats_server.url, name="bench-agent-loop")
+        stack.push_async_callback(nc.close)
+        await bare_pipeline.prepare(nc, pg.dsn("bench_agents"))
+        for role in ("persist", "answer"):
+            bare = [sys.executable, bare_pipeline.__file__, role, nats_server.url, pg.dsn("bench_agents")]
+            procs.append(Proc(bare, env, work / f"bare-{role}.log").start())
+            names[procs[-1].pid] = f"bare {role}"
 
         async def stop_all() -> None:
             await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs))
 
         stack.push_async_callback(stop_all)
-        nc = await nats.connect(nats_server.url, name="bench-agent-loop")
-        stack.push_async_callback(nc.close)
         pool = await asyncpg.create_pool(pg.dsn("bench_agents"), min_size=1, max_size=max(cfg.agents))
         stack.push_async_callback(pool.close)
         async with pool.acquire() as conn:
@@ -346,11 +402,12 @@ async def run(cfg: Config, machine: dict, work: Path) -> list[Run]:
         try:
             await helpers.wait_for_consumer(nats_server.url)
             await wait_until_answering(nc, procs)
+            await wait_until_bare_answers(nc, procs)
             clock = None
             if 1 in cfg.agents:  # only there: hearing every notice costs the client CPU
                 clock = CommitClock()
                 await clock.start(nc)
-            return await measure(cfg, nc, pool, process_label({p.proc.pid: p.cmd[-1] for p in procs}), clock)
+            return await measure(cfg, nc, pool, process_label(names), clock)
         except BaseException:
             for p in procs:
                 console.print(f"[red]{' '.join(p.cmd[-2:])} log:[/]\n{p.log_tail()}")
@@ -369,6 +426,28 @@ def targets(runs: list[Run]) -> list[dict]:
     if ("memq", 64) in by and ("sql", 64) in by:
         ratio = by["memq", 64].per_s / by["sql", 64].per_s
         out.append(dict(what="64 agents: memq turns/s ÷ direct-SQL turns/s", value=ratio, target="≥ 1", ok=ratio >= 1))
+    return out
+
+
+def floor(runs: list[Run]) -> list[dict]:
+    """Where memq's turn stands between its design's floor (the bare
+    pipeline) and direct SQL, at each number of agents: no targets, the
+    reading of the targets'."""
+    by = {(r.path, r.agents): r for r in runs}
+    out = []
+    for n in sorted({r.agents for r in runs}):
+        if not all((p, n) in by for p in ("memq", "sql", "bare")):
+            continue
+        p50 = {p: percentile(by[p, n].turn_ms, 50) for p in ("memq", "sql", "bare")}
+        out.append(
+            dict(
+                agents=n,
+                bare_p50_over_sql=round(p50["bare"] / p50["sql"], 2),
+                memq_p50_over_bare=round(p50["memq"] / p50["bare"], 2),
+                bare_per_s_over_sql=round(by["bare", n].per_s / by["sql", n].per_s, 2),
+                memq_per_s_over_bare=round(by["memq", n].per_s / by["bare", n].per_s, 2),
+            )
+        )
     return out
 
 
@@ -398,6 +477,12 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
         per = r.cpu_ms_per_turn()
         cpu.add_row(str(r.agents), r.path, *(f"{per.get(k, 0):.3f}" for k in who), f"{per['total']:.3f}")
     console.print(cpu)
+    for f in floor(runs):
+        status(
+            f"{f['agents']} agent{'s' if f['agents'] > 1 else ''}: bare pipeline p50 ÷ direct SQL "
+            f"{f['bare_p50_over_sql']:.2f}, memq ÷ bare {f['memq_p50_over_bare']:.2f}; turns/s bare ÷ direct SQL "
+            f"{f['bare_per_s_over_sql']:.2f}, memq ÷ bare {f['memq_per_s_over_bare']:.2f}"
+        )
     for t in targets(runs):
         mark = "[green]met[/]" if t["ok"] else "[red]not met[/]"
         status(f"{t['what']}: {t['value']:.2f} (target {t['target']}) {mark}")
@@ -436,7 +521,13 @@ async def main(args: argparse.Namespace) -> int:
         runs = await run(cfg, machine, Path(tmp))
     print_results(machine, cfg, runs)
     if args.json:
-        body = dict(machine=machine, config=asdict(cfg), runs=[r.summary() for r in runs], targets=targets(runs))
+        body = dict(
+            machine=machine,
+            config=asdict(cfg),
+            runs=[r.summary() for r in runs],
+            targets=targets(runs),
+            floor=floor(runs),
+        )
         args.json.write_text(json.dumps(body, indent=2))
         status(f"wrote {args.json}")
     bad = sum(r.errors + r.ryw_violations for r in runs)

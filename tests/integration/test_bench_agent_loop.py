@@ -1,6 +1,7 @@
 """tests/bench/agent_loop.py runs at its smallest size against real worker
 processes, and every memq turn reads its own write: the context answered
-after an append holds that append (read-your-writes through the real client)."""
+after an append holds that append (read-your-writes through the real client).
+So does every turn of the bare pipeline (memq's hops without memq)."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def test_the_agent_loop_benchmark_runs_and_every_turn_reads_its_own_write(tmp_pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     runs = {(r["path"], r["agents"]): r for r in result["runs"]}
-    assert set(runs) == {("memq", 1), ("sql", 1), ("memq", 4), ("sql", 4)}
+    assert set(runs) == {(path, n) for path in ("memq", "sql", "bare") for n in (1, 4)}
     for r in runs.values():
         assert r["turns"] > 0 and r["p50_ms"] > 0 and r["errors"] == 0 and r["ryw_violations"] == 0
     assert set(runs["memq", 4]["steps_p50_ms"]) == {"append user", "context", "append assistant"}
     assert [t["what"].split(":")[0] for t in result["targets"]] == ["1 agent"]
+    assert [f["agents"] for f in result["floor"]] == [1, 4]

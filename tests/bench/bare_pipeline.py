@@ -1,0 +1,153 @@
+"""The agent's turn through memq's hops with none of memq's work: the floor
+of the design on a machine.
+
+``tests/bench/agent_loop.py`` runs this beside memq and direct SQL. The turn
+takes the path memq's does, process to process, so it pays every hop memq
+pays (each a loopback write that wakes another process) and nothing else:
+
+1. the client publishes the user event to a JetStream stream (file storage,
+   ``Nats-Msg-Id`` and ``Nats-Expected-Stream`` headers, as memq's client
+   does) and awaits the PubAck;
+2. a **persister** process takes it from a durable consumer, runs one
+   ``INSERT`` (a transaction per batch of what has arrived), acks, and
+   publishes a notice with the highest committed stream sequence;
+3. the client asks an **answerer** process (core NATS request/reply) for the
+   session's last 50 rows with ``min_seq``; the answerer waits for a notice
+   at or past it (no polling), runs one ``SELECT`` and replies with the rows;
+4. the client publishes the assistant event and awaits its PubAck.
+
+What it leaves out is memq itself: validation, token counts, session rows
+and checkpoints, strategies, caching, typed replies, dead letters, order
+across replicas. So memq's turn minus this one is what memq's own work
+costs, and this one beside the direct-SQL turn is what the hops cost.
+
+Run as a process by agent_loop.py: ``bare_pipeline.py persist|answer NATS_URL DSN``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import asyncpg
+import nats
+import orjson
+from nats.js.api import ConsumerConfig, StorageType, StreamConfig
+
+STREAM = "BARE"
+SUBJECT = "bare.events"
+DURABLE = "bare-persist"
+COMMITTED = "bare.committed"
+ANSWER = "bare.answer"
+BATCH = 256  # at most this many rows in one transaction (memq's batch_size)
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS bare_turns (
+    session_id text NOT NULL,
+    seq bigint NOT NULL,
+    role text NOT NULL,
+    data jsonb NOT NULL,
+    created_at double precision NOT NULL,
+    PRIMARY KEY (session_id, seq)
+)
+"""
+INSERT = "INSERT INTO bare_turns VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
+SELECT = "SELECT seq, role, data FROM bare_turns WHERE session_id = $1 ORDER BY seq DESC LIMIT 50"
+
+
+async def prepare(nc, dsn: str) -> None:
+    """The stream and the table (agent_loop.py, before the processes start)."""
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECT], storage=StorageType.FILE))
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(SCHEMA)
+    finally:
+        await conn.close()
+
+
+async def persist(nc, dsn: str) -> None:
+    """Commit what arrives, a batch per transaction; ack; announce the seq."""
+    conn = await asyncpg.connect(dsn)
+    js = nc.jetstream()
+    arrived: asyncio.Queue = asyncio.Queue()
+
+    async def on_message(msg) -> None:
+        arrived.put_nowait(msg)
+
+    # A durable push consumer: the server hands messages over as they come,
+    # the cheapest delivery nats-py offers.
+    config = ConsumerConfig(ack_policy="explicit", max_ack_pending=4096)
+    await js.subscribe(SUBJECT, durable=DURABLE, stream=STREAM, manual_ack=True, cb=on_message, config=config)
+    while True:
+        batch = [await arrived.get()]
+        while not arrived.empty() and len(batch) < BATCH:
+            batch.append(arrived.get_nowait())
+        rows = []
+        for msg in batch:
+            event = orjson.loads(msg.data)
+            rows.append((event["session"], msg.metadata.sequence.stream, event["role"], msg.data.decode(), event["at"]))
+        async with conn.transaction():
+            await conn.executemany(INSERT, rows)
+        for msg in batch:
+            await msg.ack()
+        await nc.publish(COMMITTED, b"%d" % max(r[1] for r in rows))
+
+
+async def answer(nc, dsn: str) -> None:
+    """The last 50 rows of a session, once its ``min_seq`` is committed."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=64)
+    committed = 0
+    moved = asyncio.Event()
+
+    async def on_committed(msg) -> None:
+        nonlocal committed, moved
+        committed = max(committed, int(msg.data))
+        moved.set()
+        moved = asyncio.Event()  # the next wait waits for the next notice
+
+    async def reply(msg) -> None:
+        ask = orjson.loads(msg.data)
+        while committed < ask["min_seq"]:
+            await moved.wait()
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(SELECT, ask["session"])
+        await msg.respond(orjson.dumps([[r["seq"], r["role"], r["data"]] for r in rows]))
+
+    tasks: set[asyncio.Task] = set()
+
+    async def on_request(msg) -> None:  # a task each: requests wait on commits concurrently
+        task = asyncio.create_task(reply(msg))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    await nc.subscribe(COMMITTED, cb=on_committed)
+    await nc.subscribe(ANSWER, queue="bare", cb=on_request)
+    await asyncio.Event().wait()
+
+
+class BareClient:
+    """The client's side of the bare turn (agent_loop.py's ``BareLoop``)."""
+
+    def __init__(self, nc):
+        self.nc = nc
+        self.js = nc.jetstream()
+
+    async def append(self, session: str, role: str, text: str, msg_id: str) -> int:
+        body = orjson.dumps({"session": session, "role": role, "content": text, "at": time.time()})
+        headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Stream": STREAM}
+        return (await self.js.publish(SUBJECT, body, headers=headers)).seq
+
+    async def last_50(self, session: str, min_seq: int) -> list[list]:
+        ask = orjson.dumps({"session": session, "min_seq": min_seq})
+        return orjson.loads((await self.nc.request(ANSWER, ask, timeout=10)).data)
+
+
+async def main(role: str, url: str, dsn: str) -> None:
+    nc = await nats.connect(url, name=f"bare-{role}")
+    await {"persist": persist, "answer": answer}[role](nc, dsn)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:4]))
