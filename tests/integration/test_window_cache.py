@@ -114,6 +114,9 @@ async def test_extended_windows_keep_what_a_fresh_read_keeps(request: pytest.Fix
                     have = select(got.window.items, strategy, reserved=reserved)
                     assert [it.seq for it in have.items] == [it.seq for it in want.items], f"step {step} {strategy}"
                     assert got.window.checkpoint == fresh.window.checkpoint
+                    # one entry per kept item in each of the window's maps, in seq order
+                    seqs = [it.seq for it in got.window.items]
+                    assert list(got.window.stored) == list(got.window.events) == seqs == sorted(seqs)
                     for it in have.items:
                         assert got.window.events[it.seq] == fresh.window.events[it.seq]
         assert extended > 20, "the cache was hardly ever used: the test would not see its mistakes"
