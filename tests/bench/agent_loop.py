@@ -33,9 +33,11 @@ turn goes client → JetStream → a persister process (one ``INSERT`` per
 batch, ack, a notice) → an answerer process woken by the notice (one
 ``SELECT``) → client, then the assistant event to JetStream. Beside the
 direct-SQL turn it says what the hops alone cost on this machine; beside
-memq's turn, what memq's own work costs.
+memq's turn, what memq's own work costs. And "bare tail": the same with an
+answerer that does not wait for the commit (SQL plus the session's
+uncommitted events, held from the stream), the floor of ``query.read_tail``.
 
-For each number of concurrent agents A (1, 16, 64), the three loops run one
+For each number of concurrent agents A (1, 16, 64), the four loops run one
 after the other for ``--seconds`` each, ``--rounds`` times, each loop
 leading a round in turn, so a slow moment of a shared machine does not
 favour one side. Turns/s and turn p50/p99 are over
@@ -267,8 +269,8 @@ class BareLoop:
     """memq's hops without memq's work (:mod:`bare_pipeline`): what the design
     costs on this machine before any of memq's code runs."""
 
-    def __init__(self, nc, tag: str):
-        self.client = bare_pipeline.BareClient(nc)
+    def __init__(self, nc, tag: str, answer: str = bare_pipeline.ANSWER):
+        self.client = bare_pipeline.BareClient(nc, answer)
         self.tag = tag
 
     async def turn(self, run: Run, agent: int, i: int) -> None:
@@ -293,17 +295,17 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock
     splits the one-agent context step."""
     runs: list[Run] = []
     for n in cfg.agents:
-        memq_run, sql_run, bare_run = Run("memq", n), Run("sql", n), Run("bare", n)
+        memq_run, sql_run, bare_run, tail_run = Run("memq", n), Run("sql", n), Run("bare", n), Run("bare tail", n)
         status(f"[bold]{n} agent{'s' if n > 1 else ''}[/]: {cfg.rounds} rounds of {cfg.seconds:g} s per loop")
         for r in range(cfg.rounds):
             tag = f"a{n}r{r}-{uuid.uuid4().hex[:6]}"
             memq_loop, sql_loop = MemqLoop(nc, n, tag, clock if n == 1 else None), SqlLoop(pool, tag)
-            bare_loop = BareLoop(nc, tag)
-            order = [(memq_run, memq_loop), (sql_run, sql_loop), (bare_run, bare_loop)]
+            bare_loop, tail_loop = BareLoop(nc, tag), BareLoop(nc, f"{tag}-t", bare_pipeline.ANSWER_FROM_TAIL)
+            order = [(memq_run, memq_loop), (sql_run, sql_loop), (bare_run, bare_loop), (tail_run, tail_loop)]
             # one warm-up turn each: the sessions exist, connections are open
             for _, loop in order:
                 await asyncio.gather(*(loop.turn(Run("warm", n), a, -1) for a in range(n)))
-            for run, loop in order[r % 3 :] + order[: r % 3]:  # each loop leads a round in turn
+            for run, loop in order[r % 4 :] + order[: r % 4]:  # each loop leads a round in turn
 
                 async def turn(agent: int, i: int, run: Run = run, loop=loop) -> None:
                     await loop.turn(run, agent, i)
@@ -317,8 +319,9 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock
                 f"  round {r + 1}: memq {memq_run.per_s:,.0f} turns/s p50 {percentile(memq_run.turn_ms, 50):.2f} ms"
                 f" · sql {sql_run.per_s:,.0f} turns/s p50 {percentile(sql_run.turn_ms, 50):.2f} ms"
                 f" · bare {bare_run.per_s:,.0f} turns/s p50 {percentile(bare_run.turn_ms, 50):.2f} ms"
+                f" · bare tail {tail_run.per_s:,.0f} turns/s p50 {percentile(tail_run.turn_ms, 50):.2f} ms"
             )
-        runs += [memq_run, sql_run, bare_run]
+        runs += [memq_run, sql_run, bare_run, tail_run]
     return runs
 
 
@@ -386,7 +389,7 @@ async def run(cfg: Config, machine: dict, work: Path) -> list[Run]:
         nc = await nats.connect(nats_server.url, name="bench-agent-loop")
         stack.push_async_callback(nc.close)
         await bare_pipeline.prepare(nc, pg.dsn("bench_agents"))
-        for role in ("persist", "answer"):
+        for role in ("persist", "answer", "answer-from-tail"):
             bare = [sys.executable, bare_pipeline.__file__, role, nats_server.url, pg.dsn("bench_agents")]
             procs.append(Proc(bare, env, work / f"bare-{role}.log").start())
             names[procs[-1].pid] = f"bare {role}"
@@ -436,15 +439,17 @@ def floor(runs: list[Run]) -> list[dict]:
     by = {(r.path, r.agents): r for r in runs}
     out = []
     for n in sorted({r.agents for r in runs}):
-        if not all((p, n) in by for p in ("memq", "sql", "bare")):
+        if not all((p, n) in by for p in ("memq", "sql", "bare", "bare tail")):
             continue
-        p50 = {p: percentile(by[p, n].turn_ms, 50) for p in ("memq", "sql", "bare")}
+        p50 = {p: percentile(by[p, n].turn_ms, 50) for p in ("memq", "sql", "bare", "bare tail")}
         out.append(
             dict(
                 agents=n,
                 bare_p50_over_sql=round(p50["bare"] / p50["sql"], 2),
+                bare_tail_p50_over_sql=round(p50["bare tail"] / p50["sql"], 2),
                 memq_p50_over_bare=round(p50["memq"] / p50["bare"], 2),
                 bare_per_s_over_sql=round(by["bare", n].per_s / by["sql", n].per_s, 2),
+                bare_tail_per_s_over_sql=round(by["bare tail", n].per_s / by["sql", n].per_s, 2),
                 memq_per_s_over_bare=round(by["memq", n].per_s / by["bare", n].per_s, 2),
             )
         )
@@ -479,9 +484,10 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
     console.print(cpu)
     for f in floor(runs):
         status(
-            f"{f['agents']} agent{'s' if f['agents'] > 1 else ''}: bare pipeline p50 ÷ direct SQL "
-            f"{f['bare_p50_over_sql']:.2f}, memq ÷ bare {f['memq_p50_over_bare']:.2f}; turns/s bare ÷ direct SQL "
-            f"{f['bare_per_s_over_sql']:.2f}, memq ÷ bare {f['memq_per_s_over_bare']:.2f}"
+            f"{f['agents']} agent{'s' if f['agents'] > 1 else ''}: p50 ÷ direct SQL: bare {f['bare_p50_over_sql']:.2f}, "
+            f"bare tail {f['bare_tail_p50_over_sql']:.2f}; memq ÷ bare {f['memq_p50_over_bare']:.2f}. "
+            f"Turns/s ÷ direct SQL: bare {f['bare_per_s_over_sql']:.2f}, bare tail {f['bare_tail_per_s_over_sql']:.2f}; "
+            f"memq ÷ bare {f['memq_per_s_over_bare']:.2f}"
         )
     for t in targets(runs):
         mark = "[green]met[/]" if t["ok"] else "[red]not met[/]"

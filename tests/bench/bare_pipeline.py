@@ -21,7 +21,11 @@ and checkpoints, strategies, caching, typed replies, dead letters, order
 across replicas. So memq's turn minus this one is what memq's own work
 costs, and this one beside the direct-SQL turn is what the hops cost.
 
-Run as a process by agent_loop.py: ``bare_pipeline.py persist|answer NATS_URL DSN``.
+A second answerer, ``answer-from-tail``, answers without waiting for the
+commit (SQL plus the uncommitted events it holds from the stream), as
+memq's ``query.read_tail`` does: the floor of that design.
+
+Run as a process by agent_loop.py: ``bare_pipeline.py persist|answer|answer-from-tail NATS_URL DSN``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections import deque
 
 import asyncpg
 import nats
@@ -40,6 +45,7 @@ SUBJECT = "bare.events"
 DURABLE = "bare-persist"
 COMMITTED = "bare.committed"
 ANSWER = "bare.answer"
+ANSWER_FROM_TAIL = "bare.answer-from-tail"
 BATCH = 256  # at most this many rows in one transaction (memq's batch_size)
 
 SCHEMA = """
@@ -127,12 +133,67 @@ async def answer(nc, dsn: str) -> None:
     await asyncio.Event().wait()
 
 
+async def answer_from_tail(nc, dsn: str) -> None:
+    """The same answer without waiting for the commit: SQL up to the commit
+    floor plus the session's uncommitted events, held from the stream (an
+    ordered consumer), as ``query.read_tail`` does: the floor of that design."""
+    pool = await asyncpg.create_pool(dsn, min_size=1, max_size=64)
+    js = nc.jetstream()
+    committed = seen = 0
+    tails: dict[str, dict[int, list]] = {}  # session → seq → row, for seqs above the floor
+    held: deque[tuple[int, str]] = deque()  # (seq, session) in stream order, to drop once committed
+    arrived = asyncio.Event()
+
+    async def on_event(msg) -> None:
+        nonlocal seen, arrived
+        event, seq = orjson.loads(msg.data), msg.metadata.sequence.stream
+        tails.setdefault(event["session"], {})[seq] = [seq, event["role"], msg.data.decode()]
+        held.append((seq, event["session"]))
+        seen = seq
+        arrived.set()
+        arrived = asyncio.Event()
+
+    async def on_committed(msg) -> None:
+        nonlocal committed
+        committed = max(committed, int(msg.data))
+        while held and held[0][0] <= committed:
+            seq, session = held.popleft()
+            tail = tails[session]
+            del tail[seq]
+            if not tail:
+                del tails[session]
+
+    async def reply(msg) -> None:
+        ask = orjson.loads(msg.data)
+        while seen < ask["min_seq"]:  # the request may come before the stream delivers its write
+            await arrived.wait()
+        # the tail first: what a notice drops during the SELECT is in SQL by then
+        tail = [row for seq, row in tails.get(ask["session"], {}).items() if seq > committed]
+        async with pool.acquire() as conn:
+            rows = [[r["seq"], r["role"], r["data"]] for r in await conn.fetch(SELECT, ask["session"])]
+        merged = {row[0]: row for row in rows} | {row[0]: row for row in tail}
+        await msg.respond(orjson.dumps(sorted(merged.values(), reverse=True)[:50]))
+
+    tasks: set[asyncio.Task] = set()
+
+    async def on_request(msg) -> None:
+        task = asyncio.create_task(reply(msg))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    await nc.subscribe(COMMITTED, cb=on_committed)
+    await js.subscribe(SUBJECT, ordered_consumer=True, cb=on_event)
+    await nc.subscribe(ANSWER_FROM_TAIL, queue="bare", cb=on_request)
+    await asyncio.Event().wait()
+
+
 class BareClient:
     """The client's side of the bare turn (agent_loop.py's ``BareLoop``)."""
 
-    def __init__(self, nc):
+    def __init__(self, nc, answer: str = ANSWER):
         self.nc = nc
         self.js = nc.jetstream()
+        self.answer = answer
 
     async def append(self, session: str, role: str, text: str, msg_id: str) -> int:
         body = orjson.dumps({"session": session, "role": role, "content": text, "at": time.time()})
@@ -141,12 +202,12 @@ class BareClient:
 
     async def last_50(self, session: str, min_seq: int) -> list[list]:
         ask = orjson.dumps({"session": session, "min_seq": min_seq})
-        return orjson.loads((await self.nc.request(ANSWER, ask, timeout=10)).data)
+        return orjson.loads((await self.nc.request(self.answer, ask, timeout=10)).data)
 
 
 async def main(role: str, url: str, dsn: str) -> None:
     nc = await nats.connect(url, name=f"bare-{role}")
-    await {"persist": persist, "answer": answer}[role](nc, dsn)
+    await {"persist": persist, "answer": answer, "answer-from-tail": answer_from_tail}[role](nc, dsn)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ def test_the_agent_loop_benchmark_runs_and_every_turn_reads_its_own_write(tmp_pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     runs = {(r["path"], r["agents"]): r for r in result["runs"]}
-    assert set(runs) == {(path, n) for path in ("memq", "sql", "bare") for n in (1, 4)}
+    assert set(runs) == {(path, n) for path in ("memq", "sql", "bare", "bare tail") for n in (1, 4)}
     for r in runs.values():
         assert r["turns"] > 0 and r["p50_ms"] > 0 and r["errors"] == 0 and r["ryw_violations"] == 0
     assert set(runs["memq", 4]["steps_p50_ms"]) == {"append user", "context", "append assistant"}
