@@ -269,8 +269,8 @@ class BareLoop:
     """memq's hops without memq's work (:mod:`bare_pipeline`): what the design
     costs on this machine before any of memq's code runs."""
 
-    def __init__(self, nc, tag: str, answer: str = bare_pipeline.ANSWER):
-        self.client = bare_pipeline.BareClient(nc, answer)
+    def __init__(self, nc, tag: str, variant: str = "wait"):
+        self.client = bare_pipeline.BareClient(nc, variant)
         self.tag = tag
 
     async def turn(self, run: Run, agent: int, i: int) -> None:
@@ -300,7 +300,7 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock
         for r in range(cfg.rounds):
             tag = f"a{n}r{r}-{uuid.uuid4().hex[:6]}"
             memq_loop, sql_loop = MemqLoop(nc, n, tag, clock if n == 1 else None), SqlLoop(pool, tag)
-            bare_loop, tail_loop = BareLoop(nc, tag), BareLoop(nc, f"{tag}-t", bare_pipeline.ANSWER_FROM_TAIL)
+            bare_loop, tail_loop = BareLoop(nc, tag), BareLoop(nc, f"{tag}-t", "tail")
             order = [(memq_run, memq_loop), (sql_run, sql_loop), (bare_run, bare_loop), (tail_run, tail_loop)]
             # one warm-up turn each: the sessions exist, connections are open
             for _, loop in order:
@@ -357,18 +357,19 @@ async def wait_until_answering(nc, workers: list[Proc], timeout: float = 60.0) -
 
 
 async def wait_until_bare_answers(nc, procs: list[Proc], timeout: float = 30.0) -> None:
-    client = bare_pipeline.BareClient(nc)
     deadline = now() + timeout
-    while True:
-        for p in procs:
-            p.check_alive()
-        try:
-            await client.last_50("nobody", 0)
-            return
-        except (nats.errors.NoRespondersError, TimeoutError):
-            if now() > deadline:
-                raise
-        await asyncio.sleep(0.2)
+    for variant in bare_pipeline.VARIANTS:
+        client = bare_pipeline.BareClient(nc, variant)
+        while True:
+            for p in procs:
+                p.check_alive()
+            try:
+                await client.last_50("nobody", 0)
+                break
+            except (nats.errors.NoRespondersError, TimeoutError):
+                if now() > deadline:
+                    raise
+            await asyncio.sleep(0.2)
 
 
 async def run(cfg: Config, machine: dict, work: Path) -> list[Run]:

@@ -41,11 +41,25 @@ import orjson
 from nats.js.api import ConsumerConfig, StorageType, StreamConfig
 
 STREAM = "BARE"
-SUBJECT = "bare.events"
+# Two variants, one stream and one persister: each answerer hears only its
+# own variant's events and notices, so neither is woken by the other's turns.
+VARIANTS = ("wait", "tail")  # the answerer waits for the commit, or reads the tail
+SUBJECTS = "bare.events.>"
 DURABLE = "bare-persist"
-COMMITTED = "bare.committed"
-ANSWER = "bare.answer"
-ANSWER_FROM_TAIL = "bare.answer-from-tail"
+
+
+def events_subject(variant: str) -> str:
+    return f"bare.events.{variant}"
+
+
+def notice_subject(variant: str) -> str:
+    return f"bare.committed.{variant}"
+
+
+def answer_subject(variant: str) -> str:
+    return f"bare.answer.{variant}"
+
+
 BATCH = 256  # at most this many rows in one transaction (memq's batch_size)
 
 SCHEMA = """
@@ -65,7 +79,7 @@ SELECT = "SELECT seq, role, data FROM bare_turns WHERE session_id = $1 ORDER BY 
 async def prepare(nc, dsn: str) -> None:
     """The stream and the table (agent_loop.py, before the processes start)."""
     js = nc.jetstream()
-    await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECT], storage=StorageType.FILE))
+    await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECTS], storage=StorageType.FILE))
     conn = await asyncpg.connect(dsn)
     try:
         await conn.execute(SCHEMA)
@@ -85,7 +99,7 @@ async def persist(nc, dsn: str) -> None:
     # A durable push consumer: the server hands messages over as they come,
     # the cheapest delivery nats-py offers.
     config = ConsumerConfig(ack_policy="explicit", max_ack_pending=4096)
-    await js.subscribe(SUBJECT, durable=DURABLE, stream=STREAM, manual_ack=True, cb=on_message, config=config)
+    await js.subscribe(SUBJECTS, durable=DURABLE, stream=STREAM, manual_ack=True, cb=on_message, config=config)
     while True:
         batch = [await arrived.get()]
         while not arrived.empty() and len(batch) < BATCH:
@@ -98,7 +112,10 @@ async def persist(nc, dsn: str) -> None:
             await conn.executemany(INSERT, rows)
         for msg in batch:
             await msg.ack()
-        await nc.publish(COMMITTED, b"%d" % max(r[1] for r in rows))
+        # one persister commits in stream order: the batch's last seq is the floor
+        floor = b"%d" % max(r[1] for r in rows)
+        for variant in {msg.subject.rpartition(".")[2] for msg in batch}:
+            await nc.publish(notice_subject(variant), floor)
 
 
 async def answer(nc, dsn: str) -> None:
@@ -128,8 +145,8 @@ async def answer(nc, dsn: str) -> None:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    await nc.subscribe(COMMITTED, cb=on_committed)
-    await nc.subscribe(ANSWER, queue="bare", cb=on_request)
+    await nc.subscribe(notice_subject("wait"), cb=on_committed)
+    await nc.subscribe(answer_subject("wait"), queue="bare", cb=on_request)
     await asyncio.Event().wait()
 
 
@@ -181,28 +198,28 @@ async def answer_from_tail(nc, dsn: str) -> None:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    await nc.subscribe(COMMITTED, cb=on_committed)
-    await js.subscribe(SUBJECT, ordered_consumer=True, cb=on_event)
-    await nc.subscribe(ANSWER_FROM_TAIL, queue="bare", cb=on_request)
+    await nc.subscribe(notice_subject("tail"), cb=on_committed)
+    await js.subscribe(events_subject("tail"), ordered_consumer=True, cb=on_event)
+    await nc.subscribe(answer_subject("tail"), queue="bare", cb=on_request)
     await asyncio.Event().wait()
 
 
 class BareClient:
     """The client's side of the bare turn (agent_loop.py's ``BareLoop``)."""
 
-    def __init__(self, nc, answer: str = ANSWER):
+    def __init__(self, nc, variant: str = "wait"):
         self.nc = nc
         self.js = nc.jetstream()
-        self.answer = answer
+        self.events, self.answers = events_subject(variant), answer_subject(variant)
 
     async def append(self, session: str, role: str, text: str, msg_id: str) -> int:
         body = orjson.dumps({"session": session, "role": role, "content": text, "at": time.time()})
         headers = {"Nats-Msg-Id": msg_id, "Nats-Expected-Stream": STREAM}
-        return (await self.js.publish(SUBJECT, body, headers=headers)).seq
+        return (await self.js.publish(self.events, body, headers=headers)).seq
 
     async def last_50(self, session: str, min_seq: int) -> list[list]:
         ask = orjson.dumps({"session": session, "min_seq": min_seq})
-        return orjson.loads((await self.nc.request(self.answer, ask, timeout=10)).data)
+        return orjson.loads((await self.nc.request(self.answers, ask, timeout=10)).data)
 
 
 async def main(role: str, url: str, dsn: str) -> None:
