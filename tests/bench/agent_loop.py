@@ -106,16 +106,7 @@ LAST_N = 50
 MEMQ = Path(sys.prefix) / "bin" / "memq"
 now = time.perf_counter
 
-FLOOR_SCHEMA = """
-CREATE TABLE agent_turns (
-    session_id text NOT NULL,
-    seq bigint GENERATED ALWAYS AS IDENTITY,
-    role text NOT NULL,
-    data jsonb NOT NULL,
-    created_at double precision NOT NULL,
-    PRIMARY KEY (session_id, seq)
-)
-"""
+FLOOR_SCHEMA = bare_pipeline.turns_table("agent_turns", "bigint GENERATED ALWAYS AS IDENTITY")
 FLOOR_INSERT = "INSERT INTO agent_turns (session_id, role, data, created_at) VALUES ($1, $2, $3, $4) RETURNING seq"
 FLOOR_SELECT = "SELECT seq, role, data FROM agent_turns WHERE session_id = $1 ORDER BY seq DESC LIMIT 50"
 

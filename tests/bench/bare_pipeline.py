@@ -62,16 +62,23 @@ def answer_subject(variant: str) -> str:
 
 BATCH = 256  # at most this many rows in one transaction (memq's batch_size)
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS bare_turns (
+
+def turns_table(name: str, seq: str) -> str:
+    """The table of turns both floors write: the direct-SQL one numbers rows
+    itself (an identity), the bare pipeline by stream sequence."""
+    return f"""
+CREATE TABLE IF NOT EXISTS {name} (
     session_id text NOT NULL,
-    seq bigint NOT NULL,
+    seq {seq},
     role text NOT NULL,
     data jsonb NOT NULL,
     created_at double precision NOT NULL,
     PRIMARY KEY (session_id, seq)
 )
 """
+
+
+SCHEMA = turns_table("bare_turns", "bigint NOT NULL")
 INSERT = "INSERT INTO bare_turns VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"
 SELECT = "SELECT seq, role, data FROM bare_turns WHERE session_id = $1 ORDER BY seq DESC LIMIT 50"
 
