@@ -179,7 +179,7 @@ def text_of(role: str, agent: int, turn: int) -> str:
     return head + ("lorem ipsum dolor sit amet " * 12)[: EVENT_CHARS - len(head)]
 
 
-# --- the two loops ----------------------------------------------------------------------
+# --- the loops --------------------------------------------------------------------------
 
 
 async def run_agents(n: int, seconds: float, turn, think_s: float = 0.0) -> float:
@@ -281,7 +281,7 @@ class BareLoop:
 
 
 async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock | None) -> list[Run]:
-    """Both loops at each number of agents; ``label(pid, name)`` names the
+    """Every loop at each number of agents; ``label(pid, name)`` names the
     process a pid is, for the CPU each loop costs the machine; ``clock``
     splits the one-agent context step."""
     runs: list[Run] = []

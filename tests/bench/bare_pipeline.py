@@ -145,16 +145,8 @@ async def answer(nc, dsn: str) -> None:
             rows = await conn.fetch(SELECT, ask["session"])
         await msg.respond(orjson.dumps([[r["seq"], r["role"], r["data"]] for r in rows]))
 
-    tasks: set[asyncio.Task] = set()
-
-    async def on_request(msg) -> None:  # a task each: requests wait on commits concurrently
-        task = asyncio.create_task(reply(msg))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-
     await nc.subscribe(notice_subject("wait"), cb=on_committed)
-    await nc.subscribe(answer_subject("wait"), queue="bare", cb=on_request)
-    await asyncio.Event().wait()
+    await serve(nc, answer_subject("wait"), reply)
 
 
 async def answer_from_tail(nc, dsn: str) -> None:
@@ -198,6 +190,14 @@ async def answer_from_tail(nc, dsn: str) -> None:
         merged = {row[0]: row for row in rows} | {row[0]: row for row in tail}
         await msg.respond(orjson.dumps(sorted(merged.values(), reverse=True)[:50]))
 
+    await nc.subscribe(notice_subject("tail"), cb=on_committed)
+    await js.subscribe(events_subject("tail"), ordered_consumer=True, cb=on_event)
+    await serve(nc, answer_subject("tail"), reply)
+
+
+async def serve(nc, subject: str, reply) -> None:
+    """Answer requests on ``subject`` with ``reply(msg)``, a task each (they
+    wait on commits concurrently), until killed."""
     tasks: set[asyncio.Task] = set()
 
     async def on_request(msg) -> None:
@@ -205,9 +205,7 @@ async def answer_from_tail(nc, dsn: str) -> None:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    await nc.subscribe(notice_subject("tail"), cb=on_committed)
-    await js.subscribe(events_subject("tail"), ordered_consumer=True, cb=on_event)
-    await nc.subscribe(answer_subject("tail"), queue="bare", cb=on_request)
+    await nc.subscribe(subject, queue="bare", cb=on_request)
     await asyncio.Event().wait()
 
 

@@ -167,7 +167,9 @@ def _extended(
     event after ``through``, newest first), less the oldest events that the
     strategy no longer needs (the shortest suffix that is enough, as the walk
     stops at)."""
-    if next(reversed(window.stored), 0) <= through:  # the likely case: nothing of a tail to leave out
+    # The likely case: no event above the floor (read while a replica
+    # committed out of order) to leave out; the maps are in seq order.
+    if next(reversed(window.stored), 0) <= through:
         return _appended(window, newer, strategy, model, reserved)
     stored = [e for e in window.stored.values() if e.seq <= through] + newer[::-1]
     items = [it for it in window.items if it.seq <= through] + [_item(e, model) for e in reversed(newer)]
