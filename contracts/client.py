@@ -59,6 +59,7 @@ from memq.contracts.queries import (
     OPS,
     ArtifactsView,
     ArtifactView,
+    Consistency,
     ContextFormat,
     ContextView,
     HistoryView,
@@ -202,6 +203,15 @@ class MemoryClient:
         not wait.
     :param wait_ms: how long the service may wait for ``min_seq`` to be
         committed. Default 2000. A read times out after ``timeout + wait_ms``.
+    :param consistency: whose writes a read sees. Default ``"own"``: this
+        client's (``min_seq``, above). ``"any"``: also every write that any
+        other client (another process, the HTTP gateway) had acknowledged
+        before the read began, in the read's scope (the user's sessions and
+        state; an app-wide listing: the app). The query service looks up the
+        newest acknowledged sequence on those subjects and answers once it is
+        committed (indexed, for a search): one JetStream lookup more per read,
+        and a wait for other writers' commits. Every read method takes
+        ``consistency=`` to override it per call.
 
     :attr:`last_seq` is the stream sequence of this client's latest publish
     (``None`` before the first).
@@ -218,6 +228,7 @@ class MemoryClient:
         stream: str = EVENTS_STREAM,
         consistent: bool = True,
         wait_ms: int = 2000,
+        consistency: Consistency = "own",
     ):
         self.app = validate_id(app, "app")
         self.nc = nc
@@ -227,6 +238,7 @@ class MemoryClient:
         self.stream = stream
         self.consistent = consistent
         self.wait_ms = wait_ms
+        self.consistency = consistency
         self.last_seq: int | None = None
         self._js = nc.jetstream(timeout=timeout)
         self._objects: ObjectStore | None = None
@@ -244,6 +256,7 @@ class MemoryClient:
         stream: str = EVENTS_STREAM,
         consistent: bool = True,
         wait_ms: int = 2000,
+        consistency: Consistency = "own",
         connect_timeout: float = 2.0,
         max_reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS,
         **nats_options: Any,
@@ -283,6 +296,7 @@ class MemoryClient:
             stream=stream,
             consistent=consistent,
             wait_ms=wait_ms,
+            consistency=consistency,
         )
         client._owns_connection = True
         return client
@@ -409,6 +423,8 @@ class MemoryClient:
     # Every read takes ``min_seq``: the service answers once that stream sequence
     # is committed. Default ``None`` means this client's :attr:`last_seq` (unless
     # the client was made with ``consistent=False``); ``0`` means do not wait.
+    # And ``consistency``: ``"any"`` also waits for every other writer's
+    # acknowledged writes in the read's scope. Default: the client's (``"own"``).
 
     async def get_session(
         self,
@@ -421,6 +437,7 @@ class MemoryClient:
         after: After = None,
         roles: Sequence[Role] = (),
         min_seq: int | None = None,
+        consistency: Consistency | None = None,
     ) -> SessionView:
         """A session with its merged state (``app:`` and ``user:`` keys prefixed,
         as ADK shows them). Raises :class:`~memq.contracts.errors.NotFound`.
@@ -446,6 +463,7 @@ class MemoryClient:
         pages = self._pages(
             "session.get",
             min_seq,
+            consistency=consistency,
             user=user,
             session=session,
             events=events,
@@ -466,6 +484,7 @@ class MemoryClient:
         after: After = None,
         roles: Sequence[Role] = (),
         min_seq: int | None = None,
+        consistency: Consistency | None = None,
     ) -> AsyncIterator[StoredEvent]:
         """A session's events, oldest first, fetched a page at a time (each
         page as large as NATS's ``max_payload`` allows): for a session too
@@ -475,6 +494,7 @@ class MemoryClient:
         async for page in self._pages(
             "session.get",
             min_seq,
+            consistency=consistency,
             user=user,
             session=session,
             events=True,
@@ -485,7 +505,13 @@ class MemoryClient:
                 yield event
 
     async def list_sessions(
-        self, user: str | None = None, *, limit: int = 50, cursor: str | None = None, min_seq: int | None = None
+        self,
+        user: str | None = None,
+        *,
+        limit: int = 50,
+        cursor: str | None = None,
+        min_seq: int | None = None,
+        consistency: Consistency | None = None,
     ) -> SessionsPage:
         """One page of sessions, most recently updated first.
 
@@ -494,7 +520,9 @@ class MemoryClient:
         :param cursor: ``next_cursor`` of the previous page. Default: the first page.
         :param min_seq: see the note above. Default: :attr:`last_seq`.
         """
-        return await self._query("sessions.list", min_seq, user=user, limit=limit, cursor=cursor)
+        return await self._query(
+            "sessions.list", min_seq, consistency=consistency, user=user, limit=limit, cursor=cursor
+        )
 
     async def iter_sessions(self, user: str | None = None, page_size: int = 100) -> AsyncIterator[SessionInfo]:
         """Every session (of ``user``, default all users), most recently updated
@@ -508,10 +536,17 @@ class MemoryClient:
                 return
             cursor = page.next_cursor
 
-    async def get_state(self, user: str, session: str | None = None, *, min_seq: int | None = None) -> dict[str, Any]:
+    async def get_state(
+        self,
+        user: str,
+        session: str | None = None,
+        *,
+        min_seq: int | None = None,
+        consistency: Consistency | None = None,
+    ) -> dict[str, Any]:
         """The merged state a session sees, or without ``session`` (the default)
         the user's and the app's state (``user:`` and ``app:`` keys)."""
-        view: StateView = await self._query("state.get", min_seq, user=user, session=session)
+        view: StateView = await self._query("state.get", min_seq, consistency=consistency, user=user, session=session)
         return view.state
 
     async def history(
@@ -524,6 +559,7 @@ class MemoryClient:
         after: After = None,
         roles: Sequence[Role] = (),
         min_seq: int | None = None,
+        consistency: Consistency | None = None,
     ) -> HistoryView:
         """A session's events through a working-memory strategy, with token counts.
 
@@ -549,6 +585,7 @@ class MemoryClient:
         pages = self._pages(
             "history",
             min_seq,
+            consistency=consistency,
             user=user,
             session=session,
             strategy=strategy,
@@ -571,6 +608,7 @@ class MemoryClient:
         recall_limit: int = 20,
         message: str | None = None,
         min_seq: int | None = None,
+        consistency: Consistency | None = None,
     ) -> ContextView:
         """What to send to the model: recalled memories, the latest summary and
         the recent window within the budget, with the token count of each part.
@@ -601,6 +639,7 @@ class MemoryClient:
         pages = self._pages(
             "context",
             min_seq,
+            consistency=consistency,
             user=user,
             session=session,
             strategy=strategy,
@@ -620,12 +659,21 @@ class MemoryClient:
             update["context"] = {**first.context, "window": window}
         return first.model_copy(update=update)
 
-    async def list_artifacts(self, user: str, session: str, *, min_seq: int | None = None) -> ArtifactsView:
+    async def list_artifacts(
+        self, user: str, session: str, *, min_seq: int | None = None, consistency: Consistency | None = None
+    ) -> ArtifactsView:
         """The artifacts of a session, with their number of versions."""
-        return await self._query("artifacts.list", min_seq, user=user, session=session)
+        return await self._query("artifacts.list", min_seq, consistency=consistency, user=user, session=session)
 
     async def get_artifact(
-        self, user: str, session: str, filename: str, version: int | None = None, *, min_seq: int | None = None
+        self,
+        user: str,
+        session: str,
+        filename: str,
+        version: int | None = None,
+        *,
+        min_seq: int | None = None,
+        consistency: Consistency | None = None,
     ) -> bytes:
         """The content of an artifact, checked against its SHA-256. Large
         artifacts are read from the object store.
@@ -633,7 +681,13 @@ class MemoryClient:
         :param version: 0-based version. Default: the latest.
         """
         view: ArtifactView = await self._query(
-            "artifacts.get", min_seq, user=user, session=session, filename=filename, version=version
+            "artifacts.get",
+            min_seq,
+            consistency=consistency,
+            user=user,
+            session=session,
+            filename=filename,
+            version=version,
         )
         data = view.inline if view.object is None else await self._get_object(view.object["name"])
         if data is None:
@@ -657,6 +711,7 @@ class MemoryClient:
         until: float | None = None,
         alpha: float | None = None,
         min_seq: int | None = None,
+        consistency: Consistency | None = None,
     ) -> SearchResults:
         """Search the user's long-term memory (all their sessions, or one).
         Results are best first, with Hector's SearchResult fields.
@@ -674,6 +729,7 @@ class MemoryClient:
         return await self._query(
             "search",
             min_seq,
+            consistency=consistency,
             user=user,
             query=query,
             session=session,
@@ -757,6 +813,8 @@ class MemoryClient:
             if page.next_cursor is None:
                 return
             cursor = page.next_cursor
+            # The first page waited for what it had to; the cursor bounds the rest.
+            fields["consistency"] = "own"
 
     def _min_seq(self, op: str, min_seq: int | None) -> int | None:
         # Read-your-writes by default, where min_seq waits for commits: a
@@ -765,8 +823,12 @@ class MemoryClient:
             return self.last_seq
         return min_seq
 
-    async def _query(self, op: str, min_seq: int | None, **fields: Any) -> Any:
+    async def _query(
+        self, op: str, min_seq: int | None, *, consistency: Consistency | None = None, **fields: Any
+    ) -> Any:
         min_seq = self._min_seq(op, min_seq)
+        if (consistency or self.consistency) == "any":  # "own" is sent as before: older services know no field
+            fields["consistency"] = "any"
         request = build_request(self.app, op, min_seq=min_seq or None, wait_ms=self.wait_ms, **fields)
         subject = request_subject(self.app, op)
         timeout = self.timeout + request.wait_ms / 1000

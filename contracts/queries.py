@@ -8,7 +8,10 @@ reply models, for the client, the query worker and the exported schemas
 alike. Every request may
 carry ``min_seq`` (the sequence of the caller's last publish): it is answered
 only once that sequence is committed (read-your-writes), or fails with
-``not_committed`` after ``wait_ms``.
+``not_committed`` after ``wait_ms``. With ``consistency="any"`` the service
+also waits for the newest write any client had acknowledged in the read's
+scope before the read began (it asks JetStream for the last sequence on the
+user's subjects), so a read sees what other processes wrote.
 
 Paging: ``session.get``, ``history`` and ``context`` answer a session of any
 size, in pages that each fit the server's ``max_payload``. A reply whose
@@ -47,6 +50,10 @@ SearchMode = Literal["keyword", "vector", "hybrid"]
 SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
 ContextFormat = Literal["memq", "openai"]
 CONTEXT_FORMATS: tuple[ContextFormat, ...] = get_args(ContextFormat)
+# Whose writes a read sees: the caller's own (its ``min_seq``), or also every
+# write any client had acknowledged before the read, in the read's scope.
+Consistency = Literal["own", "any"]
+CONSISTENCIES: tuple[Consistency, ...] = get_args(Consistency)
 
 
 class _Request(BaseModel):
@@ -57,6 +64,13 @@ class _Request(BaseModel):
     user: UserId
     min_seq: int | None = Field(default=None, ge=1, description="answer only once this sequence is committed")
     wait_ms: int = Field(default=2000, ge=0, le=30_000, description="longest wait for min_seq")
+    consistency: Consistency | None = Field(
+        default=None,  # "own"; unset, a request is read by services older than the field
+        description=(
+            "own (default): see the writes up to min_seq; any: also every write acknowledged before the read, "
+            "by any client, in the read's scope (the user's subjects; an app-wide listing: the app's)"
+        ),
+    )
 
 
 class StrategySpec(BaseModel):

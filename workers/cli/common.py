@@ -99,7 +99,7 @@ def _with_nats(work: Callable[[NATS], Awaitable[T]]) -> T:
 
 
 def _with_client(app_id: str, work: Callable[[MemoryClient], Awaitable[T]]) -> T:
-    return _with_nats(lambda nc: work(MemoryClient(nc, app_id)))
+    return _with_nats(lambda nc: work(MemoryClient(nc, app_id, consistency="any")))
 
 
 def _when(ts: float) -> str:

@@ -77,7 +77,7 @@ class AppClients:
                 client = await self._connect(app, entry, *credentials[app])
                 self._owned.append(client)
             else:
-                client = MemoryClient(self.nc, app, consistent=False)
+                client = MemoryClient(self.nc, app, consistent=False, consistency="any")
             self._clients[app] = client
         if self._owned:
             log.info("HTTP gateway: %d apps on their own NATS users", len(self._owned))
@@ -95,7 +95,7 @@ class AppClients:
         gateway) gets a client on the shared connection, made per request
         (it is a few attributes: no connection, no I/O)."""
         client = self._clients.get(app)
-        return client if client is not None else MemoryClient(self.nc, app, consistent=False)
+        return client if client is not None else MemoryClient(self.nc, app, consistent=False, consistency="any")
 
     async def close(self) -> None:
         owned, self._owned, self._clients = self._owned, [], {}

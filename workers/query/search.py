@@ -111,6 +111,16 @@ class Searcher:
             self._live_at = time.monotonic()
         return self._live
 
+    async def built(self) -> bool:
+        """Whether a live index generation is there to wait for. False when
+        there is none, or the index cannot be reached: then the search
+        itself fails at once, saying why."""
+        try:
+            await self._open()
+            return await self.live() is not None
+        except Exception:
+            return False
+
     async def hits(self, query: SearchQuery) -> tuple[list[Hit], str, str | None, str | None]:
         """``(hits, mode used, index model, note)``. Raises Unavailable."""
         await self._open()

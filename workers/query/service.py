@@ -91,6 +91,7 @@ from memq.workers.memory.tail import MustWait
 from memq.workers.opened import opened
 from memq.workers.query import paging
 from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend, redis_pool_size
+from memq.workers.query.consistency import last_acknowledged, read_scope
 from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
 from memq.workers.query.search import Searcher
 from memq.workers.query.tail import SessionTail, StreamTail
@@ -108,7 +109,7 @@ log = logging.getLogger("memq.query")
 SERVICE_NAME = "memq-query"
 SERVICE_VERSION = "0.1.0"
 # Fields that change when an answer may be served, not what the answer is.
-_NOT_IN_CACHE_KEY = {"min_seq", "wait_ms", "v"}
+_NOT_IN_CACHE_KEY = {"min_seq", "wait_ms", "consistency", "v"}
 
 
 def cache_backend(settings: Settings) -> str:
@@ -286,7 +287,7 @@ class QueryWorker:
             key = _request_key(op, req) if keyed else None
             # A hit in this replica's own cache tier needs no I/O either:
             # answering it here saves a task per request on the hottest path.
-            if key is not None and (body := self._local_hit(req, key)) is not None:
+            if key is not None and req.consistency != "any" and (body := self._local_hit(req, key)) is not None:
                 await request.respond(self._deliverable(op, body))
                 metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
@@ -335,6 +336,11 @@ class QueryWorker:
         still to await (None when nothing is to be cached)."""
         shared = True  # the cache's shared tier too (below)
         try:
+            if req.consistency == "any":
+                req = await self._with_every_writer(req)
+            if req.min_seq is not None and q.OPS[op].waits_for == "indexing" and not await self.searcher.built():
+                # Nothing would move the index floor: the search says why at once.
+                req = req.model_copy(update={"min_seq": None})
             if req.min_seq is not None:
                 if (tail := self._tail(op, req)) is not None:
                     try:
@@ -371,6 +377,15 @@ class QueryWorker:
             log.exception("%s failed", op)
             metrics.QUERY_ERRORS.labels(op, Internal.code).inc()
             return error_body(Internal(f"{op} failed; see the worker log")), None
+
+    async def _with_every_writer(self, req: q._Request) -> q._Request:
+        """``req`` waiting also for the newest write any client had
+        acknowledged in its scope (:mod:`memq.workers.query.consistency`)."""
+        js = opened(self.nc, "the query worker's NATS connection").jetstream()
+        newest = await last_acknowledged(js, self.settings.streams.events, read_scope(req))
+        if newest <= (req.min_seq or 0):
+            return req
+        return req.model_copy(update={"min_seq": newest})
 
     def _tail(self, op: str, req: q._Request) -> SessionTail | None:
         """The uncommitted tail this read adds instead of waiting for the
