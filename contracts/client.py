@@ -41,6 +41,7 @@ from nats.js.object_store import ObjectStore
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
+from memq.contracts.carry import RecentWrites
 from memq.contracts.codec import DEFAULT_MAX_BYTES, encode, event_encoder, subject_for
 from memq.contracts.connection import DEFAULT_RECONNECT_ATTEMPTS, connect_nats
 from memq.contracts.errors import (
@@ -94,6 +95,7 @@ from memq.contracts.subjects import (
     status_subject,
 )
 
+CARRIES = ("history", "context")  # the reads that take the caller's carried writes (memq.contracts.carry)
 MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
 # The server counts headers in max_payload and drops the connection of a client
 # that exceeds it; ours (message id, expected stream) stay well below this.
@@ -212,6 +214,11 @@ class MemoryClient:
         committed (indexed, for a search): one JetStream lookup more per read,
         and a wait for other writers' commits. Every read method takes
         ``consistency=`` to override it per call.
+    :param carry_writes: with ``"own"`` consistency, a history or context
+        read carries this client's own writes to the session that may not be
+        committed yet (:mod:`memq.contracts.carry`), and the service answers
+        without waiting for their commit where that is exact (it waits as
+        before where not). Default True.
 
     :attr:`last_seq` is the stream sequence of this client's latest publish
     (``None`` before the first).
@@ -229,6 +236,7 @@ class MemoryClient:
         consistent: bool = True,
         wait_ms: int = 2000,
         consistency: Consistency = "own",
+        carry_writes: bool = True,
     ):
         self.app = validate_id(app, "app")
         self.nc = nc
@@ -239,6 +247,7 @@ class MemoryClient:
         self.consistent = consistent
         self.wait_ms = wait_ms
         self.consistency = consistency
+        self._recent = RecentWrites() if carry_writes else None
         self.last_seq: int | None = None
         self._js = nc.jetstream(timeout=timeout)
         self._objects: ObjectStore | None = None
@@ -257,6 +266,7 @@ class MemoryClient:
         consistent: bool = True,
         wait_ms: int = 2000,
         consistency: Consistency = "own",
+        carry_writes: bool = True,
         connect_timeout: float = 2.0,
         max_reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS,
         **nats_options: Any,
@@ -297,6 +307,7 @@ class MemoryClient:
             consistent=consistent,
             wait_ms=wait_ms,
             consistency=consistency,
+            carry_writes=carry_writes,
         )
         client._owns_connection = True
         return client
@@ -360,6 +371,10 @@ class MemoryClient:
         seqs = [await self._send(prepared[0])]
         for start in range(1, len(prepared), MAX_IN_FLIGHT):
             seqs += await self._publish_chunk(prepared[start : start + MAX_IN_FLIGHT])
+        if self._recent is not None:
+            for event, seq, (_, data, _) in zip(events, seqs, prepared, strict=True):
+                # A dict was built into an Event with ids of its own: not carried, its read waits.
+                self._recent.wrote(user, session, seq, "event", event if type(event) is Event else None, len(data))
         return seqs
 
     async def set_state(self, user: str, delta: dict, session: str | None = None) -> int:
@@ -829,11 +844,18 @@ class MemoryClient:
         min_seq = self._min_seq(op, min_seq)
         if (consistency or self.consistency) == "any":  # "own" is sent as before: older services know no field
             fields["consistency"] = "any"
+        elif self._recent is not None and min_seq and op in CARRIES and fields.get("cursor") is None:
+            room = self._payload_limit() // 4
+            fields["carried"] = self._recent.carried(fields["user"], fields["session"], min_seq, max_bytes=room)
         request = build_request(self.app, op, min_seq=min_seq or None, wait_ms=self.wait_ms, **fields)
+        body = encode_request(request)
+        if len(body) > self._payload_limit() and "carried" in fields:  # a long message= besides: the read waits
+            request = request.model_copy(update={"carried": None})
+            body = encode_request(request)
         subject = request_subject(self.app, op)
         timeout = self.timeout + request.wait_ms / 1000
         try:
-            msg = await self.nc.request(subject, encode_request(request), timeout=timeout)
+            msg = await self.nc.request(subject, body, timeout=timeout)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
             if denied := self._denied(subject):
                 raise Forbidden(f"request to {subject} refused by NATS: {denied}") from None
@@ -906,7 +928,13 @@ class MemoryClient:
         return prepared
 
     async def _publish(self, message: Any) -> int:
-        return await self._send(self._prepare(message))
+        prepared = self._prepare(message)
+        seq = await self._send(prepared)
+        if self._recent is not None:
+            event = message.event if isinstance(message, EventAppended) else None
+            session = getattr(message, "session", None)
+            self._recent.wrote(message.user, session, seq, message.kind, event, len(prepared[1]))
+        return seq
 
     async def _send(self, prepared: _Prepared) -> int:
         subject, data, headers = prepared

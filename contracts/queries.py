@@ -33,7 +33,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memq.contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFound, Unavailable  # noqa: F401 - re-exported
-from memq.contracts.schemas import AppId, NoNul, SessionId, Timestamp, UserId
+from memq.contracts.schemas import AppId, Event, NoNul, SessionId, Timestamp, UserId
 
 QUERY_VERSION: Literal[1] = 1
 MAX_PAGE = 500
@@ -145,10 +145,44 @@ class StateGet(_Request):
     session: SessionId | None = None
 
 
+MAX_CARRIED = 64  # writes one read may carry
+# Fields that say when a request may be answered, not what it asks for: a
+# cache key and a paging cursor's fingerprint leave them out.
+NOT_WHAT_IS_ASKED = frozenset({"v", "min_seq", "wait_ms", "consistency", "carried"})
+
+
+class CarriedWrite(BaseModel):
+    """One message the caller published to the session: an event it
+    appended (``event``), or another kind (``kind`` only), which the read
+    cannot apply without the commit."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seq: int = Field(ge=1)
+    kind: str = Field(default="event", max_length=32)
+    event: Event | None = None
+
+
+class Carried(BaseModel):
+    """The caller's own recent writes, sent with a read so that the service
+    need not wait for their commit: it answers from SQL at its commit floor
+    plus these (:mod:`memq.workers.query.carried`), or waits as usual when
+    that would not be exact. ``writes`` holds every message the caller
+    published to the session after ``after``; ``user_seq`` is its newest
+    message on the user's own subject (user state, user delete)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    after: int = Field(default=0, ge=0)
+    writes: list[CarriedWrite] = Field(default_factory=list, max_length=MAX_CARRIED)
+    user_seq: int = Field(default=0, ge=0)
+
+
 class HistoryGet(_Paged, _EventFilters, _Request):
     session: SessionId
     strategy: StrategySpec | None = None
     model: str | None = Field(default=None, max_length=128)
+    carried: Carried | None = Field(default=None, description="the caller's writes not known to be committed")
 
 
 class ContextGet(_Paged, _Request):
@@ -163,6 +197,7 @@ class ContextGet(_Paged, _Request):
         max_length=200_000,
         description="a user message not stored yet: placed last, counted in the budget, used for recall",
     )
+    carried: Carried | None = Field(default=None, description="the caller's writes not known to be committed")
 
 
 class ArtifactsList(_Request):

@@ -27,7 +27,16 @@ from typing import Any
 
 import orjson
 
-from memq.contracts.schemas import CheckpointSaved, EventAppended, SessionCreated, SessionDeleted, UserDeleted
+from memq.contracts.queries import Carried
+from memq.contracts.schemas import (
+    ArtifactSaved,
+    CheckpointSaved,
+    EventAppended,
+    SessionCreated,
+    SessionDeleted,
+    StateSet,
+    UserDeleted,
+)
 from memq.workers.memory.commit_plan import Incoming, event_row
 
 # Kinds that change what a read of the session's events sees, other than appends.
@@ -38,6 +47,37 @@ class MustWait(Exception):
     """The uncommitted tail cannot be applied without the commit's rules
     that need SQL (a delete, a new session, a checkpoint...): the read waits
     for the commit instead. The message says why (for logs and tests)."""
+
+
+# What a carried write may be besides an event, and still leave the events as they are.
+_LEAVES_EVENTS = {StateSet.model_fields["kind"].default, ArtifactSaved.model_fields["kind"].default}
+
+
+def carried_events(
+    carried: Carried, floor: int, upto: int, app: str, user: str, session: str, session_key: str
+) -> list[dict[str, Any]]:
+    """The event rows that the caller's carried writes (``queries.Carried``,
+    see :mod:`memq.contracts.carry`) add to SQL as of the commit ``floor``,
+    up to ``upto``. Exact only for the caller's own writes, which is what a
+    read without ``consistency="any"`` promises. Raise :class:`MustWait` when
+    the caller has writes above the floor that are not carried, or that do
+    more than append."""
+    if carried.after > floor:
+        raise MustWait(f"the caller's writes up to seq {carried.after} are not carried")
+    if carried.user_seq > floor:
+        raise MustWait(f"the caller wrote to the user at seq {carried.user_seq}")
+    items: list[Incoming] = []
+    for write in sorted(carried.writes, key=lambda w: w.seq):
+        if write.seq <= floor or write.seq > upto:
+            continue
+        if write.kind in _LEAVES_EVENTS:
+            continue
+        if write.kind != "event" or write.event is None:
+            raise MustWait(f"seq {write.seq} is a {write.kind} message")
+        # Built unvalidated: the event was validated with the request.
+        message = EventAppended.model_construct(app=app, user=user, session=session, event=write.event)
+        items.append(Incoming(write.seq, message))
+    return tail_events(items, session_key)
 
 
 def tail_events(items: Iterable[Incoming], session_key: str) -> list[dict[str, Any]]:

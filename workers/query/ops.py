@@ -24,7 +24,7 @@ from memq.workers.memory.tail import MustWait
 from memq.workers.memory.template import render
 from memq.workers.memory.tokens import event_messages, event_text
 from memq.workers.query import paging
-from memq.workers.query.tail import SessionTail
+from memq.workers.query.tail import Tail
 from memq.workers.query.windows import WindowCache
 from memq.workers.settings import MemorySettings
 from memq.workers.sql import reads
@@ -60,7 +60,7 @@ async def _session_window(
     ctx: OpContext,
     *,
     only: reads.EventFilter = reads.NO_FILTER,
-    tail: SessionTail | None = None,
+    tail: Tail | None = None,
 ) -> Window:
     """The session's window, its row read in the same round trip as the
     checkpoint (extended from this replica's last read of it, if any: see
@@ -183,9 +183,7 @@ def _filter(req: q.SessionGet | q.HistoryGet) -> reads.EventFilter:
     return reads.EventFilter(after=req.after, roles=tuple(req.roles or ()))
 
 
-async def history(
-    conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext, tail: SessionTail | None = None
-) -> q.HistoryView:
+async def history(conn: AsyncConnection, req: q.HistoryGet, ctx: OpContext, tail: Tail | None = None) -> q.HistoryView:
     """Filters first, then the strategy: ``after``/``roles`` pick events in
     SQL and the strategy windows what they picked (summary_buffer: of the
     events after the latest checkpoint; the summary is returned as usual).
@@ -222,9 +220,7 @@ async def history(
     return _first_events("history", req, view, chosen, ctx.reply_bytes - paging.body_size(view))
 
 
-async def context(
-    conn: AsyncConnection, req: q.ContextGet, ctx: OpContext, tail: SessionTail | None = None
-) -> q.ContextView:
+async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext, tail: Tail | None = None) -> q.ContextView:
     """A model context, in pages when it does not fit one reply.
 
     The first page assembles the whole context (instruction, recall,

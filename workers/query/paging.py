@@ -27,6 +27,7 @@ import orjson
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from memq.contracts import queries as q
 from memq.contracts.errors import InvalidRequest
 from memq.contracts.replies import ok_body
 from memq.workers.sql import reads
@@ -39,8 +40,7 @@ CURSOR_VERSION = 1
 # from orjson, which sizes the events.
 REPLY_MARGIN = 4096
 MIN_REPLY_BYTES = 1024  # a server with a smaller max_payload still gets pages this big
-# Fields that say when a request may be answered, not what it asks for.
-_NOT_IN_FINGERPRINT = {"cursor", "min_seq", "wait_ms", "v"}
+_NOT_IN_FINGERPRINT = {"cursor", *q.NOT_WHAT_IS_ASKED}
 
 
 def reply_bytes(max_payload: int) -> int:

@@ -91,10 +91,11 @@ from memq.workers.memory.tail import MustWait
 from memq.workers.opened import opened
 from memq.workers.query import paging
 from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend, redis_pool_size
+from memq.workers.query.carried import CarriedTail
 from memq.workers.query.consistency import last_acknowledged, read_scope
 from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
 from memq.workers.query.search import Searcher
-from memq.workers.query.tail import SessionTail, StreamTail
+from memq.workers.query.tail import StreamTail, Tail
 from memq.workers.query.windows import WindowCache
 from memq.workers.settings import Settings
 from memq.workers.sql.engine import is_disconnect, reader
@@ -109,7 +110,6 @@ log = logging.getLogger("memq.query")
 SERVICE_NAME = "memq-query"
 SERVICE_VERSION = "0.1.0"
 # Fields that change when an answer may be served, not what the answer is.
-_NOT_IN_CACHE_KEY = {"min_seq", "wait_ms", "consistency", "v"}
 
 
 def cache_backend(settings: Settings) -> str:
@@ -387,15 +387,22 @@ class QueryWorker:
             return req
         return req.model_copy(update={"min_seq": newest})
 
-    def _tail(self, op: str, req: q._Request) -> SessionTail | None:
+    def _tail(self, op: str, req: q._Request) -> Tail | None:
         """The uncommitted tail this read adds instead of waiting for the
-        commit (:mod:`memq.workers.query.tail`), when it can."""
-        if self.tails is None or req.min_seq is None or not reads_tail(op, req):
+        commit, when it can: the writes the caller carries
+        (:mod:`memq.workers.query.carried`), else the session's messages held
+        from the stream (:mod:`memq.workers.query.tail`, ``query.read_tail``)."""
+        if req.min_seq is None or not reads_tail(op, req):
             return None
         floor = opened(self.floor, "the commit floor").value
         if req.min_seq <= floor:
             return None
         session: str = req.session  # type: ignore[attr-defined]  # reads_tail: a history or context
+        carried: q.Carried | None = getattr(req, "carried", None)
+        if carried is not None and req.consistency != "any":  # it holds the caller's writes, not others'
+            return CarriedTail(req, carried, floor, req.min_seq)  # type: ignore[arg-type]
+        if self.tails is None:
+            return None
         return self.tails.reader(req.app, req.user, session, after=floor, upto=req.min_seq)
 
     def _parse(self, op: str, subject: str, data: bytes) -> q._Request:
@@ -492,7 +499,7 @@ class QueryWorker:
 
 
 def _request_key(op: str, req: q._Request) -> str:
-    key_fields = req.model_dump(mode="json", exclude=_NOT_IN_CACHE_KEY, exclude_none=True)
+    key_fields = req.model_dump(mode="json", exclude=q.NOT_WHAT_IS_ASKED, exclude_none=True)
     return hashlib.sha1(orjson.dumps([op, key_fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 

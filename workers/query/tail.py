@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -167,6 +167,35 @@ class StreamTail:
         return [(seq, data) for seq, data in self._by_subject.get(subject, ()) if after < seq <= upto]
 
 
+class Tail(Protocol):
+    """What a read's uncommitted appends offer the ops (this module's
+    SessionTail, or :class:`memq.workers.query.carried.CarriedTail`)."""
+
+    async def appended(self) -> list[dict[str, Any]]: ...
+
+    async def events(
+        self, conn: AsyncConnection, rows: list[dict[str, Any]], last_seq: int, stored: dict[str, int] | None
+    ) -> list[reads.StoredEvent]: ...
+
+    def close(self) -> None: ...
+
+
+async def not_stored_elsewhere(
+    conn: AsyncConnection, session_key: str, rows: list[dict[str, Any]], stored: dict[str, int] | None
+) -> list[reads.StoredEvent]:
+    """``rows`` less those whose event id the session holds at another seq
+    (``stored``: the ids the window's read found; None: look them up now)."""
+    if stored is None:
+        stored = await reads.stored_event_ids(conn, session_key, [r["event_id"] for r in rows])
+    # An id stored at this very seq is this message, committed since the
+    # window was read (the window lacks it): it stays.
+    return [
+        reads.StoredEvent(r["seq"], r["event_id"], r["author"], r["role"], r["timestamp"], r["data"], r["tokens"])
+        for r in rows
+        if stored.get(r["event_id"], r["seq"]) == r["seq"]
+    ]
+
+
 class SessionTail:
     """One read's tail (see :class:`StreamTail`): pins the floor it starts
     from, so that nothing above it is dropped until :meth:`close`."""
@@ -213,15 +242,7 @@ class SessionTail:
             raise MustWait(f"the stream consumer has not delivered seq {last_seq}")
         if tail.held(self.user_subject, self.after, tail.seen):
             raise MustWait(f"the user has messages after seq {self.after}")
-        if stored is None:
-            stored = await reads.stored_event_ids(conn, self.session_key, [r["event_id"] for r in rows])
-        # An id stored at this very seq is this message, committed since the
-        # window was read (the window lacks it): it stays.
-        return [
-            reads.StoredEvent(r["seq"], r["event_id"], r["author"], r["role"], r["timestamp"], r["data"], r["tokens"])
-            for r in rows
-            if stored.get(r["event_id"], r["seq"]) == r["seq"]
-        ]
+        return await not_stored_elsewhere(conn, self.session_key, rows, stored)
 
     def close(self) -> None:
         if not self._closed:
