@@ -109,6 +109,7 @@ MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
 # that exceeds it; ours (message id, expected stream) stay well below this.
 HEADER_ROOM = 1024
 EXPECTED_STREAM_MISMATCH = 10060  # JetStream err_code: the subject is in another stream
+JS_TEMPORARILY_UNAVAILABLE = 10008  # JetStream err_code (a 503; other 503s, such as a full stream, are final)
 PUBLISH_DEADLINE = 30.0  # seconds to settle a publish; well inside the default 120 s duplicate window
 RETRY_DELAYS = (0.05, 1.0)  # backoff between tries of one publish: first, most (doubling, jittered)
 Role = Literal["user", "assistant", "system", "tool"]
@@ -204,9 +205,10 @@ class MemoryClient:
     :param publish_deadline: seconds after a publish's first try during
         which one whose outcome is unknown (no PubAck in time, the connection
         lost) is tried again with the same message. Default 30.0; 0 for one
-        try only. ``publish_deadline + timeout`` must stay below the stream's
-        duplicate window (``streams.duplicate_window_s``, 120 s by default),
-        or a retry could store a second copy.
+        try only. ``publish_deadline`` plus a try or two (``timeout`` each)
+        must stay below the stream's duplicate window
+        (``streams.duplicate_window_s``, 120 s by default), or a retry could
+        store a second copy.
     :param inline_artifact_limit: artifacts up to this many bytes travel inline
         in the message; larger ones go to the object store. Default 256 KiB.
     :param max_message_bytes: encoded messages above this size raise
@@ -888,8 +890,8 @@ class MemoryClient:
 
         A try whose outcome is unknown (no PubAck within ``timeout``: the ack
         or the connection was lost) or that failed for now (disconnected with
-        nats-py's buffer full, a JetStream 503, no stream answering during a
-        failover) is made again, backing off, with the same messages and so
+        nats-py's buffer full, JetStream temporarily unavailable, no stream
+        answering during a failover) is made again, backing off, with the same messages and so
         the same ``Nats-Msg-Id``: JetStream answers a stored one as a
         duplicate with its original sequence. Unacknowledged messages go again
         in input order, so one whose first try was lost lands after later ones
@@ -919,21 +921,24 @@ class MemoryClient:
         return seqs
 
     async def _try(self, messages: list[_Prepared], todo: list[int], acks: list[PubAck | None]) -> list[BaseException]:
-        """One try at ``messages[todo]``: fills ``acks``, returns the failures."""
-        if len(todo) == 1:  # awaited: JetStream's errors come back with their reason
-            subject, data, headers = messages[todo[0]]
-            try:
-                acks[todo[0]] = await self._js.publish(
-                    subject, data, timeout=self.timeout, stream=self.stream, headers=headers
-                )
-            except (nats.errors.Error, TimeoutError) as exc:
-                return [exc]
-            return []
+        """One try at ``messages[todo]``: fills ``acks``, returns the failures.
+
+        The first is awaited alone: nats-py drops JetStream's errors of
+        publish_async (nats.py#985: they surface only as a timeout), so a
+        refusal comes back here with its reason; if it fails, the rest waits
+        for the next try, in order."""
+        subject, data, headers = messages[todo[0]]
+        try:
+            acks[todo[0]] = await self._js.publish(
+                subject, data, timeout=self.timeout, stream=self.stream, headers=headers
+            )
+        except (nats.errors.Error, TimeoutError) as exc:
+            return [exc]
         failures: list[BaseException] = []
         futures: dict[int, asyncio.Future[PubAck]] = {}
         try:
             try:
-                for i in todo:
+                for i in todo[1:]:
                     subject, data, headers = messages[i]
                     futures[i] = await self._js.publish_async(subject, data, stream=self.stream, headers=headers)
             except (nats.errors.Error, TimeoutError) as exc:  # the rest of this try is not sent
@@ -1007,9 +1012,8 @@ class MemoryClient:
                 nats.errors.OutboundBufferLimitError,  # disconnected, nats-py's buffer full: not sent
                 nats.errors.ConnectionReconnectingError,
                 nats.errors.StaleConnectionError,
-                nats.js.errors.ServiceUnavailableError,  # JetStream's 503: not stored, try later
             ),
-        )
+        ) or (isinstance(exc, nats.js.errors.APIError) and exc.err_code == JS_TEMPORARILY_UNAVAILABLE)
 
     def _failed(
         self, exc: BaseException, subject: str, unacked: tuple[str, ...] = (), elapsed: float = 0.0
