@@ -367,7 +367,7 @@ class MemoryClient:
         publish): each event is stored exactly once, but one whose first
         publish was lost lands after the later events of its chunk that were
         stored, out of input order. The sequences returned say where each
-        event landed; they increase unless the call was interrupted so.
+        event landed; they increase unless an interruption reordered them.
         """
         prepared = self._prepare_events(user, session, events)
         if not prepared:
@@ -951,8 +951,8 @@ class MemoryClient:
         for i, future in futures.items():
             if future.cancelled():
                 failures.append(nats.errors.TimeoutError())
-            elif (exc := future.exception()) is not None:
-                failures.append(exc)
+            elif (error := future.exception()) is not None:
+                failures.append(error)
             else:
                 acks[i] = future.result()
         return failures
