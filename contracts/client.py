@@ -6,9 +6,18 @@ session and the token a read-your-writes query waits for. Each message carries
 ``Nats-Msg-Id`` (the event or message id), so a retried publish inside the
 stream's duplicate window gets the original sequence back instead of a copy.
 
+A publish whose outcome is unknown (no PubAck within ``timeout``, the
+connection lost while nats-py reconnects) may have been stored, so the client
+settles it itself: it publishes the same message again, same ``Nats-Msg-Id``,
+backing off, until JetStream acknowledges it (a duplicate's ack carries the
+original sequence) or ``publish_deadline`` (30 s) has passed; then
+:class:`~memq.contracts.errors.PublishOutcomeUnknown`, after which publishing the
+same event again is safe and a new one may duplicate it.
+
 Bad input fails before any I/O: :class:`~memq.contracts.errors.InvalidId`,
 :class:`~memq.contracts.errors.InvalidMessage` or :class:`~memq.contracts.errors.Oversize`.
-NATS failures become :class:`~memq.contracts.errors.PublishFailed`.
+Other NATS failures (a refusal, no stream) become
+:class:`~memq.contracts.errors.PublishFailed` at once.
 
 Reads (:meth:`MemoryClient.get_session`, :meth:`~MemoryClient.history`,
 :meth:`~MemoryClient.context`, …) are core-NATS requests to the query service
@@ -25,6 +34,7 @@ import asyncio
 import hashlib
 import inspect
 import io
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -52,6 +62,7 @@ from memq.contracts.errors import (
     NotFound,
     Oversize,
     PublishFailed,
+    PublishOutcomeUnknown,
     Unavailable,
     validation_details,
 )
@@ -101,6 +112,9 @@ MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
 # that exceeds it; ours (message id, expected stream) stay well below this.
 HEADER_ROOM = 1024
 EXPECTED_STREAM_MISMATCH = 10060  # JetStream err_code: the subject is in another stream
+JS_TEMPORARILY_UNAVAILABLE = 10008  # JetStream err_code (a 503; other 503s, such as a full stream, are final)
+PUBLISH_DEADLINE = 30.0  # seconds to settle a publish; well inside the default 120 s duplicate window
+RETRY_DELAYS = (0.05, 1.0)  # backoff between tries of one publish: first, most (doubling, jittered)
 Role = Literal["user", "assistant", "system", "tool"]
 After = float | datetime | timedelta | None
 Strategy = StrategySpec | dict[str, Any] | None
@@ -189,8 +203,15 @@ class MemoryClient:
     :param nc: a connected nats-py client; the caller keeps ownership of it
         (use :meth:`connect` for a client that owns its connection).
     :param app: the app id; every message is published under it.
-    :param timeout: seconds to wait for a PubAck (per chunk in
-        :meth:`append_many`). Default 5.0.
+    :param timeout: seconds one try of a publish waits for its PubAck (per
+        chunk in :meth:`append_many`). Default 5.0.
+    :param publish_deadline: seconds after a publish's first try during
+        which one whose outcome is unknown (no PubAck in time, the connection
+        lost) is tried again with the same message. Default 30.0; 0 for one
+        try only. ``publish_deadline`` plus a try or two (``timeout`` each)
+        must stay below the stream's duplicate window
+        (``streams.duplicate_window_s``, 120 s by default), or a retry could
+        store a second copy.
     :param inline_artifact_limit: artifacts up to this many bytes travel inline
         in the message; larger ones go to the object store. Default 256 KiB.
     :param max_message_bytes: encoded messages above this size raise
@@ -230,6 +251,7 @@ class MemoryClient:
         app: str,
         *,
         timeout: float = 5.0,
+        publish_deadline: float = PUBLISH_DEADLINE,
         inline_artifact_limit: int = 256 * 1024,
         max_message_bytes: int = DEFAULT_MAX_BYTES,
         stream: str = EVENTS_STREAM,
@@ -241,6 +263,7 @@ class MemoryClient:
         self.app = validate_id(app, "app")
         self.nc = nc
         self.timeout = timeout
+        self.publish_deadline = publish_deadline
         self.inline_artifact_limit = inline_artifact_limit
         self.max_message_bytes = max_message_bytes
         self.stream = stream
@@ -260,6 +283,7 @@ class MemoryClient:
         *,
         app: str,
         timeout: float = 5.0,
+        publish_deadline: float = PUBLISH_DEADLINE,
         inline_artifact_limit: int = 256 * 1024,
         max_message_bytes: int = DEFAULT_MAX_BYTES,
         stream: str = EVENTS_STREAM,
@@ -301,6 +325,7 @@ class MemoryClient:
             nc,
             app,
             timeout=timeout,
+            publish_deadline=publish_deadline,
             inline_artifact_limit=inline_artifact_limit,
             max_message_bytes=max_message_bytes,
             stream=stream,
@@ -361,6 +386,13 @@ class MemoryClient:
         input publishes nothing. Publishes are pipelined, at most
         ``MAX_IN_FLIGHT`` unacknowledged at a time. If a chunk fails, earlier
         chunks stay published; retrying the whole call is safe (dedupe by id).
+
+        The events of a chunk left unacknowledged by a lost ack or connection
+        are published again, in order, until acknowledged (as for every
+        publish): each event is stored exactly once, but one whose first
+        publish was lost lands after the later events of its chunk that were
+        stored, out of input order. The sequences returned say where each
+        event landed; they increase unless an interruption reordered them.
         """
         prepared = self._prepare_events(user, session, events)
         if not prepared:
@@ -937,33 +969,83 @@ class MemoryClient:
         return seq
 
     async def _send(self, prepared: _Prepared) -> int:
-        subject, data, headers = prepared
-        try:
-            ack = await self._js.publish(subject, data, timeout=self.timeout, stream=self.stream, headers=headers)
-        except (nats.errors.Error, TimeoutError) as exc:
-            raise self._failed(exc, subject) from exc
-        self._published(ack.seq)
-        return ack.seq
+        return (await self._settle([prepared]))[0]
 
     async def _publish_chunk(self, chunk: list[_Prepared]) -> list[int]:
-        # One session per call, so every message of the chunk has one subject.
-        futures: list[asyncio.Future[PubAck]] = []
-        try:
-            for subject, data, headers in chunk:
-                futures.append(await self._js.publish_async(subject, data, stream=self.stream, headers=headers))
-            # publish_async futures have no timeout of their own.
-            acks = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), self.timeout)
-        except (nats.errors.Error, TimeoutError) as exc:
-            for future in futures:  # frees their slots in nats-py's pending limit
-                future.cancel()
-            raise self._failed(exc, chunk[0][0]) from exc
-        seqs: list[int] = []
-        for ack in acks:
-            if isinstance(ack, BaseException):
-                raise self._failed(ack, chunk[0][0]) from ack
-            seqs.append(ack.seq)
+        return await self._settle(chunk)
+
+    async def _settle(self, messages: list[_Prepared]) -> list[int]:
+        """Publish ``messages`` (one subject's, in order) until JetStream has
+        acknowledged each one; their sequences, in input order.
+
+        A try whose outcome is unknown (no PubAck within ``timeout``: the ack
+        or the connection was lost) or that failed for now (disconnected with
+        nats-py's buffer full, JetStream temporarily unavailable, no stream
+        answering during a failover) is made again, backing off, with the same messages and so
+        the same ``Nats-Msg-Id``: JetStream answers a stored one as a
+        duplicate with its original sequence. Unacknowledged messages go again
+        in input order, so one whose first try was lost lands after later ones
+        that were stored. A definite refusal raises at once; once
+        ``publish_deadline`` has passed, :class:`PublishOutcomeUnknown` if a
+        try may have been stored, else :class:`PublishFailed`.
+        """
+        subject = messages[0][0]
+        acks: list[PubAck | None] = [None] * len(messages)
+        started = time.monotonic()
+        delay = RETRY_DELAYS[0]
+        maybe_stored = False  # a try got no answer: a later refusal does not prove it was not stored
+        while True:
+            failures = await self._try(messages, [i for i, ack in enumerate(acks) if ack is None], acks)
+            if not failures:
+                break
+            definite = [f for f in failures if not self._transient(f, subject)]
+            maybe_stored |= any(isinstance(f, TimeoutError) and f not in definite for f in failures)
+            if definite or time.monotonic() + delay > started + self.publish_deadline:
+                exc = (definite or failures)[0]
+                unacked = tuple(messages[i][2]["Nats-Msg-Id"] for i, ack in enumerate(acks) if ack is None)
+                raise self._failed(exc, subject, unacked if maybe_stored else (), time.monotonic() - started) from exc
+            await asyncio.sleep(random.uniform(delay / 2, delay))  # jitter: clients cut together retry apart
+            delay = min(2 * delay, RETRY_DELAYS[1])
+        seqs = [ack.seq for ack in acks if ack is not None]
         self._published(max(seqs))
         return seqs
+
+    async def _try(self, messages: list[_Prepared], todo: list[int], acks: list[PubAck | None]) -> list[BaseException]:
+        """One try at ``messages[todo]``: fills ``acks``, returns the failures.
+
+        The first is awaited alone: nats-py drops JetStream's errors of
+        publish_async (nats.py#985: they surface only as a timeout), so a
+        refusal comes back here with its reason; if it fails, the rest waits
+        for the next try, in order."""
+        subject, data, headers = messages[todo[0]]
+        try:
+            acks[todo[0]] = await self._js.publish(
+                subject, data, timeout=self.timeout, stream=self.stream, headers=headers
+            )
+        except (nats.errors.Error, TimeoutError) as exc:
+            return [exc]
+        failures: list[BaseException] = []
+        futures: dict[int, asyncio.Future[PubAck]] = {}
+        try:
+            try:
+                for i in todo[1:]:
+                    subject, data, headers = messages[i]
+                    futures[i] = await self._js.publish_async(subject, data, stream=self.stream, headers=headers)
+            except (nats.errors.Error, TimeoutError) as exc:  # the rest of this try is not sent
+                failures.append(exc)
+            if futures:  # publish_async futures have no timeout of their own
+                await asyncio.wait(futures.values(), timeout=self.timeout)
+        finally:
+            for future in futures.values():
+                future.cancel()  # if still pending: frees its slot in nats-py's pending limit
+        for i, future in futures.items():
+            if future.cancelled():
+                failures.append(nats.errors.TimeoutError())
+            elif (error := future.exception()) is not None:
+                failures.append(error)
+            else:
+                acks[i] = future.result()
+        return failures
 
     def _published(self, seq: int) -> None:
         # max: concurrent publishes may be acked out of order, and a duplicate
@@ -1005,7 +1087,29 @@ class MemoryClient:
             )
         return None
 
-    def _failed(self, exc: BaseException, subject: str) -> MemqError:
+    def _transient(self, exc: BaseException, subject: str) -> bool:
+        """Whether trying the same publish again may succeed: no answer in
+        time (it may have been stored), or not stored for now."""
+        if isinstance(exc, TimeoutError):
+            return not self._denied(subject)
+        if isinstance(exc, nats.js.errors.NoStreamResponseError):
+            # A stream that has acked this client is between leaders or still
+            # recovering; one that never did is most likely missing: say so now.
+            return self.last_seq is not None
+        return isinstance(
+            exc,
+            (
+                nats.errors.OutboundBufferLimitError,  # disconnected, nats-py's buffer full: not sent
+                nats.errors.ConnectionReconnectingError,
+                nats.errors.StaleConnectionError,
+            ),
+        ) or (isinstance(exc, nats.js.errors.APIError) and exc.err_code == JS_TEMPORARILY_UNAVAILABLE)
+
+    def _failed(
+        self, exc: BaseException, subject: str, unacked: tuple[str, ...] = (), elapsed: float = 0.0
+    ) -> MemqError:
+        """The error of a publish that failed with ``exc``; ``unacked``: the
+        ids of messages left unacknowledged that an earlier try may have stored."""
         if isinstance(exc, TimeoutError) and (denied := self._denied(subject)):
             return Forbidden(f"publish to {subject} refused by NATS: {denied}")
         if isinstance(exc, nats.errors.MaxPayloadError):
@@ -1018,4 +1122,12 @@ class MemoryClient:
             why = f"no acknowledgement from JetStream within {self.timeout}s"
         else:
             why = f"{type(exc).__name__}: {exc}"
+        if unacked:
+            return PublishOutcomeUnknown(
+                f"publish to {subject}: outcome unknown after {elapsed:.1f}s of tries (last: {why}); "
+                f"{len(unacked)} message(s) may have been stored, the first with Nats-Msg-Id {unacked[0]!r}. "
+                "Publishing the same event again (same event id) is safe; a new event may store a duplicate",
+                subject,
+                unacked,
+            )
         return PublishFailed(f"publish to {subject} failed: {why}")

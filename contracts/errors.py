@@ -56,6 +56,26 @@ class PublishFailed(MemqError):
     code = "publish_failed"
 
 
+class PublishOutcomeUnknown(PublishFailed):
+    """A publish was tried until its deadline and never acknowledged, and at
+    least one try may have been stored (its ack was lost). Publishing the
+    same message again (the same event, so the same id) is safe: JetStream's
+    dedupe and the database keep it once. A new event with the same content
+    may store it twice.
+
+    ``subject`` is where it was published; ``msg_id`` the ``Nats-Msg-Id`` of
+    the first message not acknowledged, ``msg_ids`` those of all of them (an
+    ``append_many`` may leave several)."""
+
+    code = "publish_outcome_unknown"
+
+    def __init__(self, message: str, subject: str = "", msg_ids: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.subject = subject
+        self.msg_ids = msg_ids
+        self.msg_id = msg_ids[0] if msg_ids else ""
+
+
 class NotFound(MemqError):
     code = "not_found"
 
@@ -104,6 +124,7 @@ ERRORS_BY_CODE: dict[str, type[MemqError]] = {
         Oversize,
         SubjectMismatch,
         PublishFailed,
+        PublishOutcomeUnknown,
         NotFound,
         Forbidden,
         NotCommitted,

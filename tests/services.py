@@ -248,6 +248,16 @@ class Server:
             proc.wait()
         _running.discard(self)
 
+    def pause(self) -> None:
+        """SIGSTOP the server: it keeps its connections but answers nothing
+        (a stall) until :meth:`resume`, then handles what queued up meanwhile."""
+        if self.running:
+            os.kill(self._proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.running:
+            os.kill(self._proc.pid, signal.SIGCONT)
+
     def restart(self) -> Server:
         """Stop if running, then start again on the same port with the same data."""
         self.stop()

@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import os
+import time
 
 import nats
 import pytest
-from helpers import wait_for
-from nats.js.api import StreamConfig
+from helpers import event_counts, make_settings, migrated_engine, running_worker, wait_for
+from nats.js.api import DiscardPolicy, StreamConfig
 
 from memq.contracts.client import MemoryClient, SessionRef
 from memq.contracts.codec import decode_from_subject
-from memq.contracts.errors import InvalidId, InvalidMessage, Oversize, PublishFailed
+from memq.contracts.errors import InvalidId, InvalidMessage, Oversize, PublishFailed, PublishOutcomeUnknown
 from memq.contracts.schemas import ArtifactSaved, Event, Message, TextPart
 from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, events_subject
 from memq.workers.bus import ensure_streams
 from memq.workers.settings import StreamSettings
+from memq.workers.sql import reads
 
 APP = "agent.one"  # a dot, so subjects must use the encoded token
 USER = "ada@example.com"
@@ -234,3 +237,174 @@ async def test_connect_rides_out_a_nats_restart_once_connected(fresh_nats) -> No
 
         await wait_for(appended, 30, "a publish after the restart")
         assert client.nc.stats["reconnects"] >= 1
+
+
+# --- a publish whose outcome is unknown is settled by the client ------------------
+
+
+async def copies_seen(nc, sub) -> int:
+    """How many messages ``sub`` (a core subscription of ``nc`` on events
+    subjects) got: every try of a publish that reached the server."""
+    await nc.flush()
+    return sub.pending_msgs
+
+
+async def test_a_publish_acked_too_late_is_settled_with_its_original_sequence(fresh_nats, nc) -> None:
+    """The server stalls: the first try is stored once it wakes, but its ack
+    comes after the try gave up. The client publishes the same message again
+    and gets the original sequence back (a duplicate): one copy stored."""
+    await ensure_streams(nc.jetstream(), StreamSettings())
+    client = MemoryClient(nc, APP, timeout=0.3)
+    tries = await nc.subscribe(events_subject(APP, USER, SESSION))
+    event = text_event("once")
+    fresh_nats.pause()
+    try:
+        publishing = asyncio.create_task(client.append(USER, SESSION, event))
+        await asyncio.sleep(1.0)  # several tries time out, queued at the stalled server
+    finally:
+        fresh_nats.resume()
+    seq = await publishing
+    assert await copies_seen(nc, tries) >= 2  # it was tried again
+    assert await message_count(nc) == 1 and client.last_seq == seq
+    message, _ = await stored(nc, seq)
+    assert message.event == event
+
+
+async def test_an_append_many_chunk_acked_too_late_is_settled_in_order(fresh_nats, nc) -> None:
+    """The same for the pipelined chunk of append_many: the server stalls once
+    the chunk is under way; its unacknowledged events are published again
+    (same ids), each is stored once, and as nothing was lost, in order."""
+    await ensure_streams(nc.jetstream(), StreamSettings())
+    client = MemoryClient(nc, APP, timeout=0.3)
+    events = [text_event(f"turn {i} " + "x" * 1000) for i in range(300)]
+    stalled = asyncio.Event()
+
+    # events[0] is published alone, then the chunk, whose first is awaited
+    # before the rest go. This runs before the client sees events[1]'s ack
+    # (the server delivers to a subscriber before it acks, on one connection
+    # here), so the rest of the chunk goes to a stalled server.
+    async def stall_on_the_chunk(msg) -> None:
+        if msg.headers["Nats-Msg-Id"] == events[1].id:
+            fresh_nats.pause()
+            stalled.set()
+
+    watcher = await nc.subscribe(events_subject(APP, USER, SESSION), cb=stall_on_the_chunk)
+    tries = await nc.subscribe(events_subject(APP, USER, SESSION))
+    publishing = asyncio.create_task(client.append_many(USER, SESSION, events))
+    try:
+        await asyncio.wait_for(stalled.wait(), 10)
+        await asyncio.sleep(1.0)
+    finally:
+        fresh_nats.resume()
+    seqs = await publishing
+    await watcher.unsubscribe()
+    assert await copies_seen(nc, tries) > len(events)  # some were tried again
+    assert await message_count(nc) == len(events)
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(events)
+    for event, seq in zip(events[::50], seqs[::50]):
+        assert (await stored(nc, seq))[0].event == event
+
+
+async def test_no_stream_answering_a_client_it_acked_is_waited_out(nc) -> None:
+    """No responders from a stream that has acked this client is a failover
+    or a recovery, not a missing stream: tried again until it answers."""
+    js = nc.jetstream()
+    await ensure_streams(js, StreamSettings())
+    client = MemoryClient(nc, APP)
+    await client.append_text(USER, SESSION, "user", "before")
+    await js.delete_stream(EVENTS_STREAM)
+    publishing = asyncio.create_task(client.append_text(USER, SESSION, "user", "after"))
+    await asyncio.sleep(0.5)
+    assert not publishing.done()
+    await ensure_streams(js, StreamSettings())
+    assert await publishing == 1  # the stream's first, as it is a new one
+
+
+async def test_a_nats_crash_mid_publish_stores_every_event_exactly_once(fresh_nats, sqlite_url, tmp_path) -> None:
+    """Issue 26's Done-means: nats-server is killed (SIGKILL) while a client
+    appends one event at a time and in pipelined batches, and restarted on the
+    same port and store. Every append returns a sequence (after
+    PublishOutcomeUnknown the same event is retried, as the guide says), and
+    SQL holds each event once: the one-at-a-time session in input order, the
+    batches in the order of the sequences returned."""
+    settings = make_settings(fresh_nats.url, sqlite_url, tmp_path)
+    engine = await migrated_engine(sqlite_url)
+    singles = [text_event(f"single {i}") for i in range(400)]
+    batches: list[list[Event]] = []
+    done: list[int] = []
+    batch_seqs: list[int] = []
+
+    async def settled(publish):
+        while True:
+            try:
+                return await publish()
+            except PublishOutcomeUnknown:  # the documented answer: the same event(s) again
+                pass
+
+    async def one_at_a_time(client: MemoryClient) -> None:
+        for event in singles:
+            done.append(await settled(lambda e=event: client.append(USER, "singles", e)))
+
+    async def in_batches(client: MemoryClient) -> None:  # as long as the other writer
+        while len(done) < len(singles):
+            batches.append([text_event(f"batch {len(batches)} event {i}") for i in range(200)])
+            batch_seqs.extend(await settled(lambda b=batches[-1]: client.append_many(USER, "batches", b)))
+
+    try:
+        async with running_worker(settings):
+            async with await MemoryClient.connect(
+                fresh_nats.url, app=APP, timeout=1.0, max_reconnect_attempts=-1, reconnect_time_wait=0.1
+            ) as client:
+                writers = asyncio.gather(one_at_a_time(client), in_batches(client))
+
+                async def under_way() -> bool:
+                    return len(done) >= 100
+
+                await wait_for(under_way, 60, "a hundred appends")
+                fresh_nats.kill()  # mid-stream: appends and a batch are in flight
+                killed_at = len(done)
+                await asyncio.sleep(2.0)  # longer than a try (timeout): tries time out meanwhile
+                await asyncio.to_thread(fresh_nats.start)  # same port, same store dir
+                await asyncio.wait_for(writers, 120)
+            assert killed_at < len(singles) and client.nc.stats["reconnects"] >= 1
+
+            total = len(singles) + len(batch_seqs)
+
+            async def all_committed() -> bool:
+                rows, distinct = await event_counts(engine)
+                assert rows == distinct, f"{rows - distinct} duplicate rows"
+                return rows == total
+
+            await wait_for(all_committed, 60, "every event in SQL")
+        assert len(done) == len(singles) and len(batch_seqs) == sum(map(len, batches))
+        assert [e.event_id for e in await reads.events(engine, APP, USER, "singles")] == [e.id for e in singles]
+        by_seq = [event.id for _, event in sorted(zip(batch_seqs, [e for b in batches for e in b]))]
+        assert [e.event_id for e in await reads.events(engine, APP, USER, "batches")] == by_seq
+    finally:
+        await engine.dispose()
+
+
+async def test_a_definite_refusal_raises_at_once_without_a_retry(nats_url, nc) -> None:
+    """No retry where the answer is final: a subject another stream captures,
+    a full stream (a JetStream 503 that is no outage), a missing stream."""
+    js = nc.jetstream()
+    client = MemoryClient(nc, APP, timeout=2.0, publish_deadline=30.0)
+    started = time.monotonic()
+    with pytest.raises(PublishFailed, match="stream MEMQ_EVENTS not found") as missing:
+        await client.append_text(USER, SESSION, "user", "hi")
+    # After that check: a subscriber is a responder, so no "no responders" then.
+    tries = await nc.subscribe(events_subject(APP, USER) + ".>")
+    await js.add_stream(StreamConfig(name="SOMETHING_ELSE", subjects=[events_subject(APP, USER, "elsewhere")]))
+    with pytest.raises(PublishFailed, match="not captured by stream MEMQ_EVENTS") as elsewhere:
+        await client.append_many(USER, "elsewhere", [text_event("a"), text_event("b")])
+    full = StreamConfig(
+        name=EVENTS_STREAM, subjects=[events_subject(APP, USER, SESSION)], max_msgs=1, discard=DiscardPolicy.NEW
+    )
+    await js.add_stream(full)
+    await client.append_text(USER, SESSION, "user", "fits")
+    with pytest.raises(PublishFailed, match="maximum messages exceeded") as overflow:
+        await client.append_text(USER, SESSION, "user", "does not fit")
+    assert time.monotonic() - started < 1.5
+    for raised in (missing, elsewhere, overflow):
+        assert not isinstance(raised.value, PublishOutcomeUnknown)
+    assert await copies_seen(nc, tries) == 3  # one try each, and the one that fit

@@ -70,6 +70,7 @@ STATUS = {
     "not_committed": 409,
     "unavailable": 503,
     "publish_failed": 503,
+    "publish_outcome_unknown": 503,  # a retry with the same event ids is safe
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": what}
