@@ -770,9 +770,17 @@ class MemoryClient:
         :param since: timestamp range ``[since, until)``: from (default: open).
         :param until: to, excluded (default: open).
         :param alpha: hybrid weight of the vector side. Default: the server's (0.5).
-        :param min_seq: answer once this sequence is *indexed*. Default: no
-            wait (the index trails commits by the time embedding takes).
+        :param min_seq: answer once this sequence is *indexed* (the index
+            trails commits by the time embedding takes). Default:
+            :attr:`last_seq`, as every read (unless the client was made with
+            ``consistent=False``), so a search finds this client's own
+            writes: it waits for their indexing, at most ``wait_ms``, then
+            fails with :class:`~memq.contracts.errors.NotCommitted` (the
+            index is down, or no indexing worker runs). ``min_seq=0``: do not
+            wait, search what is indexed now (faster, may miss the newest).
         """
+        if min_seq is None and self.consistent:  # read-your-writes here too (_min_seq leaves search out)
+            min_seq = self.last_seq
         return await self._query(
             "search",
             min_seq,

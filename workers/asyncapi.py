@@ -23,8 +23,9 @@ publishers: the commit notices and the status events, typed by
   the one op registry (:data:`memq.contracts.queries.OPS`);
 - the dead-letter subjects (``memq.v1.dlq.<worker>``), published with
   JetStream directly, with their headers (:mod:`memq.contracts.dlq`);
-- the query workers' side of the committed notices, a nats-py subscription
-  on the read-your-writes path (see :mod:`memq.workers.query.service`).
+- the query workers' side of the committed notices (the persistence
+  replicas' and the indexing replicas'), nats-py subscriptions on the
+  read-your-writes path (see :mod:`memq.workers.query.service`).
 """
 
 from __future__ import annotations
@@ -267,6 +268,27 @@ def _add_commit_floor(doc: dict[str, Any], server: list[dict[str, str]], setting
         "description": "Query worker: drop this replica's cached answers that the batch made stale, then move "
         "the commit floor (read-your-writes) over the sequences a persistence replica finished with, and wake "
         "the reads waiting on them. Every replica hears every notice (no queue group).",
+        "servers": server,
+        "bindings": {"nats": {"subject": subject, "bindingVersion": "custom"}},
+        "messages": {"SubscribeMessage": {"$ref": f"#/components/messages/{_escaped(channel)}:SubscribeMessage"}},
+    }
+    doc["operations"][channel] = {
+        "action": "receive",
+        "channel": {"$ref": f"#/channels/{_escaped(channel)}"},
+        "messages": [{"$ref": f"#/channels/{_escaped(channel)}/messages/SubscribeMessage"}],
+    }
+    # The same for the indexing replicas' notices, and search's indexing floor.
+    channel = f"{PREFIX}.committed.<indexing durable>:query"
+    subject = committed_subject(settings.indexing.durable)
+    doc["components"]["messages"][f"{channel}:SubscribeMessage"] = {
+        "title": f"{channel}:SubscribeMessage",
+        "contentType": "application/json",
+        "payload": {"$ref": SCHEMAS + "CommittedRanges"},
+    }
+    doc["channels"][channel] = {
+        "address": subject,
+        "description": "Query worker: move the indexing floor over the sequences an indexing replica finished "
+        "with, and wake the searches waiting on them (a search's min_seq). Every replica hears every notice.",
         "servers": server,
         "bindings": {"nats": {"subject": subject, "bindingVersion": "custom"}},
         "messages": {"SubscribeMessage": {"$ref": f"#/components/messages/{_escaped(channel)}:SubscribeMessage"}},

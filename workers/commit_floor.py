@@ -27,8 +27,12 @@ Runs above the floor are kept merged, and at most ``max_runs`` of them: when
 a gap persists (a lost notice nobody has waited on yet), the highest runs
 are forgotten first. Forgetting only makes the floor lower, never wrong.
 
-The indexing floor (search's ``min_seq``) has no notices: it polls, from
-``poll_from_s`` = 1 ms doubling to ``poll_max_s``.
+The indexing floor (search's ``min_seq``) is the same over the indexing
+durable: each indexing batch announces what it acked (indexed, skipped for
+having no text, or applied as a delete) on ``memq.v1.committed.<indexing
+durable>``, so a search that waits for the caller's write goes the moment it
+is indexed, and the ack floor is again only the fallback.
+:func:`announce_finished` is what both workers publish with.
 """
 
 from __future__ import annotations
@@ -41,12 +45,33 @@ import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 
+from nats.aio.client import Client as NATS
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from memq.contracts.errors import NotCommitted
+from memq.contracts.notices import CommitNotice, CommittedRanges
+from memq.contracts.subjects import committed_subject
 
 log = logging.getLogger("memq.commit_floor")
+
+
+async def announce_finished(nc: NATS, durable: str, seqs: Iterable[int], changed: Iterable[CommitNotice] = ()) -> None:
+    """Say which stream sequences a replica of ``durable`` finished with in
+    one batch (after their acks, on the same connection, so the notice
+    never overtakes them): one :class:`CommittedRanges` on
+    ``committed_subject(durable)``, whatever the batch held. Nothing when
+    nothing was finished; a failed publish is only logged (readers fall back
+    to the ack floor)."""
+    seqs = list(seqs)
+    if not seqs:
+        return
+    notice = CommittedRanges.of(seqs, changed)
+    try:
+        await nc.publish(committed_subject(durable), notice.encode())
+    except NatsError as exc:
+        log.warning("cannot announce finished sequences of %s (%s)", durable, exc or type(exc).__name__)
 
 
 class ContiguousFloor:
@@ -105,7 +130,9 @@ class ContiguousFloor:
 
 class CommitFloor:
     """The commit floor of one durable consumer (see the module doc): what a
-    read with ``min_seq`` waits on, and what a cache entry is as of."""
+    read with ``min_seq`` waits on, and what a cache entry is as of.
+    ``done`` is what its worker does to a sequence, for the error a wait
+    that times out raises ("committed", or "indexed" for the indexing floor)."""
 
     def __init__(
         self,
@@ -117,6 +144,7 @@ class CommitFloor:
         poll_from_s: float = 0.001,
         poll_max_s: float = 0.05,
         max_runs: int = 4096,
+        done: str = "committed",
     ):
         self.js = js
         self.stream = stream
@@ -124,6 +152,8 @@ class CommitFloor:
         self.max_age_s = max_age_s
         self.poll_from_s = poll_from_s
         self.poll_max_s = poll_max_s
+        self.done = done
+        self.consumer_missing = False  # the last read found no such consumer: its worker never ran
         self._floor = ContiguousFloor(max_runs)
         self._read_at = 0.0
         self._refreshing: asyncio.Task | None = None
@@ -159,8 +189,10 @@ class CommitFloor:
         try:
             info = await self.js.consumer_info(self.stream, self.durable)
         except NotFoundError:  # that worker has never run: nothing is done yet
+            self.consumer_missing = True
             self._read_at = time.monotonic()
             return self.value
+        self.consumer_missing = False
         if self._floor.raise_to(info.ack_floor.stream_seq if info.ack_floor else 0):
             self._wake()
         self._read_at = time.monotonic()
@@ -175,8 +207,9 @@ class CommitFloor:
     # --- waiting ----------------------------------------------------------------------
 
     async def wait_for(self, seq: int, timeout_s: float) -> int:
-        """Return once ``seq`` is committed, else raise NotCommitted (or, if
-        the fallback could not read the consumer, what reading it raised)."""
+        """Return once ``seq`` is committed (indexed: see ``done``), else
+        raise NotCommitted (or, if the fallback could not read the consumer,
+        what reading it raised)."""
         if self.value >= seq:
             return self.value
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -193,8 +226,9 @@ class CommitFloor:
                 return self.value
             if self._poll_error is not None:
                 raise self._poll_error from None
+            why = f"; consumer {self.durable} does not exist: is its worker running?" if self.consumer_missing else ""
             raise NotCommitted(
-                f"sequence {seq} is not committed yet (committed up to {self.value}) after {timeout_s:.1f}s"
+                f"sequence {seq} is not {self.done} yet ({self.done} up to {self.value}) after {timeout_s:.1f}s{why}"
             ) from None
         finally:
             self._waiting -= 1

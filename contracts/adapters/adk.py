@@ -228,7 +228,10 @@ class MemqSessionService(BaseSessionService):
 class MemqMemoryService(BaseMemoryService):
     """ADK's ``BaseMemoryService`` on memq's long-term memory: every stored
     event of a user is indexed as it is committed, and ``search_memory``
-    searches all of that user's sessions.
+    searches all of that user's sessions. A search finds what was added
+    before it: it waits (at most the client's ``wait_ms``) until the
+    client's own writes, and the sessions given to
+    ``add_session_to_memory``, are indexed.
 
     :param client: the app's client (the caller keeps ownership of it).
     :param k: memories per search, 1..100. Default 10 (as ADK's in-memory service).
@@ -239,6 +242,9 @@ class MemqMemoryService(BaseMemoryService):
         self.client = client
         self.k = k
         self.mode = mode
+        # The newest event of the memq sessions added (another client may
+        # have written them): searches wait for it as for the client's own writes.
+        self._added_seq = 0
 
     @override
     async def add_session_to_memory(self, session: Session) -> None:
@@ -246,8 +252,11 @@ class MemqMemoryService(BaseMemoryService):
         :class:`MemqSessionService` stores are in it already; those of another
         session service are copied in (their content, not their state), with
         their ids, so adding a session again adds nothing twice."""
-        if (session._storage_update_marker or "").startswith(MARKER_PREFIX):
-            return  # loaded from memq: every event is indexed as it is committed
+        marker = session._storage_update_marker or ""
+        if marker.startswith(MARKER_PREFIX):  # loaded from memq: every event is indexed as it is committed
+            if (newest := marker[len(MARKER_PREFIX) :]).isdigit():
+                self._added_seq = max(self._added_seq, int(newest))
+            return
         await self.add_events_to_memory(
             app_name=session.app_name, user_id=session.user_id, events=session.events, session_id=session.id
         )
@@ -277,7 +286,11 @@ class MemqMemoryService(BaseMemoryService):
     async def search_memory(self, *, app_name: str, user_id: str, query: str) -> SearchMemoryResponse:
         if app_name != self.client.app:
             raise ValueError(f"this memory service speaks for app {self.client.app!r}, not {app_name!r}")
-        found = await self.client.search(user_id, query, k=self.k, mode=self.mode)
+        # None: search's default, the client's last write. A memq session
+        # added above may end later (another client stored it): wait for that.
+        last = self.client.last_seq or 0
+        wait_for = self._added_seq if self.client.consistent and self._added_seq > last else None
+        found = await self.client.search(user_id, query, k=self.k, mode=self.mode, min_seq=wait_for)
         return SearchMemoryResponse(
             memories=[
                 MemoryEntry(

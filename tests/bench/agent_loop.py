@@ -4,6 +4,7 @@ Usage::
 
     .venv/bin/python tests/bench/agent_loop.py [--quick] [--json PATH]
         [--agents 1,16,64] [--seconds S] [--rounds R] [--cache memory|redis]
+        [--search]
 
 Everything runs on loopback, on servers this script starts and stops itself
 (``tests/services.py``): one nats-server, one PostgreSQL (and Redis with
@@ -57,6 +58,20 @@ CPU time of every process (``/proc/<pid>/stat``) and reports CPU ms per turn
 by process: this script (the client of both loops), each worker, nats-server,
 PostgreSQL's backends and the rest of the machine. On a machine with few
 cores, turns/s at many agents is bounded by cores ÷ CPU per turn.
+
+**Search after an append** (``--search``, instead of the loops above):
+what a search that sees the caller's own write costs (issue 26). The stack
+adds a ``memq worker indexing`` process (the local ONNX embedder and the
+embedded index, as ``memq up`` runs them). Each turn appends a user event
+holding a word no other event has, then at once searches (hybrid, k 5) the
+agent's own user for that word, two ways side by side, alternating as
+above: "search wait" (the default: the search carries the append's
+sequence and is answered once it is indexed) and "search no wait"
+(``min_seq=0``: what is indexed now). A wait search that misses its event
+is a read-your-writes violation (and fails the run); the no-wait loop
+counts its misses. With one agent the wait's search step is split in two:
+until the indexing worker's ``memq.v1.committed.memq-indexing`` notice
+names the sequence, and the read after it.
 
 Targets (issue 13), from numbers of this run: with 1 agent, memq's turn p50
 ≤ 2× the direct-SQL turn's; with 64 agents, memq's turns/s ≥ direct SQL's.
@@ -118,6 +133,7 @@ class Config:
     rounds: int
     cache: str  # the query worker's cache backend: memory or redis
     think_ms: float = 0.0  # each agent's pause between turns (its LLM call)
+    search: bool = False  # the search loops instead of the turn loops
 
 
 @dataclass
@@ -132,6 +148,7 @@ class Run:
     step_ms: dict[str, list[float]] = field(default_factory=dict)
     errors: int = 0
     ryw_violations: int = 0
+    missed: int = 0  # searches that did not find the event just appended (search no wait)
     first_error: str | None = None
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU the machine spent on this loop, by process
 
@@ -170,6 +187,7 @@ class Run:
             cpu_ms_per_turn=self.cpu_ms_per_turn(),
             errors=self.errors,
             ryw_violations=self.ryw_violations,
+            missed=self.missed,
             first_error=self.first_error,
         )
 
@@ -278,6 +296,73 @@ class BareLoop:
         if not rows or rows[0][0] != seq or json.loads(rows[0][2])["content"] != said:
             run.ryw_violations += 1
         run.record((now() - t0) * 1000)
+
+
+class SearchLoop:
+    """Append an event with a word of its own, then search for it, with the
+    wait (``min_seq`` default: the append) or without (``min_seq=0``)."""
+
+    def __init__(self, nc, n: int, tag: str, wait: bool, clock: CommitClock | None = None):
+        self.clients = [MemoryClient(nc, APP) for _ in range(n)]
+        self.users = [f"{tag}-user-{a}" for a in range(n)]
+        self.wait = wait
+        self.clock = clock
+
+    async def turn(self, run: Run, agent: int, i: int) -> None:
+        client, user = self.clients[agent], self.users[agent]
+        word = f"zq{uuid.uuid4().hex[:10]}"
+        t0 = now()
+        try:
+            seq = await client.append_text(user, "s", "user", f"turn {i}: the code word is {word}")
+            t1 = now()
+            found = await client.search(user, word, k=5, min_seq=None if self.wait else 0)
+            t2 = now()
+        except (MemqError, nats.errors.Error, TimeoutError) as exc:
+            run.failed(exc)
+            return
+        if not any(word in hit.content for hit in found.results):
+            if self.wait:
+                run.ryw_violations += 1
+            else:
+                run.missed += 1
+        steps = {"append": (t1 - t0) * 1000, "search": (t2 - t1) * 1000}
+        if self.clock is not None and (indexed := self.clock.at.pop(seq, None)) is not None:
+            heard = min(max(indexed, t1), t2)
+            steps["of which: indexing"] = (heard - t1) * 1000
+            steps["of which: read after it"] = (t2 - heard) * 1000
+        run.record((t2 - t0) * 1000, steps)
+
+
+async def measure_search(cfg: Config, nc, label, clock: CommitClock | None) -> list[Run]:
+    """The two search loops at each number of agents, alternating as measure() does."""
+    runs: list[Run] = []
+    for n in cfg.agents:
+        wait_run, fast_run = Run("search wait", n), Run("search no wait", n)
+        status(f"[bold]{n} agent{'s' if n > 1 else ''}[/]: {cfg.rounds} rounds of {cfg.seconds:g} s per loop")
+        for r in range(cfg.rounds):
+            tag = f"a{n}r{r}-{uuid.uuid4().hex[:6]}"
+            wait_loop = SearchLoop(nc, n, tag, True, clock if n == 1 else None)
+            fast_loop = SearchLoop(nc, n, f"{tag}-f", False)
+            order = [(wait_run, wait_loop), (fast_run, fast_loop)]
+            for _, loop in order:  # a warm-up turn each
+                await asyncio.gather(*(loop.turn(Run("warm", n), a, -1) for a in range(n)))
+            for run, loop in order[r % 2 :] + order[: r % 2]:
+
+                async def turn(agent: int, i: int, run: Run = run, loop=loop) -> None:
+                    await loop.turn(run, agent, i)
+
+                if clock is not None:
+                    clock.reset()
+                before = process_cpu()
+                run.seconds += await run_agents(n, cfg.seconds, turn, cfg.think_ms / 1000)
+                run.spent(cpu_between(before, process_cpu(), label))
+            status(
+                f"  round {r + 1}: wait {wait_run.per_s:,.0f} turns/s p50 {percentile(wait_run.turn_ms, 50):.2f} ms"
+                f" · no wait {fast_run.per_s:,.0f} turns/s p50 {percentile(fast_run.turn_ms, 50):.2f} ms,"
+                f" missed {fast_run.missed} of {fast_run.turns}"
+            )
+        runs += [wait_run, fast_run]
+    return runs
 
 
 async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock | None) -> list[Run]:
@@ -409,6 +494,46 @@ async def run(cfg: Config, machine: dict, work: Path) -> list[Run]:
             raise
 
 
+async def run_search(cfg: Config, machine: dict, work: Path) -> list[Run]:
+    """The search loops on nats-server, PostgreSQL and the persistence,
+    query and indexing workers (local embedder, embedded index)."""
+    async with AsyncExitStack() as stack:
+        status("starting nats-server, PostgreSQL …")
+        nats_server = stack.enter_context(services.NatsServer())
+        pg = stack.enter_context(services.Postgres())
+        machine["postgres"] = pg.psql("SHOW server_version").strip()
+        db_url = pg.create_database("bench_agents")
+        engine = await helpers.migrated_engine(db_url)
+        await engine.dispose()
+        env = worker_env(nats_server.url, db_url, None, work)
+        kinds = ("persistence", "query", "indexing")
+        procs = [Proc([str(MEMQ), "worker", kind], env, work / f"{kind}.log").start() for kind in kinds]
+        names = {p.pid: p.cmd[-1] for p in procs}
+        nc = await nats.connect(nats_server.url, name="bench-agent-loop")
+        stack.push_async_callback(nc.close)
+
+        async def stop_all() -> None:
+            await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs))
+
+        stack.push_async_callback(stop_all)
+        try:
+            await helpers.wait_for_consumer(nats_server.url)
+            await wait_until_answering(nc, procs)
+            status("waiting for the indexing worker (loading the model) …")
+            await helpers.wait_for_consumer(nats_server.url, "memq-indexing", timeout=180)
+            # The query worker loads its embedder on the first search.
+            await MemoryClient(nc, APP, timeout=120).search("nobody", "warm up")
+            clock = None
+            if 1 in cfg.agents:
+                clock = CommitClock("memq-indexing")
+                await clock.start(nc)
+            return await measure_search(cfg, nc, process_label(names), clock)
+        except BaseException:
+            for p in procs:
+                console.print(f"[red]{' '.join(p.cmd[-2:])} log:[/]\n{p.log_tail()}")
+            raise
+
+
 # --- output ------------------------------------------------------------------------------
 
 
@@ -453,7 +578,10 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
         f"\n[bold]agent loop[/] — {machine['nproc']} cores ({machine['cpu']}), PostgreSQL {machine.get('postgres', '?')}, "
         f"commit {machine['git']}, cache {cfg.cache}, {cfg.rounds} × {cfg.seconds:g} s per loop"
     )
+    searched = any(r.path.startswith("search") for r in runs)
     table = Table("agents", "path", "turns/s", "p50 ms", "p99 ms", "steps p50 ms", "errors", "ryw violations")
+    if searched:
+        table.add_column("searches missed")
     for r in runs:
         s = r.summary()
         steps = " · ".join(f"{k} {v:.2f}" for k, v in s["steps_p50_ms"].items())
@@ -466,6 +594,7 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
             steps,
             str(r.errors),
             str(r.ryw_violations),
+            *([f"{r.missed} of {r.turns}"] if searched else []),
         )
     console.print(table)
     who = sorted({k for r in runs for k in r.cpu_s}, key=lambda k: (k == "other", k))
@@ -495,6 +624,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, help="alternating rounds (default 3; --quick 1)")
     parser.add_argument("--cache", choices=("memory", "redis"), default="memory", help="the query worker's cache")
     parser.add_argument(
+        "--search",
+        action="store_true",
+        help="instead of the turn loops: append then search for it, with the wait for its indexing "
+        "(search's default) and without (min_seq=0), side by side; adds an indexing worker",
+    )
+    parser.add_argument(
         "--think-ms",
         type=float,
         default=0.0,
@@ -511,12 +646,13 @@ async def main(args: argparse.Namespace) -> int:
         rounds=args.rounds or (1 if args.quick else 3),
         cache=args.cache,
         think_ms=args.think_ms,
+        search=args.search,
     )
     machine = machine_info()
     status(f"[bold]memq agent-loop benchmark[/] — {'quick' if args.quick else 'full'} run")
     warn_if_busy(machine)
     with tempfile.TemporaryDirectory(prefix="memq-bench-agents-") as tmp:
-        runs = await run(cfg, machine, Path(tmp))
+        runs = await (run_search if cfg.search else run)(cfg, machine, Path(tmp))
     print_results(machine, cfg, runs)
     if args.json:
         body = dict(

@@ -297,12 +297,30 @@ async def test_a_runner_holds_a_multi_turn_conversation_on_memq(memq, user):
     assert [e.author for e in stored.events] == ["user", "echo"] * 3
     assert mine(stored.state, user) == {"user:name": "Ann", "last": "[5] you said thanks"}
 
-    # Memory: the conversation is searchable (as the preload_memory tool would ask).
-    seq = memq.last_seq
-    await memq.search(user, "pizza", min_seq=seq)  # waits until indexed
+    # Memory: the conversation is searchable (as the preload_memory tool would
+    # ask), at once: the search waits until what this client wrote is indexed.
+    await memory.add_session_to_memory(stored)
     found = await memory.search_memory(app_name=APP, user_id=user, query="pineapple pizza")
     assert "pineapple pizza please" in texts_of(found)
     assert all(m.custom_metadata["session_id"] == session.id for m in found.memories)
+
+
+async def test_memory_finds_what_was_just_added(memq, memq_url, user):
+    """add_session_to_memory then search_memory, at once, 20 times: each
+    search finds the session just added. Sessions of memq written by this
+    client, by another client (the memory service waits for the session's
+    newest event), and of another session service (copied in, then waited for)."""
+    sessions, memory = MemqSessionService(memq), MemqMemoryService(memq)  # hybrid, as by default
+    async with await MemoryClient.connect(memq_url, app=APP) as writer:
+        elsewhere, other = MemqSessionService(writer), InMemorySessionService()
+        for i in range(20):
+            word = f"zq{uuid.uuid4().hex[:8]}"
+            service = (sessions, elsewhere, other)[i % 3]
+            session = await service.create_session(app_name=APP, user_id=user)
+            await service.append_event(session, said("user", f"Remember the code word {word}."))
+            await memory.add_session_to_memory(session)
+            found = await memory.search_memory(app_name=APP, user_id=user, query=word)
+            assert f"Remember the code word {word}." in texts_of(found), (i, type(service).__name__)
 
 
 def texts_of(found) -> list[str]:
@@ -317,7 +335,6 @@ async def test_memory_takes_sessions_of_another_session_service_once(memq, user)
     memory = MemqMemoryService(memq, mode="keyword")
     await memory.add_session_to_memory(session)
     await memory.add_session_to_memory(session)  # again: nothing twice
-    await memq.search(user, "x", min_seq=memq.last_seq)
     found = await memory.search_memory(app_name=APP, user_id=user, query="Marigold boat")
     assert texts_of(found).count("The boat is called Marigold.") == 1
     hist = await memq.history(user, "elsewhere")

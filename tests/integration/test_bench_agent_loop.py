@@ -34,3 +34,21 @@ def test_the_agent_loop_benchmark_runs_and_every_turn_reads_its_own_write(tmp_pa
     assert set(runs["memq", 4]["steps_p50_ms"]) == {"append user", "context", "append assistant"}
     assert [t["what"].split(":")[0] for t in result["targets"]] == ["1 agent"]
     assert [f["agents"] for f in result["floor"]] == [1, 4]
+
+
+def test_the_search_loops_run_and_every_waiting_search_finds_its_append(tmp_path):
+    out = tmp_path / "agent_loop_search.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--search", "--agents", "1", "--seconds", "0.5", "--rounds", "1"]
+        + ["--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = {r["path"]: r for r in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {"search wait", "search no wait"}
+    for r in runs.values():
+        assert r["turns"] > 0 and r["errors"] == 0 and r["ryw_violations"] == 0
+    assert runs["search wait"]["missed"] == 0
+    assert set(runs["search wait"]["steps_p50_ms"]) >= {"append", "search"}

@@ -14,7 +14,7 @@ import pytest
 from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
 
 from memq.contracts.client import MemoryClient
-from memq.contracts.errors import Unavailable
+from memq.contracts.errors import NotCommitted, Unavailable
 from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
 from memq.contracts.tools import SEARCH_MEMORY, run_search_memory
 from memq.workers.index.embedders.local import LocalEmbedder
@@ -268,9 +268,61 @@ async def test_a_model_change_is_detected_and_rebuilds(nats_url, sqlite_url, tmp
 async def test_search_without_an_index_is_a_typed_error(nats_url, sqlite_url, tmp_path):
     s = settings_for(nats_url, sqlite_url, tmp_path)
     async with running_worker(s), running_query(s):
-        async with await MemoryClient.connect(nats_url, app=APP) as client:
+        async with await MemoryClient.connect(nats_url, app=APP, wait_ms=300) as client:
             with pytest.raises(Unavailable, match="no index"):
                 await client.search("alice", "anything")
+            # After a write, search waits for its indexing (read-your-writes),
+            # which never comes: a typed error within wait_ms that says why, no hang.
+            await client.append("alice", "s", text("user", "nobody indexes this"))
+            with pytest.raises(NotCommitted, match="not indexed yet.*memq-indexing does not exist"):
+                await asyncio.wait_for(client.search("alice", "anything"), 5)
+            with pytest.raises(Unavailable, match="no index"):  # min_seq=0: no wait
+                await client.search("alice", "anything", min_seq=0)
+
+
+async def search_after_each_append(client: MemoryClient, user: str, modes=("hybrid", "keyword")) -> None:
+    """Append, then at once search for a word only that event has, with no
+    explicit min_seq: the search sees the caller's own write every time
+    (before the default waited for it, 20 of 20 such searches missed)."""
+    for i in range(20):
+        word = f"zq{uuid.uuid4().hex[:8]}"  # one token, in no other event
+        await client.append(user, "ryw", text("user", f"note {i}: the code word is {word}"))
+        found = await client.search(user, word, mode=modes[i % len(modes)], k=5)
+        assert any(word in r.content for r in found.results), (i, found)
+
+
+async def test_a_search_right_after_an_append_finds_it(nats_url, sqlite_url, tmp_path, embedder):
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with stack(s, embedder):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await search_after_each_append(client, "alice")
+            # Opting out: min_seq=0 searches what is indexed now, without waiting.
+            word = f"zq{uuid.uuid4().hex[:8]}"
+            seq = await client.append("alice", "ryw", text("user", f"the code word is {word}"))
+            await client.search("alice", word, min_seq=0)  # answers (found or not: it raced the indexer)
+            found = await client.search("alice", word, mode="keyword", min_seq=seq)
+            assert [r.content for r in found.results] == [f"the code word is {word}"]
+
+
+async def test_the_indexing_floor_moves_on_the_indexing_notices(nats_url, sqlite_url, tmp_path, embedder):
+    """With the ack-floor fallback made an hour long, a search waiting for
+    a write is still answered: the indexing replicas' notices woke it."""
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with stack(s, embedder) as (_, query):
+        floor = query.index_floor
+        floor.poll_from_s = floor.poll_max_s = 3600.0
+        read_at = floor._read_at  # when the ack floor was last read (the worker's start)
+        # wait_ms far below the fallback: a search is answered by a notice, or fails
+        async with await MemoryClient.connect(nats_url, app=APP, wait_ms=20_000) as client:
+            for i in range(5):
+                word = f"zq{uuid.uuid4().hex[:8]}"
+                seq = await client.append("alice", "n", text("user", f"fact {i}: {word}"))
+                found = await client.search("alice", word, mode="keyword")
+                assert found.results and word in found.results[0].content
+                assert floor.value >= seq
+        assert floor._read_at == read_at  # the ack floor was never read again
+        if floor._poller is not None:  # asleep for the hour
+            floor._poller.cancel()
 
 
 async def test_context_recalls_memories_from_other_sessions(nats_url, sqlite_url, tmp_path, embedder):

@@ -10,7 +10,7 @@ import pytest
 from conftest import running as running_service
 from helpers import wait_for
 from services import Weaviate
-from test_indexing import APP, embedder, settings_for, stack, text  # noqa: F401 - the embedder fixture
+from test_indexing import APP, embedder, search_after_each_append, settings_for, stack, text  # noqa: F401 - the embedder fixture
 
 from memq.contracts.client import MemoryClient
 
@@ -44,6 +44,13 @@ async def test_search_on_weaviate(nats_url, sqlite_url, tmp_path, embedder, weav
                 found = await client.search("alice", "puppy", mode=mode)
                 assert [r.content for r in found.results] == ["I adopted a golden retriever puppy named Max"], mode
             assert (await client.search("bob", "puppy", mode="keyword")).results == []
+
+
+async def test_search_right_after_an_append(nats_url, sqlite_url, tmp_path, embedder, weaviate_server):  # noqa: F811 - the fixture imported above
+    s = weaviate_settings(nats_url, sqlite_url, tmp_path, weaviate_server)
+    async with stack(s, embedder):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await search_after_each_append(client, "alice")
 
 
 async def test_weaviate_outage_loses_nothing(nats_url, sqlite_url, tmp_path, embedder):  # noqa: F811 - the fixture imported above

@@ -4,7 +4,11 @@ The index is derived (SQL is the truth) and can always be rebuilt from the
 stream. One durable pull consumer (``memq-indexing``) is shared by all
 replicas. For each batch: decode, keep what the storage scope indexes
 (:func:`memq.workers.memory.recall.doc_for`), embed, upsert, apply session and user
-deletes in order, then ack. An index or embedder outage naks the batch with a
+deletes in order, then ack, then announce the acked sequences on
+``memq.v1.committed.<durable>`` (:func:`memq.workers.commit_floor.announce_finished`,
+as the persistence replicas do): query workers move their indexing floor on
+it, so a search waiting for the caller's write goes the moment it is
+indexed. An index or embedder outage naks the batch with a
 growing delay: nothing is acked before it is indexed, and nothing is lost.
 
 On start the worker compares its embedder with the live generation's model:
@@ -35,9 +39,11 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from nats.micro import add_service
 
-from memq.contracts.subjects import EVENTS_WILDCARD
+from memq.contracts.notices import CommittedRanges
+from memq.contracts.subjects import EVENTS_WILDCARD, committed_subject
 from memq.workers import metrics
 from memq.workers.bus import patiently
+from memq.workers.commit_floor import announce_finished
 from memq.workers.consumer import BatchConsumer
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
 from memq.workers.index.embedders import open_embedder
@@ -129,8 +135,19 @@ class IndexingWorker:
 
     def router(self) -> NatsRouter:
         """No FastStream subscribers: the event log is read by the owned batch
-        consumer (:mod:`memq.workers.consumer` says why)."""
-        return NatsRouter()
+        consumer (:mod:`memq.workers.consumer` says why). The publisher only
+        documents the finished notices (AsyncAPI); handle() publishes them on
+        the connection."""
+        router = NatsRouter()
+        router.publisher(
+            committed_subject(self.settings.indexing.durable),
+            schema=CommittedRanges,
+            title="memq.v1.committed.<indexing durable>:publish",
+            description="After every indexing batch, once its acks are out: the stream sequences this replica "
+            "finished with (indexed, or skipped: nothing to index), as runs; `changed` is empty. Query workers "
+            "join the runs into the indexing floor that a search's min_seq waits on. Core NATS.",
+        )
+        return router
 
     async def open(self, nc: NATS, resources: Resources) -> None:
         self.nc = nc
@@ -286,8 +303,13 @@ class IndexingWorker:
                     break
             raise
         metrics.COMMIT_SECONDS.labels(WORKER).observe(time.perf_counter() - started)
-        for msg in msgs:
-            await msg.ack()
+        acked: list[int] = []
+        try:
+            for msg in msgs:
+                await msg.ack()
+                acked.append(msg.metadata.sequence.stream)
+        finally:  # what was acked is done, even if the connection failed part way
+            await announce_finished(opened(self.nc, "IndexingWorker.nc"), self.settings.indexing.durable, acked)
         metrics.processed(WORKER, "ok", len(msgs))
 
     async def _retry_later(self, msgs: list[Msg], exc: Exception) -> None:

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BucketNotFoundError, NotFoundError
@@ -51,6 +50,7 @@ from memq.contracts.subjects import (
     user_events_filter,
 )
 from memq.workers import metrics
+from memq.workers.commit_floor import announce_finished
 from memq.workers.consumer import BatchConsumer
 from memq.workers.dlq import DeadLetters
 from memq.workers.memory.commit_plan import Incoming
@@ -342,14 +342,8 @@ class PersistenceWorker:
     async def _announce_finished(self, outcome: _Outcome) -> None:
         """Say which sequences this batch finished (after their acks, on the
         same connection): one small notice per batch, whatever it held."""
-        if not outcome.finished:
-            return
-        notice = CommittedRanges.of(outcome.finished, outcome.changed)
-        try:
-            # On the connection, like _announce: router() declares it for the docs.
-            await self._nats.publish(committed_subject(self.settings.persistence.durable), notice.encode())
-        except NatsError as exc:  # readers fall back to the ack floor
-            log.warning("cannot announce finished sequences (%s)", exc or type(exc).__name__)
+        # On the connection, like _announce: router() declares it for the docs.
+        await announce_finished(self._nats, self.settings.persistence.durable, outcome.finished, outcome.changed)
 
     async def _announce(self, result: CommitResult, outcome: _Outcome) -> None:
         """Tell caches and the summarizer what changed: one notice per session

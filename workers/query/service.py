@@ -31,6 +31,13 @@ wake-up, so every read after a write was cached, then dropped). The shared
 FastStream subscriber. A lost notice only delays a read: the floor falls
 back to the consumer's ack floor.
 
+Indexing notices: the indexing replicas announce what they finished the
+same way (``memq.v1.committed.<indexing durable>``), and the same kind of
+subscription moves the indexing floor that a search's ``min_seq`` waits on
+(search is read-your-writes by default in the client): the search goes the
+moment the caller's write is indexed, and the indexing consumer's ack floor
+is the fallback. They carry no commit notices (the index is not cached).
+
 Why the committed notices are a nats-py subscription and not a FastStream
 subscriber: one arrives per persistence batch, so an agent's turn brings two,
 and each wakes a read-your-writes read. A FastStream subscriber spent 57-64 µs
@@ -156,6 +163,7 @@ class QueryWorker:
         self._slots = asyncio.Semaphore(settings.query.max_inflight)
         self._tasks: set[asyncio.Task] = set()
         self._notices: Subscription | None = None  # the committed notices (start())
+        self._index_notices: Subscription | None = None  # the indexing replicas' (start())
         # Reads wait for one of the pool's kept connections rather than open
         # an overflow one: a commit notice wakes every read waiting on it at
         # once, and the pool closes overflow connections as they come back,
@@ -211,8 +219,15 @@ class QueryWorker:
                 max_messages=s.query.tail_max_messages,
                 max_bytes=s.streams.max_message_bytes,
             )
-        # search's min_seq waits for the indexing worker instead
-        self.index_floor = CommitFloor(js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s)
+        # search's min_seq waits for the indexing worker instead, moved by its
+        # notices (start()) with the same fallback
+        self.index_floor = CommitFloor(
+            js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s, done="indexed"
+        )
+        try:
+            await self.index_floor.refresh()
+        except (NatsError, TimeoutError) as exc:
+            log.warning("the indexing floor could not be read yet (%s); searches will read it", type(exc).__name__)
 
     async def start(self) -> None:
         """Register the endpoints (after the invalidation subscribers run, so
@@ -222,6 +237,9 @@ class QueryWorker:
             # No queue group: every replica keeps its own commit floor.
             self._notices = await nc.subscribe(
                 committed_subject(self.settings.persistence.durable), cb=self._on_committed
+            )
+            self._index_notices = await nc.subscribe(
+                committed_subject(self.settings.indexing.durable), cb=self._on_indexed
             )
         if self.tails is not None:
             await bus.patiently("the events stream's tail", self.tails.start)
@@ -255,10 +273,11 @@ class QueryWorker:
             self.service = None
         if self._tasks:  # reads waiting on the floor still hear the notices
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._notices is not None:
-            with contextlib.suppress(NatsError):  # the connection is already gone
-                await self._notices.unsubscribe()
-            self._notices = None
+        for sub in (self._notices, self._index_notices):
+            if sub is not None:
+                with contextlib.suppress(NatsError):  # the connection is already gone
+                    await sub.unsubscribe()
+        self._notices = self._index_notices = None
         if self.tails is not None:
             await self.tails.stop()
         await self.searcher.close()
@@ -480,6 +499,14 @@ class QueryWorker:
             malformed_notice(msg.subject, exc)
             return
         await self.committed(notice)
+
+    async def _on_indexed(self, msg: Msg) -> None:
+        try:
+            notice = CommittedRanges.model_validate_json(msg.data)
+        except ValidationError as exc:
+            malformed_notice(msg.subject, exc)
+            return
+        opened(self.index_floor, "the indexing floor").finished(notice.ranges)
 
     async def committed(self, notice: CommittedRanges) -> None:
         cache = opened(self.cache, "the query cache")
