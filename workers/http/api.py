@@ -68,9 +68,11 @@ STATUS = {
     "not_found": 404,
     "forbidden": 403,
     "not_committed": 409,
+    "conflict": 409,  # an expect_seq refused: reload, then write again (no Retry-After)
     "unavailable": 503,
     "publish_failed": 503,
 }
+RETRY_LATER = {"not_committed", "unavailable", "publish_failed"}  # the same request may succeed later
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": what}
     for status, what in (
@@ -164,7 +166,7 @@ def build_api(keyring: Keyring, client_for: Callable[[str], MemoryClient]) -> Fa
     @api.exception_handler(MemqError)
     async def memq_error(request: Request, exc: MemqError) -> Response:
         status = STATUS.get(exc.code, 500)
-        return _error(status, exc.code, exc.message, {"Retry-After": "1"} if status in (409, 503) else None)
+        return _error(status, exc.code, exc.message, {"Retry-After": "1"} if exc.code in RETRY_LATER else None)
 
     @api.exception_handler(Unauthenticated)
     async def unauthenticated(request: Request, exc: Unauthenticated) -> Response:
