@@ -19,6 +19,13 @@ Bad input fails before any I/O: :class:`~memq.contracts.errors.InvalidId`,
 Other NATS failures (a refusal, no stream) become
 :class:`~memq.contracts.errors.PublishFailed` at once.
 
+Appends take ``expect_seq``: optimistic concurrency in the broker. The
+publish carries ``Nats-Expected-Last-Subject-Sequence`` and JetStream stores
+it only if the session subject's last message (of any kind: events, the
+session's creation, state sets with a session, artifacts, the summarizer's
+checkpoints) has that sequence (``0``: no message yet); otherwise
+:class:`~memq.contracts.errors.Conflict`, with the sequence the server has.
+
 Reads (:meth:`MemoryClient.get_session`, :meth:`~MemoryClient.history`,
 :meth:`~MemoryClient.context`, …) are core-NATS requests to the query service
 (:mod:`memq.contracts.queries`) with typed replies; a refused request raises the
@@ -35,6 +42,7 @@ import hashlib
 import inspect
 import io
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -55,6 +63,7 @@ from memq.contracts.carry import RecentWrites
 from memq.contracts.codec import DEFAULT_MAX_BYTES, encode, event_encoder, subject_for
 from memq.contracts.connection import DEFAULT_RECONNECT_ATTEMPTS, connect_nats
 from memq.contracts.errors import (
+    Conflict,
     Forbidden,
     InvalidMessage,
     InvalidRequest,
@@ -115,6 +124,8 @@ EXPECTED_STREAM_MISMATCH = 10060  # JetStream err_code: the subject is in anothe
 JS_TEMPORARILY_UNAVAILABLE = 10008  # JetStream err_code (a 503; other 503s, such as a full stream, are final)
 PUBLISH_DEADLINE = 30.0  # seconds to settle a publish; well inside the default 120 s duplicate window
 RETRY_DELAYS = (0.05, 1.0)  # backoff between tries of one publish: first, most (doubling, jittered)
+WRONG_LAST_SEQUENCE = 10071  # JetStream err_code: "wrong last sequence: N" (an expect_seq refused)
+EXPECT_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 Role = Literal["user", "assistant", "system", "tool"]
 After = float | datetime | timedelta | None
 Strategy = StrategySpec | dict[str, Any] | None
@@ -237,7 +248,7 @@ class MemoryClient:
         ``consistency=`` to override it per call.
     :param carry_writes: with ``"own"`` consistency, a history or context
         read carries this client's own writes to the session that may not be
-        committed yet (:mod:`memq.contracts.carry`), and the service answers
+        committed yet (``memq.contracts.carry``), and the service answers
         without waiting for their commit where that is exact (it waits as
         before where not). Default True.
 
@@ -362,30 +373,55 @@ class MemoryClient:
         message = self._build(SessionCreated, user=user, session=session, state=state or {})
         return SessionRef(self.app, message.user, message.session, await self._publish(message))
 
-    async def append(self, user: str, session: str, event: Event) -> int:
-        """Append one event to a session; return its stream sequence."""
-        return await self._publish(self._build(EventAppended, user=user, session=session, event=event))
+    async def append(self, user: str, session: str, event: Event, *, expect_seq: int | None = None) -> int:
+        """Append one event to a session; return its stream sequence.
 
-    async def append_text(self, user: str, session: str, role: Role, text: str, author: str | None = None) -> int:
+        :param expect_seq: append only if the session's last message (of any
+            kind) is the one at this stream sequence, ``0`` for a session
+            subject without any message yet; else raise
+            :class:`~memq.contracts.errors.Conflict` (its ``last_seq`` is the
+            sequence the server has). Default ``None``: no check.
+
+        With ``expect_seq``, a publish repeated after its first try was stored
+        is refused too (nats-server 2.15 checks the expected sequence before
+        the ``Nats-Msg-Id`` dedupe): ``Conflict.last_seq`` is then the stored
+        event's own sequence, unless another writer appended after it.
+        """
+        return await self._publish(self._build(EventAppended, user=user, session=session, event=event), expect_seq)
+
+    async def append_text(
+        self,
+        user: str,
+        session: str,
+        role: Role,
+        text: str,
+        author: str | None = None,
+        *,
+        expect_seq: int | None = None,
+    ) -> int:
         """Append a one-part text message.
 
         :param role: ``user``, ``assistant``, ``system`` or ``tool``.
         :param author: default ``"user"`` for the user role, else the app id.
+        :param expect_seq: as in :meth:`append`. Default ``None``: no check.
         """
         author = author if author is not None else ("user" if role == "user" else self.app)
         try:
             event = Event(author=author, message=Message(role=role, parts=[TextPart(text=text)]))
         except ValidationError as exc:  # a bad role or text: typed, like every other method
             raise InvalidMessage(f"invalid text event: {validation_details(exc)}") from None
-        return await self.append(user, session, event)
+        return await self.append(user, session, event, expect_seq=expect_seq)
 
-    async def append_many(self, user: str, session: str, events: Sequence[Event]) -> list[int]:
+    async def append_many(
+        self, user: str, session: str, events: Sequence[Event], *, expect_seq: int | None = None
+    ) -> list[int]:
         """Append events in order; return their sequences in input order.
 
         Every event is validated and encoded before the first publish, so bad
         input publishes nothing. Publishes are pipelined, at most
         ``MAX_IN_FLIGHT`` unacknowledged at a time. If a chunk fails, earlier
-        chunks stay published; retrying the whole call is safe (dedupe by id).
+        chunks stay published; retrying the whole call is safe (dedupe by id),
+        except with ``expect_seq`` (see :meth:`append`).
 
         The events of a chunk left unacknowledged by a lost ack or connection
         are published again, in order, until acknowledged (as for every
@@ -393,13 +429,17 @@ class MemoryClient:
         publish was lost lands after the later events of its chunk that were
         stored, out of input order. The sequences returned say where each
         event landed; they increase unless an interruption reordered them.
+
+        :param expect_seq: as in :meth:`append`, carried by the *first* event
+            only: if it is refused nothing is published; the others follow it
+            unchecked (another writer's message may land between them).
+            Default ``None``: no check.
         """
         prepared = self._prepare_events(user, session, events)
         if not prepared:
             return []
-        # The first is awaited alone: nats-py drops JetStream errors of
-        # publish_async (nats.py#985, they surface only as a timeout), so a
-        # missing or wrong stream fails here, fast and with its real reason.
+        prepared[0] = _expecting(prepared[0], expect_seq)
+        # The first alone: refused (expect_seq, a missing stream), nothing else is published.
         seqs = [await self._send(prepared[0])]
         for start in range(1, len(prepared), MAX_IN_FLIGHT):
             seqs += await self._publish_chunk(prepared[start : start + MAX_IN_FLIGHT])
@@ -571,12 +611,16 @@ class MemoryClient:
             "sessions.list", min_seq, consistency=consistency, user=user, limit=limit, cursor=cursor
         )
 
-    async def iter_sessions(self, user: str | None = None, page_size: int = 100) -> AsyncIterator[SessionInfo]:
+    async def iter_sessions(
+        self, user: str | None = None, page_size: int = 100, *, consistency: Consistency | None = None
+    ) -> AsyncIterator[SessionInfo]:
         """Every session (of ``user``, default all users), most recently updated
-        first, fetched ``page_size`` (default 100) at a time by following cursors."""
+        first, fetched ``page_size`` (default 100) at a time by following cursors.
+        ``consistency`` applies to the first page (the cursor bounds the rest)."""
         cursor = None
         while True:
-            page = await self.list_sessions(user, limit=page_size, cursor=cursor)
+            page = await self.list_sessions(user, limit=page_size, cursor=cursor, consistency=consistency)
+            consistency = "own"
             for info in page.sessions:
                 yield info
             if page.next_cursor is None:
@@ -967,9 +1011,9 @@ class MemoryClient:
             prepared.append((subject, data, {"Nats-Msg-Id": encode_token(event.id, "event id")}))
         return prepared
 
-    async def _publish(self, message: Any) -> int:
+    async def _publish(self, message: Any, expect_seq: int | None = None) -> int:
         prepared = self._prepare(message)
-        seq = await self._send(prepared)
+        seq = await self._send(_expecting(prepared, expect_seq))
         if self._recent is not None:
             event = message.event if isinstance(message, EventAppended) else None
             session = getattr(message, "session", None)
@@ -1118,6 +1162,8 @@ class MemoryClient:
     ) -> MemqError:
         """The error of a publish that failed with ``exc``; ``unacked``: the
         ids of messages left unacknowledged that an earlier try may have stored."""
+        if isinstance(exc, nats.js.errors.APIError) and exc.err_code == WRONG_LAST_SEQUENCE and not unacked:
+            return _conflict(exc, subject)
         if isinstance(exc, TimeoutError) and (denied := self._denied(subject)):
             return Forbidden(f"publish to {subject} refused by NATS: {denied}")
         if isinstance(exc, nats.errors.MaxPayloadError):
@@ -1139,3 +1185,26 @@ class MemoryClient:
                 unacked,
             )
         return PublishFailed(f"publish to {subject} failed: {why}")
+
+
+def _expecting(prepared: _Prepared, expect_seq: int | None) -> _Prepared:
+    """``prepared`` with the expected-last-subject-sequence header, if any."""
+    if expect_seq is None:
+        return prepared
+    if isinstance(expect_seq, bool) or not isinstance(expect_seq, int) or expect_seq < 0:
+        raise InvalidRequest(f"expect_seq must be a stream sequence (an int >= 0), not {expect_seq!r}")
+    subject, data, headers = prepared
+    return subject, data, {**headers, EXPECT_LAST_SUBJECT_SEQ: str(expect_seq)}
+
+
+def _conflict(exc: nats.js.errors.APIError, subject: str) -> Conflict:
+    """The typed refusal of an ``expect_seq``, with the sequence the server
+    reports ("wrong last sequence: N")."""
+    found = re.search(r"(\d+)\s*$", exc.description or "")
+    last_seq = int(found.group(1)) if found else None
+    has = f"its last message is at seq {last_seq}" if last_seq is not None else f"{exc.description}"
+    return Conflict(
+        f"publish to {subject} refused: another writer appended to the session first ({has}); "
+        "reload the session and try again",
+        last_seq=last_seq,
+    )

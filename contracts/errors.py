@@ -76,6 +76,23 @@ class PublishOutcomeUnknown(PublishFailed):
         self.msg_id = msg_ids[0] if msg_ids else ""
 
 
+class Conflict(MemqError):
+    """A write made with ``expect_seq`` was refused: another writer appended
+    to the session first (JetStream's ``Nats-Expected-Last-Subject-Sequence``
+    check). Reload the session and decide again.
+
+    ``last_seq`` is the stream sequence of the session's last message as the
+    server reported it (``0``: none, e.g. the session was deleted and purged;
+    ``None`` when the reason did not say).
+    """
+
+    code = "conflict"
+
+    def __init__(self, message: str, last_seq: int | None = None):
+        super().__init__(message)
+        self.last_seq = last_seq
+
+
 class NotFound(MemqError):
     code = "not_found"
 
@@ -125,6 +142,7 @@ ERRORS_BY_CODE: dict[str, type[MemqError]] = {
         SubjectMismatch,
         PublishFailed,
         PublishOutcomeUnknown,
+        Conflict,
         NotFound,
         Forbidden,
         NotCommitted,

@@ -43,7 +43,7 @@ nitpick_ignore_regex = [
     ),
     (
         r"py:.*",
-        r"(R|ModelFn|Strategy|StrategyName|StrategyKind|ContextFormat|SearchMode|Role|After|ErrorCallback|_Prepared)",
+        r"(R|ModelFn|Strategy|StrategyName|StrategyKind|ContextFormat|SearchMode|Consistency|Role|After|ErrorCallback|_Prepared)",
     ),
     (r"py:.*", r"(datetime|pathlib|enum|asyncio|ssl)\..*"),
     (r"py:class", r"(Exception|ValueError|int|str|bytes|float|bool|dict|list|tuple|None)"),

@@ -14,8 +14,20 @@ keys are scoped by prefix (none = the session, ``user:`` = every session of
 the user, ``app:`` = the whole app, ``temp:`` = this invocation only, never
 stored), sessions come back with the merged state, and appending to a session
 that another writer has appended to since it was loaded raises
-``StaleSessionError``. A memq client speaks for one app (its NATS identity),
-so ``app_name`` must be the client's app.
+``StaleSessionError``, whichever process that writer runs in: the append is
+published with the stream sequence the session was loaded at, and JetStream
+refuses it if the session has moved on (``expect_seq``,
+:class:`~memq.contracts.errors.Conflict`).
+
+A memq client speaks for one app (its NATS identity). A service given one
+client serves that app; given a mapping ``{app: client}`` or a factory
+``app -> client`` (:data:`Clients`), or made with ``from_url``, it serves
+every ``app_name`` ADK passes::
+
+    sessions = MemqSessionService.from_url("nats://127.0.0.1:4222")  # a client per app, on first use
+    memory = MemqMemoryService(sessions.client_for)  # the same connections
+    ...
+    await sessions.close()  # closes the clients it connected
 
 Events are stored as memq events (:mod:`memq.contracts.adapters.adk_events`),
 so memq's history, context, summaries and long-term memory see an ADK
@@ -26,9 +38,10 @@ long-term memory.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -45,7 +58,7 @@ from typing_extensions import override
 
 from memq.contracts.adapters.adk_events import from_memq, json_safe, persisted_delta, to_memq
 from memq.contracts.client import MemoryClient
-from memq.contracts.errors import NotFound
+from memq.contracts.errors import Conflict, NotFound
 from memq.contracts.queries import SearchMode, SessionView
 from memq.contracts.schemas import new_id
 
@@ -56,37 +69,161 @@ STALE_SESSION = (
 USER_PREFIX = "user:"
 MARKER_PREFIX = "memq:"
 STATE_READS = 16  # list_sessions: state reads in flight at once
+APPEND_TRIES = 8  # appends whose expect_seq only checkpoints, state sets or artifacts overtook
+
+ClientFactory = Callable[[str], "MemoryClient | Awaitable[MemoryClient]"]
+Clients = MemoryClient | Mapping[str, MemoryClient] | ClientFactory
+"""What a service speaks through: one app's client, a client per app, or a
+(sync or async) factory ``app -> MemoryClient`` called once per app, on first use."""
 
 
-def _marker(newest_event_seq: int | None) -> str:
+def _marker(seq: int) -> str:
     """A session's revision as ``Session._storage_update_marker`` holds it:
-    the stream sequence of its newest event (checkpoints, artifacts and state
-    sets leave it alone, as they leave ADK's update time alone)."""
-    return f"{MARKER_PREFIX}{newest_event_seq or 0}"
+    the stream sequence of the session's last message (of any kind) when it
+    was loaded or last appended to, the ``expect_seq`` of its next append."""
+    return f"{MARKER_PREFIX}{seq}"
+
+
+def _loaded_at(session: Session) -> int | None:
+    """The sequence in the session's marker; None for a session this service
+    did not load (made by hand, from list_sessions, or another service's)."""
+    marker = session._storage_update_marker or ""
+    seq = marker.removeprefix(MARKER_PREFIX)
+    return int(seq) if marker.startswith(MARKER_PREFIX) and seq.isdigit() else None
+
+
+class _ClientsByApp:
+    """The :class:`MemoryClient` of each app a service speaks for (see :data:`Clients`)."""
+
+    def __init__(self, clients: Clients, service: str, *, owns_made: bool = False):
+        self.service = service
+        self.one = clients if isinstance(clients, MemoryClient) else None
+        self.mapping = clients if isinstance(clients, Mapping) else None
+        self.factory = clients if self.one is None and self.mapping is None else None
+        if self.factory is not None and not callable(self.factory):
+            raise TypeError(
+                f"{service} takes a MemoryClient, a mapping app -> MemoryClient or a factory, "
+                f"not {type(clients).__name__}"
+            )
+        self.owns_made = owns_made  # close() closes what the factory made (from_url)
+        self._made: dict[str, asyncio.Future[MemoryClient]] = {}
+
+    async def get(self, app: str) -> MemoryClient:
+        if self.one is not None:
+            if app != self.one.app:
+                raise ValueError(
+                    f"this {self.service} speaks for app {self.one.app!r}, not {app!r}: give it a "
+                    f"MemoryClient per app (a mapping {{app: client}} or a factory app -> client), "
+                    f"or make it with {self.service}.from_url(...)"
+                )
+            return self.one
+        if self.mapping is not None:
+            client = self.mapping.get(app)
+            if client is None:
+                raise ValueError(
+                    f"this {self.service} has no MemoryClient for app {app!r} (it has "
+                    f"{', '.join(map(repr, sorted(self.mapping))) or 'none'}): add one to its mapping, "
+                    f"or give it a factory app -> client, or make it with {self.service}.from_url(...)"
+                )
+            return self._checked(client, app)
+        made = self._made.get(app)
+        if made is None:  # one connect per app, however many calls wait for it
+            made = self._made[app] = asyncio.ensure_future(self._make(app))
+        try:
+            return await asyncio.shield(made)
+        except Exception:
+            if made.done() and self._made.get(app) is made:
+                del self._made[app]  # a later call tries again
+            raise
+
+    async def _make(self, app: str) -> MemoryClient:
+        assert self.factory is not None
+        client = self.factory(app)
+        if inspect.isawaitable(client):
+            client = await client
+        return self._checked(client, app)
+
+    def _checked(self, client: MemoryClient, app: str) -> MemoryClient:
+        if client.app != app:
+            raise ValueError(f"the MemoryClient given to this {self.service} for app {app!r} is app {client.app!r}'s")
+        return client
+
+    async def close(self) -> None:
+        made, self._made = self._made, {}
+        if not self.owns_made:
+            return
+        for future in made.values():
+            if future.done() and not future.cancelled() and future.exception() is None:
+                await future.result().close()
+            else:
+                future.cancel()
+
+
+def _connecting(cls: type, servers: str | list[str], connect_options: dict[str, Any], **kwargs: Any) -> Any:
+    """A ``cls`` service that connects a client per app on first use, and closes them."""
+
+    async def connect(app: str) -> MemoryClient:
+        return await MemoryClient.connect(servers, app=app, **connect_options)
+
+    service = cls(connect, **kwargs)
+    service._clients.owns_made = True
+    return service
 
 
 class MemqSessionService(BaseSessionService):
-    """ADK's ``BaseSessionService`` on memq, through one app's
-    :class:`~memq.contracts.client.MemoryClient` (the caller keeps ownership
-    of it and closes it).
+    """ADK's ``BaseSessionService`` on memq.
+
+    :param clients: one app's :class:`~memq.contracts.client.MemoryClient`,
+        a mapping ``{app: client}``, or a factory ``app -> client`` (sync or
+        async, called once per app on first use): see :data:`Clients`. The
+        caller keeps ownership of the clients it gives (or its factory makes)
+        and closes them. :meth:`from_url` makes a service that connects and
+        closes its own.
 
     Reads are read-your-writes: a session read after an append sees it.
-    Appends to one session are serialized in this process; the stale-session
-    check compares the newest stored event with the one the session was
-    loaded at, as ``DatabaseSessionService`` does on databases without row
-    locks (two processes appending at the same instant can both pass it).
+    Appends to one session are serialized in this process, and across
+    processes by the broker: each is published with ``expect_seq``, the
+    sequence the session object was loaded (or last appended) at. When
+    JetStream refuses it, the session is read as of the sequence it reports:
+    a newer event there makes the session stale (``StaleSessionError``, as
+    ``DatabaseSessionService`` raises); only checkpoints, state sets or
+    artifacts since (ADK's own services have none) and the append is made
+    again after them.
     """
 
-    def __init__(self, client: MemoryClient):
-        self.client = client
-        self._locks: weakref.WeakValueDictionary[tuple[str, str], asyncio.Lock] = weakref.WeakValueDictionary()
+    def __init__(self, clients: Clients):
+        self._clients = _ClientsByApp(clients, type(self).__name__)
+        self.client = self._clients.one  # the one-client form's client, as before; None otherwise
+        self._locks: weakref.WeakValueDictionary[tuple[str, str, str], asyncio.Lock] = weakref.WeakValueDictionary()
 
-    def _app(self, app_name: str) -> None:
-        if app_name != self.client.app:
-            raise ValueError(
-                f"this session service speaks for app {self.client.app!r}, not {app_name!r}: "
-                "connect a MemoryClient for that app"
-            )
+    @classmethod
+    def from_url(cls, servers: str | list[str] = "nats://127.0.0.1:4222", **connect_options: Any) -> MemqSessionService:
+        """A service for every app, connecting one client per app on first
+        use with :meth:`MemoryClient.connect(servers, app=…, **connect_options)
+        <memq.contracts.client.MemoryClient.connect>`; :meth:`close` closes them."""
+        return _connecting(cls, servers, connect_options)
+
+    async def client_for(self, app_name: str) -> MemoryClient:
+        """The client this service speaks for ``app_name`` through (a
+        factory, e.g. for :class:`MemqMemoryService`, to share its connections)."""
+        return await self._clients.get(app_name)
+
+    async def close(self) -> None:
+        """Close the clients this service connected itself (:meth:`from_url`);
+        those it was given stay open."""
+        await self._clients.close()
+
+    async def __aenter__(self) -> MemqSessionService:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _read_options(self) -> dict[str, Any]:
+        """Options of every read this adapter makes: every writer's
+        acknowledged writes are visible (two Runner replicas on one session
+        see each other's appends), as with ADK's database service."""
+        return {"consistency": "any"}
 
     @override
     async def create_session(
@@ -97,18 +234,18 @@ class MemqSessionService(BaseSessionService):
         state: dict[str, Any] | None = None,
         session_id: str | None = None,
     ) -> Session:
-        self._app(app_name)
-        if session_id is not None and await self._view(user_id, session_id, num_recent_events=0) is not None:
+        client = await self._clients.get(app_name)
+        if session_id is not None and await self._view(client, user_id, session_id, num_recent_events=0) is not None:
             raise AlreadyExistsError(f"Session with id {session_id} already exists.")
-        ref = await self.client.create_session(
+        ref = await client.create_session(
             user_id, session_id or new_id(), state=json_safe(persisted_delta(state or {}))
         )
         # Read back: the reply merges the app's and the user's existing state.
-        view = await self._view(user_id, ref.session, num_recent_events=0, min_seq=ref.seq)
+        view = await self._view(client, user_id, ref.session, num_recent_events=0, min_seq=ref.seq)
         if view is None:  # deleted between the two calls
             raise SessionNotFoundError(f"Session {ref.session} not found.")
         session = self._session(view, events=[])
-        session._storage_update_marker = _marker(None)
+        session._storage_update_marker = _marker(ref.seq)
         return session
 
     @override
@@ -120,35 +257,32 @@ class MemqSessionService(BaseSessionService):
         session_id: str,
         config: GetSessionConfig | None = None,
     ) -> Session | None:
-        self._app(app_name)
+        client = await self._clients.get(app_name)
         filters: dict[str, Any] = {}
         if config is not None:
             if config.num_recent_events is not None:
                 filters["num_recent_events"] = config.num_recent_events
             if config.after_timestamp:  # ADK keeps events at or after it; memq's `after` is strict
                 filters["after"] = math.nextafter(config.after_timestamp, -math.inf)
-        # The revision first: an event appended between the two reads then
-        # makes the next append stale, never a stale write go through.
-        newest = None if not filters else await self._view(user_id, session_id, num_recent_events=1)
-        view = await self._view(user_id, session_id, events=True, **filters)
+        view = await self._view(client, user_id, session_id, events=True, **filters)
         if view is None:
             return None
-        if newest is None:
-            newest = view
         session = self._session(view, events=[from_memq(e.event) for e in view.events or ()])
-        session._storage_update_marker = _marker(newest.events[-1].seq if newest.events else None)
+        # The session's last message when its row was read (an event committed
+        # while the filtered events were read may be newer: it is in them).
+        session._storage_update_marker = _marker(max([view.last_seq, *(e.seq for e in view.events or ())]))
         return session
 
     @override
     async def list_sessions(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
-        self._app(app_name)
-        infos = [info async for info in self.client.iter_sessions(user_id)]
+        client = await self._clients.get(app_name)
+        infos = [info async for info in client.iter_sessions(user_id, **self._read_options())]
         reads = asyncio.Semaphore(STATE_READS)
 
         async def with_state(info: Any) -> Session | None:
             async with reads:
                 try:
-                    state = await self.client.get_state(info.user, info.session)
+                    state = await client.get_state(info.user, info.session, **self._read_options())
                 except NotFound:  # deleted meanwhile
                     return None
             return Session(
@@ -162,55 +296,81 @@ class MemqSessionService(BaseSessionService):
 
     @override
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
-        self._app(app_name)
-        await self.client.delete_session(user_id, session_id)
+        client = await self._clients.get(app_name)
+        await client.delete_session(user_id, session_id)
 
     @override
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
-        self._app(app_name)
-        state = await self.client.get_state(user_id)
+        client = await self._clients.get(app_name)
+        state = await client.get_state(user_id, **self._read_options())
         return {k.removeprefix(USER_PREFIX): v for k, v in state.items() if k.startswith(USER_PREFIX)}
 
     @override
     async def append_event(self, session: Session, event: AdkEvent) -> AdkEvent:
         if event.partial:  # streamed chunks are never stored; the final event is
             return event
-        self._app(session.app_name)
+        client = await self._clients.get(session.app_name)
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
         if event.actions.state_delta:
             event.actions.state_delta = json_safe(event.actions.state_delta)
         if not event.id:
             event.id = AdkEvent.new_id()
-        key = (session.user_id, session.id)
+        key = (session.app_name, session.user_id, session.id)
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = asyncio.Lock()
         async with lock:
-            await self._check_not_stale(session)
-            seq = await self.client.append(session.user_id, session.id, to_memq(event))
+            loaded_at = _loaded_at(session)
+            if loaded_at is None:
+                loaded_at = await self._check_unloaded(client, session)
+            seq = await self._append(client, session, event, loaded_at)
             session.last_update_time = event.timestamp
             session._storage_update_marker = _marker(seq)
         return self._commit_event_to_session(session, event)
 
-    async def _check_not_stale(self, session: Session) -> None:
-        stored = await self._view(session.user_id, session.id, num_recent_events=1)
+    async def _append(self, client: MemoryClient, session: Session, event: AdkEvent, loaded_at: int) -> int:
+        """Publish ``event`` if the session's last message is still the one
+        at ``loaded_at``, or only checkpoints, state sets and artifacts came
+        after it; its sequence. StaleSessionError if an event came after it."""
+        stored, expect = to_memq(event), loaded_at
+        for _ in range(APPEND_TRIES):
+            try:
+                return await client.append(session.user_id, session.id, stored, expect_seq=expect)
+            except Conflict as exc:
+                if exc.last_seq is None:
+                    raise StaleSessionError(STALE_SESSION) from exc
+                if exc.last_seq == 0:  # deleted, and purged from the stream
+                    raise SessionNotFoundError(f"Session {session.id} not found.") from exc
+                # Everything up to the sequence the broker has, committed and visible.
+                newer = await self._view(client, session.user_id, session.id, after_seq=loaded_at, min_seq=exc.last_seq)
+                if newer is None:
+                    raise SessionNotFoundError(f"Session {session.id} not found.") from exc
+                for e in newer.events or ():
+                    if e.event.get("id") == event.id:  # this very event: a publish whose ack was lost
+                        return e.seq
+                if newer.events:
+                    raise StaleSessionError(STALE_SESSION) from exc
+                expect = exc.last_seq
+        raise StaleSessionError(STALE_SESSION)
+
+    async def _check_unloaded(self, client: MemoryClient, session: Session) -> int:
+        """The stale check of a session this service did not load (no marker):
+        stale if the stored session was updated after it and its newest event
+        is not the session's; the sequence to append after."""
+        stored = await self._view(client, session.user_id, session.id, num_recent_events=1)
         if stored is None:
             raise SessionNotFoundError(f"Session {session.id} not found.")
         newest = stored.events[-1] if stored.events else None
-        if session._storage_update_marker is not None:
-            if session._storage_update_marker != _marker(newest.seq if newest else None):
-                raise StaleSessionError(STALE_SESSION)
-        elif stored.updated_at > session.last_update_time:
-            # A session this service did not load (made by hand, or from
-            # list_sessions): stale unless its newest event is the stored one.
+        if stored.updated_at > session.last_update_time:
             newest_id = newest.event["id"] if newest else None
             if newest_id != (session.events[-1].id if session.events else None):
                 raise StaleSessionError(STALE_SESSION)
+        return max(stored.last_seq, newest.seq if newest else 0)
 
-    async def _view(self, user: str, session: str, **options: Any) -> SessionView | None:
+    async def _view(self, client: MemoryClient, user: str, session: str, **options: Any) -> SessionView | None:
         try:
-            return await self.client.get_session(user, session, **options)
+            return await client.get_session(user, session, **{**self._read_options(), **options})
         except NotFound:
             return None
 
@@ -233,18 +393,45 @@ class MemqMemoryService(BaseMemoryService):
     client's own writes, and the sessions given to
     ``add_session_to_memory``, are indexed.
 
-    :param client: the app's client (the caller keeps ownership of it).
+    :param clients: the app's client, a mapping ``{app: client}`` or a
+        factory ``app -> client`` (:data:`Clients`; e.g. a
+        :class:`MemqSessionService`'s ``client_for``, to share its
+        connections); the caller keeps ownership of them. :meth:`from_url`
+        connects (and closes) its own.
     :param k: memories per search, 1..100. Default 10 (as ADK's in-memory service).
     :param mode: ``"hybrid"`` (default), ``"keyword"`` or ``"vector"``.
     """
 
-    def __init__(self, client: MemoryClient, *, k: int = 10, mode: SearchMode = "hybrid"):
-        self.client = client
+    def __init__(self, clients: Clients, *, k: int = 10, mode: SearchMode = "hybrid"):
+        self._clients = _ClientsByApp(clients, type(self).__name__)
+        self.client = self._clients.one  # the one-client form's client, as before; None otherwise
         self.k = k
         self.mode = mode
         # The newest event of the memq sessions added (another client may
         # have written them): searches wait for it as for the client's own writes.
-        self._added_seq = 0
+
+    @classmethod
+    def from_url(
+        cls,
+        servers: str | list[str] = "nats://127.0.0.1:4222",
+        *,
+        k: int = 10,
+        mode: SearchMode = "hybrid",
+        **connect_options: Any,
+    ) -> MemqMemoryService:
+        """A memory service for every app, connecting one client per app on
+        first use (as :meth:`MemqSessionService.from_url`); :meth:`close` closes them."""
+        return _connecting(cls, servers, connect_options, k=k, mode=mode)
+
+    async def close(self) -> None:
+        """Close the clients this service connected itself (:meth:`from_url`)."""
+        await self._clients.close()
+
+    async def __aenter__(self) -> MemqMemoryService:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
 
     @override
     async def add_session_to_memory(self, session: Session) -> None:
@@ -252,11 +439,8 @@ class MemqMemoryService(BaseMemoryService):
         :class:`MemqSessionService` stores are in it already; those of another
         session service are copied in (their content, not their state), with
         their ids, so adding a session again adds nothing twice."""
-        marker = session._storage_update_marker or ""
-        if marker.startswith(MARKER_PREFIX):  # loaded from memq: every event is indexed as it is committed
-            if (newest := marker[len(MARKER_PREFIX) :]).isdigit():
-                self._added_seq = max(self._added_seq, int(newest))
-            return
+        if (session._storage_update_marker or "").startswith(MARKER_PREFIX):
+            return  # loaded from memq: every event is indexed as it is committed
         await self.add_events_to_memory(
             app_name=session.app_name, user_id=session.user_id, events=session.events, session_id=session.id
         )
@@ -271,8 +455,7 @@ class MemqMemoryService(BaseMemoryService):
         session_id: str | None = None,
         custom_metadata: Mapping[str, object] | None = None,
     ) -> None:
-        if app_name != self.client.app:
-            raise ValueError(f"this memory service speaks for app {self.client.app!r}, not {app_name!r}")
+        client = await self._clients.get(app_name)
         kept = []
         for event in events:
             if event.content is None or not event.content.parts or event.partial:
@@ -280,17 +463,14 @@ class MemqMemoryService(BaseMemoryService):
             stored = to_memq(event.model_copy(update={"actions": event.actions.model_copy(update={"state_delta": {}})}))
             kept.append(stored)
         # Appending an event id again is a no-op (the stream's dedupe, then the store's).
-        await self.client.append_many(user_id, session_id or f"memory-{user_id}", kept)
+        await client.append_many(user_id, session_id or f"memory-{user_id}", kept)
 
     @override
     async def search_memory(self, *, app_name: str, user_id: str, query: str) -> SearchMemoryResponse:
-        if app_name != self.client.app:
-            raise ValueError(f"this memory service speaks for app {self.client.app!r}, not {app_name!r}")
-        # None: search's default, the client's last write. A memq session
-        # added above may end later (another client stored it): wait for that.
-        last = self.client.last_seq or 0
-        wait_for = self._added_seq if self.client.consistent and self._added_seq > last else None
-        found = await self.client.search(user_id, query, k=self.k, mode=self.mode, min_seq=wait_for)
+        client = await self._clients.get(app_name)
+        # "any": what every client stored for this user is indexed first (a
+        # session that another process added to memory included).
+        found = await client.search(user_id, query, k=self.k, mode=self.mode, consistency="any")
         return SearchMemoryResponse(
             memories=[
                 MemoryEntry(

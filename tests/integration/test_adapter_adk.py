@@ -9,9 +9,13 @@ conversation on memq, and MemqMemoryService finds it.
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from adapter_stack import memq_stack
@@ -30,8 +34,11 @@ from google.adk.sessions import DatabaseSessionService, InMemorySessionService
 from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig
 from google.genai import types
 
+from memq.contracts import client as memq_client_module
 from memq.contracts.adapters.adk import MemqMemoryService, MemqSessionService
 from memq.contracts.client import MemoryClient
+from memq.contracts.codec import encode, subject_for
+from memq.contracts.schemas import CheckpointSaved
 
 APP = "adk_app"
 
@@ -241,13 +248,153 @@ async def test_partial_events_are_not_stored(service, user):
     assert texts(got.events) == ["streamed"]
 
 
+async def test_last_update_time_is_the_appended_events_timestamp_even_an_older_one(service, user):
+    session = await service.create_session(app_name=APP, user_id=user)
+    now = time.time()
+    await service.append_event(session, said("user", "from the future", timestamp=now + 100))
+    await service.append_event(session, said("user", "from the past", timestamp=now - 1000))  # appended last
+    past = pytest.approx(now - 1000, abs=1e-6)  # ADK's database keeps microseconds
+    assert session.last_update_time == past
+    got = await service.get_session(app_name=APP, user_id=user, session_id=session.id)
+    assert got.last_update_time == past
+    (listed,) = (await service.list_sessions(app_name=APP, user_id=user)).sessions
+    assert listed.last_update_time == past
+
+
 # --- memq only -------------------------------------------------------------------------
 
 
 async def test_another_app_name_is_refused(memq, user):
     service = MemqSessionService(memq)
-    with pytest.raises(ValueError, match="speaks for app"):
+    with pytest.raises(ValueError, match="speaks for app 'adk_app', not 'other_app'.*from_url"):
         await service.create_session(app_name="other_app", user_id=user)
+    by_app = MemqSessionService({APP: memq})
+    with pytest.raises(ValueError, match="no MemoryClient for app 'other_app' .*'adk_app'"):
+        await by_app.get_user_state(app_name="other_app", user_id=user)
+    with pytest.raises(ValueError, match="speaks for app"):
+        await MemqMemoryService(memq).search_memory(app_name="other_app", user_id=user, query="x")
+
+
+async def test_one_service_serves_several_apps(memq_url, user):
+    """As ADK's own services do (its test_get_user_state_is_not_visible_across_apps):
+    each app_name is its own app, through a client per app connected on first use."""
+    async with MemqSessionService.from_url(memq_url) as service:
+        mine = await service.create_session(app_name=APP, user_id=user, state={"user:plan": "pro"})
+        await service.append_event(mine, said("user", "in adk_app", actions=EventActions(state_delta={"user:x": 1})))
+        theirs = await service.create_session(app_name="other_app", user_id=user, state={"k": "v"})
+        await service.append_event(theirs, said("user", "in other_app"))
+        assert await service.get_user_state(app_name=APP, user_id=user) == {"plan": "pro", "x": 1}
+        assert await service.get_user_state(app_name="other_app", user_id=user) == {}
+        assert [s.id for s in (await service.list_sessions(app_name="other_app", user_id=user)).sessions] == [theirs.id]
+        assert await service.get_session(app_name="other_app", user_id=user, session_id=mine.id) is None
+        got = await service.get_session(app_name="other_app", user_id=user, session_id=theirs.id)
+        assert texts(got.events) == ["in other_app"] and got.app_name == "other_app" and got.state == {"k": "v"}
+        clients = [await service.client_for(APP), await service.client_for("other_app")]
+        assert [c.app for c in clients] == [APP, "other_app"] and clients[0] is await service.client_for(APP)
+        # A memory service on the same connections.
+        memory = MemqMemoryService(service.client_for, mode="keyword")
+        other = clients[1]
+        await other.search(user, "x", min_seq=other.last_seq)  # waits until indexed
+        found = await memory.search_memory(app_name="other_app", user_id=user, query="other_app")
+        assert texts_of(found) == ["in other_app"]
+    assert all(c.nc.is_closed for c in clients)  # the service connected them: it closed them
+
+
+async def test_appends_after_a_checkpoint_state_or_artifact_go_through(memq, memq_url, user):
+    """Messages that are not events (the summarizer's checkpoints, state
+    sets, artifacts) move the session's last sequence, not its events: an
+    append to a copy loaded before them is made again after them."""
+    service = MemqSessionService(memq)
+    session = await service.create_session(app_name=APP, user_id=user)
+    first = await service.append_event(session, said("user", "one"))
+    async with await MemoryClient.connect(memq_url, app=APP) as other:  # another writer, its own connection
+        await other.set_state(user, {"note": 1}, session=session.id)
+        await other.save_artifact(user, session.id, "a.txt", b"data")
+        checkpoint = CheckpointSaved(app=APP, user=user, session=session.id, summary="one", up_to_seq=1)
+        await other.nc.jetstream().publish(
+            subject_for(checkpoint), encode(checkpoint), headers={"Nats-Msg-Id": checkpoint.msg_id}
+        )
+    await service.append_event(session, said("user", "two"))
+    await service.append_event(session, said("user", "three"))  # after its own append: no conflict
+    got = await service.get_session(app_name=APP, user_id=user, session_id=session.id)
+    assert texts(got.events) == ["one", "two", "three"] and got.events[0].id == first.id
+    assert mine(got.state, user) == {"note": 1}
+    assert got == session.model_copy(update={"state": got.state})  # same events, time and revision
+
+
+# B, a second ADK service in its own OS process with its own connection: on
+# "load" it loads the session, on "append" appends to that copy and says
+# whether ADK's StaleSessionError came back.
+REPLICA_B = """
+import asyncio, sys
+from google.adk.errors import StaleSessionError
+from google.adk.events.event import Event
+from google.genai import types
+from memq.contracts.adapters.adk import MemqSessionService
+from memq.contracts.client import MemoryClient
+
+async def main(url, app, user, session_id):
+    loop = asyncio.get_running_loop()
+    line = lambda: loop.run_in_executor(None, sys.stdin.readline)
+    async with await MemoryClient.connect(url, app=app) as client:
+        service = MemqSessionService(client)
+        while (await line()).strip() == "load":
+            session = await service.get_session(app_name=app, user_id=user, session_id=session_id)
+            print("loaded", flush=True)
+            await line()
+            event = Event(author="user", content=types.Content(role="user", parts=[types.Part(text="B")]))
+            try:
+                await service.append_event(session, event)
+                print("accepted", flush=True)
+            except StaleSessionError:
+                print("stale", flush=True)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def test_a_copy_loaded_before_another_replicas_append_is_stale(memq, memq_url, user):
+    """Two ADK Runner replicas (two processes) on one session: B appends to a
+    copy it loaded before A's append. ADK's DatabaseSessionService refuses
+    it every time; so must memq, with no read before the append."""
+    service = MemqSessionService(memq)
+    created = await service.create_session(app_name=APP, user_id=user)
+    where = str(Path(memq_client_module.__file__).parents[2])  # B imports memq from where this process does
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [where, os.environ.get("PYTHONPATH")]))}
+    b = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        REPLICA_B,
+        memq_url,
+        APP,
+        user,
+        created.id,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+
+    async def tell_b(command: str) -> str:
+        b.stdin.write(f"{command}\n".encode())
+        await b.stdin.drain()
+        return (await asyncio.wait_for(b.stdout.readline(), 60)).decode().strip()
+
+    outcomes = []
+    try:
+        for i in range(30):
+            assert await tell_b("load") == "loaded"
+            current = await service.get_session(app_name=APP, user_id=user, session_id=created.id)
+            await service.append_event(current, said("user", f"A{i}"))
+            outcomes.append(await tell_b("append"))
+        b.stdin.write(b"quit\n")
+        await b.stdin.drain()
+        assert await asyncio.wait_for(b.wait(), 60) == 0
+    finally:
+        if b.returncode is None:
+            b.kill()
+    assert outcomes == ["stale"] * 30
+    got = await service.get_session(app_name=APP, user_id=user, session_id=created.id)
+    assert texts(got.events) == [f"A{i}" for i in range(30)]
 
 
 async def test_adk_events_are_memq_events(memq, user):

@@ -6,16 +6,27 @@ import asyncio
 import hashlib
 import io
 import os
+import sys
 import time
+from pathlib import Path
 
 import nats
 import pytest
 from helpers import event_counts, make_settings, migrated_engine, running_worker, wait_for
 from nats.js.api import DiscardPolicy, StreamConfig
 
+from memq.contracts import client as memq_client_module
 from memq.contracts.client import MemoryClient, SessionRef
 from memq.contracts.codec import decode_from_subject
-from memq.contracts.errors import InvalidId, InvalidMessage, Oversize, PublishFailed, PublishOutcomeUnknown
+from memq.contracts.errors import (
+    Conflict,
+    InvalidId,
+    InvalidMessage,
+    InvalidRequest,
+    Oversize,
+    PublishFailed,
+    PublishOutcomeUnknown,
+)
 from memq.contracts.schemas import ArtifactSaved, Event, Message, TextPart
 from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, events_subject
 from memq.workers.bus import ensure_streams
@@ -89,6 +100,88 @@ async def test_republishing_an_event_returns_its_sequence(client: MemoryClient, 
     _, raw = await stored(nc, seq)
     ack = await nc.jetstream().publish(raw.subject, raw.data, headers={"Nats-Msg-Id": first.id})
     assert ack.duplicate and ack.seq == seq
+
+
+# A writer in its own OS process, with its own NATS connection: appends one
+# event with expect_seq (argv) and prints its seq, or "conflict <last_seq>".
+STALE_WRITER = """
+import asyncio, sys
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import Conflict
+
+async def main(url, app, user, session, expect_seq):
+    async with await MemoryClient.connect(url, app=app) as client:
+        try:
+            print(await client.append_text(user, session, "user", "from B", expect_seq=int(expect_seq)))
+        except Conflict as exc:
+            print("conflict", exc.last_seq)
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+async def in_another_process(*args: object) -> str:
+    # The child imports memq from where this process does.
+    where = str(Path(memq_client_module.__file__).parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [where, os.environ.get("PYTHONPATH")]))}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", STALE_WRITER, *map(str, args), stdout=asyncio.subprocess.PIPE, env=env
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0
+    return out.decode().strip()
+
+
+async def test_a_stale_append_from_another_process_is_a_conflict(client: MemoryClient, nats_url: str) -> None:
+    ref = await client.create_session(USER, SESSION)  # both writers loaded the session here
+    mine = await client.append(USER, SESSION, text_event("from A"), expect_seq=ref.seq)
+    # B, in its own process, still expects the session to end at its creation.
+    assert await in_another_process(nats_url, APP, USER, SESSION, ref.seq) == f"conflict {mine}"
+    # Reloaded (it ends at A's append now), B goes through.
+    theirs = int(await in_another_process(nats_url, APP, USER, SESSION, mine))
+    assert theirs > mine
+    with pytest.raises(Conflict, match="another writer appended to the session first") as refused:
+        await client.append_text(USER, SESSION, "user", "stale A", expect_seq=mine)
+    assert refused.value.last_seq == theirs and refused.value.code == "conflict"
+
+
+async def test_expect_seq_counts_every_kind_of_message_on_the_session(client: MemoryClient, nc) -> None:
+    # 0: a session subject without any message yet.
+    first = await client.append(USER, SESSION, text_event("first"), expect_seq=0)
+    with pytest.raises(Conflict) as refused:
+        await client.append(USER, SESSION, text_event("also first"), expect_seq=0)
+    assert refused.value.last_seq == first
+    # A state set on the session (as a checkpoint or an artifact) is its last message too.
+    state = await client.set_state(USER, {"topic": 1}, session=SESSION)
+    with pytest.raises(Conflict) as refused:
+        await client.append(USER, SESSION, text_event("after first"), expect_seq=first)
+    assert refused.value.last_seq == state
+    # Messages of other sessions or of the user alone do not count.
+    await client.append(USER, "another session", text_event("elsewhere"))
+    await client.set_state(USER, {"user:lang": "fr"})
+    after = await client.append(USER, SESSION, text_event("after state"), expect_seq=state)
+    # append_many: the first event carries it; if refused, nothing is published.
+    count = await message_count(nc)
+    with pytest.raises(Conflict):
+        await client.append_many(USER, SESSION, [text_event("a"), text_event("b")], expect_seq=state)
+    assert await message_count(nc) == count
+    seqs = await client.append_many(USER, SESSION, [text_event("a"), text_event("b")], expect_seq=after)
+    assert len(seqs) == 2 and seqs[0] > after
+    with pytest.raises(InvalidRequest):
+        await client.append(USER, SESSION, text_event("x"), expect_seq=-1)
+
+
+async def test_a_repeated_publish_with_expect_seq_is_refused_not_deduplicated(client: MemoryClient) -> None:
+    """nats-server (2.15) checks the expected sequence before the Nats-Msg-Id
+    dedupe: a retry of a stored publish gets Conflict naming its own seq."""
+    ref = await client.create_session(USER, SESSION)
+    event = text_event("once")
+    seq = await client.append(USER, SESSION, event, expect_seq=ref.seq)
+    with pytest.raises(Conflict) as refused:
+        await client.append(USER, SESSION, event, expect_seq=ref.seq)
+    assert refused.value.last_seq == seq
+    assert await client.append(USER, SESSION, event) == seq  # without it: the duplicate's ack
+    assert await client.append(USER, SESSION, event, expect_seq=seq) == seq  # or with the current one
 
 
 async def test_small_artifact_goes_inline(client: MemoryClient, nc) -> None:

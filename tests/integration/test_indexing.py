@@ -271,13 +271,29 @@ async def test_search_without_an_index_is_a_typed_error(nats_url, sqlite_url, tm
         async with await MemoryClient.connect(nats_url, app=APP, wait_ms=300) as client:
             with pytest.raises(Unavailable, match="no index"):
                 await client.search("alice", "anything")
-            # After a write, search waits for its indexing (read-your-writes),
-            # which never comes: a typed error within wait_ms that says why, no hang.
+            # After a write, search would wait for its indexing (read-your-writes),
+            # but with no index there is nothing to wait for: it says so at once.
             await client.append("alice", "s", text("user", "nobody indexes this"))
-            with pytest.raises(NotCommitted, match="not indexed yet.*memq-indexing does not exist"):
+            with pytest.raises(Unavailable, match="no index"):
                 await asyncio.wait_for(client.search("alice", "anything"), 5)
             with pytest.raises(Unavailable, match="no index"):  # min_seq=0: no wait
                 await client.search("alice", "anything", min_seq=0)
+
+
+async def test_search_with_its_indexer_stopped_is_a_typed_error(nats_url, sqlite_url, tmp_path, embedder):
+    """An index exists but nothing indexes the caller's new write: the wait
+    ends within wait_ms with a typed error that says why, no hang."""
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    async with running_worker(s), running_query(s) as q:
+        q.searcher.embedder = SharedEmbedder(embedder)
+        async with await MemoryClient.connect(nats_url, app=APP, wait_ms=300) as client:
+            async with running(IndexingWorker(s, embedder=SharedEmbedder(embedder))) as indexing:
+                await asyncio.wait_for(indexing.ready.wait(), 60)
+                await client.append("alice", "s", text("user", "indexed"))
+                await client.search("alice", "indexed")
+            await client.append("alice", "s", text("user", "nobody indexes this"))
+            with pytest.raises(NotCommitted, match="not indexed yet"):
+                await asyncio.wait_for(client.search("alice", "anything"), 5)
 
 
 async def search_after_each_append(client: MemoryClient, user: str, modes=("hybrid", "keyword")) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import nats
 import orjson
 import pytest
+import sqlalchemy as sa
 from helpers import event_counts, make_settings, running_worker, wait_committed, wait_for
 from nats.js.api import StreamInfo
 from nats.js.errors import NotFoundError
@@ -14,12 +15,15 @@ from sqlalchemy import text as sa_text
 
 from memq.contracts import codec
 from memq.contracts.client import MemoryClient
-from memq.contracts.schemas import Actions, Event, EventAppended, Message, TextPart
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import Actions, Event, EventAppended, Message, SessionCreated, StateSet, TextPart
 from memq.contracts.subjects import events_subject
 from memq.workers.memory.commit_plan import Incoming
 from memq.workers.memory.state import apply_in_order
+from memq.workers.persistence.store import SqlStore
 from memq.workers.sql import reads
-from memq.workers.sql.engine import create_engine
+from memq.workers.sql.engine import create_engine, migrate
+from memq.workers.sql.models import SESSIONS
 
 APP = "agent-x"
 
@@ -57,6 +61,56 @@ async def test_round_trip_10000_events_in_publish_order(request, db, nats_url, t
             stored = await reads.events(worker.engine, APP, "user-1", session)
             assert [e.event_id for e in stored] == ids
             assert (await reads.state(worker.engine, APP, "user-1", session))["turn"] == 99
+
+
+# Batches of one session's stream (by seq), in the order replicas commit them.
+COMMIT_ORDERS = [
+    [[2], [3], [4], [5], [6], [7]],
+    [[7], [6], [5], [4], [3], [2], [4]],  # backwards, and a late redelivery
+    [[2, 3, 4, 5, 6, 7]],
+    [[6, 7], [2, 3], [4, 5]],
+    [[2], [6], [4, 5], [3, 7]],
+]
+
+
+@pytest.mark.parametrize("db", ["sqlite_url", "pg_url", "mariadb_url"])
+async def test_updated_at_is_the_time_of_the_newest_event_whatever_the_commit_order(request, db):
+    """ADK's last_update_time: the timestamp of the session's last event in
+    stream order, even an older one than those before it; state sets (as
+    checkpoints and artifacts) leave it alone once the session has an event
+    or its creation, and set it (the latest) before."""
+    engine = create_engine(request.getfixturevalue(db))
+    await migrate(engine)
+
+    def ev(timestamp: float) -> Event:
+        return text_event("hi").model_copy(update={"timestamp": timestamp})
+
+    async def session_row(session: str) -> tuple:
+        q = sa.select(SESSIONS.c.updated_at, SESSIONS.c.updated_seq, SESSIONS.c.last_seq)
+        async with engine.connect() as conn:
+            return tuple((await conn.execute(q.where(SESSIONS.c.key == scope_key(APP, "u", session)))).one())
+
+    store = SqlStore(engine)
+    try:
+        for n, order in enumerate(COMMIT_ORDERS):
+            ids = dict(app=APP, user="u", session=f"s{n}")
+            stream = {
+                2: SessionCreated(**ids, timestamp=500.0),
+                3: StateSet(**ids, delta={"k": 1}, timestamp=900.0),
+                4: EventAppended(**ids, event=ev(300.0)),
+                5: EventAppended(**ids, event=ev(800.0)),
+                6: EventAppended(**ids, event=ev(100.0)),  # the newest event has the oldest time
+                7: StateSet(**ids, delta={"k": 2}, timestamp=950.0),
+            }
+            for batch in order:
+                await store.commit([Incoming(seq, stream[seq]) for seq in batch])
+            assert await session_row(f"s{n}") == (100.0, 6, 7), order
+        ids = dict(app=APP, user="u", session="only-state")
+        await store.commit([Incoming(9, StateSet(**ids, delta={"k": 1}, timestamp=40.0))])
+        await store.commit([Incoming(8, StateSet(**ids, delta={"k": 0}, timestamp=50.0))])
+        assert await session_row("only-state") == (50.0, 0, 9)
+    finally:
+        await engine.dispose()
 
 
 async def _committed(engine, n: int) -> bool:

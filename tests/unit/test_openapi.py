@@ -41,3 +41,12 @@ def test_the_session_endpoints_are_all_there() -> None:
         "/v1/apps/{app}/users/{user}/search": {"get"},
     }
     assert {p: set(item) for p, item in paths.items()} == expected
+
+
+def test_every_typed_error_has_its_http_status() -> None:
+    """A new error code gets a status in the gateway's table (else it would be a 500)."""
+    from memq.contracts.errors import ERRORS_BY_CODE, Internal, MemqError
+    from memq.workers.http.api import STATUS
+
+    assert set(STATUS) == set(ERRORS_BY_CODE) - {MemqError.code, Internal.code}
+    assert STATUS["conflict"] == 409

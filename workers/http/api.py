@@ -68,10 +68,12 @@ STATUS = {
     "not_found": 404,
     "forbidden": 403,
     "not_committed": 409,
+    "conflict": 409,  # an expect_seq refused: reload, then write again (no Retry-After)
     "unavailable": 503,
     "publish_failed": 503,
     "publish_outcome_unknown": 503,  # a retry with the same event ids is safe
 }
+RETRY_LATER = {"not_committed", "unavailable", "publish_failed"}  # the same request may succeed later
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": what}
     for status, what in (
@@ -165,7 +167,7 @@ def build_api(keyring: Keyring, client_for: Callable[[str], MemoryClient]) -> Fa
     @api.exception_handler(MemqError)
     async def memq_error(request: Request, exc: MemqError) -> Response:
         status = STATUS.get(exc.code, 500)
-        return _error(status, exc.code, exc.message, {"Retry-After": "1"} if status in (409, 503) else None)
+        return _error(status, exc.code, exc.message, {"Retry-After": "1"} if exc.code in RETRY_LATER else None)
 
     @api.exception_handler(Unauthenticated)
     async def unauthenticated(request: Request, exc: Unauthenticated) -> Response:

@@ -73,10 +73,30 @@ class Tombstones:
 
 @dataclass
 class Touch:
-    """A session that gained content: it becomes visible and newer."""
+    """A session that gained content: it becomes visible and newer.
 
-    last_seq: int
+    ``updated_at`` is ADK's ``last_update_time``: the timestamp of the
+    session's newest event in stream order (or of its creation), whatever the
+    timestamps say and whatever order replicas commit in: it is stored only
+    over an older ``updated_seq``. Until a session has either, the latest
+    time of its other messages (state sets, artifacts, checkpoints)."""
+
+    last_seq: int  # the newest message of any kind
     updated_at: float
+    updated_seq: int = 0  # the newest event or creation (0: none in the batch)
+
+    def add(self, seq: int, timestamp: float, *, updates: bool) -> None:
+        """Take one more message at ``seq``; ``updates``: an event or the creation."""
+        self.last_seq = max(self.last_seq, seq)
+        if updates:
+            if seq > self.updated_seq:
+                self.updated_seq, self.updated_at = seq, timestamp
+        elif not self.updated_seq:
+            self.updated_at = max(self.updated_at, timestamp)
+
+    @classmethod
+    def first(cls, seq: int, timestamp: float, *, updates: bool) -> Touch:
+        return cls(seq, timestamp, seq if updates else 0)
 
 
 @dataclass
@@ -173,6 +193,7 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
             _newer(plan.session_state, (session_key, k), seq, v)
 
         timestamp: float
+        updates = type(m) in (EventAppended, SessionCreated)  # ADK's last_update_time: see Touch
         if type(m) is EventAppended:
             plan.events.append(event_row(seq, session_key, m))
             timestamp = m.event.timestamp
@@ -184,10 +205,9 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
             timestamp = m.timestamp  # type: ignore[union-attr]  # every kind but an event has its own
         touch = plan.touched.get(session_key)
         if touch is None:
-            plan.touched[session_key] = Touch(seq, timestamp)
+            plan.touched[session_key] = Touch.first(seq, timestamp, updates=updates)
         else:
-            touch.last_seq = max(touch.last_seq, seq)
-            touch.updated_at = max(touch.updated_at, timestamp)
+            touch.add(seq, timestamp, updates=updates)
     return plan
 
 

@@ -82,8 +82,13 @@ def _touch_sql(table: Table) -> str:
         f"UPDATE {name} AS s SET "
         "created_at = CASE WHEN s.created_at = 0 THEN t.t_at ELSE s.created_at END, "
         "last_seq = GREATEST(s.last_seq, t.t_seq), "
-        "updated_at = GREATEST(s.updated_at, t.t_at) "
-        "FROM unnest(CAST(:keys AS text[]), CAST(:seqs AS bigint[]), CAST(:ats AS float8[])) AS t(t_key, t_seq, t_at) "
+        # Over an older updated_seq only (memq.workers.memory.commit_plan.Touch);
+        # every SET expression reads the row as it was.
+        "updated_at = CASE WHEN t.t_useq > s.updated_seq THEN t.t_at "
+        "WHEN t.t_useq = 0 AND s.updated_seq = 0 THEN GREATEST(s.updated_at, t.t_at) ELSE s.updated_at END, "
+        "updated_seq = GREATEST(s.updated_seq, t.t_useq) "
+        "FROM unnest(CAST(:keys AS text[]), CAST(:seqs AS bigint[]), CAST(:useqs AS bigint[]), "
+        "CAST(:ats AS float8[])) AS t(t_key, t_seq, t_useq, t_at) "
         "WHERE s.key = t.t_key AND s.key IN (SELECT key FROM locked) "
         "RETURNING s.key, s.deleted_seq"
     )
@@ -105,13 +110,15 @@ def _insert_and_touch(table: Table, columns: tuple[str, ...], sessions: Table) -
 async def touch_sessions(
     conn: AsyncConnection,
     table: Table,
-    touched: Sequence[tuple[str, int, float]],
+    touched: Sequence[tuple[str, int, int, float]],
     *,
     insert_into: Table | None = None,
     rows: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, int]:
-    """For each (session key, last seq, updated at): raise the session's
-    ``last_seq`` and ``updated_at``, and set ``created_at`` if unset; one
+    """For each (session key, last seq, updated seq, updated at): raise the
+    session's ``last_seq``, set its ``updated_at`` if ``updated_seq`` is newer
+    than the stored one (see :class:`~memq.workers.memory.commit_plan.Touch`),
+    and set ``created_at`` if unset; one
     statement, which also inserts ``rows`` into ``insert_into`` (as
     :func:`insert_ignore`) when given. Keys must be distinct. Returns the
     touched sessions' ``deleted_seq`` as stored now."""
@@ -119,8 +126,8 @@ async def touch_sessions(
         if insert_into is not None:
             await insert_ignore(conn, insert_into, rows)
         return {}
-    keys, seqs, ats = zip(*touched, strict=True)
-    params: dict[str, Any] = {"keys": list(keys), "seqs": list(seqs), "ats": list(ats)}
+    keys, seqs, useqs, ats = zip(*touched, strict=True)
+    params: dict[str, Any] = {"keys": list(keys), "seqs": list(seqs), "useqs": list(useqs), "ats": list(ats)}
     stmt = _touch_sessions(table)
     if insert_into is not None and rows:
         stmt = _insert_and_touch(insert_into, tuple(rows[0]), table)
@@ -177,11 +184,15 @@ def _append_only_sql(events: Table, columns: tuple[str, ...], sessions: Table, u
         f"r AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS r({cols}, ord)), "
         "kept AS (SELECT r.* FROM r JOIN tomb ON tomb.key = r.session_key WHERE r.seq >= tomb.t), "
         f"inserted AS (INSERT INTO {ev} ({cols}) SELECT {cols} FROM kept ORDER BY ord ON CONFLICT DO NOTHING), "
-        'touch AS (SELECT session_key, max(seq) AS t_seq, max("timestamp") AS t_at FROM kept GROUP BY session_key), '
+        # t_at: the time of the session's newest event in the batch, stored
+        # over an older updated_seq only (see _touch_sql).
+        "touch AS (SELECT session_key, max(seq) AS t_seq, "
+        '(array_agg("timestamp" ORDER BY seq DESC))[1] AS t_at FROM kept GROUP BY session_key), '
         f"upd AS (UPDATE {ss} AS s SET "
         "created_at = CASE WHEN s.created_at = 0 THEN t.t_at ELSE s.created_at END, "
         "last_seq = GREATEST(s.last_seq, t.t_seq), "
-        "updated_at = GREATEST(s.updated_at, t.t_at) "
+        "updated_at = CASE WHEN t.t_seq > s.updated_seq THEN t.t_at ELSE s.updated_at END, "
+        "updated_seq = GREATEST(s.updated_seq, t.t_seq) "
         "FROM touch t WHERE s.key = t.session_key AND s.key IN (SELECT key FROM locked) RETURNING s.key) "
         "SELECT (SELECT count(*) FROM locked), ARRAY(SELECT seq FROM kept), (SELECT count(*) FROM upd)"
     )

@@ -10,7 +10,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
-from sqlalchemy import Select, and_, bindparam, case, delete, select, update
+from sqlalchemy import BigInteger, Select, and_, bindparam, case, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from memq.contracts.schemas import SessionDeleted, UserDeleted
@@ -66,6 +66,7 @@ def _session_row(key: str, s: SessionRef) -> dict:
         "user_id": s.user,
         "session_id": s.session,
         "last_seq": 0,
+        "updated_seq": 0,
         "deleted_seq": 0,
         "created_at": 0.0,
         "updated_at": 0.0,
@@ -136,8 +137,10 @@ class SqlStore:
             plan.events = [e for e in plan.events if e["seq"] in kept]
             plan.touched = {}
             for e in plan.events:
-                touch = plan.touched.setdefault(e["session_key"], Touch(e["seq"], e["timestamp"]))
-                touch.last_seq, touch.updated_at = max(touch.last_seq, e["seq"]), max(touch.updated_at, e["timestamp"])
+                if (touch := plan.touched.get(e["session_key"])) is None:
+                    plan.touched[e["session_key"]] = Touch.first(e["seq"], e["timestamp"], updates=True)
+                else:
+                    touch.add(e["seq"], e["timestamp"], updates=True)
         return CommitResult(plan, scopes)
 
     async def _commit(
@@ -272,24 +275,38 @@ class SqlStore:
         ``guessed`` before the locks are checked against the stored ones."""
         d = self.dialect
         if d == "postgresql":
-            touched = [(k, t.last_seq, t.updated_at) for k, t in sorted(plan.touched.items())]
+            touched = [(k, t.last_seq, t.updated_seq, t.updated_at) for k, t in sorted(plan.touched.items())]
             stored = await pg_bulk.touch_sessions(conn, SESSIONS, touched, insert_into=EVENTS, rows=plan.events)
             # Every session the batch writes to is touched, so this covers each
             # tombstone the plan relied on; the user tombstones were read locked.
-            if guessed is not None and any(stored.get(k) != guessed.sessions.get(k, 0) for k, _, _ in touched):
+            if guessed is not None and any(stored.get(k) != guessed.sessions.get(k, 0) for k, *_ in touched):
                 raise StaleTombstones
             return
         if not plan.touched:
             return
         # created_at is set once, by the first commit that makes the session visible.
+        # updated_at: over an older updated_seq only (see Touch). In this order:
+        # MySQL evaluates SET left to right, each assignment seeing the ones before.
+        s = SESSIONS.c
+        newer = bindparam("us", type_=BigInteger)
         stmt = (
             update(SESSIONS)
-            .where(SESSIONS.c.key == bindparam("k"))
-            .values(
-                created_at=case((SESSIONS.c.created_at == 0, bindparam("t")), else_=SESSIONS.c.created_at),
-                last_seq=greatest(d, SESSIONS.c.last_seq, bindparam("s")),
-                updated_at=greatest(d, SESSIONS.c.updated_at, bindparam("t")),
+            .where(s.key == bindparam("k"))
+            .ordered_values(
+                (s.created_at, case((s.created_at == 0, bindparam("t")), else_=s.created_at)),
+                (
+                    s.updated_at,
+                    case(
+                        (newer > s.updated_seq, bindparam("t")),
+                        (and_(newer == 0, s.updated_seq == 0), greatest(d, s.updated_at, bindparam("t"))),
+                        else_=s.updated_at,
+                    ),
+                ),
+                (s.updated_seq, greatest(d, s.updated_seq, newer)),
+                (s.last_seq, greatest(d, s.last_seq, bindparam("s"))),
             )
         )
-        params = [{"k": k, "s": t.last_seq, "t": t.updated_at} for k, t in sorted(plan.touched.items())]
+        params = [
+            {"k": k, "s": t.last_seq, "us": t.updated_seq, "t": t.updated_at} for k, t in sorted(plan.touched.items())
+        ]
         await conn.execute(stmt, params)

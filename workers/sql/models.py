@@ -77,7 +77,10 @@ class Session(SQLModel, table=True):
     last_seq: int = Field(default=0, sa_column=Seq(default=0))
     deleted_seq: int = Field(default=0, sa_column=Seq(default=0))
     created_at: float = Field(default=0.0, sa_column=Time())
+    # ADK's last_update_time: the timestamp of the newest event in stream order
+    # (or of the creation), the message at updated_seq; see commit_plan.Touch.
     updated_at: float = Field(default=0.0, sa_column=Time())
+    updated_seq: int = Field(default=0, sa_column=Seq(default=0, server_default="0"))
 
 
 class Event(SQLModel, table=True):
