@@ -99,7 +99,9 @@ class _ClientsByApp:
         self.service = service
         self.one = clients if isinstance(clients, MemoryClient) else None
         self.mapping = clients if isinstance(clients, Mapping) else None
-        self.factory = clients if self.one is None and self.mapping is None else None
+        self.factory: ClientFactory | None = None
+        if not isinstance(clients, MemoryClient | Mapping):
+            self.factory = clients
         if self.factory is not None and not callable(self.factory):
             raise TypeError(
                 f"{service} takes a MemoryClient, a mapping app -> MemoryClient or a factory, "

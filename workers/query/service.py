@@ -526,7 +526,7 @@ class QueryWorker:
 
 
 def _request_key(op: str, req: q._Request) -> str:
-    key_fields = req.model_dump(mode="json", exclude=q.NOT_WHAT_IS_ASKED, exclude_none=True)
+    key_fields = req.model_dump(mode="json", exclude=set(q.NOT_WHAT_IS_ASKED), exclude_none=True)
     return hashlib.sha1(orjson.dumps([op, key_fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
