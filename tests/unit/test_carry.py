@@ -103,3 +103,15 @@ def test_what_cannot_be_told_without_the_commit_must_wait(fields, floor):
 def test_below_the_floor_nothing_must_wait():
     c = carried(after=3, user_seq=4, writes=[{"seq": 4, "kind": "session.create"}])
     assert rows(c, floor=4) == []
+
+
+def test_writes_older_than_max_age_are_not_carried():
+    clock = [100.0]
+    log = RecentWrites(max_age_s=1.0, clock=lambda: clock[0])
+    log.wrote("u", "s", 3, "event", event(), 10)
+    clock[0] += 0.5
+    log.wrote("u", "s", 4, "event", event(), 10)
+    assert seqs(log.carried("u", "s", 10)) == [3, 4]
+    clock[0] += 0.7  # 3 is 1.2 s old: dropped, and after passes it
+    carried = log.carried("u", "s", 10)
+    assert carried["after"] == 3 and seqs(carried) == [4]
