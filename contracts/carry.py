@@ -47,6 +47,11 @@ class _Writes:
             self.after = max(self.after, self.writes[0][0])
         self.writes.append((seq, kind, event, size, at))
 
+    def forget(self, upto: int) -> None:
+        while self.writes and self.writes[0][0] <= upto:
+            self.writes.popleft()
+        self.after = max(self.after, upto)
+
     def age_out(self, before: float) -> None:
         while self.writes and self.writes[0][4] < before:
             self.after = max(self.after, self.writes.popleft()[0])
@@ -84,6 +89,11 @@ class RecentWrites:
         if len(self._sessions) > self.max_keys:
             _, dropped = self._sessions.popitem(last=False)
             self._forgotten = max(self._forgotten, dropped.after, *(w[0] for w in dropped.writes))
+
+    def committed(self, user: str, session: str, upto: int) -> None:
+        """Every write up to ``upto`` is committed (a reply said so): forget them."""
+        if (record := self._sessions.get((user, session))) is not None:
+            record.forget(upto)
 
     def carried(self, user: str, session: str, upto: int, max_bytes: int | None = None) -> dict[str, Any]:
         """The ``carried`` field of a read of the session whose ``min_seq``

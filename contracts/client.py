@@ -949,7 +949,11 @@ class MemoryClient:
             ) from None
         except nats.errors.Error as exc:  # connection closed or draining
             raise Unavailable(f"request to {subject} failed: {type(exc).__name__}: {exc}") from exc
-        return parse_reply(op, msg.data)
+        reply = parse_reply(op, msg.data)
+        if self._recent is not None and op in CARRIES and (known := reply.committed_seq or min_seq):
+            # Committed up to there: the reply says so, or the read waited for it.
+            self._recent.committed(fields["user"], fields["session"], known)
+        return reply
 
     async def _get_object(self, name: str) -> bytes:
         buffer = io.BytesIO()

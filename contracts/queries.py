@@ -284,6 +284,9 @@ class HistoryView(_Reply):
     needs_summary: bool = False
     over_budget: bool = False  # tokens > strategy's budget: possible with all / buffer_window
     next_cursor: str | None = None
+    # Set when the answer added uncommitted writes: everything up to it was
+    # committed when it was read (the client forgets its carried writes up to it).
+    committed_seq: int | None = None
 
 
 class ContextView(_Reply):
@@ -304,6 +307,7 @@ class ContextView(_Reply):
     over_budget: bool = False  # tokens["total"] > budget
     note: str | None = None  # why it is over budget, or that the summary was cut to fit
     next_cursor: str | None = None
+    committed_seq: int | None = None  # as in HistoryView
 
 
 class ArtifactInfo(_Reply):

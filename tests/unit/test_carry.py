@@ -115,3 +115,12 @@ def test_writes_older_than_max_age_are_not_carried():
     clock[0] += 0.7  # 3 is 1.2 s old: dropped, and after passes it
     carried = log.carried("u", "s", 10)
     assert carried["after"] == 3 and seqs(carried) == [4]
+
+
+def test_a_reply_that_says_what_is_committed_forgets_it():
+    log = RecentWrites()
+    for seq in (3, 5, 9):
+        log.wrote("u", "s", seq, "event", event(), 10)
+    log.committed("u", "s", 5)
+    carried = log.carried("u", "s", 10)
+    assert carried["after"] == 5 and seqs(carried) == [9]

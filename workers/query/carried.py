@@ -31,12 +31,12 @@ class CarriedTail:
         self.req = req
         self.carried = carried
         self.session_key = scope_key(req.app, req.user, req.session)
-        self.floor = floor
+        self.after = floor
         self.upto = upto
 
     async def appended(self) -> list[dict[str, Any]]:
         req = self.req
-        return carried_events(self.carried, self.floor, self.upto, req.app, req.user, req.session, self.session_key)
+        return carried_events(self.carried, self.after, self.upto, req.app, req.user, req.session, self.session_key)
 
     async def events(
         self, conn: AsyncConnection, rows: list[dict[str, Any]], last_seq: int, stored: dict[str, int] | None

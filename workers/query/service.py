@@ -363,7 +363,8 @@ class QueryWorker:
             if req.min_seq is not None:
                 if (tail := self._tail(op, req)) is not None:
                     try:
-                        body = ok_body(await self._run(op, req, tail=tail))
+                        reply = await self._run(op, req, tail=tail)
+                        body = ok_body(reply.model_copy(update={"committed_seq": tail.after}))
                         metrics.QUERY_TAIL_READ.inc()
                         return body, None
                     except MustWait as why:  # the commit path answers it

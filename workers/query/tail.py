@@ -169,7 +169,10 @@ class StreamTail:
 
 class Tail(Protocol):
     """What a read's uncommitted appends offer the ops (this module's
-    SessionTail, or :class:`memq.workers.query.carried.CarriedTail`)."""
+    SessionTail, or :class:`memq.workers.query.carried.CarriedTail`).
+    ``after``: the commit floor they extend SQL from."""
+
+    after: int
 
     async def appended(self) -> list[dict[str, Any]]: ...
 
