@@ -153,6 +153,18 @@ async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float = 60.0, 
         await asyncio.sleep(0.1)
 
 
+async def stays_false(check: Callable[[], Awaitable[bool]], within: float = 1.0, what: str = "condition") -> None:
+    """Assert ``check`` stays false for ``within`` seconds (polled; fails as
+    soon as it turns true). For what must never happen, after a barrier that
+    makes it likely to have happened already if it were going to."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if await check():
+            raise AssertionError(f"{what} happened")
+        await asyncio.sleep(0.05)
+    assert not await check(), f"{what} happened"
+
+
 async def event_counts(engine) -> tuple[int, int]:
     """(rows, distinct event ids) in the events table."""
     async with engine.connect() as conn:

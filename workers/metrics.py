@@ -148,6 +148,12 @@ QUERY_SECONDS = Histogram(
 QUERY_ERRORS = Counter(
     "memq_query_errors", "Requests answered with an error, by op and error code", ["op", "code"], registry=REGISTRY
 )
+QUERY_REPLIES_REFUSED = Counter(
+    "memq_query_replies_refused",
+    "Requests dropped unanswered: their reply subject was not the app's inbox (workers/query/replies.py)",
+    ["op"],
+    registry=REGISTRY,
+)
 QUERY_TAIL = Counter(
     "memq_query_tail_reads",
     "Reads with min_seq above the commit floor, by how they were answered: tail (from SQL plus the "

@@ -1,26 +1,48 @@
-"""Who may do what on the bus: NATS users and permissions for memq (pure, no I/O).
+"""Who may do what on the bus: NATS accounts, users and permissions for memq
+(pure, no I/O).
 
-One NATS account (``MEMQ``) holds JetStream, so every worker kind shares the
-one event stream. Its users:
+One account (``MEMQ``) holds JetStream, so every worker kind shares the one
+event stream. Each app has an account of its own (``APP_<app token>``) that
+reaches memq's only through what ``MEMQ`` exports to that account alone:
 
-- ``workers``: the worker processes. They consume the stream, publish commit
-  notices, summaries and dead letters, use the lease KV bucket and the
-  artifact object store, answer ``$SRV`` status pings, and reply to requests
-  (``allow_responses``: a reply goes to the requester's inbox, whatever its
-  prefix).
-- ``admin`` (optional): operators' commands (``memq init``, ``status``,
-  ``dlq``, ``index rebuild``): everything in the account.
-- one user per app: publish only on ``memq.v1.ev.<app>.>`` (its writes) and
-  ``memq.v1.q.<app>.>`` (its reads); subscribe only on its own inbox prefix
-  (replies, PubAcks) and ``memq.v1.status.<app>.>``. No ``$JS.API``: with it
-  an app could create a consumer and read every app's events. Because the
-  inbox is per app (``_INBOX_<app>``, see :func:`memq.contracts.client.app_inbox_prefix`)
-  no app can read another's replies, which a shared ``_INBOX.>`` would allow.
+- a service import of ``memq.v1.ev.<app>.>`` (its writes: the stream
+  captures them in ``MEMQ``, and JetStream's PubAck travels back through the
+  import to the app's own inbox);
+- a service import of ``memq.v1.q.<app>.>`` (its reads);
+- a stream import of ``memq.v1.status.<app>.>`` (its status notices).
+
+Why accounts and not only permissions: NATS checks a publish's subject
+against the permissions, never its reply subject, and whatever answers (the
+query worker, JetStream's PubAck) writes where the requester named. In one
+shared account an app could name any subject of memq's (another app's event
+subject, the lease bucket, the DLQ, another app's inbox). Through an import
+the server replaces the reply with a ``_R_.…`` subject of its own, mapped
+back to the app's account: an app cannot name a subject in ``MEMQ`` at all.
+An export lists the one account allowed to import it, so the server refuses
+a config where an app imports another's subjects.
+
+The users:
+
+- ``workers`` (``MEMQ``): the worker processes. They consume the stream,
+  publish commit notices, summaries and dead letters, use the lease KV bucket
+  and the artifact object store, answer ``$SRV`` status pings, and reply to
+  requests (``allow_responses``: a reply goes to the requester's inbox,
+  whatever its prefix).
+- ``admin`` (``MEMQ``, optional): operators' commands (``memq init``,
+  ``status``, ``dlq``, ``index rebuild``): everything in the account.
+- one user per app, alone in its app's account: publish only on
+  ``memq.v1.ev.<app>.>`` (its writes) and ``memq.v1.q.<app>.>`` (its reads);
+  subscribe only on its own inbox prefix (replies, PubAcks) and
+  ``memq.v1.status.<app>.>``. No ``$JS.API`` (its account has no JetStream;
+  with memq's an app could create a consumer and read every app's events).
+  The inbox stays per app (``_INBOX_<app>``, see
+  :func:`memq.contracts.client.app_inbox_prefix`), as in the one-account
+  configs before, so clients need no new option.
 
 Large artifacts: the object store's subjects (``$O.<bucket>.C.<nuid>``) do
-not carry the app, so they cannot be fenced per app. App users therefore
-store artifacts inline only (up to the client's ``inline_artifact_limit``);
-a larger one fails with :class:`~memq.contracts.errors.PublishFailed`.
+not carry the app, so they are not exported. App users therefore store
+artifacts inline only (up to the client's ``inline_artifact_limit``); a
+larger one fails with :class:`~memq.contracts.errors.PublishFailed`.
 
 Passwords are stored as bcrypt hashes, which nats-server checks itself: the
 config file (often a Kubernetes ConfigMap, readable by many) then holds no
@@ -35,12 +57,15 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from memq.contracts.client import app_inbox_prefix
 from memq.contracts.ids import encode_token
-from memq.contracts.subjects import PREFIX
+from memq.contracts.subjects import ARTIFACT_BUCKET, PREFIX
+from memq.workers.lease import BUCKET as LEASE_BUCKET
 
 ACCOUNT = "MEMQ"
+APP_ACCOUNT_PREFIX = "APP_"
 SYSTEM_ACCOUNT = "SYS"
 WORKERS = "workers"
 ADMIN = "admin"
@@ -72,15 +97,24 @@ class User:
 # What the workers do on the bus, found by running every worker kind against a
 # server with these permissions (tests/integration/test_security.py checks the
 # server logged no violation for them). Replies (to queries, $SRV pings) need
-# no publish grant: allow_responses covers each requester's inbox.
+# no publish grant: allow_responses covers each requester's inbox. Each
+# memq.v1 kind is named rather than memq.v1.>, and the one lease bucket and
+# artifact store rather than $KV.> and $O.>: what a worker never publishes
+# it cannot be tricked into publishing. $JS.API.> stays: stream, consumer,
+# KV and object-store calls put configurable names at varying positions.
 WORKER_PERMISSIONS = Permissions(
     publish=(
-        f"{PREFIX}.>",  # appends (summaries), commit notices, status, dead letters
+        f"{PREFIX}.ev.>",  # summaries, expiry deletions; the gateway's appends for apps without a user
+        f"{PREFIX}.q.>",  # the gateway's and the CLI's reads on the workers' connection
+        f"{PREFIX}.changed.>",  # commit notices
+        f"{PREFIX}.committed.>",  # finished batches (read-your-writes)
+        f"{PREFIX}.status.>",  # "summarizing" notices
+        f"{PREFIX}.dlq.>",  # dead letters
         "$JS.API.>",  # streams, consumers, fetch, KV and object store setup
         "$JS.ACK.>",  # acks, naks, in-progress
         "$JS.FC.>",  # flow control of the ordered consumer that lists objects (once a listing is large)
-        "$KV.>",  # the summarizer's lease bucket
-        "$O.>",  # large artifacts: listed and deleted with their session
+        f"$KV.{LEASE_BUCKET}.>",  # the summarizer's, expiry's and rebuild's leases
+        f"$O.{ARTIFACT_BUCKET}.>",  # large artifacts: listed and deleted with their session
     ),
     subscribe=(
         f"{PREFIX}.>",  # commit notices, requests (queue groups)
@@ -91,8 +125,32 @@ WORKER_PERMISSIONS = Permissions(
 )
 
 
+@dataclass(frozen=True)
+class Export:
+    """What ``MEMQ`` exports to one app's account, which imports the same subject."""
+
+    kind: Literal["service", "stream"]
+    subject: str
+
+
 def app_user_name(app: str) -> str:
     return f"app-{encode_token(app, 'app')}"
+
+
+def app_account(app: str) -> str:
+    """The app's own NATS account (the token is the reversible id encoding)."""
+    return APP_ACCOUNT_PREFIX + encode_token(app, "app")
+
+
+def app_exports(app: str) -> tuple[Export, ...]:
+    """Everything app ``app`` reaches of memq's account: its writes (the
+    PubAck comes back through the service import), its reads, its status."""
+    token = encode_token(app, "app")
+    return (
+        Export("service", f"{PREFIX}.ev.{token}.>"),
+        Export("service", f"{PREFIX}.q.{token}.>"),
+        Export("stream", f"{PREFIX}.status.{token}.>"),
+    )
 
 
 def app_permissions(app: str) -> Permissions:
@@ -165,13 +223,37 @@ def _user(u: User, indent: str) -> str:
     return "\n".join(lines)
 
 
+def _export(e: Export, account: str, indent: str) -> str:
+    return f"{indent}{{ {e.kind}: {_q(e.subject)}, accounts: [{_q(account)}] }}"
+
+
+def _import(e: Export, indent: str) -> str:
+    return f"{indent}{{ {e.kind}: {{ account: {ACCOUNT}, subject: {_q(e.subject)} }} }}"
+
+
 def render_accounts(memq: Sequence[User], system: Sequence[User], *, header: str = "") -> str:
     """The ``accounts { ... }`` block and ``system_account`` of a nats-server
-    config (for ``include accounts.conf``)."""
+    config (for ``include accounts.conf``): ``MEMQ`` with the users that are
+    no app's and an export per app, then one account per app user with its
+    imports (see the module doc)."""
+    apps = [u for u in memq if u.app is not None]
     out = [f"# {line}" if line else "#" for line in header.splitlines()]
     out += ["accounts {", f"  {ACCOUNT}: {{", "    jetstream: enabled", "    users: ["]
-    out += [_user(u, "      ") for u in memq]
-    out += ["    ]", "  }", f"  {SYSTEM_ACCOUNT}: {{", "    users: ["]
+    out += [_user(u, "      ") for u in memq if u.app is None]
+    out += ["    ]"]
+    if apps:
+        out += ["    # each app's subjects, to that app's account alone", "    exports: ["]
+        for u in apps:
+            assert u.app is not None
+            out += [_export(e, app_account(u.app), "      ") for e in app_exports(u.app)]
+        out += ["    ]"]
+    out += ["  }"]
+    for u in apps:
+        assert u.app is not None
+        out += [f"  {_q(app_account(u.app))}: {{", "    users: [", _user(u, "      "), "    ]", "    imports: ["]
+        out += [_import(e, "      ") for e in app_exports(u.app)]
+        out += ["    ]", "  }"]
+    out += [f"  {SYSTEM_ACCOUNT}: {{", "    users: ["]
     out += [_user(u, "      ") for u in system]
     out += ["    ]", "  }", "}", f"system_account: {SYSTEM_ACCOUNT}", ""]
     return "\n".join(out)
@@ -183,7 +265,8 @@ def credentials_document(
     """The secrets file of ``memq nats accounts``: what each user needs to
     connect, and ``server_env``, the variables an ``--env-passwords`` config
     reads (bcrypt hashes, quoted: nats-server parses a variable's value as
-    config, where a bare ``$2b$…`` would be another variable)."""
+    config, where a bare ``$2b$…`` would be another variable). ``account``
+    at the top is the one with JetStream; each user's says where it is."""
     users = {}
     for u in [*memq, *system]:
         entry: dict = {
@@ -191,6 +274,9 @@ def credentials_document(
             "password": plain[u.name],
             "env": {"MEMQ_NATS__USER": u.name, "MEMQ_NATS__PASSWORD": plain[u.name]},
         }
+        entry["account"] = ACCOUNT if u.app is None else app_account(u.app)
+        if u in system:
+            entry["account"] = SYSTEM_ACCOUNT
         if u.app is not None:
             entry["app"] = u.app
             entry["inbox_prefix"] = app_inbox_prefix(u.app)
@@ -208,6 +294,21 @@ def generate_passwords(names: Iterable[str]) -> tuple[dict[str, str], dict[str, 
 
     plain = {n: secrets.token_urlsafe(32) for n in names}
     hashed = {n: bcrypt.hashpw(p.encode(), bcrypt.gensalt(BCRYPT_COST)).decode() for n, p in plain.items()}
+    return plain, hashed
+
+
+def reused_passwords(doc: Mapping, names: Iterable[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """(plain passwords, bcrypt hashes) of those of ``names`` that a previous
+    secrets file ``doc`` holds: an upgraded config keeps every client's password.
+
+    :raises ValueError: ``doc`` is not a secrets file of this command.
+    """
+    try:
+        users, server_env = doc["users"], doc["server_env"]
+        plain = {n: users[n]["password"] for n in names if n in users}
+        hashed = {n: json.loads(server_env[env_var(n)]) for n in plain}
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a `memq nats accounts` secrets file ({exc!r})") from None
     return plain, hashed
 
 

@@ -212,6 +212,13 @@ class QuerySettings(BaseModel):
         description="uncommitted stream messages a query replica holds for that; beyond, the oldest are dropped "
         "and the reads that need them wait for the commit",
     )
+    trusted_inboxes: list[str] | None = Field(
+        default=None,
+        description="reply-subject prefixes answered besides the requesting app's own _INBOX_<app> and a service "
+        "import's _R_: the inboxes of memq's own connections (CLI, admin, the gateway's shared connection). "
+        "Unset: nats.inbox_prefix, or _INBOX. With `memq nats accounts`' config no app can name them; in a "
+        "one-account config with app users set [] (docs/operations/security.md)",
+    )
     apps: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-app working-memory overrides, e.g. {'my-agent': {'budget': 4000}}"
     )

@@ -100,3 +100,25 @@ def test_production_node_configs_are_valid(node: int, tmp_path: Path):
         tmp_path / "nats.conf", {n: '"$2b$04$abcdefghijklmnopqrstuuCFq6BDvtdlA7W8RUcv4Gqg3E2WyJ/Hy"' for n in names}
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_upgrading_with_reuse_keeps_every_password_and_adds_accounts(tmp_path):
+    """An existing deployment regenerates its config: the same users and
+    passwords (clients change nothing), each app now in its own account."""
+    assert memq_accounts(tmp_path, "--app", "a").returncode == 0
+    secrets = tmp_path / "accounts.conf.secrets.json"
+    before = json.loads(secrets.read_text())
+    (tmp_path / "old.json").write_text(secrets.read_text())
+    result = memq_accounts(tmp_path, "--app", "a", "--app", "b", "--force", "--reuse", "old.json")
+    assert result.returncode == 0, result.stderr
+    after = json.loads(secrets.read_text())
+    for name, user in before["users"].items():
+        assert after["users"][name]["password"] == user["password"], name
+    assert (
+        before["server_env"].items() <= after["server_env"].items()
+    )  # the same hashes: the server needs no new secret
+    assert after["users"]["app-a"]["account"] == "APP_a" and after["users"]["workers"]["account"] == "MEMQ"
+    assert check(tmp_path / "accounts.conf").returncode == 0
+    assert "kept the passwords of" in result.stdout and "app-b" not in result.stdout.split("kept")[1]
+    bad = memq_accounts(tmp_path, "--app", "a", "--force", "--reuse", "missing.json")
+    assert bad.returncode == 2 and "missing.json" in bad.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import bcrypt
 import pytest
@@ -115,3 +116,46 @@ def test_credentials_document_carries_each_apps_inbox_and_server_hashes():
     }
     assert doc["server_env"]["MEMQ_NATS_PASSWORD_APP_A"] == '"$2b$04$hash-app-a"'
     assert set(doc["users"]) == {"workers", "admin", "app-a", "sys"}
+
+
+def test_each_app_is_an_account_that_imports_only_its_own_subjects():
+    memq, system = security.build_users(["a", "b.c"], {n: "x" for n in security.user_names(["a", "b.c"])})
+    text = security.render_accounts(memq, system)
+    memq_block = text[text.index("  MEMQ: {") : text.index('  "APP_a": {')]
+    assert '"workers"' in memq_block and '"admin"' in memq_block and '"app-a"' not in memq_block
+    for app, token in (("a", "a"), ("b.c", "b~2Ec")):
+        account = security.app_account(app)
+        assert account == f"APP_{token}"
+        exported = [e.subject for e in security.app_exports(app)]
+        assert exported == [f"memq.v1.ev.{token}.>", f"memq.v1.q.{token}.>", f"memq.v1.status.{token}.>"]
+        for e in security.app_exports(app):  # to this app's account alone
+            assert f'{{ {e.kind}: "{e.subject}", accounts: ["{account}"] }}' in memq_block
+        block = text[text.index(f'  "{account}": {{') :].split("\n  }", 1)[0]
+        assert f'user: "{security.app_user_name(app)}"' in block and "jetstream" not in block
+        imports = re.findall(r'\{ (service|stream): \{ account: MEMQ, subject: "([^"]+)" \} \}', block)
+        assert imports == [(e.kind, e.subject) for e in security.app_exports(app)]
+
+
+def test_workers_publish_only_what_they_need():
+    p = security.WORKER_PERMISSIONS
+    for wide in ("memq.v1.>", "$KV.>", "$O.>", ">"):
+        assert wide not in p.publish
+    assert allowed(p.publish, "$KV.MEMQ_LEASES.summarize.k") and not allowed(p.publish, "$KV.OTHER.k")
+    assert allowed(p.publish, "$O.MEMQ_ARTIFACTS.C.x") and not allowed(p.publish, "$O.OTHER.C.x")
+    for needed in ("memq.v1.ev.a.u.s", "memq.v1.changed.a.u.s", "memq.v1.committed.memq-persistence"):
+        assert allowed(p.publish, needed), needed
+    assert allowed(p.publish, "memq.v1.status.a.u.s") and allowed(p.publish, "memq.v1.dlq.persistence")
+    assert p.allow_responses
+
+
+def test_each_user_says_its_account():
+    names = security.user_names(["a"])
+    memq, system = security.build_users(["a"], {n: f"$2b$04$h-{n}" for n in names})
+    doc = security.credentials_document(memq, system, {n: n for n in names}, {n: f"h-{n}" for n in names})
+    assert {n: u["account"] for n, u in doc["users"].items()} == {
+        "workers": "MEMQ",
+        "admin": "MEMQ",
+        "app-a": "APP_a",
+        "sys": "SYS",
+    }
+    assert doc["account"] == "MEMQ"  # the one with JetStream (KEDA reads its consumers there)

@@ -1,4 +1,4 @@
-"""`memq nats accounts`: per-app NATS users and permissions (memq.workers.security)."""
+"""`memq nats accounts`: memq's NATS account, and one per app (memq.workers.security)."""
 
 from __future__ import annotations
 
@@ -33,10 +33,18 @@ def nats_accounts(
         bool, typer.Option("--admin/--no-admin", help="An operators' user (memq init, status, dlq).")
     ] = True,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
+    reuse: Annotated[
+        str | None,
+        typer.Option(
+            "--reuse",
+            help="A secrets file this command wrote before: its users keep their passwords (upgrading a config).",
+        ),
+    ] = None,
 ) -> None:
-    """Write a nats-server accounts config: a `workers` user, an `admin` user and
-    one user per app that may touch only that app's subjects. Passwords go to
-    a 0600 file, never to the terminal."""
+    """Write a nats-server accounts config: memq's account (JetStream, a
+    `workers` and an `admin` user) and one account per app, with one user that
+    reaches only that app's subjects, through imports. Passwords go to a 0600
+    file, never to the terminal."""
     import os
     from pathlib import Path
 
@@ -44,10 +52,12 @@ def nats_accounts(
 
     try:
         names = security.user_names(apps, admin=admin)
-        plain, hashed = security.generate_passwords(names)
+        plain, hashed = security.reused_passwords(json.loads(Path(reuse).read_text()), names) if reuse else ({}, {})
+        new_plain, new_hashed = security.generate_passwords(n for n in names if n not in plain)
+        plain, hashed = plain | new_plain, hashed | new_hashed
         stored = {n: "$" + security.env_var(n) for n in names} if env_passwords else hashed
         memq_users, system_users = security.build_users(apps, stored, admin=admin)
-    except ValueError as exc:  # InvalidId is one too
+    except (ValueError, OSError) as exc:  # InvalidId is one too; OSError: --reuse unreadable
         err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
     targets = [Path(out), Path(secrets_path or f"{out}.secrets.json")]
@@ -70,3 +80,6 @@ def nats_accounts(
     if env_passwords:
         console.print("the server needs (server_env in that file): " + " ".join(doc["server_env"]), soft_wrap=True)
     console.print("users: " + ", ".join(u.name for u in memq_users + system_users), soft_wrap=True)
+    if reuse:
+        kept = sorted(n for n in names if n not in new_plain)
+        console.print(f"kept the passwords of {', '.join(kept) or 'no user'} from {reuse}", soft_wrap=True)

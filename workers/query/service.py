@@ -5,7 +5,9 @@ in one queue group, so replicas share them. The worker registers as a NATS
 micro service (``memq-query``: ping, info and stats for `memq status`). For
 each request it:
 
-1. validates the body and refuses one that names another app than its subject;
+1. drops, unanswered, a request whose reply subject is not the app's own
+   inbox (:mod:`memq.workers.query.replies`), then validates the body and
+   refuses one that names another app than its subject;
 2. waits, bounded, until the caller's ``min_seq`` is committed (read-your-writes):
    on the commit floor (:mod:`memq.workers.commit_floor`), which the
    persistence replicas' notices move as they commit, so the read goes the
@@ -15,7 +17,7 @@ each request it:
    and does not wait at all;
 3. answers from the cache, or from SQL through the op in :mod:`memq.workers.query.ops`
    and fills the cache;
-4. always replies: a typed error rather than silence or a hang.
+4. always replies to an accepted request: a typed error rather than silence or a hang.
 
 Commit notices: what the persistence replicas finished with
 (``memq.v1.committed.<durable>``, :class:`memq.contracts.notices.CommittedRanges`)
@@ -101,6 +103,7 @@ from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBack
 from memq.workers.query.carried import CarriedTail
 from memq.workers.query.consistency import last_acknowledged, read_scope
 from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
+from memq.workers.query.replies import ReplyFence, trusted_prefixes
 from memq.workers.query.search import Searcher
 from memq.workers.query.tail import StreamTail, Tail
 from memq.workers.query.windows import WindowCache
@@ -161,6 +164,7 @@ class QueryWorker:
         self.index_floor: CommitFloor | None = None
         self.tails: StreamTail | None = None  # set by open() when query.read_tail is on
         self._slots = asyncio.Semaphore(settings.query.max_inflight)
+        self.replies = ReplyFence(trusted_prefixes(settings.query.trusted_inboxes, settings.nats.inbox_prefix))
         self._tasks: set[asyncio.Task] = set()
         self._notices: Subscription | None = None  # the committed notices (start())
         self._index_notices: Subscription | None = None  # the indexing replicas' (start())
@@ -295,6 +299,12 @@ class QueryWorker:
         keyed = cached and opened(self.cache, "the query cache").enabled
 
         async def handle(request: Request) -> None:
+            # First: a reply the requester could not receive itself is a
+            # write somewhere else (workers/query/replies.py), never answered.
+            reply = request._msg.reply  # nats micro's Request has no public accessor
+            if not self.replies.allows(request.subject, reply):
+                self.replies.refused(op, request.subject, reply)
+                return
             started = time.perf_counter()
             try:
                 req = self._parse(op, request.subject, request.data)

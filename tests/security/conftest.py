@@ -1,0 +1,87 @@
+"""A stack as an operator deploys it for several tenants: a real nats-server
+with the config `memq nats accounts --app <A> --app <B>` writes, and the
+persistence, query and summarizer workers as the ``workers`` user. The
+attacks run as app A with only A's own credentials (``Tenants.app``).
+
+The stack is shared by the package's tests (starting it costs seconds); each
+test uses sessions of its own. ``Tenants.stored`` and ``Tenants.dead_letters``
+read the stream as ``admin``, the operator.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import pytest
+from conftest import running as running_service
+from helpers import make_settings, running
+from nats.aio.client import Client as NATS
+from pydantic import SecretStr
+from services import NatsServer
+
+from memq.contracts.client import MemoryClient, app_inbox_prefix
+from memq.workers import security
+from memq.workers.persistence.worker import PersistenceWorker
+from memq.workers.query.service import QueryWorker
+from memq.workers.settings import Settings
+from memq.workers.summarizer.worker import SummarizerWorker
+
+A, B = "app-a", "team.b"  # B's id is escaped in subjects, as real ids often are
+SUMMARY_BUDGET = 150  # tokens: a dozen short turns put a session over its threshold
+
+
+@dataclass
+class Tenants:
+    server: NatsServer
+    passwords: dict[str, str]
+    settings: Settings
+    admin: NATS
+
+    async def connect(self, user: str, **options) -> NATS:
+        return await nats.connect(
+            self.server.url, user=user, password=self.passwords[user], max_reconnect_attempts=0, **options
+        )
+
+    async def app(self, app: str) -> NATS:
+        """A connection as ``app``'s own user, as an agent connects."""
+        return await self.connect(security.app_user_name(app), inbox_prefix=app_inbox_prefix(app))
+
+    async def client(self, app: str) -> MemoryClient:
+        user = security.app_user_name(app)
+        return await MemoryClient.connect(
+            self.server.url, app=app, user=user, password=self.passwords[user], max_reconnect_attempts=0
+        )
+
+    async def stored(self, subject: str) -> int:
+        """Messages in the events stream on ``subject`` (a filter)."""
+        info = await self.admin.jetstream().stream_info(self.settings.streams.events, subjects_filter=subject)
+        return sum((info.state.subjects or {}).values())
+
+    async def dead_letters(self) -> int:
+        return (await self.admin.jetstream().stream_info(self.settings.streams.dlq)).state.messages
+
+
+@pytest.fixture(scope="package")
+async def tenants(tmp_path_factory) -> AsyncIterator[Tenants]:
+    names = security.user_names([A, B])
+    passwords, hashed = security.generate_passwords(names)
+    memq_users, system_users = security.build_users([A, B], hashed)
+    config = security.render_accounts(memq_users, system_users)
+    tmp: Path = tmp_path_factory.mktemp("tenants")
+    with running_service(functools.partial(NatsServer, config=config)) as server:
+        s = make_settings(server.url, f"sqlite+aiosqlite:///{tmp}/memq.db", tmp)
+        s.nats = s.nats.model_copy(update={"user": security.WORKERS, "password": SecretStr(passwords["workers"])})
+        s.summarizer = s.summarizer.model_copy(update={"sweep_interval_s": 0.5, "retry_after_s": 0.5})
+        budget = {"strategy": "summary_buffer", "budget": SUMMARY_BUDGET}
+        s.query = s.query.model_copy(update={"apps": {A: budget, B: budget}})
+        async with AsyncExitStack() as stack:
+            for worker in (PersistenceWorker(s), QueryWorker(s), SummarizerWorker(s)):
+                await stack.enter_async_context(running(worker))
+            admin = await nats.connect(server.url, user=security.ADMIN, password=passwords["admin"])
+            stack.push_async_callback(admin.close)
+            yield Tenants(server, passwords, s, admin)
