@@ -877,7 +877,13 @@ class MemoryClient:
         async def chat(text: str) -> str:
             seq = await self.append_text(user, session, "user", text)
             ctx = await self.context(
-                user, session, strategy=strategy, format=format, instruction=instruction, min_seq=seq
+                user,
+                session,
+                strategy=strategy,
+                format=format,
+                instruction=instruction,
+                # the default (this client's last write) may carry it; an explicit one waits
+                min_seq=None if self.consistent else seq,
             )
             reply = model_fn(ctx.messages)
             if inspect.isawaitable(reply):
@@ -903,11 +909,15 @@ class MemoryClient:
     async def _pages(self, op: str, min_seq: int | None, **fields: Any) -> AsyncIterator[Any]:
         """Every page of a paged read (see :mod:`memq.contracts.queries`):
         the same request again with each reply's ``next_cursor``, until none."""
+        # Only a read of the client's own writes may carry them: an explicit
+        # min_seq promises every write up to it, whoever wrote it.
+        carry = min_seq is None
         # Resolved once (0: no wait), so a write made while paging does not hold later pages back.
         min_seq = self._min_seq(op, min_seq) or 0
         cursor = None
         while True:
-            page = await self._query(op, min_seq, cursor=cursor, **fields)
+            page = await self._query(op, min_seq, cursor=cursor, carry=carry, **fields)
+            carry = False
             yield page
             if page.next_cursor is None:
                 return
@@ -923,12 +933,18 @@ class MemoryClient:
         return min_seq
 
     async def _query(
-        self, op: str, min_seq: int | None, *, consistency: Consistency | None = None, **fields: Any
+        self,
+        op: str,
+        min_seq: int | None,
+        *,
+        consistency: Consistency | None = None,
+        carry: bool = False,
+        **fields: Any,
     ) -> Any:
         min_seq = self._min_seq(op, min_seq)
         if (consistency or self.consistency) == "any":  # "own" is sent as before: older services know no field
             fields["consistency"] = "any"
-        elif self._recent is not None and min_seq and op in CARRIES and fields.get("cursor") is None:
+        elif carry and self._recent is not None and min_seq and op in CARRIES and fields.get("cursor") is None:
             room = self._payload_limit() // 4
             fields["carried"] = self._recent.carried(fields["user"], fields["session"], min_seq, max_bytes=room)
         request = build_request(self.app, op, min_seq=min_seq or None, wait_ms=self.wait_ms, **fields)

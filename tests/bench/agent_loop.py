@@ -241,7 +241,8 @@ class MemqLoop:
         try:
             seq = await client.append_text(user, session, "user", said)
             t1 = now()
-            ctx = await client.context(user, session, format="openai", recall_limit=0, min_seq=seq)
+            # min_seq by default: this client's last write, seq (an explicit one is never carried)
+            ctx = await client.context(user, session, format="openai", recall_limit=0)
             t2 = now()
             await client.append_text(user, session, "assistant", text_of("assistant", agent, i))
             t3 = now()

@@ -100,6 +100,9 @@ async def test_what_the_carried_writes_cannot_say_waits(nats_url, sqlite_url, tm
     async with stack(nats_url, sqlite_url, tmp_path) as (s, client):
         await client.append(USER, "s", text("user", "plain"))
         await read(client, "history")  # answered without the commit
+        # An explicit min_seq promises every write up to it, whoever wrote it: it waits.
+        with pytest.raises(NotCommitted):
+            await client.history(USER, "s", min_seq=client.last_seq)
         # What the carried tail does not read: filters, an instruction, other clients' writes.
         with pytest.raises(NotCommitted):
             await client.history(USER, "s", roles=["user"])
