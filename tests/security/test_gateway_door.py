@@ -117,6 +117,8 @@ def test_a_normal_request_still_works(gateway: Gateway):
     assert accepted.status_code == 202, accepted.text
     assert len(accepted.json()["seqs"]) == 100
     assert post(gateway, events_path(A), key(A), content=big_body(900 * 1024)).status_code == 202
+    streamed = post(gateway, events_path(A), key(A), content=chunks(900 * 1024, step=64 * 1024))  # chunked
+    assert streamed.status_code == 202, streamed.text
     # under the cap, an event over one message's limit: refused by the client, not the door
     near = post(gateway, events_path(A), key(A), content=big_body(CAP - 1024))
     assert "max_body_bytes" not in error_of(near, 413)["message"]

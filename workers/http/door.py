@@ -106,7 +106,8 @@ class FrontDoor:
 
     async def _refusal(self, scope: Scope) -> Response | None:
         conn = HTTPConnection(scope)  # headers and path only: it cannot read the body
-        app = path_app(scope["path"])
+        path, root = scope["path"], scope.get("root_path", "")
+        app = path_app(path[len(root) :] if root and path.startswith(root) else path)  # as the router sees it
         if app is not None:
             try:
                 self.keyring.authorize(app, await presented_key(conn))
