@@ -424,6 +424,15 @@ class HttpSettings(BaseModel):
         default=None,
         description="the secrets file of `memq nats accounts`: the gateway connects as each app's own NATS user",
     )
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024,
+        gt=0,
+        description=(
+            "largest request body (bytes), refused with 413 before it is read: 4 MiB, four times "
+            "streams.max_message_bytes (one event at most, NATS' default max_payload) for JSON escaping and a "
+            "batch of events; raise it with them"
+        ),
+    )
 
 
 class Settings(BaseSettings):

@@ -659,8 +659,11 @@ def test_each_nats_pod_reads_its_own_node_config_with_accounts_beside_it() -> No
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     config = next(v for v in spec["volumes"] if v["name"] == mounts["/etc/nats/nats.conf"]["name"])["configMap"]
     paths = {item["path"]: item["key"] for item in config["items"]}
+    # nats.conf is k8s-pod.conf, which includes the node's own config as node.conf
+    assert paths[mounts["/etc/nats/nats.conf"]["subPath"]] == "k8s-pod.conf"
+    assert re.search(r"^include\s+\"?node\.conf\"?", nats_files()["k8s-pod.conf"], re.MULTILINE)
     # subPathExpr: $(POD_NAME).conf -> the item whose path is <pod>.conf
-    assert mounts["/etc/nats/nats.conf"]["subPathExpr"] == "$(POD_NAME).conf"
+    assert mounts["/etc/nats/node.conf"]["subPathExpr"] == "$(POD_NAME).conf"
     assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
     for pod in pods:
         node_file = paths[f"{pod}.conf"]
@@ -706,6 +709,83 @@ def test_nats_peers_and_clients_reach_each_node_by_its_name_and_ports() -> None:
             service = named("Service", host)
             assert int(port) in {p["port"] for p in service["spec"]["ports"]}
             assert service["spec"]["selector"]["statefulset.kubernetes.io/pod-name"] == host
+
+
+def conf_listen_host(text: str, key: str) -> str:
+    """The host of the last ``key: host:port`` (nats-server keeps the last one)."""
+    values = re.findall(rf"^\s*{key}\s*[:=]\s*\"?([^\"\s#]+)\"?", text, re.MULTILINE)
+    assert values, f"no {key}"
+    return values[-1].rsplit(":", 1)[0]
+
+
+def test_nats_configs_keep_monitoring_on_loopback_or_in_the_pod() -> None:
+    # /connz?auth=true&subs=detail lists every tenant and its live reply subjects.
+    for node in nats_node_files():
+        assert conf_listen_host(node.read_text(), "http") == "127.0.0.1", node.name
+    # In Kubernetes the pod's config binds the pod (probes, Prometheus, KEDA) ...
+    pod_conf = nats_files()["k8s-pod.conf"]
+    assert conf_listen_host(pod_conf, "http") == "0.0.0.0"
+    assert pod_conf.index("include node.conf") < pod_conf.index("http:"), "the override comes after the include"
+    # ... fenced by the NetworkPolicy (next test); in Compose it stays on loopback.
+    for name in ("nats-1", "nats-2", "nats-3"):
+        service = compose_raw()["services"][name]
+        published = [str(p) for p in service.get("ports", []) + service.get("expose", [])]
+        assert not [p for p in published if "8222" in p], f"{name} publishes the monitoring port"
+        assert "http://127.0.0.1:8222/" in " ".join(service["healthcheck"]["test"])
+
+
+def monitor_port_names() -> set[Any]:
+    (container,) = pod_spec(named("StatefulSet", "nats"))["containers"]
+    return {p["name"] for p in container["ports"] if p["containerPort"] == 8222} | {8222}
+
+
+def test_the_monitoring_port_is_on_its_own_service_never_the_clients() -> None:
+    monitor = monitor_port_names()
+    nats_labels = named("StatefulSet", "nats")["spec"]["template"]["metadata"]["labels"]
+    services = [
+        s
+        for s in by_kind("Service")
+        if s["spec"].get("selector", {}).get("app.kubernetes.io/name") == nats_labels["app.kubernetes.io/name"]
+    ]
+    for service in services:
+        ports = service["spec"]["ports"]
+        exposes = {p["port"] for p in ports} | {p.get("targetPort") for p in ports}
+        if service["metadata"]["name"] == "nats-monitor":
+            assert exposes <= monitor, "nats-monitor carries the monitoring port only"
+        else:
+            assert not exposes & monitor, f"Service {service['metadata']['name']} exposes the monitoring port"
+    assert "nats-monitor" in {s["metadata"]["name"] for s in services}
+
+
+def test_a_network_policy_fences_the_monitoring_port() -> None:
+    monitor = monitor_port_names()
+    nats_labels = named("StatefulSet", "nats")["spec"]["template"]["metadata"]["labels"]
+    policies = [
+        p
+        for p in by_kind("NetworkPolicy")
+        if p["spec"]["podSelector"].get("matchLabels", {}).items() <= nats_labels.items()
+        and "Ingress" in p["spec"].get("policyTypes", ["Ingress"])
+    ]
+    assert policies, "no NetworkPolicy selects the NATS pods: anything in the cluster reaches 8222"
+    reaching_monitor = [
+        rule
+        for policy in policies
+        for rule in policy["spec"].get("ingress", [])
+        if not rule.get("ports") or {p.get("port") for p in rule["ports"]} & monitor
+    ]
+    assert reaching_monitor, "nothing may scrape the monitoring port (KEDA, Prometheus)"
+    for rule in reaching_monitor:
+        peers = rule.get("from")
+        assert peers, f"an ingress rule lets anyone reach the monitoring port: {rule}"
+        for peer in peers:
+            assert "ipBlock" not in peer, f"an address range reaches the monitoring port: {peer}"
+            assert peer.get("podSelector", {}).get("matchLabels"), f"every pod of a namespace reaches it: {peer}"
+    # the clients' port stays open to agents anywhere
+    assert any(
+        {p.get("port") for p in r.get("ports", [])} & {"client", 4222} and not r.get("from")
+        for policy in policies
+        for r in policy["spec"]["ingress"]
+    )
 
 
 def test_nats_users_passwords_come_from_the_secret_the_pods_read() -> None:

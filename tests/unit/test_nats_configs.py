@@ -90,15 +90,20 @@ def test_production_node_configs_are_valid(node: int, tmp_path: Path):
     cert.cert_chain_pems[0].write_to_path(str(tmp_path / "tls.crt"))
     text = (INFRA / f"node-{node}.conf").read_text()
     assert f"server_name: nats-{node}" in text and "include accounts.conf" in text
-    assert re.search(r"listen: 0\.0\.0\.0:4222", text) and "http: 0.0.0.0:8222" in text and "0.0.0.0:6222" in text
+    assert re.search(r"listen: 0\.0\.0\.0:4222", text) and "0.0.0.0:6222" in text
+    assert "http: 127.0.0.1:8222" in text  # monitoring: loopback (k8s-pod.conf binds the pod)
     text = text.replace("/etc/nats/tls/", f"{tmp_path}/").replace("/data/jetstream", str(tmp_path / "js"))
     (tmp_path / "nats.conf").write_text(text)
     (tmp_path / "accounts.conf").write_text((INFRA / "accounts.conf").read_text())
     names = re.findall(r"password: \$(\w+)", (INFRA / "accounts.conf").read_text())
     assert len(names) == 5
-    result = check(
-        tmp_path / "nats.conf", {n: '"$2b$04$abcdefghijklmnopqrstuuCFq6BDvtdlA7W8RUcv4Gqg3E2WyJ/Hy"' for n in names}
-    )
+    env = {n: '"$2b$04$abcdefghijklmnopqrstuuCFq6BDvtdlA7W8RUcv4Gqg3E2WyJ/Hy"' for n in names}
+    result = check(tmp_path / "nats.conf", env)
+    assert result.returncode == 0, result.stderr
+    # as a Kubernetes pod reads it: k8s-pod.conf, with the node's config as node.conf
+    (tmp_path / "node.conf").write_text(text)
+    (tmp_path / "pod.conf").write_text((INFRA / "k8s-pod.conf").read_text())
+    result = check(tmp_path / "pod.conf", env)
     assert result.returncode == 0, result.stderr
 
 

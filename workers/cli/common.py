@@ -4,6 +4,7 @@ and logging, and running a command's work on a NATS connection."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -68,22 +69,89 @@ def _database_shown(settings: Settings) -> str:
 
 
 T = TypeVar("T")
+PROBE_TIMEOUT_S = 2.0
 
 
-def _with_nats(work: Callable[[NATS], Awaitable[T]]) -> T:
-    """Run ``work`` on a fresh NATS connection; print a clear error and exit 1 on failure."""
+# What an operator's command needs, said when NATS refuses the user it runs as.
+ADMIN_CREDENTIALS = (
+    "operators' commands run as memq's admin user (or the workers user), not an app's: set "
+    "MEMQ_NATS__USER and MEMQ_NATS__PASSWORD, or MEMQ_NATS__CREDS_FILE (the users of `memq nats accounts`)"
+)
+
+
+class Refused(Exception):
+    """NATS refused the command's user a subject it needs (a permissions violation)."""
+
+
+def _violation(exc: Exception) -> str | None:
+    """The server's permissions violation in an ``error_cb`` error, if it is one."""
+    text = str(exc)
+    return text.removeprefix("nats: ") if "permissions violation" in text.lower() else None
+
+
+async def _guarded(work: Awaitable[T], denied: asyncio.Future) -> T:
+    """``work``, given up as soon as NATS reports a permissions violation.
+
+    nats-py reports a violation only to ``error_cb`` (``MemoryClient._denied``
+    reads it the same way) and lets the request wait out its timeout, or
+    JetStream setup retry "unavailable" for its whole patience: a command
+    with the wrong user would time out with a traceback or retry forever.
+    """
+    task = asyncio.ensure_future(work)
+    await asyncio.wait({task, denied}, return_when=asyncio.FIRST_COMPLETED)
+    if task.done() and (task.cancelled() or task.exception() is None or not denied.done()):
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise Refused(denied.result())
+
+
+def _with_nats(
+    work: Callable[[NATS], Awaitable[T]],
+    *,
+    admin: bool = True,
+    optional: tuple[str, ...] = (),
+    name: str = "cli",
+    patient: bool = False,
+) -> T:
+    """Run ``work`` on a fresh NATS connection; print a clear error and exit 1 on failure.
+
+    :param admin: an operator's command: a permissions violation fails it at
+        once with one line, "forbidden", and the credentials it needs; it
+        first asks JetStream for the account's info, so a wrong user is
+        refused before any slow work starts.
+    :param optional: subject prefixes the command can do without (a
+        violation on them is not fatal).
+    :param patient: connect as a worker does (ride out a NATS restart)
+        rather than give up after two tries.
+    """
     settings = _settings()
 
-    async def quiet(exc: Exception) -> None:  # after connecting: the command's own error says it
-        pass
-
     async def main() -> T:
-        # A command should fail fast, not ride out an outage like a worker:
-        # the first connect gives up after two tries 0.2 s apart.
-        options = {**bus.connect_options(settings, "cli"), "max_reconnect_attempts": 1, "reconnect_time_wait": 0.2}
-        nc = await bus.open_connection({**options, "error_cb": quiet})
+        denied: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        async def on_error(exc: Exception) -> None:  # the command's own error says the rest
+            found = _violation(exc)
+            if found and not denied.done() and not any(f'to "{p.lower()}' in found.lower() for p in optional):
+                denied.set_result(found)
+
+        options = bus.connect_options(settings, name)
+        if not patient:
+            # A command should fail fast, not ride out an outage like a worker:
+            # the first connect gives up after two tries 0.2 s apart.
+            options = {**options, "max_reconnect_attempts": 1, "reconnect_time_wait": 0.2}
+        nc = await bus.open_connection({**options, "error_cb": on_error})
         try:
-            return await work(nc)
+            if not admin:
+                return await work(nc)
+
+            async def probed() -> T:
+                with contextlib.suppress(Exception):  # only its refusal matters here
+                    await nc.jetstream(timeout=PROBE_TIMEOUT_S).account_info()
+                return await work(nc)
+
+            return await _guarded(probed(), denied)
         finally:
             await nc.close()
 
@@ -93,13 +161,20 @@ def _with_nats(work: Callable[[NATS], Awaitable[T]]) -> T:
         err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
     except bus.NatsTLSError as exc:
         err.print(f"[red]{escape(str(exc))}[/]: check MEMQ_NATS__TLS__CA_FILE / CERT_FILE / KEY_FILE")
+    except Refused as exc:
+        user = settings.nats.user or ("the creds file's user" if settings.nats.creds_file else "this user")
+        err.print(
+            f"[red]forbidden:[/] NATS refused {escape(user)} ({escape(str(exc))}): {ADMIN_CREDENTIALS}",
+            soft_wrap=True,
+        )
     except MemqError as exc:
         err.print(f"[red]{exc.code}:[/] {escape(exc.message)}")
     raise typer.Exit(1)
 
 
 def _with_client(app_id: str, work: Callable[[MemoryClient], Awaitable[T]]) -> T:
-    return _with_nats(lambda nc: work(MemoryClient(nc, app_id, consistency="any")))
+    # Not an operator's command: the client says itself when NATS refuses the app.
+    return _with_nats(lambda nc: work(MemoryClient(nc, app_id, consistency="any")), admin=False)
 
 
 def _when(ts: float) -> str:

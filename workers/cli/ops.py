@@ -100,7 +100,8 @@ def status(
     from memq.workers.status import collect_status, render
 
     settings = _settings()
-    report = _with_nats(lambda nc: collect_status(nc, settings.streams))
+    # $SRV pings are the workers user's to answer, not to send: it still sees the consumers.
+    report = _with_nats(lambda nc: collect_status(nc, settings.streams), optional=("$SRV.",))
     if as_json:
         console.print_json(json.dumps(report.to_dict()))
     else:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from enum import Enum
 
 import typer
+from nats.aio.client import Client as NATS
 from rich.markup import escape
 
 from memq.workers import bus
@@ -20,6 +21,7 @@ from memq.workers.cli.common import (
     _database_shown,
     _masked_nats_url,
     _settings,
+    _with_nats,
     app,
     console,
     err,
@@ -209,13 +211,14 @@ def init() -> None:
 
     settings = _settings()
 
-    async def main() -> None:
-        nc = await bus.connect(settings, "init")
-        try:
-            for name, outcome in (await bus.ensure_streams(nc.jetstream(), settings.streams)).items():
-                console.print(f"stream {name}: {outcome}")
-        finally:
-            await nc.close()
+    async def streams(nc: NATS) -> dict[str, str]:
+        return await bus.ensure_streams(nc.jetstream(), settings.streams)
+
+    # Patient: a cluster that is still forming is waited for, a wrong user is not.
+    for name, outcome in _with_nats(streams, name="init", patient=True).items():
+        console.print(f"stream {name}: {outcome}")
+
+    async def database() -> None:
         engine = create_engine(settings.database_url())
         try:
             await migrate(engine)
@@ -223,11 +226,7 @@ def init() -> None:
         finally:
             await engine.dispose()
 
-    try:
-        asyncio.run(main())
-    except NATS_FAILURES as exc:
-        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
-        raise typer.Exit(1) from None
+    asyncio.run(database())
 
 
 @app.command()

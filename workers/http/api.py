@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -41,6 +41,7 @@ from memq.contracts.queries import (
     StateView,
     StrategyName,
 )
+from memq.workers.http.door import API_KEY_HEADER, BEARER, FrontDoor, error_response, unauthenticated, wrong_app
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp
 from memq.workers.http.models import (
     Accepted,
@@ -52,8 +53,10 @@ from memq.workers.http.models import (
     SessionCreated,
     StateChange,
 )
+from memq.workers.settings import HttpSettings
 
 API_VERSION = "1"
+DEFAULT_MAX_BODY_BYTES = HttpSettings().max_body_bytes
 Role = Literal["user", "assistant", "system", "tool"]
 
 # memq's error codes as HTTP statuses; anything else is a 500.
@@ -81,6 +84,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (403, "the key is another app's, or NATS refused the app's request"),
         (404, "no such session"),
         (409, "min_seq was not committed in time: retry"),
+        (413, "the body is over http.max_body_bytes, or an event over the message size limit"),
         (422, "bad input: the message says which field"),
         (503, "the query service or NATS is unavailable: retry"),
     )
@@ -117,9 +121,7 @@ def _json(model: BaseModel, status: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status, media_type="application/json")
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    body = ErrorBody.model_validate({"error": {"code": code, "message": message}})
-    return Response(body.model_dump_json(), status_code=status, media_type="application/json", headers=headers)
+_error = error_response
 
 
 class ContextBody(BaseModel):
@@ -138,9 +140,13 @@ class ContextBody(BaseModel):
     min_seq: int | None = None
 
 
-def build_api(keyring: Keyring, client_for: Callable[[str], MemoryClient]) -> FastAPI:
+def build_api(
+    keyring: Keyring, client_for: Callable[[str], MemoryClient], *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> FastAPI:
     """The gateway's FastAPI app: ``client_for(app)`` gives the client of an
-    app whose key was checked (see :mod:`.clients`)."""
+    app whose key was checked (see :mod:`.clients`), behind the
+    :class:`~.door.FrontDoor` that checks the key and caps the body before
+    the body is read."""
     api = FastAPI(
         title="memq HTTP gateway",
         version=API_VERSION,
@@ -151,14 +157,15 @@ def build_api(keyring: Keyring, client_for: Callable[[str], MemoryClient]) -> Fa
         redoc_url=None,
         responses=_ERRORS,
     )
-    bearer = HTTPBearer(auto_error=False, description="the app's API key as a bearer token")
-    header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the app's API key")
+    api.add_middleware(FrontDoor, keyring=keyring, max_body_bytes=max_body_bytes)
 
     def client(
         app: App,
-        token: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
-        key: Annotated[str | None, Depends(header)],
+        token: Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER)],
+        key: Annotated[str | None, Depends(API_KEY_HEADER)],
     ) -> MemoryClient:
+        # The door has refused a bad key already, before the body was read;
+        # checked again here so that no route depends on the door being there.
         keyring.authorize(app, token.credentials if token is not None else key)
         return client_for(app)
 
@@ -170,12 +177,12 @@ def build_api(keyring: Keyring, client_for: Callable[[str], MemoryClient]) -> Fa
         return _error(status, exc.code, exc.message, {"Retry-After": "1"} if exc.code in RETRY_LATER else None)
 
     @api.exception_handler(Unauthenticated)
-    async def unauthenticated(request: Request, exc: Unauthenticated) -> Response:
-        return _error(401, "unauthenticated", str(exc), {"WWW-Authenticate": "Bearer"})
+    async def on_unauthenticated(request: Request, exc: Unauthenticated) -> Response:
+        return unauthenticated(exc)
 
     @api.exception_handler(WrongApp)
-    async def wrong_app(request: Request, exc: WrongApp) -> Response:
-        return _error(403, "not_allowed", str(exc))
+    async def on_wrong_app(request: Request, exc: WrongApp) -> Response:
+        return wrong_app(exc)
 
     @api.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Response:

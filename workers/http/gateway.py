@@ -108,8 +108,8 @@ class HttpGateway:
 
     async def start(self) -> None:
         clients = opened(self.clients, "the gateway's clients")
-        api = build_api(self.keyring, clients.get)
         http = self.settings.http
+        api = build_api(self.keyring, clients.get, max_body_bytes=http.max_body_bytes)
         sock = bind(http.host, http.port)
         config = uvicorn.Config(
             api,

@@ -74,7 +74,7 @@ class Keyring:
         if owner is None:
             raise Unauthenticated("unknown API key")
         if owner != app:
-            raise WrongApp(f"this API key is not app {app!r}'s")
+            raise WrongApp(f"this API key is not for app {app!r}")
 
 
 def check_open_is_local(keyring: Keyring, host: str) -> None:
