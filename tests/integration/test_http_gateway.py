@@ -300,3 +300,29 @@ def test_an_open_gateway_must_listen_on_loopback(tmp_path):
     HttpGateway(Settings(data_dir=tmp_path, http={"host": "0.0.0.0", "apps": {"a": {"api_key": "k"}}}))
     with pytest.raises(ValueError, match="same API key"):
         HttpGateway(Settings(data_dir=tmp_path, http={"apps": {"a": {"api_key": "k"}, "b": {"api_key": "k"}}}))
+
+
+async def test_writers_through_the_gateway_see_and_fence_each_other(nats_url, sqlite_url, tmp_path):
+    """The gateway reads with consistency="any": a read right after another
+    client's acknowledged append (a Python client beside it) holds it; and
+    an append with a stale expect_seq is a 409 conflict, not an interleaving."""
+    from memq.contracts.client import MemoryClient
+
+    async with stack(gateway_settings(nats_url, sqlite_url, tmp_path)) as http:
+        a, h = "/v1/apps/app-a/users/u", as_app("app-a")
+        seq = (await http.post(f"{a}/sessions", json={"session_id": "s"}, headers=h)).json()["seq"]
+        async with await MemoryClient.connect(nats_url, app="app-a") as other:
+            for i in range(20):
+                await other.append_text("u", "s", "user", f"from python {i}")
+                events = (await http.get(f"{a}/sessions/s/events", headers=h)).json()["events"]
+                assert events[-1]["event"]["message"]["parts"][0]["text"] == f"from python {i}"
+            last = other.last_seq
+        stale = await http.post(
+            f"{a}/sessions/s/events", json={"events": [turn("user", "late")], "expect_seq": seq}, headers=h
+        )
+        conflict = error_of(stale, 409)
+        assert conflict["code"] == "conflict" and str(last) in conflict["message"]
+        fresh = await http.post(
+            f"{a}/sessions/s/events", json={"events": [turn("user", "on time")], "expect_seq": last}, headers=h
+        )
+        assert fresh.status_code == 202, fresh.text

@@ -291,7 +291,7 @@ def build_api(
     @api.post(session_path + "/events", response_model=Appended, status_code=202, tags=["events"])
     async def append_events(client: Client, user: User, session: Session, body: NewEvents) -> Response:
         """Append events in order; each is in the log once JetStream has stored it."""
-        seqs = await client.append_many(user, session, body.events)
+        seqs = await client.append_many(user, session, body.events, expect_seq=body.expect_seq)
         return _json(Appended(seq=max(seqs), seqs=seqs), 202)
 
     # --- working memory -----------------------------------------------------------

@@ -30,6 +30,14 @@ class NewEvents(_Body):
         max_length=MAX_EVENTS_PER_APPEND,
         description="appended in this order (an event's `id` makes a retry a no-op)",
     )
+    expect_seq: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "append only if the session's last message is still the one at this sequence (0: none yet), "
+            "else 409 `conflict`: another writer appended first. Checked on the first event"
+        ),
+    )
 
 
 class StateChange(_Body):
