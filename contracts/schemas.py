@@ -15,7 +15,8 @@ import uuid_utils
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from memq.contracts.errors import InvalidId
-from memq.contracts.ids import encode_token, validate_id
+from memq.contracts.ids import validate_id
+from memq.contracts.subjects import dedupe_id
 
 SCHEMA_VERSION: Final = 1  # Final: its type is Literal[1], the field type of `v`
 SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION})
@@ -177,10 +178,15 @@ class _Envelope(_Model):
 
     @property
     def msg_id(self) -> str:
-        """The Nats-Msg-Id used for JetStream dedupe: the id escaped like a
-        subject token. Raw, ids "a" and "a\\t" would collide (header values
-        are stripped, CR/LF become spaces) and JetStream would drop one."""
-        return encode_token(self.id, "id")  # type: ignore[attr-defined]
+        """The Nats-Msg-Id the client publishes this message with
+        (:func:`memq.contracts.subjects.dedupe_id` of its subject, id and
+        encoded bytes). The id is escaped like a subject token: raw, ids "a"
+        and "a\\t" would collide (header values are stripped, CR/LF become
+        spaces) and JetStream would drop one."""
+        from memq.contracts.codec import encode, subject_for  # the codec imports this module
+
+        key = self.event.id if isinstance(self, EventAppended) else self.id  # type: ignore[attr-defined]
+        return dedupe_id(subject_for(self), key, encode(self))  # type: ignore[arg-type]
 
 
 class _SessionEnvelope(_Envelope):
@@ -190,10 +196,6 @@ class _SessionEnvelope(_Envelope):
 class EventAppended(_SessionEnvelope):
     kind: Literal["event"] = "event"
     event: Event
-
-    @property
-    def msg_id(self) -> str:
-        return encode_token(self.event.id, "event id")
 
 
 class SessionCreated(_SessionEnvelope):
