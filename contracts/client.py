@@ -72,7 +72,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from memq.contracts.carry import RecentWrites
-from memq.contracts.codec import DEFAULT_MAX_BYTES, encode, event_encoder, subject_for
+from memq.contracts.codec import DEFAULT_MAX_BYTES, encode, event_encoder, msg_id, subject_for
 from memq.contracts.connection import DEFAULT_RECONNECT_ATTEMPTS, connect_nats
 from memq.contracts.errors import (
     Conflict,
@@ -1005,9 +1005,7 @@ class MemoryClient:
         limit = self._payload_limit()
         if len(data) > limit:
             raise Oversize(f"{message.kind} message is {len(data)} bytes; the limit is {limit}")
-        subject = subject_for(message)
-        key = message.event.id if isinstance(message, EventAppended) else message.id
-        return subject, data, {"Nats-Msg-Id": dedupe_id(subject, key, data)}  # = message.msg_id, encoded once
+        return subject_for(message), data, {"Nats-Msg-Id": msg_id(message, data)}
 
     def _prepare_events(self, user: str, session: str, events: Sequence[Event]) -> list[_Prepared]:
         """``_prepare(_build(EventAppended, …))`` of every event, with the

@@ -38,6 +38,9 @@ ORIGINAL_SEQ = "Memq-Original-Seq"
 REPLAYED_FROM = "Memq-Replayed-From"
 
 REPLAY_ID_PREFIX = "memq-replay"
+# The persistence worker's code for an event whose session already holds its id
+# with other content (the first stays): not a contract error, as nothing raises it.
+DUPLICATE_ID = "duplicate_id"
 MAX_REASON = 2000  # characters of Memq-Error; the body stays as it was
 
 

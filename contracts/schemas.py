@@ -16,7 +16,6 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from memq.contracts.errors import InvalidId
 from memq.contracts.ids import validate_id
-from memq.contracts.subjects import dedupe_id
 
 SCHEMA_VERSION: Final = 1  # Final: its type is Literal[1], the field type of `v`
 SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION})
@@ -175,18 +174,6 @@ class _Envelope(_Model):
     v: Literal[1] = SCHEMA_VERSION
     app: AppId
     user: UserId
-
-    @property
-    def msg_id(self) -> str:
-        """The Nats-Msg-Id the client publishes this message with
-        (:func:`memq.contracts.subjects.dedupe_id` of its subject, id and
-        encoded bytes). The id is escaped like a subject token: raw, ids "a"
-        and "a\\t" would collide (header values are stripped, CR/LF become
-        spaces) and JetStream would drop one."""
-        from memq.contracts.codec import encode, subject_for  # the codec imports this module
-
-        key = self.event.id if isinstance(self, EventAppended) else self.id  # type: ignore[attr-defined]
-        return dedupe_id(subject_for(self), key, encode(self))  # type: ignore[arg-type]
 
 
 class _SessionEnvelope(_Envelope):

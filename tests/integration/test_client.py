@@ -17,7 +17,7 @@ from nats.js.api import DiscardPolicy, StreamConfig
 
 from memq.contracts import client as memq_client_module
 from memq.contracts.client import MemoryClient, SessionRef
-from memq.contracts.codec import decode_from_subject
+from memq.contracts.codec import decode_from_subject, msg_id
 from memq.contracts.errors import (
     Conflict,
     InvalidId,
@@ -74,7 +74,7 @@ async def test_append_returns_increasing_sequences(client: MemoryClient, nc) -> 
     message, raw = await stored(nc, seqs[-1])
     assert raw.subject == events_subject(APP, USER, SESSION)
     assert message.event.message.text == "reply" and message.event.author == APP
-    assert raw.headers["Nats-Msg-Id"] == message.msg_id == dedupe_id(raw.subject, message.event.id, raw.data)
+    assert raw.headers["Nats-Msg-Id"] == msg_id(message) == dedupe_id(raw.subject, message.event.id, raw.data)
 
 
 async def test_append_many_keeps_input_order(client: MemoryClient, nc) -> None:
@@ -260,7 +260,7 @@ async def test_every_write_lands_on_its_subject(client: MemoryClient, nc) -> Non
     for seq, kind, subject in writes:
         message, raw = await stored(nc, seq)
         assert (message.kind, raw.subject) == (kind, subject)
-        assert raw.headers["Nats-Msg-Id"] == message.msg_id == dedupe_id(raw.subject, message.id, raw.data)
+        assert raw.headers["Nats-Msg-Id"] == msg_id(message) == dedupe_id(raw.subject, message.id, raw.data)
 
 
 async def test_bad_input_fails_before_any_io(nats_url: str) -> None:

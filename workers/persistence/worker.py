@@ -38,6 +38,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from memq.contracts.codec import decode_from_subject
+from memq.contracts.dlq import DUPLICATE_ID
 from memq.contracts.errors import Internal, MemqError
 from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.subjects import (
@@ -248,7 +249,7 @@ class PersistenceWorker:
             return items, raw
         for msg in raw:
             if (seq := msg.metadata.sequence.stream) in reused:
-                await self._dead_letter(msg, "duplicate_id", reused[seq], outcome)
+                await self._dead_letter(msg, DUPLICATE_ID, reused[seq], outcome)
         kept = [(i, m) for i, m in zip(items, raw, strict=True) if i.seq not in reused]
         return [i for i, _ in kept], [m for _, m in kept]
 

@@ -37,7 +37,7 @@ from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.micro import add_service
 
-from memq.contracts.codec import encode, subject_for
+from memq.contracts.codec import encode, msg_id, subject_for
 from memq.contracts.errors import NotCommitted
 from memq.contracts.ids import scope_key
 from memq.contracts.notices import CommitNotice, StatusEvent
@@ -78,7 +78,7 @@ class CheckpointNotStored(Exception):
 
 def checkpoint_id(session_key: str, up_to_seq: int) -> str:
     """Deterministic: the same fold has the same id in every replica, so SQL
-    stores it once. Its Nats-Msg-Id (``CheckpointSaved.msg_id``) also holds a
+    stores it once. Its Nats-Msg-Id (``codec.msg_id``) also holds a
     digest of the summary and timestamp: an app that predicts the id cannot
     make JetStream drop the checkpoint as a duplicate."""
     return f"checkpoint-{session_key[:32]}-{up_to_seq}"
@@ -387,7 +387,7 @@ class SummarizerWorker:
             up_to_seq=up_to,
             author=f"summarizer:{self.settings.summarizer.kind}",
         )
-        ack = await self.js.publish(subject_for(message), encode(message), headers={"Nats-Msg-Id": message.msg_id})
+        ack = await self.js.publish(subject_for(message), encode(message), headers={"Nats-Msg-Id": msg_id(message)})
         log.info(
             "checkpoint of %s/%s/%s up to seq %d at seq %d%s",
             app,
