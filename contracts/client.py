@@ -3,8 +3,20 @@
 Every write is one message on ``MEMQ_EVENTS``. A method returns once JetStream
 has acknowledged it, with its stream sequence: the message's position in the
 session and the token a read-your-writes query waits for. Each message carries
-``Nats-Msg-Id`` (the event or message id), so a retried publish inside the
-stream's duplicate window gets the original sequence back instead of a copy.
+``Nats-Msg-Id`` (:func:`~memq.contracts.subjects.dedupe_id`: the session's
+subject, the event or message id and a digest of the message's bytes), so a
+retried publish inside the stream's duplicate window gets the original sequence
+back instead of a copy.
+
+Ids belong to their session: the same id in another app, user or session is
+another message, never a duplicate. A duplicate ack (``PubAck.duplicate``,
+counted in :attr:`MemoryClient.duplicates`) therefore means this very message
+(same session, id and bytes) was stored before: the caller's own retry, a
+success with the original sequence. The same id with other content in the same
+session is not a duplicate for JetStream: it is stored in the stream, and the
+persistence worker keeps the first one and dead-letters the other (code
+``duplicate_id``, with both sequences in the reason), within the duplicate
+window or after it alike. Give each new event a new id (the default).
 
 A publish whose outcome is unknown (no PubAck within ``timeout``, the
 connection lost while nats-py reconnects) may have been stored, so the client
@@ -60,7 +72,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from memq.contracts.carry import RecentWrites
-from memq.contracts.codec import DEFAULT_MAX_BYTES, encode, event_encoder, subject_for
+from memq.contracts.codec import DEFAULT_MAX_BYTES, encode, event_encoder, msg_id, subject_for
 from memq.contracts.connection import DEFAULT_RECONNECT_ATTEMPTS, connect_nats
 from memq.contracts.errors import (
     Conflict,
@@ -111,6 +123,7 @@ from memq.contracts.subjects import (
     ARTIFACT_BUCKET,
     EVENTS_STREAM,
     artifact_object_name,
+    dedupe_id,
     request_subject,
     status_subject,
 )
@@ -283,6 +296,9 @@ class MemoryClient:
         self.consistency = consistency
         self._recent = RecentWrites() if carry_writes else None
         self.last_seq: int | None = None
+        # Publishes JetStream answered as duplicates: retries of a message it
+        # already had (same subject, id and bytes), each a success.
+        self.duplicates = 0
         self._js = nc.jetstream(timeout=timeout)
         self._objects: ObjectStore | None = None
         self._owns_connection = False
@@ -1009,7 +1025,7 @@ class MemoryClient:
         limit = self._payload_limit()
         if len(data) > limit:
             raise Oversize(f"{message.kind} message is {len(data)} bytes; the limit is {limit}")
-        return subject_for(message), data, {"Nats-Msg-Id": message.msg_id}
+        return subject_for(message), data, {"Nats-Msg-Id": msg_id(message, data)}
 
     def _prepare_events(self, user: str, session: str, events: Sequence[Event]) -> list[_Prepared]:
         """``_prepare(_build(EventAppended, …))`` of every event, with the
@@ -1028,7 +1044,7 @@ class MemoryClient:
             data = encode_event(event)
             if len(data) > limit:
                 raise Oversize(f"event message is {len(data)} bytes; the limit is {limit}")
-            prepared.append((subject, data, {"Nats-Msg-Id": encode_token(event.id, "event id")}))
+            prepared.append((subject, data, {"Nats-Msg-Id": dedupe_id(subject, event.id, data)}))
         return prepared
 
     async def _publish(self, message: Any, expect_seq: int | None = None) -> int:
@@ -1079,6 +1095,10 @@ class MemoryClient:
             await asyncio.sleep(random.uniform(delay / 2, delay))  # jitter: clients cut together retry apart
             delay = min(2 * delay, RETRY_DELAYS[1])
         seqs = [ack.seq for ack in acks if ack is not None]
+        # The dedupe id holds the subject and a digest of the bytes: a
+        # duplicate is this very message, stored before (an earlier try, or the
+        # caller publishing it again), and its original sequence is the answer.
+        self.duplicates += sum(1 for ack in acks if ack is not None and ack.duplicate)
         self._published(max(seqs))
         return seqs
 

@@ -11,7 +11,7 @@ from pydantic_core import PydanticSerializationError
 
 from memq.contracts.errors import InvalidMessage, Oversize, SubjectMismatch, UnsupportedVersion
 from memq.contracts.schemas import SUPPORTED_VERSIONS, Event, EventAppended, StreamMessage
-from memq.contracts.subjects import events_subject, parse_events_subject
+from memq.contracts.subjects import dedupe_id, events_subject, parse_events_subject
 
 _ADAPTER: TypeAdapter[StreamMessage] = TypeAdapter(StreamMessage)
 _EVENT: TypeAdapter[Event] = TypeAdapter(Event)
@@ -49,6 +49,16 @@ def event_encoder(envelope: EventAppended) -> Callable[[Event], bytes]:
 
 def subject_for(message: StreamMessage) -> str:
     return events_subject(message.app, message.user, getattr(message, "session", None))
+
+
+def msg_id(message: StreamMessage, data: bytes | None = None) -> str:
+    """The Nats-Msg-Id the client publishes ``message`` with: :func:`dedupe_id`
+    of its subject, its id (an event's own id) and its encoded bytes (``data``
+    if already encoded). The id is escaped like a subject token: raw, ids "a"
+    and "a\\t" would collide (header values are stripped, CR/LF become
+    spaces) and JetStream would drop one."""
+    key = message.event.id if isinstance(message, EventAppended) else message.id
+    return dedupe_id(subject_for(message), key, encode(message) if data is None else data)
 
 
 def _summarise(exc: ValidationError) -> str:

@@ -7,7 +7,8 @@ these headers, and goes on:
 
 - ``Memq-Worker``: the worker kind that gave up (``persistence``, ...).
 - ``Memq-Error-Code``: a code from :mod:`memq.contracts.errors`, or a
-  worker's own (``storage_rejected``).
+  worker's own (``storage_rejected``; ``duplicate_id``: an event id its
+  session already holds with other content).
 - ``Memq-Error``: why, one line of ASCII, at most ``MAX_REASON`` (2000) characters.
 - ``Memq-Original-Subject`` and ``Memq-Original-Seq``: where the message was
   in ``MEMQ_EVENTS``; a replay publishes it on that subject again.
@@ -15,7 +16,7 @@ these headers, and goes on:
   the same message twice (redelivered before its ack) stores it once.
 
 A replayed message carries ``Memq-Replayed-From: <DLQ seq>`` and the msg id
-``memq-replay:<DLQ stream>:<DLQ seq>``.
+``dedupe_id(<original subject>, "memq-replay:<DLQ stream>:<DLQ seq>")``.
 
 Writers (the workers) and readers (``memq dlq``, operators' own tools) build
 and read the headers only through this module.
@@ -26,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from memq.contracts.subjects import dedupe_id
+
 MSG_ID = "Nats-Msg-Id"
 WORKER = "Memq-Worker"
 ERROR_CODE = "Memq-Error-Code"
@@ -35,6 +38,9 @@ ORIGINAL_SEQ = "Memq-Original-Seq"
 REPLAYED_FROM = "Memq-Replayed-From"
 
 REPLAY_ID_PREFIX = "memq-replay"
+# The persistence worker's code for an event whose session already holds its id
+# with other content (the first stays): not a contract error, as nothing raises it.
+DUPLICATE_ID = "duplicate_id"
 MAX_REASON = 2000  # characters of Memq-Error; the body stays as it was
 
 
@@ -92,7 +98,11 @@ class DeadLetterHeaders:
         )
 
 
-def replay_headers(dlq_stream: str, dlq_seq: int) -> dict[str, str]:
-    """Headers of a replayed message: running the same replay twice within
-    the duplicate window (a crash between publish and delete) appends it once."""
-    return {MSG_ID: f"{REPLAY_ID_PREFIX}:{dlq_stream}:{dlq_seq}", REPLAYED_FROM: str(dlq_seq)}
+def replay_headers(dlq_stream: str, dlq_seq: int, subject: str) -> dict[str, str]:
+    """Headers of a replayed message, published on ``subject``: running the
+    same replay twice within the duplicate window (a crash between publish and
+    delete) appends it once. The id is scoped to the subject
+    (:func:`~memq.contracts.subjects.dedupe_id`): an app that published the
+    id first on its own subject cannot make the stream drop the replay."""
+    replay_id = f"{REPLAY_ID_PREFIX}:{dlq_stream}:{dlq_seq}"
+    return {MSG_ID: dedupe_id(subject, replay_id), REPLAYED_FROM: str(dlq_seq)}

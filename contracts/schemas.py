@@ -15,7 +15,7 @@ import uuid_utils
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from memq.contracts.errors import InvalidId
-from memq.contracts.ids import encode_token, validate_id
+from memq.contracts.ids import validate_id
 
 SCHEMA_VERSION: Final = 1  # Final: its type is Literal[1], the field type of `v`
 SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION})
@@ -175,13 +175,6 @@ class _Envelope(_Model):
     app: AppId
     user: UserId
 
-    @property
-    def msg_id(self) -> str:
-        """The Nats-Msg-Id used for JetStream dedupe: the id escaped like a
-        subject token. Raw, ids "a" and "a\\t" would collide (header values
-        are stripped, CR/LF become spaces) and JetStream would drop one."""
-        return encode_token(self.id, "id")  # type: ignore[attr-defined]
-
 
 class _SessionEnvelope(_Envelope):
     session: SessionId
@@ -190,10 +183,6 @@ class _SessionEnvelope(_Envelope):
 class EventAppended(_SessionEnvelope):
     kind: Literal["event"] = "event"
     event: Event
-
-    @property
-    def msg_id(self) -> str:
-        return encode_token(self.event.id, "event id")
 
 
 class SessionCreated(_SessionEnvelope):

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import NamedTuple
 
 from memq.contracts.errors import InvalidId
@@ -37,6 +38,26 @@ class Scope(NamedTuple):
 def events_subject(app: str, user: str, session: str | None = None) -> str:
     base = f"{PREFIX}.ev.{encode_token(app, 'app')}.{encode_token(user, 'user')}"
     return base if session is None else f"{base}.{encode_token(session, 'session')}"
+
+
+def dedupe_id(subject: str, id: str, data: bytes | None = None) -> str:
+    """The ``Nats-Msg-Id`` of a message with ``id`` published on ``subject``:
+    ``<sha256(subject)[:32]>.<id as a token>[.<sha256(data)[:16]>]``.
+
+    JetStream's duplicate window is per stream, not per subject, so a bare id
+    would let one app (or one session) make the stream drop another's message.
+    The subject (app, user, session) is in the id, as a digest so the header
+    stays bounded whatever the ids' lengths (it is the message's own subject,
+    so it can be recomputed when debugging). With ``data`` (the payload as
+    published: every client write), a duplicate is an identical message only,
+    so a duplicate ack always means the caller's own retry; the same id with
+    other content is stored, and the persistence worker dead-letters it
+    (``duplicate_id``). Without ``data`` (internal publishers whose reruns make
+    the same id with another timestamp: the session-expiry sweep, DLQ replays),
+    the id alone dedupes. The parts are joined by ``.``, which no token holds."""
+    scope = hashlib.sha256(subject.encode()).hexdigest()[:32]
+    base = f"{scope}.{encode_token(id, 'id')}"
+    return base if data is None else f"{base}.{hashlib.sha256(data).hexdigest()[:16]}"
 
 
 def user_events_filter(app: str, user: str) -> list[str]:

@@ -94,7 +94,7 @@ EVENT_HEADERS = {
 }
 DEAD_LETTER_HEADERS = {
     dlq.WORKER: "the worker kind that gave up on the message",
-    dlq.ERROR_CODE: "why, as a code: one of memq.contracts.errors, or the worker's own (storage_rejected)",
+    dlq.ERROR_CODE: "why, as a code: one of memq.contracts.errors, or the worker's own (storage_rejected, duplicate_id)",
     dlq.ERROR: f"why, in words: one line of ASCII, at most {dlq.MAX_REASON} characters",
     dlq.ORIGINAL_SUBJECT: f"the subject the message had in {EVENTS_STREAM}; a replay publishes it there again",
     dlq.ORIGINAL_SEQ: f"its sequence in {EVENTS_STREAM}",

@@ -155,7 +155,7 @@ async def replay_dead_letters(
     """Publish each matching dead letter on its original subject, then delete
     it from the DLQ (unless ``keep``).
 
-    The publish carries ``Nats-Msg-Id: memq-replay:<dlq seq>``: running the
+    The publish carries ``Nats-Msg-Id: dedupe_id(subject, memq-replay:<dlq seq>)``: running the
     same replay twice within the duplicate window (e.g. after a crash between
     publish and delete) appends it once.
     """
@@ -166,7 +166,7 @@ async def replay_dead_letters(
         if why:
             result.skipped.append((letter.seq, why))
             continue
-        headers = replay_headers(dlq_stream, letter.seq)
+        headers = replay_headers(dlq_stream, letter.seq, letter.original_subject)
         await js.publish(letter.original_subject, letter.data, headers=headers, stream=events_stream)
         if not keep:
             await js.delete_msg(dlq_stream, letter.seq)

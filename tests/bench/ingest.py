@@ -106,7 +106,7 @@ from nats.js.errors import NotFoundError  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.codec import encode, subject_for  # noqa: E402
+from memq.contracts.codec import encode, msg_id, subject_for  # noqa: E402
 from memq.contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
 from memq.contracts.subjects import CHANGED_WILDCARD, EVENTS_STREAM  # noqa: E402
 from memq.workers import bus  # noqa: E402
@@ -431,7 +431,7 @@ def raw_payloads(events: list[Event], keys) -> list[tuple[str, bytes, str]]:
         for e in evs:
             message = EventAppended(app=APP, user=user, session=session, event=e)
             subject = subject_for(message).replace("memq.v1.ev.", "bench.raw.", 1)
-            out.append((subject, encode(message), message.msg_id))
+            out.append((subject, encode(message), msg_id(message)))
     return out
 
 

@@ -107,7 +107,7 @@ from nats.js.errors import NotFoundError  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from memq.contracts.client import MemoryClient, build_request, encode_request  # noqa: E402
-from memq.contracts.codec import encode, subject_for  # noqa: E402
+from memq.contracts.codec import encode, msg_id, subject_for  # noqa: E402
 from memq.contracts.ids import scope_key  # noqa: E402
 from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart  # noqa: E402
 from memq.contracts.subjects import EVENTS_STREAM, request_subject  # noqa: E402
@@ -578,7 +578,7 @@ async def seed_sessions(nats_url: str, js, cfg: Config, results: Results) -> Non
                     app=APP, user=USER, session=session, summary=make_summary(events[: cut + 1]), up_to_seq=seqs[cut]
                 )
                 ack = await js.publish(
-                    subject_for(checkpoint), encode(checkpoint), headers={"Nats-Msg-Id": checkpoint.msg_id}
+                    subject_for(checkpoint), encode(checkpoint), headers={"Nats-Msg-Id": msg_id(checkpoint)}
                 )
                 last = max(last, ack.seq)
                 results.seed["checkpoint_up_to_seq"] = seqs[cut]

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from memq.contracts import queries as q
-from memq.contracts.codec import encode, subject_for
+from memq.contracts.codec import encode, msg_id, subject_for
 from memq.contracts.errors import MemqError
 from memq.contracts.ids import MAX_ID_BYTES, decode_token, encode_token
 from memq.contracts.schemas import (
@@ -315,7 +315,7 @@ class StreamCase:
 
 def _client_header(draw, message) -> str | None:
     # What MemoryClient sends, or no header at all (another producer).
-    return message.msg_id if draw(st.booleans()) else None
+    return msg_id(message) if draw(st.booleans()) else None
 
 
 def _junk_header(draw) -> str | None:
@@ -531,7 +531,7 @@ def size_cases(draw, max_bytes: int, max_payload: int):
         expect, code = "reject", "oversize"
     else:
         expect, code = "commit", None
-    header = message.msg_id if expect == "commit" else _junk_header(draw)
+    header = msg_id(message) if expect == "commit" else _junk_header(draw)
     return StreamCase(f"size {target} ({len(data)} bytes)", subject_for(message), data, expect, header, code, message)
 
 
@@ -723,7 +723,7 @@ def _raw(label: str, message, doc_change=None, msg_id: str | None = None, expect
 
 
 def _valid(label: str, message) -> StreamCase:
-    return StreamCase(label, subject_for(message), encode(message), "commit", message.msg_id, message=message)
+    return StreamCase(label, subject_for(message), encode(message), "commit", msg_id(message), message=message)
 
 
 def stream_regressions() -> list[StreamCase]:

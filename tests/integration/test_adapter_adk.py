@@ -37,7 +37,7 @@ from google.genai import types
 from memq.contracts import client as memq_client_module
 from memq.contracts.adapters.adk import MemqMemoryService, MemqSessionService
 from memq.contracts.client import MemoryClient
-from memq.contracts.codec import encode, subject_for
+from memq.contracts.codec import encode, msg_id, subject_for
 from memq.contracts.schemas import CheckpointSaved
 
 APP = "adk_app"
@@ -312,7 +312,7 @@ async def test_appends_after_a_checkpoint_state_or_artifact_go_through(memq, mem
         await other.save_artifact(user, session.id, "a.txt", b"data")
         checkpoint = CheckpointSaved(app=APP, user=user, session=session.id, summary="one", up_to_seq=1)
         await other.nc.jetstream().publish(
-            subject_for(checkpoint), encode(checkpoint), headers={"Nats-Msg-Id": checkpoint.msg_id}
+            subject_for(checkpoint), encode(checkpoint), headers={"Nats-Msg-Id": msg_id(checkpoint)}
         )
     await service.append_event(session, said("user", "two"))
     await service.append_event(session, said("user", "three"))  # after its own append: no conflict

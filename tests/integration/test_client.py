@@ -17,7 +17,7 @@ from nats.js.api import DiscardPolicy, StreamConfig
 
 from memq.contracts import client as memq_client_module
 from memq.contracts.client import MemoryClient, SessionRef
-from memq.contracts.codec import decode_from_subject
+from memq.contracts.codec import decode_from_subject, msg_id
 from memq.contracts.errors import (
     Conflict,
     InvalidId,
@@ -28,7 +28,7 @@ from memq.contracts.errors import (
     PublishOutcomeUnknown,
 )
 from memq.contracts.schemas import ArtifactSaved, Event, Message, TextPart
-from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, events_subject
+from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, dedupe_id, events_subject
 from memq.workers.bus import ensure_streams
 from memq.workers.settings import StreamSettings
 from memq.workers.sql import reads
@@ -74,7 +74,7 @@ async def test_append_returns_increasing_sequences(client: MemoryClient, nc) -> 
     message, raw = await stored(nc, seqs[-1])
     assert raw.subject == events_subject(APP, USER, SESSION)
     assert message.event.message.text == "reply" and message.event.author == APP
-    assert raw.headers["Nats-Msg-Id"] == message.event.id
+    assert raw.headers["Nats-Msg-Id"] == msg_id(message) == dedupe_id(raw.subject, message.event.id, raw.data)
 
 
 async def test_append_many_keeps_input_order(client: MemoryClient, nc) -> None:
@@ -98,8 +98,9 @@ async def test_republishing_an_event_returns_its_sequence(client: MemoryClient, 
     assert await message_count(nc) == 2
     # At the JetStream level: the PubAck of a republish says duplicate.
     _, raw = await stored(nc, seq)
-    ack = await nc.jetstream().publish(raw.subject, raw.data, headers={"Nats-Msg-Id": first.id})
+    ack = await nc.jetstream().publish(raw.subject, raw.data, headers={"Nats-Msg-Id": raw.headers["Nats-Msg-Id"]})
     assert ack.duplicate and ack.seq == seq
+    assert client.duplicates == 4  # each republish by the client was answered as a duplicate, and succeeded
 
 
 # A writer in its own OS process, with its own NATS connection: appends one
@@ -259,7 +260,7 @@ async def test_every_write_lands_on_its_subject(client: MemoryClient, nc) -> Non
     for seq, kind, subject in writes:
         message, raw = await stored(nc, seq)
         assert (message.kind, raw.subject) == (kind, subject)
-        assert raw.headers["Nats-Msg-Id"] == message.id
+        assert raw.headers["Nats-Msg-Id"] == msg_id(message) == dedupe_id(raw.subject, message.id, raw.data)
 
 
 async def test_bad_input_fails_before_any_io(nats_url: str) -> None:
@@ -377,7 +378,7 @@ async def test_an_append_many_chunk_acked_too_late_is_settled_in_order(fresh_nat
     # (the server delivers to a subscriber before it acks, on one connection
     # here), so the rest of the chunk goes to a stalled server.
     async def stall_on_the_chunk(msg) -> None:
-        if msg.headers["Nats-Msg-Id"] == events[1].id:
+        if msg.headers["Nats-Msg-Id"].split(".")[1] == events[1].id:
             fresh_nats.pause()
             stalled.set()
 

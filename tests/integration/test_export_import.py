@@ -70,7 +70,7 @@ async def populate(url: str) -> None:
             app=APP, user="alice", session="s1", summary="Alice plans Lisbon.", up_to_seq=seqs[1]
         )
         ack = await client.nc.jetstream().publish(
-            codec.subject_for(checkpoint), codec.encode(checkpoint), headers={"Nats-Msg-Id": checkpoint.msg_id}
+            codec.subject_for(checkpoint), codec.encode(checkpoint), headers={"Nats-Msg-Id": codec.msg_id(checkpoint)}
         )
         await client.append("alice", "s1", turn("Thanks"))
         await client.append_many("bob", "s2", [turn(f"bob {i}", n=i) for i in range(30)])

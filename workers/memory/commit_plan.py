@@ -217,6 +217,50 @@ def _text(value: str, limit: int | None = None) -> str:
     return value.replace("\x00", "\ufffd")[:limit]
 
 
+EventKey = tuple[str, str]  # (session key, event id): the events table's primary key
+
+
+def event_keys(items: Iterable[Incoming]) -> dict[int, EventKey]:
+    """The (session key, event id) of each event in ``items``, by seq."""
+    return {
+        i.seq: (scope_key(m.app, m.user, m.session), m.event.id) for i in items if type(m := i.message) is EventAppended
+    }
+
+
+def reused_event_ids(items: Iterable[Incoming], stored: Mapping[EventKey, tuple[int, str]]) -> dict[int, str]:
+    """Events that reuse an id their session already holds with other content
+    (``stored``: the events table's (seq, data) of the batch's keys, or of
+    earlier events in the batch): their seq, and why. They are dead-lettered,
+    never silently dropped: the client's dedupe id holds a digest of the
+    content, so JetStream stores such a message, and the events table keeps
+    one event per (session, id). The first in stream order stays. The same
+    content again (a retry past the duplicate window, a redelivery) is no
+    conflict: the insert skips it, as before."""
+    seen = dict(stored)
+    keys = event_keys(items)
+    reused: dict[int, str] = {}
+    for item in sorted(items, key=lambda i: i.seq):
+        if (key := keys.get(item.seq)) is None:
+            continue
+        if key not in seen:
+            seen[key] = (item.seq, "")  # content only read if the id comes again
+            continue
+        first_seq, first_data = seen[key]
+        if first_seq == item.seq:
+            continue
+        if not first_data:  # an earlier event of this batch
+            first = next(i for i in items if i.seq == first_seq).message
+            first_data = event_row(first_seq, key[0], first)["data"]  # type: ignore[arg-type]
+            seen[key] = (first_seq, first_data)
+        data = event_row(item.seq, key[0], item.message)["data"]  # type: ignore[arg-type]
+        if orjson.loads(data) != orjson.loads(first_data):
+            reused[item.seq] = (
+                f"event id {key[1]!r} is already stored in this session at seq {first_seq} with other "
+                "content; the first stays. Give each new event a new id"
+            )
+    return reused
+
+
 def event_row(seq: int, session_key: str, m: EventAppended) -> dict[str, Any]:
     e = m.event
     data = e.model_dump(mode="json", exclude_none=True)

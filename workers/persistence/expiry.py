@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from memq.contracts.codec import encode, subject_for
 from memq.contracts.schemas import SessionDeleted
+from memq.contracts.subjects import dedupe_id
 from memq.workers.lease import Lease
 from memq.workers.settings import ExpirySettings, Settings
 from memq.workers.sql.models import SESSIONS, USERS
@@ -110,16 +111,21 @@ class SessionSweeper:
         idle = await idle_sessions(self.engine, self.expiry, now, self.expiry.max_per_sweep)
         for app, user, session, key, last_seq in idle:
             # The id names the session and its last write: a sweep that runs
-            # again before the delete is committed publishes the same message,
-            # which JetStream drops as a duplicate. (A write that lands between
-            # the read and this publish is deleted with the session: idle for
-            # a whole TTL and written in the same instant is the rare case.)
+            # again before the delete is committed publishes the same delete
+            # (with another timestamp), which JetStream drops as a duplicate:
+            # so the dedupe id is the id alone, scoped to the session's
+            # subject. Only the session's own app can publish there, and all
+            # it could do is put off its own session's expiry, as any write to
+            # it does. (A write that lands between the read and this publish
+            # is deleted with the session: idle for a whole TTL and written in
+            # the same instant is the rare case.)
             message = SessionDeleted(app=app, user=user, session=session, id=f"expired:{key}:{last_seq}")
+            subject = subject_for(message)
             await self.js.publish(
-                subject_for(message),
+                subject,
                 encode(message),
                 stream=self.settings.streams.events,
-                headers={"Nats-Msg-Id": message.msg_id},  # as MemoryClient.delete_session publishes it
+                headers={"Nats-Msg-Id": dedupe_id(subject, message.id)},
             )
         if idle:
             self.expired += len(idle)

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from memq.contracts.schemas import SessionDeleted, UserDeleted
 from memq.workers.memory.commit_plan import (
     CommitPlan,
+    EventKey,
     Incoming,
     Scopes,
     SessionRef,
@@ -116,6 +117,25 @@ class SqlStore:
             except StaleTombstones:  # a delete committed while the locks were awaited: rare
                 pass
         return await self._commit(items, scopes, deleting, guess=False)
+
+    async def stored_events(self, keys: Collection[EventKey]) -> dict[EventKey, tuple[int, str]]:
+        """(seq, data) of the stored events among ``keys``, for
+        :func:`~memq.workers.memory.commit_plan.reused_event_ids`: a seek per
+        key on the primary key (the pairs are filtered here, in chunks that
+        stay under SQLite's bound-parameter limit)."""
+        found: dict[EventKey, tuple[int, str]] = {}
+        wanted = sorted(set(keys))
+        c = EVENTS.c
+        async with self._autocommit.connect() as conn:
+            for start in range(0, len(wanted), 400):
+                chunk = set(wanted[start : start + 400])
+                q = select(c.session_key, c.event_id, c.seq, c.data).where(
+                    c.session_key.in_(sorted({k for k, _ in chunk})), c.event_id.in_(sorted({i for _, i in chunk}))
+                )
+                for key, event_id, seq, data in (await conn.execute(q)).all():
+                    if (key, event_id) in chunk:
+                        found[(key, event_id)] = (seq, data)
+        return found
 
     async def _append_only(self, items: Sequence[Incoming], scopes: Scopes) -> CommitResult | None:
         """The commit of a batch of events only (no state, artifact, summary or

@@ -38,6 +38,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
 from memq.contracts.codec import decode_from_subject
+from memq.contracts.dlq import DUPLICATE_ID
 from memq.contracts.errors import Internal, MemqError
 from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.subjects import (
@@ -53,7 +54,7 @@ from memq.workers import metrics
 from memq.workers.commit_floor import announce_finished
 from memq.workers.consumer import BatchConsumer
 from memq.workers.dlq import DeadLetters
-from memq.workers.memory.commit_plan import Incoming
+from memq.workers.memory.commit_plan import Incoming, event_keys, reused_event_ids
 from memq.workers.memory.tokens import encoding_for
 from memq.workers.opened import opened
 from memq.workers.persistence.expiry import SessionSweeper
@@ -226,7 +227,31 @@ class PersistenceWorker:
             items.append(Incoming(msg.metadata.sequence.stream, message))
             raw.append(msg)
         if items:
+            items, raw = await self._reject_reused_ids(items, raw, outcome)
+        if items:
             await self._commit_and_ack(items, raw, outcome)
+
+    async def _reject_reused_ids(
+        self, items: list[Incoming], raw: list[Msg], outcome: _Outcome
+    ) -> tuple[list[Incoming], list[Msg]]:
+        """Dead-letter the events that reuse an id of their session with other
+        content (:func:`~memq.workers.memory.commit_plan.reused_event_ids`); the rest."""
+        keys = event_keys(items)
+        if not keys:
+            return items, raw
+        try:
+            reused = reused_event_ids(items, await self.store.stored_events(keys.values()))
+        except Exception:
+            # The commit that follows finds out whether the database is down.
+            log.exception("checking %d event ids for reuse failed; committing without the check", len(keys))
+            return items, raw
+        if not reused:
+            return items, raw
+        for msg in raw:
+            if (seq := msg.metadata.sequence.stream) in reused:
+                await self._dead_letter(msg, DUPLICATE_ID, reused[seq], outcome)
+        kept = [(i, m) for i, m in zip(items, raw, strict=True) if i.seq not in reused]
+        return [i for i, _ in kept], [m for _, m in kept]
 
     async def _commit_and_ack(self, items: list[Incoming], raw: list[Msg], outcome: _Outcome) -> None:
         try:

@@ -14,9 +14,11 @@ up to which sequence. The worker then:
 2. announces ``{"state": "summarizing"}`` on ``memq.v1.status.<app>.<user>.<session>``;
 3. folds the previous summary and the events up to that sequence into a new
    summary (extractive, or an OpenAI-compatible LLM);
-4. publishes a checkpoint on the session's subject with a ``Nats-Msg-Id``
-   derived from the session and the sequence, so a retry or a second replica
-   cannot create two; the persistence worker commits it like any event.
+4. publishes a checkpoint on the session's subject with an id derived from
+   the session and the sequence, so a second replica cannot create two (SQL
+   keeps one per id); the persistence worker commits it like any event;
+5. checks that SQL has it once committed: if not (another message took its
+   id), that is a failure, retried after ``retry_after_s``, never at once.
 
 A failure never blocks persistence or queries (history stays within budget
 by ``token_window`` rules until a summary exists): it is logged, counted and
@@ -35,7 +37,7 @@ from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.micro import add_service
 
-from memq.contracts.codec import encode, subject_for
+from memq.contracts.codec import encode, msg_id, subject_for
 from memq.contracts.errors import NotCommitted
 from memq.contracts.ids import scope_key
 from memq.contracts.notices import CommitNotice, StatusEvent
@@ -70,8 +72,15 @@ WORKER = "summarizer"
 COMMIT_WAIT_S = 10.0  # how long a published checkpoint may take to reach SQL
 
 
+class CheckpointNotStored(Exception):
+    """A published checkpoint is not in SQL once its sequence is committed."""
+
+
 def checkpoint_id(session_key: str, up_to_seq: int) -> str:
-    """Deterministic: the same fold has the same id (and Nats-Msg-Id) in every replica."""
+    """Deterministic: the same fold has the same id in every replica, so SQL
+    stores it once. Its Nats-Msg-Id (``codec.msg_id``) also holds a
+    digest of the summary and timestamp: an app that predicts the id cannot
+    make JetStream drop the checkpoint as a duplicate."""
     return f"checkpoint-{session_key[:32]}-{up_to_seq}"
 
 
@@ -317,6 +326,8 @@ class SummarizerWorker:
                 await self.floor.wait_for(ack.seq, COMMIT_WAIT_S)
             except NotCommitted:
                 log.warning("checkpoint at seq %d not committed after %.0fs", ack.seq, COMMIT_WAIT_S)
+            else:
+                await self._check_stored(session_key, up_to, ack)
             await self._status(app, user, session, "summarized", up_to_seq=up_to)
             metrics.SUMMARIES.labels("duplicate" if ack.duplicate else "checkpoint").inc()
             if not ack.duplicate:
@@ -325,6 +336,21 @@ class SummarizerWorker:
             return up_to
         finally:
             await lease.release()
+
+    async def _check_stored(self, session_key: str, up_to: int, ack: PubAck) -> None:
+        """Raise :class:`CheckpointNotStored` unless SQL now has a checkpoint
+        up to ``up_to``: looking again at once would fold the same events and
+        publish again, a tight loop (as when a message with this checkpoint's
+        id took its place). Raised, it is a failure retried after
+        ``retry_after_s``."""
+        async with self.engine.connect() as conn:
+            latest = await reads.latest_checkpoint(conn, session_key)
+        if latest is None or latest.up_to_seq < up_to:
+            raise CheckpointNotStored(
+                f"checkpoint up to seq {up_to} published at seq {ack.seq}"
+                f"{' (a duplicate)' if ack.duplicate else ''} is not in SQL once committed: "
+                "another message with its id was stored first, or the session was deleted"
+            )
 
     async def _plan(self, session_key: str, strategy: Strategy) -> tuple[Fold, str | None, list[Turn]] | None:
         """What is due (the fold, the previous summary, the turns to fold), or None."""
@@ -361,7 +387,7 @@ class SummarizerWorker:
             up_to_seq=up_to,
             author=f"summarizer:{self.settings.summarizer.kind}",
         )
-        ack = await self.js.publish(subject_for(message), encode(message), headers={"Nats-Msg-Id": message.msg_id})
+        ack = await self.js.publish(subject_for(message), encode(message), headers={"Nats-Msg-Id": msg_id(message)})
         log.info(
             "checkpoint of %s/%s/%s up to seq %d at seq %d%s",
             app,
