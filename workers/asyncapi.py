@@ -253,33 +253,32 @@ def _add_queries(doc: dict[str, Any], server: list[dict[str, str]], settings: Se
 
 
 def _add_commit_floor(doc: dict[str, Any], server: list[dict[str, str]], settings: Settings) -> None:
-    """The query workers hear the committed notices the persistence replicas
-    publish: FastStream documents that side, and its schema of the payload."""
+    """The query workers hear the committed notices the persistence and the
+    indexing replicas publish: FastStream documents the publishing side, and
+    its schema of the payload."""
     assert "CommittedRanges" in doc["components"]["schemas"], "the persistence side declares the notice"
-    channel = f"{PREFIX}.committed.<durable>:query"
-    subject = committed_subject(settings.persistence.durable)
-    doc["components"]["messages"][f"{channel}:SubscribeMessage"] = {
-        "title": f"{channel}:SubscribeMessage",
-        "contentType": "application/json",
-        "payload": {"$ref": SCHEMAS + "CommittedRanges"},
-    }
-    doc["channels"][channel] = {
-        "address": subject,
-        "description": "Query worker: drop this replica's cached answers that the batch made stale, then move "
+    _add_notice_subscription(
+        doc,
+        server,
+        f"{PREFIX}.committed.<durable>:query",
+        committed_subject(settings.persistence.durable),
+        "Query worker: drop this replica's cached answers that the batch made stale, then move "
         "the commit floor (read-your-writes) over the sequences a persistence replica finished with, and wake "
         "the reads waiting on them. Every replica hears every notice (no queue group).",
-        "servers": server,
-        "bindings": {"nats": {"subject": subject, "bindingVersion": "custom"}},
-        "messages": {"SubscribeMessage": {"$ref": f"#/components/messages/{_escaped(channel)}:SubscribeMessage"}},
-    }
-    doc["operations"][channel] = {
-        "action": "receive",
-        "channel": {"$ref": f"#/channels/{_escaped(channel)}"},
-        "messages": [{"$ref": f"#/channels/{_escaped(channel)}/messages/SubscribeMessage"}],
-    }
-    # The same for the indexing replicas' notices, and search's indexing floor.
-    channel = f"{PREFIX}.committed.<indexing durable>:query"
-    subject = committed_subject(settings.indexing.durable)
+    )
+    _add_notice_subscription(
+        doc,
+        server,
+        f"{PREFIX}.committed.<indexing durable>:query",
+        committed_subject(settings.indexing.durable),
+        "Query worker: move the indexing floor over the sequences an indexing replica finished "
+        "with, and wake the searches waiting on them (a search's min_seq). Every replica hears every notice.",
+    )
+
+
+def _add_notice_subscription(
+    doc: dict[str, Any], server: list[dict[str, str]], channel: str, subject: str, description: str
+) -> None:
     doc["components"]["messages"][f"{channel}:SubscribeMessage"] = {
         "title": f"{channel}:SubscribeMessage",
         "contentType": "application/json",
@@ -287,8 +286,7 @@ def _add_commit_floor(doc: dict[str, Any], server: list[dict[str, str]], setting
     }
     doc["channels"][channel] = {
         "address": subject,
-        "description": "Query worker: move the indexing floor over the sequences an indexing replica finished "
-        "with, and wake the searches waiting on them (a search's min_seq). Every replica hears every notice.",
+        "description": description,
         "servers": server,
         "bindings": {"nats": {"subject": subject, "bindingVersion": "custom"}},
         "messages": {"SubscribeMessage": {"$ref": f"#/components/messages/{_escaped(channel)}:SubscribeMessage"}},

@@ -504,20 +504,12 @@ class QueryWorker:
 
     async def _on_committed(self, msg: Msg) -> None:
         # nats-py runs a subscription's callbacks one at a time, in order.
-        try:
-            notice = CommittedRanges.model_validate_json(msg.data)
-        except ValidationError as exc:
-            malformed_notice(msg.subject, exc)
-            return
-        await self.committed(notice)
+        if (notice := _notice(msg)) is not None:
+            await self.committed(notice)
 
     async def _on_indexed(self, msg: Msg) -> None:
-        try:
-            notice = CommittedRanges.model_validate_json(msg.data)
-        except ValidationError as exc:
-            malformed_notice(msg.subject, exc)
-            return
-        opened(self.index_floor, "the indexing floor").finished(notice.ranges)
+        if (notice := _notice(msg)) is not None:
+            opened(self.index_floor, "the indexing floor").finished(notice.ranges)
 
     async def committed(self, notice: CommittedRanges) -> None:
         cache = opened(self.cache, "the query cache")
@@ -534,6 +526,14 @@ class QueryWorker:
 
     async def invalidate_shared(self, notice: CommitNotice) -> None:
         await opened(self.cache, "the query cache").invalidate_shared(**_scope(notice))
+
+
+def _notice(msg: Msg) -> CommittedRanges | None:
+    try:
+        return CommittedRanges.model_validate_json(msg.data)
+    except ValidationError as exc:
+        malformed_notice(msg.subject, exc)
+        return None
 
 
 def _request_key(op: str, req: q._Request) -> str:
