@@ -38,6 +38,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from nats.micro import add_service
+from sqlalchemy import exc as sa_exc
 
 from memq.contracts.notices import CommittedRanges
 from memq.contracts.subjects import EVENTS_WILDCARD, committed_subject
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 
     from memq.workers.app import Resources
 
+SQL_RETRY_DELAYS_S = [0.2, 0.5, 1.0]  # a database outage: reconnecting is cheap, the batch is small
 log = logging.getLogger("memq.indexing")
 
 WORKER = "indexing"
@@ -294,6 +296,14 @@ class IndexingWorker:
             metrics.processed(WORKER, "retried", len(msgs))
             await self._retry_later(msgs, exc)
             return
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+            # The database (the previous turns it reads) is away: try again
+            # soon, as the persistence worker does, not after the index's
+            # growing delays or the consumer's 5 s for a bug; searches wait
+            # on this worker once the database is back.
+            metrics.processed(WORKER, "retried", len(msgs))
+            await self._retry_later(msgs, exc, delays=SQL_RETRY_DELAYS_S)
+            return
         except asyncio.CancelledError:
             # Stopping cut the batch short: hand it back now, not after ack_wait.
             for msg in msgs:
@@ -312,8 +322,8 @@ class IndexingWorker:
             await announce_finished(opened(self.nc, "IndexingWorker.nc"), self.settings.indexing.durable, acked)
         metrics.processed(WORKER, "ok", len(msgs))
 
-    async def _retry_later(self, msgs: list[Msg], exc: Exception) -> None:
-        delays = self.settings.indexing.retry_delays_s
+    async def _retry_later(self, msgs: list[Msg], exc: Exception, delays: list[float] | None = None) -> None:
+        delays = delays or self.settings.indexing.retry_delays_s
         attempt = max((m.metadata.num_delivered or 1) for m in msgs)
         delay = delays[min(attempt - 1, len(delays) - 1)]
         # A switch to another generation also fails writes: follow it if it
