@@ -46,10 +46,11 @@ def test_the_app_is_built_without_connecting(tmp_path):
     # configured, and the query's commit floor hears its notices with
     # nats-py (test_a_bad_commit_notice_... below goes through it).
     committed = committed_subject(settings.persistence.durable)  # the commit floor's notices
+    indexed = committed_subject(settings.indexing.durable)  # the indexing floor's notices
     subscribers = sorted((sub.subject.template, sub.queue) for sub in app.broker.subscribers)
     assert subscribers == [(CHANGED_WILDCARD, settings.summarizer.queue_group)]
     publishers = sorted(pub.subject.template for pub in app.broker.publishers)
-    assert publishers == [CHANGED_WILDCARD, committed, "memq.v1.status.{app}.{user}.{session}"]
+    assert publishers == sorted([CHANGED_WILDCARD, committed, indexed, "memq.v1.status.{app}.{user}.{session}"])
     process = assemble(settings, ["persistence", "query"])
     assert [k.name for k in process.kinds] == ["persistence", "query"]
     assert process.broker._connection is None
