@@ -343,6 +343,26 @@ class SearchLoop:
         run.record((t2 - t0) * 1000, steps)
 
 
+async def one_round(cfg: Config, n: int, r: int, order: list, label, clock: CommitClock | None) -> None:
+    """Round ``r``: a warm-up turn of each loop (sessions exist, connections
+    are open), then each loop for ``cfg.seconds``, loop ``r`` leading, so a
+    slow moment of a shared machine does not favour one side; the CPU each
+    loop costs the machine goes to its run."""
+    for _, loop in order:
+        await asyncio.gather(*(loop.turn(Run("warm", n), a, -1) for a in range(n)))
+    lead = r % len(order)
+    for run, loop in order[lead:] + order[:lead]:
+
+        async def turn(agent: int, i: int, run: Run = run, loop=loop) -> None:
+            await loop.turn(run, agent, i)
+
+        if clock is not None:
+            clock.reset()
+        before = process_cpu()
+        run.seconds += await run_agents(n, cfg.seconds, turn, cfg.think_ms / 1000)
+        run.spent(cpu_between(before, process_cpu(), label))
+
+
 async def measure_search(cfg: Config, nc, label, clock: CommitClock | None) -> list[Run]:
     """The two search loops at each number of agents, alternating as measure() does."""
     runs: list[Run] = []
@@ -353,19 +373,7 @@ async def measure_search(cfg: Config, nc, label, clock: CommitClock | None) -> l
             tag = f"a{n}r{r}-{uuid.uuid4().hex[:6]}"
             wait_loop = SearchLoop(nc, n, tag, True, clock if n == 1 else None)
             fast_loop = SearchLoop(nc, n, f"{tag}-f", False)
-            order = [(wait_run, wait_loop), (fast_run, fast_loop)]
-            for _, loop in order:  # a warm-up turn each
-                await asyncio.gather(*(loop.turn(Run("warm", n), a, -1) for a in range(n)))
-            for run, loop in order[r % 2 :] + order[: r % 2]:
-
-                async def turn(agent: int, i: int, run: Run = run, loop=loop) -> None:
-                    await loop.turn(run, agent, i)
-
-                if clock is not None:
-                    clock.reset()
-                before = process_cpu()
-                run.seconds += await run_agents(n, cfg.seconds, turn, cfg.think_ms / 1000)
-                run.spent(cpu_between(before, process_cpu(), label))
+            await one_round(cfg, n, r, [(wait_run, wait_loop), (fast_run, fast_loop)], label, clock)
             status(
                 f"  round {r + 1}: wait {wait_run.per_s:,.0f} turns/s p50 {percentile(wait_run.turn_ms, 50):.2f} ms"
                 f" · no wait {fast_run.per_s:,.0f} turns/s p50 {percentile(fast_run.turn_ms, 50):.2f} ms,"
@@ -395,21 +403,7 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock
                 "bare": BareLoop(nc, tag),
                 "bare tail": BareLoop(nc, f"{tag}-t", "tail"),
             }
-            order = [(by[path], loops[path]) for path in paths]
-            # one warm-up turn each: the sessions exist, connections are open
-            for _, loop in order:
-                await asyncio.gather(*(loop.turn(Run("warm", n), a, -1) for a in range(n)))
-            lead = r % len(order)
-            for run, loop in order[lead:] + order[:lead]:  # each loop leads a round in turn
-
-                async def turn(agent: int, i: int, run: Run = run, loop=loop) -> None:
-                    await loop.turn(run, agent, i)
-
-                if clock is not None:
-                    clock.reset()
-                before = process_cpu()
-                run.seconds += await run_agents(n, cfg.seconds, turn, cfg.think_ms / 1000)
-                run.spent(cpu_between(before, process_cpu(), label))
+            await one_round(cfg, n, r, [(by[path], loops[path]) for path in paths], label, clock)
             status(
                 f"  round {r + 1}: "
                 + " · ".join(

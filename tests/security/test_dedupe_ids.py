@@ -140,24 +140,39 @@ async def test_the_same_id_with_other_content_is_dead_lettered(nats_url, sqlite_
         assert texts == {"dup-1": "first", "dup-2": "one"}
 
 
+def summarizing_settings(nats_url: str, db_url: str, tmp_path, *, retry_after_s: float):
+    """Summaries due after a few long turns, swept and retried quickly."""
+    s = make_settings(nats_url, db_url, tmp_path)
+    s.memory = type(s.memory).model_validate({**s.memory.model_dump(), "strategy": "summary_buffer", "budget": 2000})
+    s.summarizer = type(s.summarizer).model_validate(
+        {**s.summarizer.model_dump(), "sweep_interval_s": 0.5, "retry_after_s": retry_after_s, "lease_ttl_s": 3}
+    )
+    return s
+
+
+def long_turns() -> list[Event]:
+    return [text_event(f"turn {i}: " + " ".join(f"word{i}x{j}" for j in range(120))) for i in range(30)]
+
+
+class Looks:
+    """How often the summarizer announced it was looking at a session."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    async def heard(self, msg) -> None:
+        self.n += orjson.loads(msg.data).get("state") == "summarizing"
+
+
 async def test_a_predicted_checkpoint_id_does_not_suppress_summaries(nats_url, sqlite_url, tmp_path):
     """(b) A publishes, on its own session, the Nats-Msg-Ids of every
     checkpoint B's session could get (the old scheme's deterministic ids, and
     the new one's without the content digest). B's session is still
     summarized, and the summarizer looks at it a bounded number of times."""
-    s = make_settings(nats_url, sqlite_url, tmp_path)
-    s.memory = type(s.memory).model_validate({**s.memory.model_dump(), "strategy": "summary_buffer", "budget": 2000})
-    s.summarizer = type(s.summarizer).model_validate(
-        {**s.summarizer.model_dump(), "sweep_interval_s": 0.5, "retry_after_s": 0.5, "lease_ttl_s": 3}
-    )
-    events = [text_event(f"turn {i}: " + " ".join(f"word{i}x{j}" for j in range(120))) for i in range(30)]
+    s, events = summarizing_settings(nats_url, sqlite_url, tmp_path, retry_after_s=0.5), long_turns()
     b_key = scope_key(B, "bob", "bsess")
     b_subject = events_subject(B, "bob", "bsess")
-    looks = 0
-
-    async def count(msg) -> None:
-        nonlocal looks
-        looks += orjson.loads(msg.data).get("state") == "summarizing"
+    looks = Looks()
 
     nc = await nats.connect(nats_url)
     try:
@@ -170,13 +185,13 @@ async def test_a_predicted_checkpoint_id_does_not_suppress_summaries(nats_url, s
                 predicted = checkpoint_id(b_key, up_to)
                 for header in (predicted, dedupe_id(b_subject, predicted)):
                     await nc.jetstream().publish(a_subject, tiny, headers={"Nats-Msg-Id": header})
-            await nc.subscribe(status_subject(B, "bob", "bsess"), cb=count)
+            await nc.subscribe(status_subject(B, "bob", "bsess"), cb=looks.heard)
             async with running(SummarizerWorker(s)) as summarizer:
                 summarizer.schedule(B, "bob", "bsess")
                 await wait_for(lambda: _summarized(worker.engine, b_key), timeout=60, what="B's checkpoint in SQL")
                 await asyncio.sleep(2)  # a hot loop would go on here
                 assert summarizer.stats.failures == 0
-            assert looks <= 10, f"{looks} looks at one session: a retry loop"
+            assert looks.n <= 10, f"{looks.n} looks at one session: a retry loop"
     finally:
         await nc.close()
 
@@ -187,18 +202,9 @@ async def test_a_checkpoint_that_does_not_take_is_retried_later_not_at_once(nats
     keeps one per fold across replicas): the summarizer's own checkpoint is
     then skipped by SQL. It notices, and retries after ``retry_after_s``,
     never in a tight loop."""
-    s = make_settings(nats_url, sqlite_url, tmp_path)
-    s.memory = type(s.memory).model_validate({**s.memory.model_dump(), "strategy": "summary_buffer", "budget": 2000})
-    s.summarizer = type(s.summarizer).model_validate(
-        {**s.summarizer.model_dump(), "sweep_interval_s": 0.5, "retry_after_s": 1.0, "lease_ttl_s": 3}
-    )
-    events = [text_event(f"turn {i}: " + " ".join(f"word{i}x{j}" for j in range(120))) for i in range(30)]
+    s, events = summarizing_settings(nats_url, sqlite_url, tmp_path, retry_after_s=1.0), long_turns()
     key = scope_key(B, "bob", "bsess")
-    looks = 0
-
-    async def count(msg) -> None:
-        nonlocal looks
-        looks += orjson.loads(msg.data).get("state") == "summarizing"
+    looks = Looks()
 
     nc = await nats.connect(nats_url)
     try:
@@ -213,13 +219,13 @@ async def test_a_checkpoint_that_does_not_take_is_retried_later_not_at_once(nats
                 ]
                 last = max([await b._publish(m) for m in forged])
             await wait_committed(nats_url, last)
-            await nc.subscribe(status_subject(B, "bob", "bsess"), cb=count)
+            await nc.subscribe(status_subject(B, "bob", "bsess"), cb=looks.heard)
             async with running(SummarizerWorker(s)) as summarizer:
                 summarizer.schedule(B, "bob", "bsess")
                 await wait_for(lambda: _true(summarizer.stats.failures >= 1), timeout=30, what="a failed look")
                 await asyncio.sleep(3)
                 assert summarizer.stats.failures <= 6
-            assert looks <= 10, f"{looks} looks at one session: a retry loop"
+            assert looks.n <= 10, f"{looks.n} looks at one session: a retry loop"
             async with worker.engine.connect() as conn:
                 assert (await reads.latest_checkpoint(conn, key)).up_to_seq == 1
     finally:
