@@ -73,6 +73,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
 from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
@@ -159,6 +160,7 @@ class QueryWorker:
         self.searcher = Searcher(settings)
         self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
         self.nc: NATS | None = None
+        self.js: JetStreamContext | None = None  # made once in open(), not per read
         self.service: Service | None = None
         self.floor: CommitFloor | None = None
         self.index_floor: CommitFloor | None = None
@@ -203,7 +205,7 @@ class QueryWorker:
         self.engine = resources.engine
         self.cache = resources.cache
         self.nc = nc
-        js = nc.jetstream()
+        self.js = js = nc.jetstream()
         # With commit notices (router()) the ack floor is only the fallback,
         # read at start and every 50 ms while a read waits; without, it is polled.
         poll_from_s = 0.05 if s.query.commit_notices else 0.001
@@ -411,7 +413,7 @@ class QueryWorker:
     async def _with_every_writer(self, req: q._Request) -> q._Request:
         """``req`` waiting also for the newest write any client had
         acknowledged in its scope (:mod:`memq.workers.query.consistency`)."""
-        js = opened(self.nc, "the query worker's NATS connection").jetstream()
+        js = opened(self.js, "the query worker's JetStream context")
         newest = await last_acknowledged(js, self.settings.streams.events, read_scope(req))
         if newest <= (req.min_seq or 0):
             return req
