@@ -107,6 +107,7 @@ from memq.contracts.queries import (
 )
 from memq.contracts.replies import parse_reply
 from memq.contracts.schemas import (
+    USER_PREFIX,
     ArtifactSaved,
     Event,
     EventAppended,
@@ -118,6 +119,8 @@ from memq.contracts.schemas import (
     TextPart,
     UserDeleted,
     new_id,
+    user_scoped,
+    user_scoped_delta,
 )
 from memq.contracts.subjects import (
     ARTIFACT_BUCKET,
@@ -389,8 +392,21 @@ class MemoryClient:
         message = self._build(SessionCreated, user=user, session=session, state=state or {})
         return SessionRef(self.app, message.user, message.session, await self._publish(message))
 
-    async def append(self, user: str, session: str, event: Event, *, expect_seq: int | None = None) -> int:
+    async def append(
+        self, user: str, session: str, event: Event, *, expect_seq: int | None = None, create: bool = True
+    ) -> int:
         """Append one event to a session; return its stream sequence.
+
+        :param create: an append to a session that does not exist (never
+            created, or deleted) starts it, as its first event: a session is
+            its events. Default True. False: such an append raises
+            :class:`~memq.contracts.errors.NotFound` and publishes nothing.
+            The check is one query-service read with ``consistency="any"``:
+            it sees every write any client had acknowledged before it (a
+            creation, another writer's append, a delete). A delete
+            acknowledged between that read and the append is not seen, and
+            the append starts the session again; with ``expect_seq`` too the
+            broker refuses it (the delete moved the session's last sequence).
 
         :param expect_seq: append only if the session's last message (of any
             kind) is the one at this stream sequence, ``0`` for a session
@@ -403,7 +419,10 @@ class MemoryClient:
         the ``Nats-Msg-Id`` dedupe): ``Conflict.last_seq`` is then the stored
         event's own sequence, unless another writer appended after it.
         """
-        return await self._publish(self._build(EventAppended, user=user, session=session, event=event), expect_seq)
+        message = self._build(EventAppended, user=user, session=session, event=event)
+        if not create:
+            await self._require_session(user, session, "nothing appended")
+        return await self._publish(message, expect_seq)
 
     async def append_text(
         self,
@@ -414,22 +433,30 @@ class MemoryClient:
         author: str | None = None,
         *,
         expect_seq: int | None = None,
+        create: bool = True,
     ) -> int:
         """Append a one-part text message.
 
         :param role: ``user``, ``assistant``, ``system`` or ``tool``.
         :param author: default ``"user"`` for the user role, else the app id.
         :param expect_seq: as in :meth:`append`. Default ``None``: no check.
+        :param create: as in :meth:`append`. Default True.
         """
         author = author if author is not None else ("user" if role == "user" else self.app)
         try:
             event = Event(author=author, message=Message(role=role, parts=[TextPart(text=text)]))
         except ValidationError as exc:  # a bad role or text: typed, like every other method
             raise InvalidMessage(f"invalid text event: {validation_details(exc)}") from None
-        return await self.append(user, session, event, expect_seq=expect_seq)
+        return await self.append(user, session, event, expect_seq=expect_seq, create=create)
 
     async def append_many(
-        self, user: str, session: str, events: Sequence[Event], *, expect_seq: int | None = None
+        self,
+        user: str,
+        session: str,
+        events: Sequence[Event],
+        *,
+        expect_seq: int | None = None,
+        create: bool = True,
     ) -> list[int]:
         """Append events in order; return their sequences in input order.
 
@@ -450,10 +477,14 @@ class MemoryClient:
             only: if it is refused nothing is published; the others follow it
             unchecked (another writer's message may land between them).
             Default ``None``: no check.
+        :param create: as in :meth:`append`, checked once before the first
+            event. Default True.
         """
         prepared = self._prepare_events(user, session, events)
         if not prepared:
             return []
+        if not create:
+            await self._require_session(user, session, "nothing appended")
         prepared[0] = _expecting(prepared[0], expect_seq)
         # The first alone: refused (expect_seq, a missing stream), nothing else is published.
         seqs = [await self._send(prepared[0])]
@@ -491,6 +522,25 @@ class MemoryClient:
         scope = {} if session is None else {"session": session}
         return await self._publish(self._build(StateSet, user=user, delta={}, delete=keys, **scope))
 
+    async def set_user_state(self, user: str, delta: dict) -> int:
+        """Set the user's state, outside any session: a key without a prefix
+        means the user's (``{"lang": "fr"}`` sets ``user:lang``); ``user:``,
+        ``app:`` and ``temp:`` keys are taken as they are. Reads show the
+        keys prefixed (:meth:`get_state`: ``{"user:lang": "fr"}``), as every
+        session of the user sees them."""
+        validate_id(user, "user")
+        try:
+            scoped = user_scoped_delta(delta)
+        except ValueError as exc:
+            raise InvalidMessage(f"invalid StateSet: {exc}") from None
+        return await self.set_state(user, scoped)
+
+    async def delete_user_state(self, user: str, keys: Sequence[str]) -> int:
+        """Delete keys of the user's state; unprefixed keys mean ``user:``
+        ones, as in :meth:`set_user_state`."""
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        return await self.delete_state(user, [user_scoped(k) for k in keys])
+
     async def save_artifact(
         self, user: str, session: str, filename: str, data: bytes, mime_type: str = "application/octet-stream"
     ) -> int:
@@ -513,13 +563,56 @@ class MemoryClient:
         await self._put_object(name, data)
         return await self._send(prepared)
 
-    async def delete_session(self, user: str, session: str) -> int:
-        """Delete a session everywhere (SQL, index, cache, stream, artifacts)."""
-        return await self._publish(self._build(SessionDeleted, user=user, session=session))
+    async def delete_session(self, user: str, session: str, *, missing_ok: bool = False) -> int:
+        """Delete a session everywhere (SQL, index, cache, stream, artifacts);
+        return the delete's sequence.
 
-    async def delete_user(self, user: str) -> int:
-        """Delete a user of this app, with all their sessions, everywhere."""
-        return await self._publish(self._build(UserDeleted, user=user))
+        :param missing_ok: default False: a session that does not exist
+            (never created, or deleted already) raises
+            :class:`~memq.contracts.errors.NotFound` and nothing is published
+            (checked with one query-service read first). True: publish the
+            delete without asking (idempotent, and no query service needed);
+            deleting nothing is then a no-op for the workers.
+        """
+        message = self._build(SessionDeleted, user=user, session=session)
+        if not missing_ok:
+            await self._require_session(user, session, "nothing deleted")
+        return await self._publish(message)
+
+    async def delete_user(self, user: str, *, missing_ok: bool = False) -> int:
+        """Delete a user of this app, with all their sessions and ``user:``
+        state, everywhere; return the delete's sequence.
+
+        :param missing_ok: as in :meth:`delete_session`: by default a user
+            with neither a session nor ``user:`` state raises
+            :class:`~memq.contracts.errors.NotFound` and nothing is published.
+        """
+        message = self._build(UserDeleted, user=user)
+        if not missing_ok:
+            await self._require_user(user)
+        return await self._publish(message)
+
+    async def _require_session(self, user: str, session: str, outcome: str) -> None:
+        """:class:`NotFound` unless the session exists, as the query service
+        sees it with ``consistency="any"``: after every write that any client
+        had acknowledged in the user's scope (a creation, an append, a delete)
+        is committed. A write acknowledged after this read began (another
+        writer's delete, say) is not seen: the caller's publish may still
+        land on a session deleted meanwhile (an append then starts it again,
+        as with ``create=True``; ``expect_seq`` closes that window)."""
+        try:
+            await self._query("session.get", None, consistency="any", user=user, session=session, events=False)
+        except NotFound as exc:
+            raise NotFound(f"{exc.message}: {outcome}") from None
+
+    async def _require_user(self, user: str) -> None:
+        """:class:`NotFound` unless the user has a session or ``user:`` state
+        (both read as in :meth:`_require_session`)."""
+        sessions, state = await asyncio.gather(
+            self.list_sessions(user, limit=1, consistency="any"), self.get_state(user, consistency="any")
+        )
+        if not sessions.sessions and not any(k.startswith(USER_PREFIX) for k in state):
+            raise NotFound(f"no user {user!r} in app {self.app!r} (no session, no user: state): nothing deleted")
 
     # --- reads (the query service) ----------------------------------------------
     #

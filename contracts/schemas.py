@@ -204,6 +204,26 @@ class UserDeleted(_Envelope):
     timestamp: Timestamp = Field(default_factory=time.time)
 
 
+SCOPE_PREFIXES = ("user:", "app:", "temp:")  # state keys that need no session
+USER_PREFIX = "user:"
+
+
+def user_scoped(key: str) -> str:
+    """A key of a user's state (written outside any session): unprefixed
+    means the user's own, ``user:<key>``; a scoped key stays as it is."""
+    return key if key.startswith(SCOPE_PREFIXES) else f"{USER_PREFIX}{key}"
+
+
+def user_scoped_delta(delta: dict[str, Any]) -> dict[str, Any]:
+    """``delta`` with :func:`user_scoped` keys; a key given both ways
+    (``lang`` and ``user:lang``) is ambiguous and refused (ValueError)."""
+    scoped = {user_scoped(k): v for k, v in delta.items()}
+    if len(scoped) < len(delta):
+        twice = sorted(k for k in delta if not k.startswith(SCOPE_PREFIXES) and user_scoped(k) in delta)
+        raise ValueError(f"keys given with and without the user: prefix: {twice[:3]}")
+    return scoped
+
+
 class StateSet(_Envelope):
     """A state delta outside any event, and state keys to delete. Without a
     session only ``user:`` and ``app:`` keys are allowed.
@@ -224,9 +244,11 @@ class StateSet(_Envelope):
     @model_validator(mode="after")
     def _scoped_keys_need_a_session(self) -> StateSet:
         if self.session is None:
-            bad = [k for k in [*self.delta, *(self.delete or ())] if not k.startswith(("user:", "app:", "temp:"))]
+            bad = [k for k in [*self.delta, *(self.delete or ())] if not k.startswith(SCOPE_PREFIXES)]
             if bad:
-                raise ValueError(f"session-scoped keys {bad[:3]} need a session")
+                raise ValueError(
+                    f"session-scoped keys {bad[:3]} need a session (a user's own keys take the user: prefix)"
+                )
         if both := sorted(set(self.delta) & set(self.delete or ())):
             raise ValueError(f"keys {both[:3]} are both set and deleted")
         return self

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from helpers import event_counts, make_settings, migrated_engine, running_worker, wait_for
+from helpers import event_counts, make_settings, migrated_engine, running_query, running_worker, wait_for
 from nats.js.api import DiscardPolicy, StreamConfig
 
 from memq.contracts import client as memq_client_module
@@ -23,6 +23,7 @@ from memq.contracts.errors import (
     InvalidId,
     InvalidMessage,
     InvalidRequest,
+    NotFound,
     Oversize,
     PublishFailed,
     PublishOutcomeUnknown,
@@ -230,7 +231,7 @@ async def test_missing_stream_is_a_clear_publish_failure(nc) -> None:
         client.append_text(USER, SESSION, "user", "hi"),
         client.append_many(USER, SESSION, [text_event("a"), text_event("b")]),
         client.set_state(USER, {"user:lang": "fr"}),
-        client.delete_user(USER),
+        client.delete_user(USER, missing_ok=True),  # published unasked: no query service here
     ):
         with pytest.raises(PublishFailed, match=r"stream MEMQ_EVENTS not found: run `memq init`"):
             await publish
@@ -254,13 +255,60 @@ async def test_every_write_lands_on_its_subject(client: MemoryClient, nc) -> Non
         (ref.seq, "session.create", session_subject),
         (await client.set_state(USER, {"user:lang": "fr"}), "state.set", user_subject),
         (await client.set_state(USER, {"topic": 1}, session=ref.session), "state.set", session_subject),
-        (await client.delete_session(USER, ref.session), "session.delete", session_subject),
-        (await client.delete_user(USER), "user.delete", user_subject),
+        (await client.delete_session(USER, ref.session, missing_ok=True), "session.delete", session_subject),
+        (await client.delete_user(USER, missing_ok=True), "user.delete", user_subject),
     ]
     for seq, kind, subject in writes:
         message, raw = await stored(nc, seq)
         assert (message.kind, raw.subject) == (kind, subject)
         assert raw.headers["Nats-Msg-Id"] == msg_id(message) == dedupe_id(raw.subject, message.id, raw.data)
+
+
+async def test_a_missing_session_or_user_is_not_found_unless_asked_to_create(nats_url, sqlite_url, tmp_path, nc):
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    async with running_worker(settings), running_query(settings):
+        client = MemoryClient(nc, APP)
+        last = (await nc.jetstream().stream_info(EVENTS_STREAM)).state.last_seq
+        with pytest.raises(NotFound, match="no session 'typo' of user .*: nothing appended"):
+            await client.append_text(USER, "typo", "user", "hi", create=False)
+        with pytest.raises(NotFound, match="nothing appended"):
+            await client.append_many(USER, "typo", [text_event("a"), text_event("b")], create=False)
+        with pytest.raises(NotFound, match="no session 'typo' of user .*: nothing deleted"):
+            await client.delete_session(USER, "typo")
+        with pytest.raises(NotFound, match="no user 'nobody' .*: nothing deleted"):
+            await client.delete_user("nobody")
+        assert (await nc.jetstream().stream_info(EVENTS_STREAM)).state.last_seq == last  # nothing published
+
+        await client.append_text(USER, "chat", "user", "hi")  # the default: the first event starts it
+        await client.append_text(USER, "chat", "user", "again", create=False)
+        await client.create_session(USER, "empty")  # created, without events: it exists
+        await client.append_many(USER, "empty", [text_event("first")], create=False)
+        # Another client's session (another connection): its acknowledged writes count.
+        async with await MemoryClient.connect(nats_url, app=APP) as other:
+            await other.create_session(USER, "theirs")
+        await client.append_text(USER, "theirs", "user", "hello", create=False)
+
+        await client.delete_session(USER, "chat")
+        with pytest.raises(NotFound, match="nothing appended"):
+            await client.append_text(USER, "chat", "user", "still there?", create=False)
+        with pytest.raises(NotFound, match="nothing deleted"):
+            await client.delete_session(USER, "chat")
+        await client.delete_session(USER, "chat", missing_ok=True)  # asked to: published unasked
+
+        await client.set_user_state("carol", {"lang": "fr"})  # the user's own state: a user to delete
+        await client.delete_user("carol")
+
+
+async def test_user_state_takes_keys_without_a_prefix(client: MemoryClient, nc) -> None:
+    seq = await client.set_user_state(USER, {"lang": "fr", "user:tz": "CET", "app:x": 1})
+    message, _ = await stored(nc, seq)
+    assert message.delta == {"user:lang": "fr", "user:tz": "CET", "app:x": 1} and message.session is None
+    message, _ = await stored(nc, await client.delete_user_state(USER, ["lang", "user:tz"]))
+    assert message.delete == ["user:lang", "user:tz"]
+    with pytest.raises(InvalidMessage, match=r"with and without the user: prefix: \['lang'\]"):
+        await client.set_user_state(USER, {"lang": "fr", "user:lang": "en"})
+    with pytest.raises(InvalidMessage, match="need a session .*user: prefix"):  # set_state stays strict
+        await client.set_state(USER, {"lang": "fr"})
 
 
 async def test_bad_input_fails_before_any_io(nats_url: str) -> None:

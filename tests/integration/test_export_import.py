@@ -75,7 +75,7 @@ async def populate(url: str) -> None:
         await client.append("alice", "s1", turn("Thanks"))
         await client.append_many("bob", "s2", [turn(f"bob {i}", n=i) for i in range(30)])
         await client.append("alice", "gone-session", turn("forget me"))
-        await client.delete_session("alice", "gone-session")
+        await client.delete_session("alice", "gone-session", missing_ok=True)
         last = await client.set_state("bob", {"user:plan": "pro"})
     async with await MemoryClient.connect(url, app=OTHER) as other:
         last = max(last, await other.append("carol", "c1", turn("another app")))

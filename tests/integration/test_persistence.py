@@ -232,7 +232,7 @@ async def test_delete_session_and_user_remove_rows_and_stream_subjects(nats_url,
             last = await client.append("carol", "s2", text_event("last"))
             await wait_committed(nats_url, last)
 
-            await wait_committed(nats_url, await client.delete_session("carol", "s1"))
+            await wait_committed(nats_url, await client.delete_session("carol", "s1", missing_ok=True))
             assert not await reads.session_exists(e, APP, "carol", "s1")
             assert await reads.count_events(e, APP, "carol", "s1") == 0
             assert await reads.state(e, APP, "carol", "s1") == {"user:u": 1, "app:a": 1}
@@ -240,7 +240,7 @@ async def test_delete_session_and_user_remove_rows_and_stream_subjects(nats_url,
             left = await subjects_in_stream(js, events_subject(APP, "carol", "s1"))
             assert sum(left.values()) <= 1  # only the delete's own tombstone remains
 
-            await wait_committed(nats_url, await client.delete_user("carol"))
+            await wait_committed(nats_url, await client.delete_user("carol", missing_ok=True))
         assert not await reads.session_exists(e, APP, "carol", "s2")
         assert await reads.count_events(e, APP, "carol", "s2") == 0
         assert await reads.state(e, APP, "carol") == {"app:a": 1}  # app state is not the user's
@@ -257,7 +257,7 @@ async def test_recreated_session_after_delete_is_visible_again(nats_url, sqlite_
     async with running_worker(settings) as worker:
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             await client.append("u", "s", text_event("old"))
-            await client.delete_session("u", "s")
+            await client.delete_session("u", "s", missing_ok=True)
             seq = await client.append("u", "s", text_event("new"))
         await wait_for(lambda: _has_seq(worker.engine, "u", "s", seq), what="new event")
         stored = await reads.events(worker.engine, APP, "u", "s")
@@ -300,7 +300,7 @@ async def test_artifacts_are_versioned_and_large_ones_deleted_with_their_session
             store = await nc.jetstream().object_store(ARTIFACT_BUCKET)
             assert (await store.get_info(rows[2].object_name)).size == len(big)
 
-            await wait_committed(nats_url, await client.delete_session("u", "s"))
+            await wait_committed(nats_url, await client.delete_session("u", "s", missing_ok=True))
         async with worker.engine.connect() as conn:
             assert (await conn.execute(select(t))).all() == []
         with pytest.raises(NotFoundError):  # nats-py's way of saying "no objects"
