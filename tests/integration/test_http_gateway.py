@@ -326,3 +326,51 @@ async def test_writers_through_the_gateway_see_and_fence_each_other(nats_url, sq
             f"{a}/sessions/s/events", json={"events": [turn("user", "on time")], "expect_seq": last}, headers=h
         )
         assert fresh.status_code == 202, fresh.text
+
+
+async def test_a_missing_session_is_404_unless_an_append_may_create_it(nats_url, sqlite_url, tmp_path):
+    settings = gateway_settings(nats_url, sqlite_url, tmp_path)
+    async with stack(settings) as http:
+        a, key = "/v1/apps/app-a/users/u", as_app("app-a")
+        hi = {"events": [turn("user", "hi")]}
+        refused = await http.post(f"{a}/sessions/does-not-exist/events", json={**hi, "create": False}, headers=key)
+        assert "no session 'does-not-exist'" in error_of(refused, 404)["message"]
+        assert "nothing appended" in refused.json()["error"]["message"]
+        assert error_of(await http.get(f"{a}/sessions/does-not-exist", headers=key), 404)["code"] == "not_found"
+
+        started = await http.post(f"{a}/sessions/chat/events", json=hi, headers=key)  # the default: create
+        assert started.status_code == 202, started.text
+        more = await http.post(f"{a}/sessions/chat/events", json={**hi, "create": False}, headers=key)
+        assert more.status_code == 202, more.text
+
+        never = await http.delete(f"{a}/sessions/never-existed", headers=key)
+        assert error_of(never, 404)["code"] == "not_found" and "nothing deleted" in never.json()["error"]["message"]
+        assert (await http.delete(f"{a}/sessions/chat", headers=key)).status_code == 202
+        assert error_of(await http.delete(f"{a}/sessions/chat", headers=key), 404)["code"] == "not_found"
+        after = await http.post(f"{a}/sessions/chat/events", json={**hi, "create": False}, headers=key)
+        assert error_of(after, 404)["code"] == "not_found"
+
+
+async def test_the_users_state_path_takes_keys_without_a_prefix(nats_url, sqlite_url, tmp_path):
+    settings = gateway_settings(nats_url, sqlite_url, tmp_path)
+    async with stack(settings) as http:
+        a, key = "/v1/apps/app-a/users/carol", as_app("app-a")
+        changed = await http.patch(f"{a}/state", json={"set": {"lang": "fr", "app:theme": "dark"}}, headers=key)
+        assert changed.status_code == 202, changed.text
+        state = await http.get(f"{a}/state", params={"min_seq": changed.json()["seq"]}, headers=key)
+        assert state.json()["state"] == {"user:lang": "fr", "app:theme": "dark"}  # read as every session sees it
+        created = await http.post(f"{a}/sessions", json={"session_id": "s1"}, headers=key)
+        seen = await http.get(f"{a}/sessions/s1/state", params={"min_seq": created.json()["seq"]}, headers=key)
+        assert seen.json()["state"] == {"user:lang": "fr", "app:theme": "dark"}
+
+        deleted = await http.patch(f"{a}/state", json={"delete": ["lang"]}, headers=key)
+        state = await http.get(f"{a}/state", params={"min_seq": deleted.json()["seq"]}, headers=key)
+        assert state.json()["state"] == {"app:theme": "dark"}
+        both = await http.patch(f"{a}/state", json={"set": {"lang": "fr", "user:lang": "en"}}, headers=key)
+        assert "with and without the user: prefix" in error_of(both, 422)["message"]
+        clash = await http.patch(f"{a}/state", json={"set": {"lang": "fr"}, "delete": ["user:lang"]}, headers=key)
+        assert "both set and deleted: ['user:lang']" in error_of(clash, 422)["message"]
+        # A session's path is unchanged: an unprefixed key is the session's own.
+        session_set = await http.patch(f"{a}/sessions/s1/state", json={"set": {"mood": "calm"}}, headers=key)
+        user_state = await http.get(f"{a}/state", params={"min_seq": session_set.json()["seq"]}, headers=key)
+        assert "mood" not in str(user_state.json()["state"])

@@ -11,6 +11,10 @@ history, context) answer one page of the query service's and its
 ``202`` with the stream sequence; a read given ``min_seq=`` that sequence
 sees the write (read-your-writes, as every memq read).
 
+Sessions that do not exist: an append starts one (``"create": false`` in
+the body refuses it with 404 instead); a delete answers 404 and deletes
+nothing. On the user's state path an unprefixed key means ``user:<key>``.
+
 Every error is ``{"error": {"code", "message"}}``: 401 (no or unknown key),
 403 (another app's key, or refused by NATS), 404, 409 (``min_seq`` not
 committed in time), 413, 422 (bad input), 503 (no query service, NATS
@@ -41,6 +45,7 @@ from memq.contracts.queries import (
     StateView,
     StrategyName,
 )
+from memq.contracts.schemas import user_scoped, user_scoped_delta
 from memq.workers.http.door import API_KEY_HEADER, BEARER, FrontDoor, error_response, unauthenticated, wrong_app
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp
 from memq.workers.http.models import (
@@ -259,7 +264,8 @@ def build_api(
 
     @api.delete(session_path, response_model=Accepted, status_code=202, tags=["sessions"])
     async def delete_session(client: Client, user: User, session: Session) -> Response:
-        """Delete a session everywhere (SQL, index, cache, stream, artifacts), in stream order."""
+        """Delete a session everywhere (SQL, index, cache, stream, artifacts), in stream order;
+        404 if it does not exist (never created, or deleted already)."""
         return _json(Accepted(seq=await client.delete_session(user, session)), 202)
 
     # --- events -------------------------------------------------------------------
@@ -290,8 +296,9 @@ def build_api(
 
     @api.post(session_path + "/events", response_model=Appended, status_code=202, tags=["events"])
     async def append_events(client: Client, user: User, session: Session, body: NewEvents) -> Response:
-        """Append events in order; each is in the log once JetStream has stored it."""
-        seqs = await client.append_many(user, session, body.events, expect_seq=body.expect_seq)
+        """Append events in order; each is in the log once JetStream has stored it. An append
+        to a session that does not exist starts it, unless `create` is false (then 404)."""
+        seqs = await client.append_many(user, session, body.events, expect_seq=body.expect_seq, create=body.create)
         return _json(Appended(seq=max(seqs), seqs=seqs), 202)
 
     # --- working memory -----------------------------------------------------------
@@ -414,13 +421,20 @@ def build_api(
     async def _change_state(client: MemoryClient, user: str, session: str | None, body: StateChange) -> Response:
         if not body.set and not body.delete:
             raise InvalidRequest("nothing to change: give `set`, `delete` or both")
-        if both := sorted(set(body.set) & set(body.delete)):
+        changes, deletes = body.set, body.delete
+        if session is None:  # the user's path: an unprefixed key is the user's own
+            try:
+                changes = user_scoped_delta(changes)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc)) from None
+            deletes = [user_scoped(k) for k in deletes]
+        if both := sorted(set(changes) & set(deletes)):
             raise InvalidRequest(f"keys both set and deleted: {both}")
         seq = 0
-        if body.delete:  # deletes and sets apply in stream order; no key is in both
-            seq = await client.delete_state(user, body.delete, session=session)
-        if body.set:
-            seq = await client.set_state(user, body.set, session=session)
+        if deletes:  # deletes and sets apply in stream order; no key is in both
+            seq = await client.delete_state(user, deletes, session=session)
+        if changes:
+            seq = await client.set_state(user, changes, session=session)
         return _json(Accepted(seq=seq), 202)
 
     @api.get(base + "/state", response_model=StateView, tags=["state"])
@@ -430,7 +444,8 @@ def build_api(
 
     @api.patch(base + "/state", response_model=Accepted, status_code=202, tags=["state"])
     async def change_user_state(client: Client, user: User, body: StateChange) -> Response:
-        """Set and delete `user:`, `app:` and `temp:` keys outside any session."""
+        """Set and delete the user's state outside any session: an unprefixed key means
+        `user:<key>` (reads show it so); `app:` and `temp:` keys are taken as they are."""
         return await _change_state(client, user, None, body)
 
     @api.get(session_path + "/state", response_model=StateView, tags=["state"])

@@ -38,11 +38,25 @@ class NewEvents(_Body):
             "else 409 `conflict`: another writer appended first. Checked on the first event"
         ),
     )
+    create: bool = Field(
+        default=True,
+        description=(
+            "true: an append to a session that does not exist (never created, or deleted) starts it. "
+            "false: it is refused with 404 `not_found` and nothing is appended"
+        ),
+    )
 
 
 class StateChange(_Body):
-    set: dict[str, Any] = Field(default_factory=dict, description="keys to set (a delta)")
-    delete: list[str] = Field(default_factory=list, max_length=1000, description="keys to delete")
+    set: dict[str, Any] = Field(
+        default_factory=dict,
+        description="keys to set (a delta); on the user's path an unprefixed key means `user:<key>`",
+    )
+    delete: list[str] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="keys to delete; on the user's path an unprefixed key means `user:<key>`",
+    )
 
 
 class SessionCreated(BaseModel):
