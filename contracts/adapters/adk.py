@@ -19,6 +19,12 @@ published with the stream sequence the session was loaded at, and JetStream
 refuses it if the session has moved on (``expect_seq``,
 :class:`~memq.contracts.errors.Conflict`).
 
+Sessions that do not exist mean what they mean to ADK: appending to one
+(never created, or deleted) raises ``SessionNotFoundError``, memq's
+``create=False``, decided by the same ``expect_seq`` (a delete moves the
+session's last sequence) or, for a session this service did not load, by
+reading it; deleting one is a no-op (``missing_ok=True``).
+
 A memq client speaks for one app (its NATS identity). A service given one
 client serves that app; given a mapping ``{app: client}`` or a factory
 ``app -> client`` (:data:`Clients`), or made with ``from_url``, it serves
@@ -299,7 +305,8 @@ class MemqSessionService(BaseSessionService):
     @override
     async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
         client = await self._clients.get(app_name)
-        await client.delete_session(user_id, session_id)
+        # ADK's services delete a missing session without a word: so does this one.
+        await client.delete_session(user_id, session_id, missing_ok=True)
 
     @override
     async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:

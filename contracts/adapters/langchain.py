@@ -175,9 +175,10 @@ class MemqChatMessageHistory(BaseChatMessageHistory):
         await self.client.append_many(self.user, self.session, events)
 
     async def aclear(self) -> None:
-        """Delete the session everywhere (memq's delete: SQL, index, cache, stream)."""
+        """Delete the session everywhere (memq's delete: SQL, index, cache, stream).
+        Clearing a history with nothing in it is a no-op, as in LangChain's own stores."""
         self._remember_loop()
-        await self.client.delete_session(self.user, self.session)
+        await self.client.delete_session(self.user, self.session, missing_ok=True)
 
     # --- sync: what invoke uses ------------------------------------------------------------
 

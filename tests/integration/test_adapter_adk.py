@@ -30,7 +30,7 @@ from google.adk.models.base_llm import BaseLlm
 from google.adk.models.llm_request import LlmRequest
 from google.adk.models.llm_response import LlmResponse
 from google.adk.runners import Runner
-from google.adk.sessions import DatabaseSessionService, InMemorySessionService
+from google.adk.sessions import DatabaseSessionService, InMemorySessionService, Session
 from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig
 from google.genai import types
 
@@ -208,6 +208,15 @@ async def test_delete_session_removes_it_and_deleting_again_is_harmless(service,
     await service.delete_session(app_name=APP, user_id=user, session_id=session.id)
     with pytest.raises(SessionNotFoundError):
         await service.append_event(session, said("user", "anyone there?"))
+
+
+async def test_appending_to_a_session_never_created_raises_not_found(service, user):
+    # A typo in a session id must not start a conversation (memq's create=False).
+    ghost = Session(id="never-created", app_name=APP, user_id=user)
+    with pytest.raises(SessionNotFoundError):
+        await service.append_event(ghost, said("user", "hello?"))
+    assert await service.get_session(app_name=APP, user_id=user, session_id="never-created") is None
+    await service.delete_session(app_name=APP, user_id=user, session_id="never-created")  # a no-op, as ADK's
 
 
 async def test_appending_to_a_stale_session_raises_until_reloaded(service, user):

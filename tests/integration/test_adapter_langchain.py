@@ -90,6 +90,12 @@ async def test_sync_invoke_from_another_thread(memq, user):
     assert await history.aget_messages() == []
 
 
+async def test_clearing_an_empty_history_is_a_no_op(memq, user):
+    history = MemqChatMessageHistory(memq, user, "never-used")
+    await history.aclear()  # as LangChain's own stores: nothing to clear is no error
+    assert await history.aget_messages() == []
+
+
 async def test_sync_methods_on_the_clients_own_loop_say_to_use_the_async_ones(memq, user):
     history = MemqChatMessageHistory(memq, user, "s")
     with pytest.raises(RuntimeError, match="use the async methods"):
