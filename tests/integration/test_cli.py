@@ -144,7 +144,10 @@ def test_beside_up_config_shows_the_urls_in_use_and_deleting_a_missing_session_f
         timeout=60,
     )
     assert delete.returncode == 1, delete.stdout + delete.stderr
-    assert "no session 'no-such-session' of user 'nobody'" in delete.stderr and "nothing deleted" in delete.stderr
+    assert delete.stderr.strip() == (
+        "no such session 'no-such-session' of user 'nobody' in app 'memq-demo': "
+        "nothing deleted (see `memq sessions list`)"
+    )
     assert "delete published" not in delete.stdout
 
 

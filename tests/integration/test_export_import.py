@@ -194,6 +194,12 @@ async def test_export_scopes_and_bad_lines(nats_url, sqlite_url, tmp_path):
         assert {line["message"]["session"] for line in lines[1:-1]} == {"s2"}
         assert [line["message"]["kind"] for line in lines[1:-1]] == ["session.create", *["event"] * 30, "state.set"]
         assert all(line["seq"] is not None for line in lines[2:-1])
+        earlier = tmp_path / "earlier.jsonl"
+        earlier.write_bytes(one.stdout.encode())
+        typo = await run_memq(settings, "export", "--app", APP, "--user", "bob", "--session", "s2x", "-o", str(earlier))
+        assert typo.returncode == 1, typo.stderr
+        assert typo.stderr.strip() == f"no such session 's2x' of user 'bob' in app '{APP}': nothing exported"
+        assert earlier.read_bytes() == one.stdout.encode()  # not truncated by the typo
         apps = await run_memq(settings, "export", "--app", OTHER)
         assert {orjson.loads(line)["message"]["app"] for line in apps.stdout.splitlines()[1:-1]} == {OTHER}
         assert (await run_memq(settings, "export", "--user", "bob")).returncode == 2  # --user needs --app

@@ -198,6 +198,10 @@ def sessions_delete(
 ) -> None:
     """Delete a session everywhere: SQL, index, cache and the stream itself.
     A session that does not exist is an error (exit 1): nothing is published."""
+    gone = (
+        f"no such session {escape(repr(session))} of user {escape(repr(user))} in app {escape(repr(app_id))}:[/] "
+        "nothing deleted (see `memq sessions list`)"
+    )
 
     async def exists(client: MemoryClient) -> bool:
         try:
@@ -206,16 +210,21 @@ def sessions_delete(
             return False
         return True
 
+    async def delete(client: MemoryClient) -> int | None:
+        try:  # checked again: deleted while the question was asked
+            return await client.delete_session(user, session)
+        except NotFound:
+            return None
+
     if not _with_client(app_id, exists):
-        err.print(
-            f"[red]no session {escape(repr(session))} of user {escape(repr(user))} in app {escape(repr(app_id))}:[/] "
-            "nothing deleted (see `memq sessions list`)",
-            soft_wrap=True,
-        )
+        err.print(f"[red]{gone}", soft_wrap=True)
         raise typer.Exit(1)
     if not yes:
         typer.confirm(f"Delete session {session!r} of user {user!r} in app {app_id!r} for good?", abort=True)
-    seq = _with_client(app_id, lambda c: c.delete_session(user, session))
+    seq = _with_client(app_id, delete)
+    if seq is None:
+        err.print(f"[red]{gone}", soft_wrap=True)
+        raise typer.Exit(1)
     console.print(f"delete published at seq {seq}: the workers remove the session everywhere.")
 
 

@@ -60,10 +60,11 @@ def export_command(
     """Export sessions, events, state, checkpoints and artifact references as JSON Lines.
 
     Reads SQL (the source of truth) page by page in one snapshot; `memq import`
-    replays the file into another deployment.
+    replays the file into another deployment. A --session that does not exist
+    is an error (exit 1), and --out is then not touched.
     """
     from memq.workers.sql.engine import create_engine
-    from memq.workers.transfer.export import Scope, count_records, export_lines
+    from memq.workers.transfer.export import Scope, count_records, export_lines, missing
 
     try:
         scope = Scope(app_id, user, session)
@@ -71,6 +72,23 @@ def export_command(
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     settings = _settings()
+
+    async def absent() -> str | None:
+        engine = create_engine(settings.database_url())
+        try:
+            return await missing(engine, scope)
+        finally:
+            await engine.dispose()
+
+    # Checked before --out is opened: a typo must not truncate an earlier export.
+    try:
+        why = asyncio.run(absent())
+    except Exception as exc:  # the database: one line, no traceback with the URL
+        err.print(f"[red]export failed: {type(exc).__name__}: {escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    if why is not None:
+        err.print(f"[red]{escape(why)}:[/] nothing exported", soft_wrap=True)
+        raise typer.Exit(1)
     if out is None and sys.stdout.isatty():
         err.print("[yellow]writing the export to the terminal; redirect it (> file.jsonl) or use --out[/]")
 

@@ -83,6 +83,19 @@ def _session_keys(scope: Scope):
     return q
 
 
+async def missing(engine: AsyncEngine, scope: Scope) -> str | None:
+    """Why an export of ``scope`` would be empty because what it names does
+    not exist ("no such session …"), or None. Only a one-session scope is
+    checked: an app or user without sessions may still have state to export."""
+    if scope.session is None:
+        return None
+    async with engine.connect() as conn:
+        found = (await conn.execute(_session_keys(scope).limit(1))).first()
+    if found is not None:
+        return None
+    return f"no such session {scope.session!r} of user {scope.user!r} in app {scope.app!r}"
+
+
 async def count_records(engine: AsyncEngine, scope: Scope) -> int:
     """About how many records an export of ``scope`` writes (for progress):
     a session's own two, its events, artifacts and checkpoints."""
