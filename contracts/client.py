@@ -38,6 +38,13 @@ session's creation, state sets with a session, artifacts, the summarizer's
 checkpoints) has that sequence (``0``: no message yet); otherwise
 :class:`~memq.contracts.errors.Conflict`, with the sequence the server has.
 
+A session is its events: by default an append to a session that does not
+exist starts it. ``create=False`` refuses that append with
+:class:`~memq.contracts.errors.NotFound`, and a delete of a session or user
+that does not exist raises it unless ``missing_ok=True``; both check with one
+``consistency="any"`` read before publishing (docs/guide/client.md, "Sessions
+that do not exist", says what that read cannot see).
+
 Reads (:meth:`MemoryClient.get_session`, :meth:`~MemoryClient.history`,
 :meth:`~MemoryClient.context`, …) are core-NATS requests to the query service
 (:mod:`memq.contracts.queries`) with typed replies; a refused request raises the
