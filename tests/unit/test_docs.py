@@ -155,3 +155,63 @@ def test_compose_replica_defaults_are_quoted_right():
     names = ["MEMQ_PERSISTENCE_REPLICAS", "MEMQ_INDEXING_REPLICAS", "MEMQ_SUMMARIZER_REPLICAS", "MEMQ_QUERY_REPLICAS"]
     page = " ".join((DOCS / "operations/deploy.md").read_text().split())
     assert f"(defaults {', '.join(compose[n] for n in names)})" in page
+
+
+# --- commands a reader pastes into a fresh shell ----------------------------------
+
+sys.path.insert(0, str(ROOT / "tests"))
+import docsnippets as ds  # noqa: E402
+
+SHELL = ds.shell_snippets()
+VENV_BIN = Path(sys.prefix) / "bin"  # what `bash infra/dev.sh setup` makes .venv/bin
+
+
+@pytest.mark.parametrize("snippet", SHELL, ids=[s.id for s in SHELL])
+def test_shell_commands_work_in_a_fresh_shell(snippet):
+    """Each command names something a fresh shell in the checkout has (no
+    virtualenv activated), and `memq`'s and infra/dev.sh's subcommands and
+    options parse; a block of outside tools says why it is not run."""
+    problems = [f"`{c.text}`: {p}" for c in ds.shell_commands(snippet) if (p := ds.problem(c, VENV_BIN))]
+    assert not problems, f"{snippet.id}:\n" + "\n".join(problems)
+
+
+def test_shell_blocks_are_many_and_skips_few():
+    commands = [c for s in SHELL for c in ds.shell_commands(s)]
+    assert len(commands) >= 30, len(commands)
+    skipped = [s.id for s in SHELL if s.skip]
+    assert len(skipped) <= 4, f"most shell blocks must run or be checked: {skipped}"
+
+
+@pytest.mark.parametrize(
+    "code, found",
+    [
+        ("memq export > all.jsonl", "not on PATH"),
+        ("pip install memq[adk]", "not on PATH"),
+        (".venv/bin/memq exprt", "No such command"),
+        (".venv/bin/memq demo --events many", "Invalid value"),
+        (".venv/bin/memq sessions show s1", "Missing option"),
+        ("MEMQ_X=1 .venv/bin/memq export --app a --user u > u.jsonl  # one user", None),
+        ("bash infra/dev.sh setup adk", None),
+        ("bash infra/dev.sh setup nope", "not an extra"),
+        ("bash infra/dev.sh serve", "not one of"),
+        ("bash infra/dev.sh up --nats-port 0", None),
+        ("bash infra/dev.sh up --port 0", "No such option"),
+        (".venv/bin/pytest tests/unit/test_nope.py -q", "no such test path"),
+        ("curl -s http://127.0.0.1:8480/healthz", "not part of the checkout"),
+        ("cd infra && docker compose ps", "not part of the checkout"),
+    ],
+)
+def test_the_shell_check_tells_what_breaks(code, found):
+    snippet = ds.Snippet("x.md", 1, "bash", code, None)
+    problems = [p for c in ds.shell_commands(snippet) if (p := ds.problem(c, VENV_BIN))]
+    assert (found in problems[0]) if found else not problems, problems
+
+
+def test_the_shell_parser_splits_commands_and_redirects():
+    snippet = ds.Snippet("x.md", 1, "bash", "A=1 x --y 'a b' > out.jsonl && (cd infra && z \\\n  w)  # c", None)
+    commands = ds.shell_commands(snippet)
+    assert [(c.env, c.argv, c.stdout, c.cwd) for c in commands] == [
+        ({"A": "1"}, ("x", "--y", "a b"), "out.jsonl", "."),
+        ({}, ("cd", "infra"), None, "."),
+        ({}, ("z", "w"), None, "infra"),
+    ]
