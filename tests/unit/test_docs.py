@@ -215,3 +215,35 @@ def test_the_shell_parser_splits_commands_and_redirects():
         ({}, ("cd", "infra"), None, "."),
         ({}, ("z", "w"), None, "infra"),
     ]
+
+
+INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+
+
+def test_inline_install_and_python_commands_name_the_checkouts_venv():
+    """`pip install …` or `python …` in prose installs into, or runs, whatever
+    is first on PATH; the docs name .venv/bin/… (or infra/dev.sh) instead."""
+    found = [
+        f"{path.relative_to(ROOT)}: `{span}`"
+        for path in ds.doc_files()
+        for span in INLINE_CODE.findall(path.read_text())
+        if re.match(r"(pip3? install|python3? (-m|\S+\.py))\b", span)
+    ]
+    assert not found, found
+
+
+def test_docs_name_the_clients_dependencies():
+    """What `memq` without extras installs, as pyproject.toml lists it."""
+    import tomllib
+
+    deps = [
+        re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0]
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ]
+    numbers = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    for page in ("docs/quickstart.md", "docs/guide/client.md"):
+        text = " ".join((ROOT / page).read_text().split())
+        missing = [d for d in deps if d not in text]
+        assert not missing, f"{page} does not name the client's dependencies {missing}"
+        for word in re.findall(rf"\b({'|'.join(numbers)}) dependencies\b", text, re.I):
+            assert numbers.index(word.lower()) == len(deps), f"{page}: {word} dependencies, pyproject.toml has {deps}"
