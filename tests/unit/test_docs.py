@@ -247,3 +247,30 @@ def test_docs_name_the_clients_dependencies():
         assert not missing, f"{page} does not name the client's dependencies {missing}"
         for word in re.findall(rf"\b({'|'.join(numbers)}) dependencies\b", text, re.I):
             assert numbers.index(word.lower()) == len(deps), f"{page}: {word} dependencies, pyproject.toml has {deps}"
+
+
+def test_quickstart_says_what_the_token_total_adds_to_the_parts():
+    """The quickstart prints ctx.tokens (`memq context` a table of it): its
+    total is more than the parts, and the pages say by how much, as the code
+    counts it."""
+    from memq.workers.memory.context import assemble, item_from_event
+    from memq.workers.memory.strategies import Strategy
+
+    events = {
+        seq: {"id": f"e{seq}", "author": role, "message": {"role": role, "parts": [{"type": "text", "text": text}]}}
+        for seq, (role, text) in enumerate([("user", "Hi! A trip to Lisbon in May."), ("assistant", "Lovely.")], 1)
+    }
+    ctx = assemble(
+        history=[item_from_event(seq, e) for seq, e in events.items()],
+        events=events,
+        strategy=Strategy(kind="token_window", budget=4000),
+        summary="Ann plans a trip.",
+        instruction="Be brief.",
+    )
+    parts = ctx.tokens.to_dict()
+    extra = parts.pop("total") - sum(parts.values())
+    for page in ("quickstart.md", "guide/queries.md"):
+        text = " ".join((DOCS / page).read_text().split())
+        stated = re.search(r"`total` is the parts plus (\d+)", text)
+        assert stated, f"docs/{page}: say what `total` adds to the parts (`total` is the parts plus N …)"
+        assert int(stated.group(1)) == extra, page
