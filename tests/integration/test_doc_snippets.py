@@ -19,6 +19,7 @@ is checked without running by tests/unit/test_docs.py (tests/docsnippets.py).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -214,3 +215,20 @@ def test_pytest_command_collects(command):
         timeout=300,
     )
     assert run.returncode == 0, f"{command.snippet.id}: `{command.text}`:\n{run.stdout[-2000:]}"
+
+
+def test_quickstart_shows_the_ready_line_memq_up_prints(stack: Stack):
+    """The sample line the quickstart says to wait for is the one `memq up`
+    prints, but for the addresses and the data dir."""
+    printed = next(
+        line for line in (stack.data_dir / "up.log").read_text().splitlines() if line.startswith("memq ready")
+    )
+    page = (ROOT / "docs/quickstart.md").read_text()
+    sample = next(s.code for s in snippets() if s.path == "docs/quickstart.md" and s.code.startswith("memq ready"))
+    assert sample in page
+
+    def shape(line: str) -> str:
+        line = re.sub(r"\b[a-z]+://[^\s,]+", "URL", line)
+        return re.sub(r"(?<=\bdata )\S+?(?=,)", "DIR", line)
+
+    assert shape(sample.strip()) == shape(printed.strip())
