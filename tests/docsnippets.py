@@ -210,8 +210,7 @@ def problem(command: Command, venv_bin: Path) -> str | None:
         if name == "python" and args and not args[0].startswith("-") and not (cwd / args[0]).is_file():
             return f"{args[0]}: no such file in the checkout"
         if name == "pytest":
-            missing = [a for a in args if not a.startswith("-") and not (cwd / a.split("::")[0]).exists()]
-            return f"no such test path: {missing}" if missing else None
+            return _test_paths_problem(args, cwd)
         return None
     if exe == "cd":
         return None if args and (cwd / args[0]).is_dir() else f"cd {args}: no such folder in the checkout"
@@ -236,4 +235,13 @@ def _dev_sh_problem(args: list[str]) -> str | None:
         return f"infra/dev.sh setup {rest[0]}: not an extra of pyproject.toml ({sorted(extras())})"
     if sub == "up":
         return memq_parse_error(["up", *rest])
+    if sub == "test":
+        return _test_paths_problem(rest, ROOT)
     return None
+
+
+def _test_paths_problem(pytest_args: list[str], cwd: Path) -> str | None:
+    # options' values (-k expr) are not paths: only words that look like one
+    paths = [a for a in pytest_args if not a.startswith("-") and ("/" in a or a.endswith(".py"))]
+    missing = [a for a in paths if not (cwd / a.split("::")[0]).exists()]
+    return f"no such test path: {missing}" if missing else None

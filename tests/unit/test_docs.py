@@ -197,6 +197,8 @@ def test_shell_blocks_are_many_and_skips_few():
         ("bash infra/dev.sh up --nats-port 0", None),
         ("bash infra/dev.sh up --port 0", "No such option"),
         (".venv/bin/pytest tests/unit/test_nope.py -q", "no such test path"),
+        ("bash infra/dev.sh test tests/unit/test_nope.py", "no such test path"),
+        ("bash infra/dev.sh test tests/unit -k docs", None),
         ("curl -s http://127.0.0.1:8480/healthz", "not part of the checkout"),
         ("cd infra && docker compose ps", "not part of the checkout"),
     ],
@@ -274,3 +276,22 @@ def test_quickstart_says_what_the_token_total_adds_to_the_parts():
         stated = re.search(r"`total` is the parts plus (\d+)", text)
         assert stated, f"docs/{page}: say what `total` adds to the parts (`total` is the parts plus N …)"
         assert int(stated.group(1)) == extra, page
+
+
+def test_inline_commands_of_the_checkout_parse():
+    """`bash infra/dev.sh …` and `.venv/bin/memq …` in prose get the shell
+    blocks' checks."""
+    spans = [
+        (path, span)
+        for path in ds.doc_files()
+        for span in INLINE_CODE.findall(path.read_text())
+        if span.startswith(("bash infra/", ".venv/bin/memq "))
+    ]
+    assert len(spans) >= 5, spans
+    problems = [
+        f"{path.relative_to(ROOT)}: `{span}`: {p}"
+        for path, span in spans
+        for c in ds.shell_commands(ds.Snippet(str(path.relative_to(ROOT)), 0, "bash", span, None))
+        if (p := ds.problem(c, VENV_BIN))
+    ]
+    assert not problems, problems
