@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Developer entry point.
-#   infra/dev.sh setup [extra]      .venv with memq installed editable (extra: dev, the default, or workers)
+#   infra/dev.sh setup [extra]      .venv with memq installed editable (extra: any of pyproject.toml's; dev by default)
 #   infra/dev.sh services           apt-install PostgreSQL, Redis, MariaDB if missing (not started);
 #                                   go-install the pinned Weaviate (cached in ~/.cache/memq-tools)
 #   infra/dev.sh test [pytest args] setup + services, then pytest (default: the whole suite, -q)

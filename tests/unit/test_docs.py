@@ -155,3 +155,143 @@ def test_compose_replica_defaults_are_quoted_right():
     names = ["MEMQ_PERSISTENCE_REPLICAS", "MEMQ_INDEXING_REPLICAS", "MEMQ_SUMMARIZER_REPLICAS", "MEMQ_QUERY_REPLICAS"]
     page = " ".join((DOCS / "operations/deploy.md").read_text().split())
     assert f"(defaults {', '.join(compose[n] for n in names)})" in page
+
+
+# --- commands a reader pastes into a fresh shell ----------------------------------
+
+sys.path.insert(0, str(ROOT / "tests"))
+import docsnippets as ds  # noqa: E402
+
+SHELL = ds.shell_snippets()
+VENV_BIN = Path(sys.prefix) / "bin"  # what `bash infra/dev.sh setup` makes .venv/bin
+
+
+@pytest.mark.parametrize("snippet", SHELL, ids=[s.id for s in SHELL])
+def test_shell_commands_work_in_a_fresh_shell(snippet):
+    """Each command names something a fresh shell in the checkout has (no
+    virtualenv activated), and `memq`'s and infra/dev.sh's subcommands and
+    options parse; a block of outside tools says why it is not run."""
+    problems = [f"`{c.text}`: {p}" for c in ds.shell_commands(snippet) if (p := ds.problem(c, VENV_BIN))]
+    assert not problems, f"{snippet.id}:\n" + "\n".join(problems)
+
+
+def test_shell_blocks_are_many_and_skips_few():
+    commands = [c for s in SHELL for c in ds.shell_commands(s)]
+    assert len(commands) >= 30, len(commands)
+    skipped = [s.id for s in SHELL if s.skip]
+    assert len(skipped) <= 4, f"most shell blocks must run or be checked: {skipped}"
+
+
+@pytest.mark.parametrize(
+    "code, found",
+    [
+        ("memq export > all.jsonl", "not on PATH"),
+        ("pip install memq[adk]", "not on PATH"),
+        (".venv/bin/memq exprt", "No such command"),
+        (".venv/bin/memq demo --events many", "Invalid value"),
+        (".venv/bin/memq sessions show s1", "Missing option"),
+        ("MEMQ_X=1 .venv/bin/memq export --app a --user u > u.jsonl  # one user", None),
+        ("bash infra/dev.sh setup adk", None),
+        ("bash infra/dev.sh setup nope", "not an extra"),
+        ("bash infra/dev.sh serve", "not one of"),
+        ("bash infra/dev.sh up --nats-port 0", None),
+        ("bash infra/dev.sh up --port 0", "No such option"),
+        (".venv/bin/pytest tests/unit/test_nope.py -q", "no such test path"),
+        ("bash infra/dev.sh test tests/unit/test_nope.py", "no such test path"),
+        ("bash infra/dev.sh test tests/unit -k docs", None),
+        ("curl -s http://127.0.0.1:8480/healthz", "not part of the checkout"),
+        ("cd infra && docker compose ps", "not part of the checkout"),
+    ],
+)
+def test_the_shell_check_tells_what_breaks(code, found):
+    snippet = ds.Snippet("x.md", 1, "bash", code, None)
+    problems = [p for c in ds.shell_commands(snippet) if (p := ds.problem(c, VENV_BIN))]
+    assert (found in problems[0]) if found else not problems, problems
+
+
+def test_the_shell_parser_splits_commands_and_redirects():
+    snippet = ds.Snippet("x.md", 1, "bash", "A=1 x --y 'a b' > out.jsonl && (cd infra && z \\\n  w)  # c", None)
+    commands = ds.shell_commands(snippet)
+    assert [(c.env, c.argv, c.stdout, c.cwd) for c in commands] == [
+        ({"A": "1"}, ("x", "--y", "a b"), "out.jsonl", "."),
+        ({}, ("cd", "infra"), None, "."),
+        ({}, ("z", "w"), None, "infra"),
+    ]
+
+
+INLINE_CODE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
+
+
+def test_inline_install_and_python_commands_name_the_checkouts_venv():
+    """`pip install …` or `python …` in prose installs into, or runs, whatever
+    is first on PATH; the docs name .venv/bin/… (or infra/dev.sh) instead."""
+    found = [
+        f"{path.relative_to(ROOT)}: `{span}`"
+        for path in ds.doc_files()
+        for span in INLINE_CODE.findall(path.read_text())
+        if re.match(r"(pip3? install|python3? (-m|\S+\.py))\b", span)
+    ]
+    assert not found, found
+
+
+def test_docs_name_the_clients_dependencies():
+    """What `memq` without extras installs, as pyproject.toml lists it."""
+    import tomllib
+
+    deps = [
+        re.split(r"[\s<>=!~\[;]", d, maxsplit=1)[0]
+        for d in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    ]
+    numbers = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    for page in ("docs/quickstart.md", "docs/guide/client.md"):
+        text = " ".join((ROOT / page).read_text().split())
+        missing = [d for d in deps if d not in text]
+        assert not missing, f"{page} does not name the client's dependencies {missing}"
+        for word in re.findall(rf"\b({'|'.join(numbers)}) dependencies\b", text, re.I):
+            assert numbers.index(word.lower()) == len(deps), f"{page}: {word} dependencies, pyproject.toml has {deps}"
+
+
+def test_quickstart_says_what_the_token_total_adds_to_the_parts():
+    """The quickstart prints ctx.tokens (`memq context` a table of it): its
+    total is more than the parts, and the pages say by how much, as the code
+    counts it."""
+    from memq.workers.memory.context import assemble, item_from_event
+    from memq.workers.memory.strategies import Strategy
+
+    events = {
+        seq: {"id": f"e{seq}", "author": role, "message": {"role": role, "parts": [{"type": "text", "text": text}]}}
+        for seq, (role, text) in enumerate([("user", "Hi! A trip to Lisbon in May."), ("assistant", "Lovely.")], 1)
+    }
+    ctx = assemble(
+        history=[item_from_event(seq, e) for seq, e in events.items()],
+        events=events,
+        strategy=Strategy(kind="token_window", budget=4000),
+        summary="Ann plans a trip.",
+        instruction="Be brief.",
+    )
+    parts = ctx.tokens.to_dict()
+    extra = parts.pop("total") - sum(parts.values())
+    for page in ("quickstart.md", "guide/queries.md"):
+        text = " ".join((DOCS / page).read_text().split())
+        stated = re.search(r"`total` is the parts plus (\d+)", text)
+        assert stated, f"docs/{page}: say what `total` adds to the parts (`total` is the parts plus N …)"
+        assert int(stated.group(1)) == extra, page
+
+
+def test_inline_commands_of_the_checkout_parse():
+    """`bash infra/dev.sh …` and `.venv/bin/memq …` in prose get the shell
+    blocks' checks."""
+    spans = [
+        (path, span)
+        for path in ds.doc_files()
+        for span in INLINE_CODE.findall(path.read_text())
+        if span.startswith(("bash infra/", ".venv/bin/memq "))
+    ]
+    assert len(spans) >= 5, spans
+    problems = [
+        f"{path.relative_to(ROOT)}: `{span}`: {p}"
+        for path, span in spans
+        for c in ds.shell_commands(ds.Snippet(str(path.relative_to(ROOT)), 0, "bash", span, None))
+        if (p := ds.problem(c, VENV_BIN))
+    ]
+    assert not problems, problems
