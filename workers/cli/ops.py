@@ -194,7 +194,17 @@ def dlq_replay(
         err.print(f"[yellow]skipped dead letter {seq}:[/] {escape(why)}")
     missing = sorted(set(seqs or ()) - set(result.replayed) - {seq for seq, _ in result.skipped})
     if missing:
-        err.print(f"[yellow]no such dead letter (or filtered out):[/] {', '.join(map(str, missing))}")
-    console.print(f"{len(result.replayed)} replayed" + ("" if keep else ", deleted from the DLQ"))
+        filtered = " (or filtered out by --worker/--code)" if worker or code else ""
+        err.print(
+            f"[red]no dead letter {', '.join(map(str, missing))} in {escape(settings.streams.dlq)}{filtered}:[/] "
+            "see `memq dlq list`",
+            soft_wrap=True,
+        )
+    # The count only when something happened: "0 replayed, deleted" after an
+    # error read as if the command had done its work.
+    if result.replayed:
+        console.print(f"{len(result.replayed)} replayed" + ("" if keep else ", deleted from the DLQ"))
+    elif not (result.skipped or missing):
+        console.print("no dead letter matches: nothing replayed")
     if result.skipped or missing:
         raise typer.Exit(1)
