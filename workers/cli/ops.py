@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 from enum import Enum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from nats.aio.client import Client as NATS
 from rich.markup import escape
-from rich.table import Table
 
 from memq.workers.cli.common import _settings, _short, _with_nats, app, console, err
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 index_app = typer.Typer(no_args_is_help=True, help="Inspect and rebuild the long-term memory index.")
 app.add_typer(index_app, name="index")
@@ -126,6 +127,8 @@ def dlq_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """List dead letters, oldest first, with why each was given up on."""
+    from rich.table import Table
+
     from memq.workers.dlq import list_dead_letters, summarize
 
     settings = _settings()
