@@ -53,10 +53,11 @@ def test_settings_and_variables_read_on_purpose_are_not_warned_about(variable):
     assert unknown_env({variable: "x"}) == []
 
 
-def test_every_variable_of_the_compose_file_and_dev_scripts_is_known():
-    """infra/compose.yaml and infra/scripts read MEMQ_ variables of their own;
-    a shell that sets them for those runs memq with them too."""
-    files = [ROOT / "infra" / "compose.yaml", *sorted((ROOT / "infra" / "scripts").glob("*.sh"))]
+def test_every_variable_of_the_deployments_and_dev_scripts_is_known():
+    """infra/ (compose, Kubernetes, the dev scripts) sets settings, and reads
+    MEMQ_ variables of its own: a shell that sets those for it runs memq with
+    them too. Neither is warned about; a typo there is."""
+    files = [f for f in sorted((ROOT / "infra").rglob("*")) if f.is_file() and f.suffix in ("", ".sh", ".yaml", ".yml")]
     found = {m for f in files for m in re.findall(r"\bMEMQ_[A-Z0-9_]+", f.read_text())}
     assert found, "the pattern finds nothing"
     found = {m for m in found if not m.endswith("_")}  # MEMQ_NATS_PASSWORD_<USER>: a prefix, in prose
