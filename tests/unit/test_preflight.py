@@ -100,3 +100,19 @@ def test_what_the_settings_do_not_use_is_not_asked_for(tmp_path):
     needed = needed_packages(settings(tmp_path, indexing={"embedder": "none"}), ALL)
     assert not {"onnxruntime", "tokenizers", "weaviate", "redis", "httpx"} & set(needed)
     assert "uvicorn" not in needed_packages(settings(tmp_path), ["persistence"])
+
+
+def test_a_replica_that_writes_no_data_dir_does_not_need_one(tmp_path):
+    """As in infra/k8s: a read-only disk, a database server and Weaviate."""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    servers = {
+        "database": {"url": "postgresql+asyncpg://u@db/memq"},
+        "indexing": {"weaviate": {"url": "http://w:8080"}},
+    }
+    s = Settings(data_dir=a_file / "memq", nats={"url": "nats://n:4222"}, http={"port": 0}, **servers)
+    assert problems(s, ["persistence"], embedded_nats=False) == []
+    assert problems(s, ["http"], embedded_nats=False) == []
+    sqlite = Settings(data_dir=a_file / "memq", nats={"url": "nats://n:4222"}, http={"port": 0})
+    assert len(problems(sqlite, ["persistence"], embedded_nats=False)) == 1  # its SQLite file is there
+    assert problems(sqlite, ["http"], embedded_nats=False) == []

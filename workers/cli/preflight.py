@@ -19,6 +19,8 @@ from memq.workers.embedded import EmbeddedError, nats_server_binary, running_pid
 from memq.workers.settings import Settings
 
 INSTALL = "pip install 'memq[workers]'"
+SQL_KINDS = frozenset({"persistence", "indexing", "summarizer", "query"})  # indexing: each turn's previous one
+INDEX_KINDS = frozenset({"indexing", "query"})  # the query worker embeds and searches queries
 
 
 def port_problem(what: str, host: str, port: int, change: str) -> str | None:
@@ -59,11 +61,11 @@ def needed_packages(settings: Settings, kinds: Iterable[str]) -> dict[str, str]:
     """The importable packages ``kinds`` need with these settings -> what for."""
     kinds = set(kinds)
     needed = {"faststream": "the worker runtime", "sqlalchemy": "the database"}
-    if kinds & {"persistence", "indexing", "summarizer", "query"}:
+    if kinds & SQL_KINDS:
         driver = _driver(settings.database_url())
         if driver:
             needed[driver] = f"the database driver of {settings.database_url().split('://', 1)[0]}"
-    if kinds & {"indexing", "query"}:  # the query worker embeds search queries
+    if kinds & INDEX_KINDS:
         embedder = settings.indexing.embedder
         if embedder == "local":
             for package in ("onnxruntime", "tokenizers", "numpy"):
@@ -114,7 +116,14 @@ def problems(
     missing = {p: why for p, why in needed_packages(settings, kinds).items() if not installed(p)}
     for package, why in missing.items():
         found.append(f"{package} is not installed, and {why} needs it: {INSTALL}")
-    if embedded_nats or settings.database.url is None or settings.index_backend() == "embedded":
+    # Only what writes there: a replica on a read-only disk with a database
+    # server and Weaviate (infra/k8s) needs no data dir.
+    writes_data_dir = (
+        embedded_nats
+        or (settings.database.url is None and bool(set(kinds) & SQL_KINDS))
+        or (settings.index_backend() == "embedded" and bool(set(kinds) & INDEX_KINDS))
+    )
+    if writes_data_dir:
         found.append(data_dir_problem(settings.data_dir) or "")
     listeners: list[tuple[str, str, int, str]] = []
     if embedded_nats:
