@@ -5,6 +5,7 @@ imported are what decides the time, and they do not vary with the machine's load
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -43,14 +44,14 @@ HEAVY = (
 )
 
 
-def imported(tmp_path: Path, *args: str) -> set[str]:
-    """The top modules and memq modules `memq ARGS` imports (``-X importtime``)."""
+def imported(tmp_path: Path, *args: str, code: int = 0) -> set[str]:
+    """The modules `memq ARGS` imports (``-X importtime``); it exits with ``code``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
     env["MEMQ_DATA_DIR"] = str(tmp_path)
     out = subprocess.run(
         [sys.executable, "-X", "importtime", MEMQ, *args], env=env, capture_output=True, text=True, timeout=120
     )
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.returncode == code, out.stderr[-2000:]
     names = {line.rsplit("|", 1)[1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     return names
 
@@ -81,3 +82,16 @@ def test_help_is_plain_text(path):
         text = command.get_help(ctx)
     for markup in ("``", ":mod:", ":class:", ":func:", "[/", "[red]", "[bold"):
         assert markup not in text, f"{path} --help shows {markup!r}:\n{text}"
+
+
+@pytest.mark.parametrize("problem", ["out of range", "taken"])
+def test_up_stopped_by_its_checks_imports_no_worker_code(tmp_path, problem):
+    """Its checks come first, and answer as quickly as `memq config`."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = "99999" if problem == "out of range" else str(taken.getsockname()[1])
+        names = imported(tmp_path, "up", "--nats-port", port, code=2 if problem == "out of range" else 1)
+    assert "memq.workers.settings" in names
+    assert ("memq.workers.cli.preflight" in names) == (problem == "taken")
+    assert sorted(name for name in names if name in HEAVY) == []

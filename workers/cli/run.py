@@ -168,7 +168,6 @@ def up(
     problem stops it with one line before anything starts.
     """
     from memq.workers.cli.datadir import describe_data, is_fresh
-    from memq.workers.demo import memq_command
     from memq.workers.embedded import EmbeddedError, EmbeddedNats
 
     # The options go through the settings, which check the ports' range.
@@ -202,6 +201,8 @@ def up(
     )
 
     async def ready() -> None:
+        from memq.workers.demo import memq_command  # not before the checks: it imports the client and SQLAlchemy
+
         # the gateway writes its URL once bound (port 0 picks any free one)
         http_url = settings.run_dir / "http.url"
         http = f", HTTP {http_url.read_text().strip()}" if http_url.is_file() else ""
