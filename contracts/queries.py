@@ -28,32 +28,33 @@ follows the cursors itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from memq.contracts.errors import Forbidden, InvalidRequest, NotCommitted, NotFound, Unavailable  # noqa: F401 - re-exported
 from memq.contracts.schemas import AppId, Event, NoNul, SessionId, Timestamp, UserId
 
+# The vocabularies a request names (memq.contracts.vocabulary, light for
+# the CLI and the settings), re-exported.
+from memq.contracts.vocabulary import (  # noqa: F401
+    CONSISTENCIES,
+    CONTEXT_FORMATS,
+    SEARCH_MODES,
+    STRATEGY_ALIASES,
+    STRATEGY_KINDS,
+    STRATEGY_NAMES,
+    Consistency,
+    ContextFormat,
+    Role,
+    SearchMode,
+    StrategyKind,
+    StrategyName,
+)
+
 QUERY_VERSION: Literal[1] = 1
 MAX_PAGE = 500
 MAX_K = 100
-
-# The vocabularies a request names, defined here once: the workers' settings
-# and the CLI derive their choices from these.
-StrategyKind = Literal["all", "buffer_window", "token_window", "summary_buffer"]
-STRATEGY_KINDS: tuple[StrategyKind, ...] = get_args(StrategyKind)
-STRATEGY_ALIASES: dict[str, StrategyKind] = {"none": "all"}  # Hector's name for "include all history"
-StrategyName = Literal[StrategyKind, "none"]  # what a request may say: a kind or an alias
-STRATEGY_NAMES: tuple[str, ...] = (*STRATEGY_KINDS, *STRATEGY_ALIASES)
-SearchMode = Literal["keyword", "vector", "hybrid"]
-SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
-ContextFormat = Literal["memq", "openai"]
-CONTEXT_FORMATS: tuple[ContextFormat, ...] = get_args(ContextFormat)
-# Whose writes a read sees: the caller's own (its ``min_seq``), or also every
-# write any client had acknowledged before the read, in the read's scope.
-Consistency = Literal["own", "any"]
-CONSISTENCIES: tuple[Consistency, ...] = get_args(Consistency)
 
 
 class _Request(BaseModel):
@@ -100,9 +101,6 @@ class StrategySpec(BaseModel):
     @classmethod
     def _canonical_kind(cls, kind: str | None) -> str | None:
         return STRATEGY_ALIASES.get(kind, kind) if kind is not None else None
-
-
-Role = Literal["user", "assistant", "system", "tool"]
 
 
 class _EventFilters(BaseModel):

@@ -23,6 +23,9 @@ from pydantic import ValidationError
 
 from memq.contracts.connection import NatsUnreachable, connect_nats  # noqa: F401 (what connect raises)
 from memq.contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
+
+# Where NATS is, without nats-py: `memq config` reads it (memq.workers.embedded).
+from memq.workers.embedded import NatsNotFound, nats_url  # noqa: F401 (re-exported)
 from memq.workers.settings import NatsSettings, Settings, StreamSettings, mask_url
 
 T = TypeVar("T")
@@ -34,30 +37,6 @@ DAY = 86_400.0
 
 NATS_HINT = "is `memq up` running, or MEMQ_NATS__URL right?"
 NATS_AUTH_HINT = "check MEMQ_NATS__USER/PASSWORD/TOKEN"
-
-
-class NatsNotFound(RuntimeError):
-    """No NATS URL configured and no embedded server running."""
-
-
-def nats_url(settings: Settings) -> str:
-    """The configured URL, else the one a running `memq up` left in the data
-    dir. A URL file whose nats-server is gone (a crashed run) is not handed out."""
-    from memq.workers.embedded import running_pid  # embedded -> settings only; no cycle
-
-    if settings.nats.url:
-        return settings.nats.url
-    url_file = settings.run_dir / "nats.url"
-    if url_file.is_file():
-        if running_pid(settings.run_dir) is None:
-            raise NatsNotFound(
-                f"memq up is not running (stale file from a crashed run: {url_file}): "
-                "start it again with `memq up`, or set MEMQ_NATS__URL"
-            )
-        return url_file.read_text().strip()
-    raise NatsNotFound(
-        f"no NATS server: set MEMQ_NATS__URL, or start the embedded stack with `memq up` (looked for {url_file})"
-    )
 
 
 def _tls_context(nats_settings: NatsSettings) -> ssl.SSLContext | None:

@@ -4,6 +4,7 @@ from SQL and check that every event is stored exactly once, in order."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 import time
@@ -135,14 +136,18 @@ async def run_demo(settings: Settings, n_events: int, console: Console, timeout:
     return result
 
 
-def _memq_command() -> str:
+def memq_command() -> str:
     """How to call memq again: ``memq`` when that is on PATH, else the path
-    this process was started with (``.venv/bin/memq`` after infra/dev.sh)."""
+    this process was started with (``.venv/bin/memq`` after infra/dev.sh, in
+    a shell that has not activated it), relative to the working directory
+    when that is shorter."""
     invoked = Path(sys.argv[0])
     on_path = shutil.which("memq")
     if invoked.name != "memq" or (on_path and Path(on_path).resolve() == invoked.resolve()):
         return "memq"
-    return str(invoked)
+    absolute = str(invoked.absolute())
+    relative = os.path.relpath(absolute)
+    return relative if len(relative) < len(absolute) else absolute
 
 
 def _print_next_steps(console: Console, session: str) -> None:
@@ -151,7 +156,7 @@ def _print_next_steps(console: Console, session: str) -> None:
     console.print(
         f"wrote session {session} of user {USER} in app {APP}; look at it with:", soft_wrap=True, highlight=False
     )
-    memq = _memq_command()
+    memq = memq_command()
     for command in (
         f"{memq} sessions show {session} --user {USER} --events 10",
         f"{memq} history {session} --user {USER}",

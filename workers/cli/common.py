@@ -6,25 +6,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
-from nats.aio.client import Client as NATS
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.markup import escape
 
-from memq.contracts.client import MemoryClient
 from memq.contracts.errors import MemqError
-from memq.workers import bus
-from memq.workers.settings import Settings, load_settings, mask_url
+
+# `memq --help` imports every command's module: what a command needs beyond
+# typer and rich (nats-py, pydantic-settings, SQLAlchemy, the ML stack) is
+# imported when it runs (tests/unit/test_cli_startup.py holds them to it).
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+    from pydantic import ValidationError
+
+    from memq.contracts.client import MemoryClient
+    from memq.workers.settings import Settings
 
 # No locals in tracebacks: they would print settings, URLs and passwords.
+# Plain help (click's): typer's rich help imports rich's Markdown, syntax and
+# traceback modules, a third of `memq --help`'s time, and the plain text
+# reads the same in a pipe and at any width.
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
     pretty_exceptions_show_locals=False,
     help="memq: session and memory layer for LLM agents.",
 )
@@ -33,6 +43,8 @@ err = Console(stderr=True)
 
 
 def _setup_logging(settings: Settings) -> None:
+    from rich.logging import RichHandler
+
     logging.basicConfig(
         level=settings.log_level,
         format="%(name)s: %(message)s",
@@ -42,26 +54,62 @@ def _setup_logging(settings: Settings) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
-def _settings() -> Settings:
+def _warn_unknown_env() -> None:
+    """One line per ``MEMQ_*`` variable that sets nothing: pydantic-settings
+    ignores them, and a typo would otherwise look like a setting that has no effect."""
+    from memq.workers.settings import unknown_env
+
+    for var, close in unknown_env(os.environ):
+        hint = f"; did you mean {close}?" if close else " (`memq config` lists the settings)"
+        err.print(f"[yellow]warning:[/] {var} is not a memq setting, ignored{hint}", soft_wrap=True, highlight=False)
+
+
+def settings_errors(exc: ValidationError) -> str:
+    """A settings error on one line: each field with its variable and what is
+    wrong. Never the value given: it may be a password or a URL with one."""
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc']))} (MEMQ_{'__'.join(map(str, e['loc'])).upper()}): {e['msg']}"
+        for e in exc.errors()
+    )
+
+
+def _settings(**overrides: Any) -> Settings:
+    """The settings of this command (``overrides``: its options), its
+    logging set up; unknown ``MEMQ_*`` variables warned about."""
+    from pydantic import ValidationError
+
+    from memq.workers.settings import load_settings
+
+    _warn_unknown_env()
     try:
-        settings = load_settings()
-    except Exception as exc:  # pydantic ValidationError: show it, no traceback
-        err.print(f"[red]invalid settings:[/] {exc}")
+        settings = load_settings(**overrides)
+    except ValidationError as exc:  # one line, no traceback
+        err.print(f"[red]invalid settings:[/] {escape(settings_errors(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    except Exception as exc:  # e.g. a config file that is no TOML
+        err.print(f"[red]invalid settings:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     _setup_logging(settings)
     return settings
 
 
-# What a command prints, as one line and no traceback, when NATS cannot be used.
-NATS_FAILURES = (bus.NatsNotFound, bus.NatsUnreachable, bus.NatsTLSError)
+def nats_failures() -> tuple[type[Exception], ...]:
+    """What a command prints, as one line and no traceback, when NATS cannot be used."""
+    from memq.workers import bus
+
+    return (bus.NatsNotFound, bus.NatsUnreachable, bus.NatsTLSError)
 
 
 def _masked_nats_url(url: str) -> str:
+    from memq.workers.settings import mask_url
+
     return ",".join(mask_url(u.strip()) for u in url.split(","))
 
 
 def _database_shown(settings: Settings) -> str:
     """The database URL the workers use, password masked."""
+    from memq.workers.settings import mask_url
+
     configured = settings.database.url.get_secret_value() if settings.database.url is not None else None
     if configured == "inmemory":
         return "inmemory (SQLite in memory, lost on restart)"
@@ -126,6 +174,8 @@ def _with_nats(
     :param patient: connect as a worker does (ride out a NATS restart)
         rather than give up after two tries.
     """
+    from memq.workers import bus
+
     settings = _settings()
 
     async def main() -> T:
@@ -173,6 +223,8 @@ def _with_nats(
 
 
 def _with_client(app_id: str, work: Callable[[MemoryClient], Awaitable[T]]) -> T:
+    from memq.contracts.client import MemoryClient
+
     # Not an operator's command: the client says itself when NATS refuses the app.
     return _with_nats(lambda nc: work(MemoryClient(nc, app_id, consistency="any")), admin=False)
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 from enum import Enum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from nats.aio.client import Client as NATS
 from rich.markup import escape
-from rich.table import Table
 
 from memq.workers.cli.common import _settings, _short, _with_nats, app, console, err
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 index_app = typer.Typer(no_args_is_help=True, help="Inspect and rebuild the long-term memory index.")
 app.add_typer(index_app, name="index")
@@ -126,6 +127,8 @@ def dlq_list(
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """List dead letters, oldest first, with why each was given up on."""
+    from rich.table import Table
+
     from memq.workers.dlq import list_dead_letters, summarize
 
     settings = _settings()
@@ -194,7 +197,17 @@ def dlq_replay(
         err.print(f"[yellow]skipped dead letter {seq}:[/] {escape(why)}")
     missing = sorted(set(seqs or ()) - set(result.replayed) - {seq for seq, _ in result.skipped})
     if missing:
-        err.print(f"[yellow]no such dead letter (or filtered out):[/] {', '.join(map(str, missing))}")
-    console.print(f"{len(result.replayed)} replayed" + ("" if keep else ", deleted from the DLQ"))
+        filtered = " (or filtered out by --worker/--code)" if worker or code else ""
+        err.print(
+            f"[red]no dead letter {', '.join(map(str, missing))} in {escape(settings.streams.dlq)}{filtered}:[/] "
+            "see `memq dlq list`",
+            soft_wrap=True,
+        )
+    # The count only when something happened: "0 replayed, deleted" after an
+    # error read as if the command had done its work.
+    if result.replayed:
+        console.print(f"{len(result.replayed)} replayed" + ("" if keep else ", deleted from the DLQ"))
+    elif not (result.skipped or missing):
+        console.print("no dead letter matches: nothing replayed")
     if result.skipped or missing:
         raise typer.Exit(1)

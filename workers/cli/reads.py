@@ -8,7 +8,7 @@ import re
 import time
 from datetime import datetime
 from enum import Enum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.json import JSON
@@ -17,10 +17,12 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotFound
-from memq.contracts.queries import ContextFormat, Role, SearchMode, StrategyName
+from memq.contracts.vocabulary import ContextFormat, Role, SearchMode, StrategyName
 from memq.workers.cli.common import _short, _with_client, app, console, err
+
+if TYPE_CHECKING:
+    from memq.contracts.client import MemoryClient
 
 DEFAULT_APP = "memq-demo"  # the app `memq demo` writes to, so the demo can be browsed without flags
 AppOpt = Annotated[

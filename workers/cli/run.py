@@ -10,14 +10,12 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 import typer
-from nats.aio.client import Client as NATS
 from rich.markup import escape
 
-from memq.workers import bus
 from memq.workers.cli.common import (
-    NATS_FAILURES,
     _database_shown,
     _masked_nats_url,
     _settings,
@@ -25,9 +23,14 @@ from memq.workers.cli.common import (
     app,
     console,
     err,
+    nats_failures,
 )
 from memq.workers.kinds import KINDS
-from memq.workers.settings import Settings
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from memq.workers.settings import Settings
 
 # The kinds `memq worker` takes, from the registry (in start order). mypy
 # cannot list the members of an Enum built at run time; typer needs an Enum.
@@ -53,7 +56,10 @@ STOP_TIMEOUT_S = 7.0
 
 
 async def _run_workers(
-    settings: Settings, kinds: list[WorkerKind], stop: asyncio.Event, on_ready: Callable[[], None] | None = None
+    settings: Settings,
+    kinds: list[WorkerKind],
+    stop: asyncio.Event,
+    on_ready: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Run ``kinds`` in this process as one FastStream app (:mod:`memq.workers.app`;
     a line per worker as it starts: the indexing worker's start can be slow),
@@ -93,7 +99,7 @@ async def _run_workers(
         if not all(event.is_set() for event in preparing):
             err.print("preparing the search index…", highlight=False)
             await asyncio.gather(*(event.wait() for event in preparing))
-        on_ready()
+        await on_ready()
 
     # Starting can take long on a busy machine (migrations, loading the
     # model): a signal meanwhile cancels it instead of waiting for it.
@@ -104,7 +110,7 @@ async def _run_workers(
         if starting_task.done():
             try:
                 starting_task.result()  # a start that failed raises here
-            except NATS_FAILURES as exc:
+            except nats_failures() as exc:
                 err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
                 raise typer.Exit(1) from None
             await stopping
@@ -128,19 +134,55 @@ async def _run_workers(
         await monitor.stop()
 
 
+def _preflight(settings: Settings, kinds: list[str], *, embedded_nats: bool) -> None:
+    """Stop here, one line per problem and exit 1, if a port is taken, the
+    data dir unusable or a package missing: before any server or worker starts."""
+    from memq.workers.cli.preflight import problems
+
+    found = problems(settings, kinds, embedded_nats=embedded_nats)
+    for problem in found:
+        err.print(f"[red]{escape(problem)}[/]", soft_wrap=True, highlight=False)
+    if found:
+        raise typer.Exit(1)
+
+
+PORT_RANGE = "0-65535; 0: any free port"
+
+
 @app.command()
 def up(
-    nats_port: int = typer.Option(
-        4222, help="Port of the embedded nats-server; 0: any free port. A taken port is an error."
+    nats_port: int | None = typer.Option(
+        None,
+        help=f"Port of the embedded nats-server ({PORT_RANGE}). Default: nats.port (4222). A taken port is an error.",
+        show_default=False,
+    ),
+    http_port: int | None = typer.Option(
+        None,
+        help=f"Port of the HTTP gateway ({PORT_RANGE}). Default: http.port (8480). A taken port is an error.",
+        show_default=False,
     ),
 ) -> None:
-    """Run the whole stack in one process: embedded NATS, SQLite and every worker."""
+    """Run the whole stack in one process: embedded NATS, SQLite and every worker.
+
+    Everything it needs is checked first (ports, data dir, packages): a
+    problem stops it with one line before anything starts.
+    """
+    from memq.workers.cli.datadir import describe_data, is_fresh
     from memq.workers.embedded import EmbeddedError, EmbeddedNats
 
-    settings = _settings()
+    # The options go through the settings, which check the ports' range.
+    overrides: dict[str, Any] = {}
+    if nats_port is not None:
+        overrides["nats"] = {"port": nats_port}
+    if http_port is not None:
+        overrides["http"] = {"port": http_port}
+    settings = _settings(**overrides)
+    kinds = list(WorkerKind)
+    fresh = is_fresh(settings.data_dir)  # before anything is written there
+    _preflight(settings, [k.value for k in kinds], embedded_nats=not settings.nats.url)
     embedded = None
     if not settings.nats.url:
-        embedded = EmbeddedNats(settings, port=nats_port)
+        embedded = EmbeddedNats(settings, port=settings.nats.port)
         try:
             url = embedded.start()
         except EmbeddedError as exc:
@@ -150,7 +192,6 @@ def up(
             err.print(f"removed the run files a crashed `memq up` left in {settings.run_dir}", soft_wrap=True)
     else:
         url = _masked_nats_url(settings.nats.url)
-    kinds = list(WorkerKind)
     err.print(
         f"starting memq: NATS {url}{' (embedded)' if embedded else ''}, database {_database_shown(settings)}, "
         f"data {settings.data_dir}",
@@ -159,13 +200,16 @@ def up(
         highlight=False,
     )
 
-    def ready() -> None:
+    async def ready() -> None:
+        from memq.workers.demo import memq_command  # not before the checks: it imports the client and SQLAlchemy
+
         # the gateway writes its URL once bound (port 0 picks any free one)
         http_url = settings.run_dir / "http.url"
         http = f", HTTP {http_url.read_text().strip()}" if http_url.is_file() else ""
+        data = await describe_data(settings, fresh)
         console.print(
-            f"memq ready: NATS {url}{http}, data {settings.data_dir}, workers {', '.join(k.value for k in kinds)}"
-            " — try `memq demo` in another terminal; Ctrl-C stops cleanly.",
+            f"memq ready: NATS {url}{http}, data {data}, workers {', '.join(k.value for k in kinds)}"
+            f" — try `{memq_command()} demo` in another terminal; Ctrl-C stops cleanly.",
             soft_wrap=True,
             markup=False,
             highlight=False,
@@ -182,6 +226,7 @@ def up(
 @app.command()
 def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -> None:
     """Run one worker kind alone (production). Several processes are replicas."""
+    from memq.workers import bus
     from memq.workers.sql.engine import is_in_memory
 
     settings = _settings()
@@ -197,8 +242,9 @@ def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -
     except bus.NatsNotFound as exc:
         err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
         raise typer.Exit(1) from None
+    _preflight(settings, [kind.value], embedded_nats=False)
 
-    def ready() -> None:  # what an operator (or a test restarting a replica) waits for
+    async def ready() -> None:  # what an operator (or a test restarting a replica) waits for
         err.print(f"memq worker {kind.value} ready (pid {os.getpid()})", markup=False, highlight=False)
 
     _run_until_signal(lambda stop: _run_workers(settings, [kind], stop, on_ready=ready))
@@ -207,6 +253,7 @@ def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -
 @app.command()
 def init() -> None:
     """Create or update the streams and migrate the database (idempotent)."""
+    from memq.workers import bus
     from memq.workers.sql.engine import create_engine, current_revision, migrate
 
     settings = _settings()
@@ -237,7 +284,7 @@ def demo(events: int = typer.Option(100, "--events", "-n", min=1, help="Events t
     settings = _settings()
     try:
         result = asyncio.run(run_demo(settings, events, console))
-    except NATS_FAILURES as exc:
+    except nats_failures() as exc:
         err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
         raise typer.Exit(1) from None
     raise typer.Exit(0 if result.ok else 1)
@@ -245,15 +292,19 @@ def demo(events: int = typer.Option(100, "--events", "-n", min=1, help="Events t
 
 @app.command("config")
 def show_config() -> None:
-    """Print the effective settings (secrets masked). ``nats.url`` and
-    ``database.url`` are the ones in use: the configured URL, else the
-    embedded server of a running `memq up` (or "not running: …"), and the
-    SQLite file in the data dir."""
+    """Print the effective settings (secrets masked).
+
+    nats.url and database.url are the ones in use: the configured URL, else
+    the embedded server of a running `memq up` (or "not running: …"), and
+    the SQLite file in the data dir.
+    """
+    from memq.workers.embedded import NatsNotFound, nats_url  # not bus: no nats-py for this
+
     settings = _settings()
     shown = settings.public_dict()
     try:
-        shown["nats"]["url"] = _masked_nats_url(bus.nats_url(settings))
-    except bus.NatsNotFound as exc:
+        shown["nats"]["url"] = _masked_nats_url(nats_url(settings))
+    except NatsNotFound as exc:
         stale = (settings.run_dir / "nats.url").is_file()
         shown["nats"]["url"] = str(exc) if stale else "not running: set MEMQ_NATS__URL, or start `memq up`"
     shown["database"]["url"] = _database_shown(settings)

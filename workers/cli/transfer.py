@@ -8,13 +8,15 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, BinaryIO
+from typing import TYPE_CHECKING, Annotated, BinaryIO
 
 import typer
-from nats.aio.client import Client as NATS
 from rich.markup import escape
 
 from memq.workers.cli.common import _settings, _with_nats, app, err
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 
 @contextmanager

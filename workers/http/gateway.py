@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import uvicorn
 from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
+from nats.micro import add_service
 
 from memq.workers.http.api import build_api
 from memq.workers.http.clients import AppClients
@@ -36,6 +37,8 @@ from memq.workers.opened import opened
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
+    from nats.micro.service import Service
+
     from memq.workers.app import Resources
 
 log = logging.getLogger("memq.http")
@@ -96,6 +99,7 @@ class HttpGateway:
         self.url: str | None = None  # once serving
         self._server: _Server | None = None
         self._serving: asyncio.Task | None = None
+        self.service: Service | None = None
 
     def router(self) -> NatsRouter:
         """No subscribers: the gateway only sends (requests and publishes)."""
@@ -131,6 +135,12 @@ class HttpGateway:
         host, port = sock.getsockname()[:2]
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         self._write_url_file()
+        # No endpoints: registering makes the gateway visible to `memq status`
+        # (NATS micro ping/info/stats), with its URL, as the other kinds are.
+        nc = opened(self.nc, "the gateway's connection")
+        self.service = await add_service(
+            nc, name="memq-http", version="0.1.0", description="memq: the HTTP gateway", metadata={"url": self.url}
+        )
         log.info("HTTP gateway on %s (%s)", self.url, "open: no API keys" if self.keyring.open else "API keys")
 
     def _write_url_file(self) -> None:
@@ -140,6 +150,9 @@ class HttpGateway:
         (run_dir / "http.url").write_text(self.url or "")
 
     async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+            self.service = None
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
             try:

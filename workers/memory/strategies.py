@@ -52,10 +52,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from memq.contracts.errors import InvalidRequest
-from memq.contracts.queries import STRATEGY_ALIASES, STRATEGY_KINDS, STRATEGY_NAMES, StrategyKind, StrategySpec
+from memq.contracts.vocabulary import STRATEGY_KINDS, STRATEGY_NAMES, StrategyKind, normalize_kind
+
+if TYPE_CHECKING:  # the settings import this module: no query models for them
+    from memq.contracts.queries import StrategySpec
 
 # The strategy kinds are the contract's (memq.contracts.queries); other names
 # accepted wherever a strategy is named (Hector's "none" for what memq calls
@@ -70,12 +73,6 @@ DEFAULT_KIND: Kind = "summary_buffer"  # budgeted out of the box (docs/design.md
 # LoCoMo dev by leave-one-conversation-out: the least recall within 2 points
 # of the best evidence (tests/bench/context_split.py).
 RECALL_SHARE = 0.5
-
-
-def normalize_kind(kind: Any) -> Any:
-    """``kind`` with aliases resolved (``"none"`` -> ``"all"``); anything
-    else is returned unchanged, for the caller's own validation."""
-    return STRATEGY_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
 
 
 @dataclass(frozen=True)

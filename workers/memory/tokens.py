@@ -29,10 +29,12 @@ import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
-import tiktoken
+
+if TYPE_CHECKING:
+    import tiktoken
 
 # --- encodings ------------------------------------------------------------------
 
@@ -99,6 +101,8 @@ def encoding_name_for(model: str | None) -> str:
     get ``cl100k_base``, as Hector does."""
     if not model:
         return DEFAULT_ENCODING
+    import tiktoken  # on the first count: every worker module imports this one (`memq --help` too)
+
     try:
         return tiktoken.encoding_name_for_model(model)
     except KeyError:
@@ -120,6 +124,8 @@ def encoding_for(model: str | None = None) -> tiktoken.Encoding:
     Parameters:
         model: an OpenAI model name, or ``None`` for ``cl100k_base``.
     """
+    import tiktoken
+
     return tiktoken.get_encoding(choose_encoding(model).used)
 
 

@@ -1,0 +1,50 @@
+"""What `memq up`'s ready line says about the data dir: new, or holding the
+events of earlier runs (how many, since when).
+
+The default data dir (``~/.local/share/memq``) is outside any checkout: a new
+clone, or a second project, reuses what an earlier one left there. The
+ready line says so rather than serve old sessions as if they were new.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from datetime import datetime
+from pathlib import Path
+
+from memq.workers.settings import Settings
+
+# What memq keeps in the data dir: the embedded JetStream's store, the SQLite
+# database and the embedded index (not memq.toml, which a user may put first).
+DATA = ("nats", "memq.db", "index.db")
+
+
+def is_fresh(data_dir: Path) -> bool:
+    """Whether ``data_dir`` holds no memq data yet (missing, or none of :data:`DATA`)."""
+    return not any((data_dir / name).exists() for name in DATA)
+
+
+def data_line(data_dir: Path, fresh: bool, events: int | None, since: datetime | None) -> str:
+    """The ready line's data part: the dir, then whether it is new or what it holds."""
+    if fresh:
+        return f"{data_dir} (new)"
+    if not events:
+        return f"{data_dir} (no events yet)"
+    when = f" since {since.astimezone().strftime('%Y-%m-%d %H:%M')}" if since else ""
+    return f"{data_dir} (existing: {events} events{when}; MEMQ_DATA_DIR picks another)"
+
+
+async def describe_data(settings: Settings, fresh: bool) -> str:
+    """:func:`data_line` with the event stream's size and creation time
+    (asked of NATS: a SQL server's data dir holds only NATS')."""
+    from memq.workers import bus
+
+    events = since = None
+    with contextlib.suppress(Exception):  # a ready line without counts rather than none
+        nc = await bus.open_connection({**bus.connect_options(settings, "up"), "max_reconnect_attempts": 1})
+        try:
+            info = await nc.jetstream(timeout=2).stream_info(settings.streams.events)
+            events, since = info.state.messages, info.created
+        finally:
+            await nc.close()
+    return data_line(settings.data_dir, fresh, events, since)
