@@ -181,7 +181,7 @@ async def test_b_cannot_read_a_through_the_query_service(secured):
         # B's own subject with a body that names A: the query worker refuses it.
         request = build_request(A, "history", user="alice", session="s1")
         reply = await b_nc.request(request_subject(B, "history"), encode_request(request), timeout=5)
-        with pytest.raises(Forbidden, match="sent on app"):
+        with pytest.raises(Forbidden, match="sent on a subject of app"):
             parse_reply("history", reply.data)
     finally:
         await b_nc.close()

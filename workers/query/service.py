@@ -452,7 +452,7 @@ class QueryWorker:
         except ValidationError as exc:
             raise InvalidRequest(f"invalid {op} request: {validation_details(exc)}") from None
         if req.app != app:
-            raise Forbidden(f"request for app {req.app!r} sent on app {app!r}'s subject")
+            raise Forbidden(f"request for app {req.app!r} sent on a subject of app {app!r}")
         return req
 
     async def _run(self, op: str, req: q._Request, **extra: Any) -> q._Reply:
