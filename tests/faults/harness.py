@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
+import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -50,6 +52,10 @@ class Timing:
     recover_s: float = 5.0  # after the repair, every probe started later than this must be answered correctly
 
 
+SLOW_APPEND_S = 1.0  # an append that waited longer for its ack was held up by the fault
+RECORD_ENV = "MEMQ_FAULT_RECORD"  # a file: each report's figures() appended as a JSON line (tests/bench/recovery.py)
+
+
 @dataclass
 class Report:
     fault: str
@@ -64,6 +70,26 @@ class Report:
     index_docs: int | None = None
     checkpoints: int | None = None
     problems: list[str] = field(default_factory=list)
+    killed: float = 0.0  # monotonic
+    repaired: float = 0.0  # monotonic
+
+    def figures(self) -> dict[str, float | int | str]:
+        """What a user saw, in seconds: how long queries failed after the kill
+        and after the repair, and how long an append waited for its ack."""
+        last_failure = self.prober.last_failure()
+        waits = [(s.acked_at - s.started, s.acked_at) for s in self.ledger.all_acked() if s.acked_at is not None]
+        slow = [acked for wait, acked in waits if wait > SLOW_APPEND_S]
+        return {
+            "fault": self.fault,
+            "down_s": round(self.repaired - self.killed, 2),
+            "queries_failed_from_kill_s": round(max(0.0, last_failure - self.killed), 2),
+            "queries_failed_after_repair_s": round(self.recovery_s, 2),
+            "failed_probes": sum(n for (_, outcome), n in self.prober.counts.items() if outcome != "correct"),
+            "probes": sum(self.prober.counts.values()),
+            "append_max_wait_s": round(max((w for w, _ in waits), default=0.0), 2),
+            "appends_slow_after_repair_s": round(max(0.0, max(slow, default=0.0) - self.repaired), 2),
+            "settle_s": round(self.settle_s, 2),
+        }
 
     def summary(self) -> str:
         lines = [
@@ -170,6 +196,7 @@ async def run_fault(
         driver.start()
         prober.start()
         await asyncio.sleep(timing.warmup_s)
+        killed = time.monotonic()
         await _call(fault.kill)
         await asyncio.sleep(timing.down_s)
         await _call(fault.restore)
@@ -182,10 +209,12 @@ async def run_fault(
         await _recovered(prober, driver.refs)
         report = Report(fault.name, ledger, prober, driver, await check_sql(engine, ledger), timing, settle_s)
         report.recovery_s = max(0.0, prober.last_failure() - repaired)
+        report.killed, report.repaired = killed, repaired
         report.after_repair = prober.failures_after(repaired)
         if search:
             report.index_docs = await converge_index(s, engine)
         report.problems += _load_problems(ledger)
+        _record(report)
         return report
     except BaseException:
         print(stack.log_tails())
@@ -207,6 +236,12 @@ async def _recovered(prober: Prober, refs, timeout: float = 30.0) -> None:
                 if time.monotonic() - t0 > timeout:
                     raise AssertionError(f"{op} of {ref} still fails ({outcome}) {timeout:.0f}s after settling")
                 await asyncio.sleep(0.2)
+
+
+def _record(report: Report) -> None:
+    if path := os.environ.get(RECORD_ENV):
+        with open(path, "a") as f:
+            f.write(json.dumps(report.figures()) + "\n")
 
 
 def _load_problems(ledger: Ledger) -> list[str]:
