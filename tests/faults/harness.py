@@ -57,6 +57,7 @@ class Timing:
     recover_s: float = 5.0
 
 
+WORKERS_READY_S = 180.0  # a worker that has not started by then is stuck (the tests' timeout is 240 s)
 SLOW_APPEND_S = 1.0  # an append that waited longer for its ack was held up by the fault
 RECORD_ENV = "MEMQ_FAULT_RECORD"  # a file: each report's figures() appended as a JSON line (tests/bench/recovery.py)
 
@@ -163,8 +164,16 @@ async def connect(stack: Stack, app: str) -> MemoryClient:
 
 
 async def wait_ready(client: MemoryClient, stack: Stack, durables: list[str]) -> None:
-    """Until the query service answers and every consumer exists (workers
-    create them as they start; the indexing worker once its index is ready)."""
+    """Until every worker process says it serves, the query service answers
+    and every consumer exists (workers create them as they start; the
+    indexing worker once its index is ready). The processes are waited for
+    first, by their own word rather than a fixed time: on a loaded machine,
+    starting three workers on an R3 stream and preparing the index took
+    over the 60 s the consumer check allows ("consumer not found" before any
+    fault)."""
+    for workers in stack.workers.values():
+        for worker in workers:
+            await asyncio.to_thread(worker.wait_ready, WORKERS_READY_S)
 
     async def answering() -> bool:
         try:
