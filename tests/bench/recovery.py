@@ -65,21 +65,19 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-def measure(faults: list[str], runs: int, busy: int) -> list[dict]:
+def measure(faults: list[str], runs: int, busy: int, record: Path) -> list[dict]:
     rows = []
     spinners = spin(busy)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            record = Path(tmp) / "figures.jsonl"
-            for fault in faults:
-                results, loads = [], []
-                for i in range(runs):
-                    loads.append(load_average())
-                    status(f"{fault}, busy {busy}, run {i + 1}/{runs} (load average {loads[-1]:.1f})")
-                    figures, passed = run_one(TESTS[fault], record)
-                    if figures is not None:
-                        results.append({**figures, "passed": passed})
-                rows.append({"fault": fault, "busy": busy, "load_average": loads, "runs": results})
+        for fault in faults:
+            results, loads = [], []
+            for i in range(runs):
+                loads.append(load_average())
+                status(f"{fault}, busy {busy}, run {i + 1}/{runs} (load average {loads[-1]:.1f})")
+                figures, passed = run_one(TESTS[fault], record)
+                if figures is not None:
+                    results.append({**figures, "passed": passed})
+            rows.append({"fault": fault, "busy": busy, "load_average": loads, "runs": results})
     finally:
         for p in spinners:
             p.kill()
@@ -88,8 +86,8 @@ def measure(faults: list[str], runs: int, busy: int) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| fault | busy cores | load avg | runs (passed) | " + " | ".join(FIGURES) + " |"
-    out = [head, "|" + "---|" * (4 + len(FIGURES))]
+    head = "| fault | busy cores | load avg | contention | runs (passed) | " + " | ".join(FIGURES) + " |"
+    out = [head, "|" + "---|" * (5 + len(FIGURES))]
     for row in rows:
         runs = row["runs"]
         cells = []
@@ -98,8 +96,11 @@ def table(rows: list[dict]) -> str:
             cells.append(f"{statistics.median(values):.1f} / {max(values):.1f}" if values else "-")
         load = statistics.mean(row["load_average"]) if row["load_average"] else 0.0
         passed = sum(r["passed"] for r in runs)
+        contention = statistics.median([r.get("contention", 1.0) for r in runs]) if runs else 1.0
         out.append(
-            f"| {row['fault']} | {row['busy']} | {load:.1f} | {len(runs)} ({passed}) | " + " | ".join(cells) + " |"
+            f"| {row['fault']} | {row['busy']} | {load:.1f} | {contention:.1f} | {len(runs)} ({passed}) | "
+            + " | ".join(cells)
+            + " |"
         )
     return "\n".join(out) + "\n\n(seconds: median / worst)"
 
@@ -112,7 +113,10 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the machine, every run's figures and the table here")
     args = ap.parse_args()
     machine = machine_info()
-    rows = [row for busy in args.busy for row in measure(args.faults, args.runs, busy)]
+    # Every run's figures as they come, kept: a long measurement cut short still has them.
+    record = args.json.with_suffix(".jsonl") if args.json else Path(tempfile.mkstemp(suffix=".jsonl")[1])
+    status(f"figures of each run go to {record}")
+    rows = [row for busy in args.busy for row in measure(args.faults, args.runs, busy, record)]
     text = table(rows)
     print(f"commit {machine['git']}, {machine['nproc']} cores ({machine['cpu']}), {machine['date']}")
     print(text)

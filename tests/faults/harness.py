@@ -101,6 +101,7 @@ class Report:
             "appends_slow_after_repair_s": round(max(0.0, max(slow, default=0.0) - self.repaired), 2),
             "settle_s": round(self.settle_s, 2),
             "contention": round(self.contention, 2),
+            "failed_after_repair": dict(self.after_repair),  # "op outcome" -> probes
         }
 
     def summary(self) -> str:
