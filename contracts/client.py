@@ -21,8 +21,10 @@ window or after it alike. Give each new event a new id (the default).
 A publish whose outcome is unknown (no PubAck within ``timeout``, the
 connection lost while nats-py reconnects) may have been stored, so the client
 settles it itself: it publishes the same message again, same ``Nats-Msg-Id``,
-backing off, until JetStream acknowledges it (a duplicate's ack carries the
-original sequence) or ``publish_deadline`` (30 s) has passed; then
+backing off and waiting longer for each try's ack (a loaded server is not
+sent the same messages every ``timeout``), until JetStream acknowledges it (a
+duplicate's ack carries the original sequence) or ``publish_deadline`` (30 s)
+has passed; then
 :class:`~memq.contracts.errors.PublishOutcomeUnknown`, after which publishing the
 same event again is safe and a new one may duplicate it.
 
@@ -237,8 +239,10 @@ class MemoryClient:
     :param nc: a connected nats-py client; the caller keeps ownership of it
         (use :meth:`connect` for a client that owns its connection).
     :param app: the app id; every message is published under it.
-    :param timeout: seconds one try of a publish waits for its PubAck (per
-        chunk in :meth:`append_many`). Default 5.0.
+    :param timeout: seconds the first try of a publish waits for its PubAck
+        (per chunk in :meth:`append_many`); after a try that got no answer in
+        time, the next waits twice as long, within ``publish_deadline``.
+        Default 5.0.
     :param publish_deadline: seconds after a publish's first try during
         which one whose outcome is unknown (no PubAck in time, the connection
         lost) is tried again with the same message. Default 30.0; 0 for one
@@ -1181,19 +1185,29 @@ class MemoryClient:
         acks: list[PubAck | None] = [None] * len(messages)
         started = time.monotonic()
         delay = RETRY_DELAYS[0]
+        wait = self.timeout
         maybe_stored = False  # a try got no answer: a later refusal does not prove it was not stored
         while True:
-            failures = await self._try(messages, [i for i, ack in enumerate(acks) if ack is None], acks)
+            failures = await self._try(messages, [i for i, ack in enumerate(acks) if ack is None], acks, wait)
             if not failures:
                 break
             definite = [f for f in failures if not self._transient(f, subject)]
-            maybe_stored |= any(isinstance(f, TimeoutError) and f not in definite for f in failures)
+            timed_out = any(isinstance(f, TimeoutError) and f not in definite for f in failures)
+            maybe_stored |= timed_out
             if definite or time.monotonic() + delay > started + self.publish_deadline:
                 exc = (definite or failures)[0]
                 unacked = tuple(messages[i][2]["Nats-Msg-Id"] for i, ack in enumerate(acks) if ack is None)
-                raise self._failed(exc, subject, unacked if maybe_stored else (), time.monotonic() - started) from exc
+                raise self._failed(
+                    exc, subject, unacked if maybe_stored else (), time.monotonic() - started, wait
+                ) from exc
             await asyncio.sleep(random.uniform(delay / 2, delay))  # jitter: clients cut together retry apart
             delay = min(2 * delay, RETRY_DELAYS[1])
+            if timed_out:
+                # Acks slower than the timeout (a loaded server or machine):
+                # wait twice as long next time, within the deadline, rather
+                # than resend the same messages every `timeout` and load it more.
+                left = started + self.publish_deadline - time.monotonic()
+                wait = max(self.timeout, min(2 * wait, left))
         seqs = [ack.seq for ack in acks if ack is not None]
         # The dedupe id holds the subject and a digest of the bytes: a
         # duplicate is this very message, stored before (an earlier try, or the
@@ -1202,8 +1216,11 @@ class MemoryClient:
         self._published(max(seqs))
         return seqs
 
-    async def _try(self, messages: list[_Prepared], todo: list[int], acks: list[PubAck | None]) -> list[BaseException]:
-        """One try at ``messages[todo]``: fills ``acks``, returns the failures.
+    async def _try(
+        self, messages: list[_Prepared], todo: list[int], acks: list[PubAck | None], wait: float
+    ) -> list[BaseException]:
+        """One try at ``messages[todo]``, waiting ``wait`` seconds for the
+        acks: fills ``acks``, returns the failures.
 
         The first is awaited alone: nats-py drops JetStream's errors of
         publish_async (nats.py#985: they surface only as a timeout), so a
@@ -1211,9 +1228,7 @@ class MemoryClient:
         for the next try, in order."""
         subject, data, headers = messages[todo[0]]
         try:
-            acks[todo[0]] = await self._js.publish(
-                subject, data, timeout=self.timeout, stream=self.stream, headers=headers
-            )
+            acks[todo[0]] = await self._js.publish(subject, data, timeout=wait, stream=self.stream, headers=headers)
         except (nats.errors.Error, TimeoutError) as exc:
             return [exc]
         failures: list[BaseException] = []
@@ -1226,7 +1241,7 @@ class MemoryClient:
             except (nats.errors.Error, TimeoutError) as exc:  # the rest of this try is not sent
                 failures.append(exc)
             if futures:  # publish_async futures have no timeout of their own
-                await asyncio.wait(futures.values(), timeout=self.timeout)
+                await asyncio.wait(futures.values(), timeout=wait)
         finally:
             for future in futures.values():
                 future.cancel()  # if still pending: frees its slot in nats-py's pending limit
@@ -1298,7 +1313,12 @@ class MemoryClient:
         ) or (isinstance(exc, nats.js.errors.APIError) and exc.err_code == JS_TEMPORARILY_UNAVAILABLE)
 
     def _failed(
-        self, exc: BaseException, subject: str, unacked: tuple[str, ...] = (), elapsed: float = 0.0
+        self,
+        exc: BaseException,
+        subject: str,
+        unacked: tuple[str, ...] = (),
+        elapsed: float = 0.0,
+        wait: float | None = None,
     ) -> MemqError:
         """The error of a publish that failed with ``exc``; ``unacked``: the
         ids of messages left unacknowledged that an earlier try may have stored."""
@@ -1313,7 +1333,7 @@ class MemoryClient:
         elif isinstance(exc, nats.js.errors.APIError) and exc.err_code == EXPECTED_STREAM_MISMATCH:
             why = f"the subject is not captured by stream {self.stream} ({exc.description})"
         elif isinstance(exc, TimeoutError):
-            why = f"no acknowledgement from JetStream within {self.timeout}s"
+            why = f"no acknowledgement from JetStream within {wait or self.timeout:g}s"
         else:
             why = f"{type(exc).__name__}: {exc}"
         if unacked:

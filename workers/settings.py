@@ -128,7 +128,8 @@ class PersistenceSettings(BaseModel):
     )
     ack_wait_s: float = Field(default=30.0, gt=0, description="redelivery after a silent crash")
     retry_delays_s: list[float] = Field(
-        default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the database is down"
+        default=[0.5, 1, 2, 5, 10, 30],
+        description="longest holds of a batch while the database is down (cut short once it answers again)",
     )
     publish_changed: bool = Field(default=True, description="announce commits on `memq.v1.changed.…`")
 

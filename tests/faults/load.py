@@ -34,6 +34,8 @@ class Sent:
     token: str  # a word no other event contains: a keyword search finds exactly it
     seq: int | None = None  # the acked stream sequence; None: not (yet) acked
     attempts: int = 0
+    started: float = 0.0  # monotonic: the first publish attempt
+    acked_at: float | None = None  # monotonic: when its ack came back
 
 
 @dataclass
@@ -114,11 +116,13 @@ class LoadDriver:
             next_at = max(next_at, time.monotonic() - self.interval)  # no burst after a long outage
 
     async def _publish(self, sent: Sent, event: Event) -> None:
-        deadline = time.monotonic() + self.give_up_s
+        sent.started = time.monotonic()
+        deadline = sent.started + self.give_up_s
         while True:
             sent.attempts += 1
             try:
                 sent.seq = await self.client.append(sent.user, sent.session, event)
+                sent.acked_at = time.monotonic()
                 return
             except MemqError as exc:
                 self.publish_errors[exc.code] = self.publish_errors.get(exc.code, 0) + 1

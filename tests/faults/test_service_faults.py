@@ -151,6 +151,8 @@ async def test_weaviate_killed(stack, fresh_nats, pg_url, own_weaviate):
         await asyncio.gather(watcher, return_exceptions=True)
     reconnect_s = watch.seconds_to_first_search_after(back[0])
     print(f"a search through the backend worked again {reconnect_s:.1f}s after Weaviate was back")
-    if reconnect_s > 3.0:
-        report.problems.append(f"searches failed for {reconnect_s:.1f}s after Weaviate was back")
+    if reconnect_s > 3.0 * report.contention:
+        report.problems.append(
+            f"searches failed for {reconnect_s:.1f}s after Weaviate was back (CPU contention {report.contention:.1f})"
+        )
     report.assert_ok()

@@ -10,6 +10,7 @@ from contextlib import AsyncExitStack
 
 import nats
 import orjson
+from contention import CpuContention
 from helpers import make_settings, running
 
 from memq.contracts.client import MemoryClient
@@ -44,20 +45,27 @@ async def test_two_replicas_commit_a_trickle_without_holding_appends(nats_url, p
             sent_at[await client.append_text("u", f"s{i % 10}", "user", f"message {i}")] = at
 
         started, pending = time.monotonic(), []
-        for i in range(1500):  # ~1,000 appends/s for 1.5 s
-            pending.append(asyncio.create_task(append(i)))
-            await asyncio.sleep(max(0.0, started + (i + 1) * 0.001 - time.monotonic()))
-        await asyncio.gather(*pending)
+        with CpuContention() as cpu:
+            for i in range(1500):  # ~1,000 appends/s for 1.5 s
+                pending.append(asyncio.create_task(append(i)))
+                await asyncio.sleep(max(0.0, started + (i + 1) * 0.001 - time.monotonic()))
+            await asyncio.gather(*pending)
         deadline = time.monotonic() + 10
         while not set(sent_at) <= set(finished_at) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
     await listener.close()
     waited = sorted(finished_at[seq] - at for seq, at in sent_at.items())
     assert len(waited) == len(sent_at)
-    slow = sum(w > 0.2 for w in waited)
+    # 200 ms on an idle machine; when other work takes the CPU, this process
+    # (client and both replicas on one loop) falls behind the 1,000/s it
+    # offers and every append waits longer (a loaded CI run: 812 of 1,500
+    # over 200 ms), so the bound scales with the contention seen meanwhile.
+    bound = 0.2 * cpu.factor
+    slow = sum(w > bound for w in waited)
     # The old fetch held ~27 % of them (403 of 1,500) for 0.4-1 s. A stall of
     # the machine (a clean-clone CI run once saw 8 over 200 ms, the slowest
     # 0.32 s) holds a few of any loop's: allow 2 %, far below the fault.
     assert slow <= len(waited) // 50, (
-        f"{slow} of {len(waited)} appends waited over 200 ms for their commit (slowest {waited[-1]:.3f}s)"
+        f"{slow} of {len(waited)} appends waited over {bound * 1000:.0f} ms for their commit "
+        f"(CPU contention {cpu.factor:.1f}; slowest {waited[-1]:.3f}s)"
     )

@@ -38,3 +38,26 @@ async def test_a_jetstream_timeout_is_not_blamed_on_the_database(tmp_path):
 async def test_a_database_outage_says_database(tmp_path):
     error = await answer_with(sa_exc.OperationalError("SELECT 1", {}, OSError("connection refused")), tmp_path)
     assert error == {"code": "unavailable", "message": "history: the database is unavailable, retry later"}
+
+
+class StartingUp(Exception):
+    """What asyncpg's adapted error carries for "the database system is
+    starting up" (CannotConnectNowError, SQLSTATE 57P03)."""
+
+    sqlstate = "57P03"
+
+
+async def test_a_database_starting_up_is_unavailable_not_internal(tmp_path):
+    # Right after a PostgreSQL restart SQLAlchemy raises this as a plain
+    # DBAPIError (neither Operational nor Interface): it was answered "internal".
+    exc = sa_exc.DBAPIError("SELECT 1", {}, StartingUp("the database system is starting up"))
+    error = await answer_with(exc, tmp_path)
+    assert error == {"code": "unavailable", "message": "history: the database is unavailable, retry later"}
+
+
+async def test_a_bad_statement_is_still_internal(tmp_path):
+    class Syntax(Exception):
+        sqlstate = "42601"
+
+    error = await answer_with(sa_exc.DBAPIError("SELEC 1", {}, Syntax("syntax error")), tmp_path)
+    assert error["code"] == "internal"

@@ -9,7 +9,9 @@ deletes in order, then ack, then announce the acked sequences on
 as the persistence replicas do): query workers move their indexing floor on
 it, so a search waiting for the caller's write goes the moment it is
 indexed. An index or embedder outage naks the batch with a
-growing delay: nothing is acked before it is indexed, and nothing is lost.
+growing delay (an index outage is cut short: the worker asks the index every
+half second and retries once it answers): nothing is acked before it is
+indexed, and nothing is lost.
 
 On start the worker compares its embedder with the live generation's model:
 none yet, or another model or dimension, means a rebuild into a fresh
@@ -54,6 +56,7 @@ from memq.workers.indexing.rebuild import REBUILD_LEASE, Progress, rebuild
 from memq.workers.lease import Lease
 from memq.workers.opened import opened
 from memq.workers.settings import Settings
+from memq.workers.until_up import until_up
 
 if TYPE_CHECKING:
     from nats.micro.service import Service
@@ -347,8 +350,20 @@ class IndexingWorker:
                     self.embedder.dim,
                 )
                 delay = max(delays)
+        elif isinstance(exc, IndexUnavailable):
+            # Keep the batch (and the loop: fetching more would fail again)
+            # while asking the index every half second, and hand it back the
+            # moment it answers, not after the whole delay (up to 30 s).
+            # Not past half the ack wait, or JetStream redelivers meanwhile.
+            log.warning("indexing failed (%s: %s); redelivery within %.1fs", type(exc).__name__, exc, delay)
+            await until_up(self._index_live, within=min(delay, self.settings.indexing.ack_wait_s / 2))
+            delay = 0.0
         else:
             log.warning("indexing failed (%s: %s); redelivery in %.1fs", type(exc).__name__, exc, delay)
         for msg in msgs:
             await msg.nak(delay=delay)
         await asyncio.sleep(delay)  # hold the loop too: fetching more now would fail again
+
+    async def _index_live(self) -> bool:
+        await self.backend.live()  # raises IndexUnavailable while it is away
+        return True

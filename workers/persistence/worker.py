@@ -13,8 +13,10 @@ adding processes scales out with no coordination. For each batch:
    acked) as runs: query workers move their commit floor on it at once,
    rather than polling the consumer's ack floor (read-your-writes).
 
-A database outage naks the batch with a growing delay: nothing is acked before
-it is durable, and nothing is lost. Acks are explicit, per message (see
+A database outage holds the batch for a growing delay, asking the database
+every half second, and naks it the moment it answers: nothing is acked before
+it is durable, nothing is lost, and commits resume within about half a second
+of the repair. Acks are explicit, per message (see
 :mod:`memq.workers.consumer` for why this loop does not use FastStream's).
 """
 
@@ -60,6 +62,7 @@ from memq.workers.opened import opened
 from memq.workers.persistence.expiry import SessionSweeper
 from memq.workers.persistence.store import CommitResult, SqlStore
 from memq.workers.settings import Settings
+from memq.workers.until_up import until_up
 
 if TYPE_CHECKING:
     from faststream.nats.publisher.usecase import LogicPublisher
@@ -311,16 +314,19 @@ class PersistenceWorker:
         await self._announce(result, outcome)
 
     async def _retry_later(self, raw: list[Msg], exc: Exception) -> None:
-        delays = self.settings.persistence.retry_delays_s
+        s = self.settings.persistence
         attempt = max((m.metadata.num_delivered or 1) for m in raw)
-        delay = delays[min(attempt - 1, len(delays) - 1)]
-        log.warning("commit failed (%s: %s); redelivery in %.1fs", type(exc).__name__, exc, delay)
+        delay = s.retry_delays_s[min(attempt - 1, len(s.retry_delays_s) - 1)]
+        log.warning("commit failed (%s: %s); redelivery within %.1fs", type(exc).__name__, exc, delay)
         metrics.processed(WORKER, "retried", len(raw))
+        # Keep the batch (and this slot of the consume loop: fetching more
+        # would only fail again) while asking the database every half
+        # second, and hand it back the moment it answers: a whole delay
+        # slept out would add up to 30 s to the outage. Not past half the
+        # ack wait, or JetStream redelivers the batch meanwhile.
+        await until_up(self._database_ok, within=min(delay, s.ack_wait_s / 2))
         for msg in raw:
-            await msg.nak(delay=delay)
-        # Hold this batch's slot of the consume loop too: fetching more now
-        # would only fail again.
-        await asyncio.sleep(delay)
+            await msg.nak()
 
     async def _dead_letter(self, msg: Msg, code: str, reason: str, outcome: _Outcome) -> None:
         try:

@@ -398,17 +398,17 @@ class QueryWorker:
         except MemqError as exc:
             metrics.QUERY_ERRORS.labels(op, exc.code).inc()
             return error_body(exc), None
-        except (TimeoutError, sa_exc.OperationalError, sa_exc.InterfaceError, OSError, NatsError) as exc:
+        except Exception as exc:
+            if not _unavailable(exc):
+                log.exception("%s failed", op)
+                metrics.QUERY_ERRORS.labels(op, Internal.code).inc()
+                return error_body(Internal(f"{op} failed; see the worker log")), None
             log.warning("%s failed: %s", op, exc)
             metrics.QUERY_ERRORS.labels(op, Unavailable.code).inc()
             # nats-py's timeouts are asyncio.TimeoutErrors too: the commit
             # floor's consumer info, while JetStream elects a leader.
             what = "JetStream" if isinstance(exc, NatsError) else "the database"
             return error_body(Unavailable(f"{op}: {what} is unavailable, retry later")), None
-        except Exception:
-            log.exception("%s failed", op)
-            metrics.QUERY_ERRORS.labels(op, Internal.code).inc()
-            return error_body(Internal(f"{op} failed; see the worker log")), None
 
     async def _with_every_writer(self, req: q._Request) -> q._Request:
         """``req`` waiting also for the newest write any client had
@@ -560,3 +560,21 @@ def _scope(notice: CommitNotice) -> dict:
         user_state=notice.user_state,
         listing=notice.session is not None or notice.deleted,
     )
+
+
+# SQLSTATE classes of a database that is away rather than a bad query:
+# connection exceptions, and operator intervention (shutting down, or
+# "the database system is starting up" right after a restart, which
+# SQLAlchemy raises as a plain DBAPIError).
+_AWAY_SQLSTATE_CLASSES = ("08", "57")
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means a dependency is away for now (answer
+    ``unavailable``), not a bug (answer ``internal``)."""
+    if isinstance(exc, (TimeoutError, sa_exc.OperationalError, sa_exc.InterfaceError, OSError, NatsError)):
+        return True
+    if isinstance(exc, sa_exc.DBAPIError):
+        sqlstate = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+        return isinstance(sqlstate, str) and sqlstate[:2] in _AWAY_SQLSTATE_CLASSES
+    return False

@@ -1,0 +1,51 @@
+"""The indexing worker hands a batch back as soon as the index answers
+again, not when the retry delay has passed (up to 30 s by default)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from memq.workers.index.backends.base import IndexMeta, IndexUnavailable
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.settings import Settings
+
+DELAY_S = 20.0
+META = IndexMeta(generation="g1", model="m", dim=4, created_at=1.0)
+
+
+class ComesBack:
+    """An index that is down for its first ``down`` liveness checks."""
+
+    def __init__(self, down: int):
+        self.down = down
+        self.checks = 0
+
+    async def live(self) -> IndexMeta:
+        self.checks += 1
+        if self.checks <= self.down:
+            raise IndexUnavailable("connection refused")
+        return META
+
+
+class Msg:
+    def __init__(self):
+        self.metadata = SimpleNamespace(num_delivered=1)
+        self.naks: list[float | None] = []
+
+    async def nak(self, delay: float | None = None) -> None:
+        self.naks.append(delay)
+
+
+async def test_a_batch_goes_back_once_the_index_answers():
+    settings = Settings(indexing={"retry_delays_s": [DELAY_S], "ack_wait_s": 4 * DELAY_S})
+    index = ComesBack(down=3)
+    worker = IndexingWorker(settings, backend=index)  # type: ignore[arg-type]
+    worker._generation = META
+    msgs = [Msg(), Msg()]
+    t0 = time.monotonic()
+    await worker._retry_later(msgs, IndexUnavailable("connection refused"))  # type: ignore[arg-type]
+    took = time.monotonic() - t0
+    assert index.checks >= 4  # asked until it answered
+    assert [m.naks for m in msgs] == [[0.0], [0.0]]  # redelivered at once
+    assert took < DELAY_S / 2, f"held the batch {took:.1f}s"
