@@ -47,12 +47,12 @@ def log_handler() -> logging.Handler:
     the whole source file of every frame, 3-4 s for one SQLAlchemy error on
     a busy 2-core machine, with the worker's event loop blocked meanwhile
     (a PostgreSQL outage of 4 s kept commits stopped for 15 s)."""
+    from rich.logging import RichHandler
+
     return RichHandler(console=err, show_path=False, rich_tracebacks=False)
 
 
 def _setup_logging(settings: Settings) -> None:
-    from rich.logging import RichHandler
-
     logging.basicConfig(
         level=settings.log_level,
         format="%(name)s: %(message)s",
