@@ -309,12 +309,12 @@ class RecallSettings(BaseModel):
         "(a question may attribute one speaker's words to another)",
     )
     min_similarity: float = Field(
-        default=0.4,
+        default=0.36,
         ge=-1,
         le=1,
         description="relevance floor: a search or recall returns only memories that match a query word "
         "(keyword side) or whose vector's cosine similarity to the query's is at least this; "
-        "the highest that costs vector recall@10 on LoCoMo dev at most one point "
+        "the highest that costs vector recall@10 on LoCoMo dev under a third of a point "
         "(tests/bench/floor_calibration.py); -1: no floor",
     )
     pool: int = Field(default=50, ge=1, le=1000, description="candidates each search ranks before the top k")

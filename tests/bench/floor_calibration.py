@@ -115,7 +115,7 @@ def main(args: argparse.Namespace) -> int:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, required=True)
-    parser.add_argument("--max-loss", type=float, default=0.01, help="vector recall@10 a floor may cost")
+    parser.add_argument("--max-loss", type=float, default=0.003, help="vector recall@10 a floor may cost")
     parser.add_argument("--json", type=Path)
     return parser.parse_args()
 
