@@ -30,6 +30,14 @@ date as the timestamp, a minute apart), published with
   MiniLM embedder fused by relative score (alpha 0.5), k = 10. The
   benchmark flags every category where memq's hybrid falls below it.
 - **Search p50** beside the embedder's time for the question alone.
+- **The relevance floor** (issue 29): a "hybrid, no floor" row
+  (``recall.min_similarity`` -1, in-process), and how many results, and how
+  many evidence turns, the floor removed from hybrid's top 10 of the scored
+  questions with evidence. Skipped when run against a memq without the floor.
+- **Index size** on disk once everything is indexed (the embedded file with
+  its WAL; Weaviate's data folder).
+
+``--quick-raw`` times the raw embedder on the first conversation only.
 
 ``--quick`` uses the first conversation only.
 """
@@ -359,7 +367,7 @@ async def main(args) -> int:
     warn_if_busy(machine)
     batch = Settings().indexing.batch_size
     status("raw embedder …")
-    raw_rate = raw_embedder_rate(conversations, batch)
+    raw_rate = raw_embedder_rate(conversations[:1] if args.quick_raw else conversations, batch)
     results = []
     with tempfile.TemporaryDirectory(prefix="memq-retrieval-") as tmp:
         status("plain baseline …")
@@ -400,6 +408,9 @@ def parse_args() -> argparse.Namespace:
         "--data", type=Path, required=True, help="LoCoMo JSON (e.g. ../shared/data/locomo/locomo-dev4.json)"
     )
     parser.add_argument("--quick", action="store_true", help="one conversation (about a minute)")
+    parser.add_argument(
+        "--quick-raw", action="store_true", help="time the raw embedder on the first conversation only (a busy machine)"
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
     parser.add_argument("--backends", nargs="+", default=["embedded", "weaviate"], choices=["embedded", "weaviate"])
     return parser.parse_args()
