@@ -312,6 +312,21 @@ class RecallSettings(BaseModel):
         default=0.3, ge=0, description="a 'when' question: added to memories that state a time (English)"
     )
     speaker_weight: float = Field(default=1.2, gt=0, description="scales the named-author search's scores")
+    others_kept: int = Field(
+        default=2,
+        ge=0,
+        description="a query naming an author keeps the best matches of the other authors in its top k "
+        "(a question may attribute one speaker's words to another)",
+    )
+    min_similarity: float = Field(
+        default=0.36,
+        ge=-1,
+        le=1,
+        description="relevance floor: a search or recall returns only memories that match a query word "
+        "(keyword side) or whose vector's cosine similarity to the query's is at least this; "
+        "the highest that costs vector recall@10 on LoCoMo dev under a third of a point "
+        "(tests/bench/floor_calibration.py); -1: no floor",
+    )
     pool: int = Field(default=50, ge=1, le=1000, description="candidates each search ranks before the top k")
     timeout_s: float = Field(default=2.0, gt=0, description="a slower recall is skipped, never blocks the context")
     vector_cache: int = Field(

@@ -46,10 +46,12 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import re
+import unicodedata
 import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -65,7 +67,7 @@ from typing_extensions import override
 from memq.contracts.adapters.adk_events import from_memq, json_safe, persisted_delta, to_memq
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Conflict, NotFound
-from memq.contracts.queries import SearchMode, SessionView
+from memq.contracts.queries import SearchMode, SearchResult, SessionView
 from memq.contracts.schemas import new_id
 
 STALE_SESSION = (
@@ -409,13 +411,22 @@ class MemqMemoryService(BaseMemoryService):
         connects (and closes) its own.
     :param k: memories per search, 1..100. Default 10 (as ADK's in-memory service).
     :param mode: ``"hybrid"`` (default), ``"keyword"`` or ``"vector"``.
+    :param ranking: ``"adk"`` (default): as ADK's ``InMemoryMemoryService``
+        ranks, the memories that contain the most of the query's words
+        first, then in the order they were added; memq's search picks the
+        candidates (its best :data:`CANDIDATES` that relate to the query, so
+        a memory related by meaning alone still comes, after the word
+        matches). ``"memq"``: memq's own ranking (scores, speaker and time boosts).
     """
 
-    def __init__(self, clients: Clients, *, k: int = 10, mode: SearchMode = "hybrid"):
+    def __init__(
+        self, clients: Clients, *, k: int = 10, mode: SearchMode = "hybrid", ranking: Literal["adk", "memq"] = "adk"
+    ):
         self._clients = _ClientsByApp(clients, type(self).__name__)
         self.client = self._clients.one  # the one-client form's client, as before; None otherwise
         self.k = k
         self.mode = mode
+        self.ranking = ranking
         # The newest event of the memq sessions added (another client may
         # have written them): searches wait for it as for the client's own writes.
 
@@ -426,11 +437,12 @@ class MemqMemoryService(BaseMemoryService):
         *,
         k: int = 10,
         mode: SearchMode = "hybrid",
+        ranking: Literal["adk", "memq"] = "adk",
         **connect_options: Any,
     ) -> MemqMemoryService:
         """A memory service for every app, connecting one client per app on
         first use (as :meth:`MemqSessionService.from_url`); :meth:`close` closes them."""
-        return _connecting(cls, servers, connect_options, k=k, mode=mode)
+        return _connecting(cls, servers, connect_options, k=k, mode=mode, ranking=ranking)
 
     async def close(self) -> None:
         """Close the clients this service connected itself (:meth:`from_url`)."""
@@ -479,7 +491,9 @@ class MemqMemoryService(BaseMemoryService):
         client = await self._clients.get(app_name)
         # "any": what every client stored for this user is indexed first (a
         # session that another process added to memory included).
-        found = await client.search(user_id, query, k=self.k, mode=self.mode, consistency="any")
+        k = max(self.k, CANDIDATES) if self.ranking == "adk" else self.k
+        found = await client.search(user_id, query, k=k, mode=self.mode, consistency="any")
+        results = found.results if self.ranking == "memq" else by_words_matched(query, found.results)[: self.k]
         return SearchMemoryResponse(
             memories=[
                 MemoryEntry(
@@ -492,9 +506,35 @@ class MemqMemoryService(BaseMemoryService):
                     timestamp=_iso(hit.timestamp),
                     custom_metadata={"session_id": hit.session_id, "score": hit.score},
                 )
-                for hit in found.results
+                for hit in results
             ]
         )
+
+
+CANDIDATES = 50  # memq results an "adk" ranking orders before keeping the best k
+_WORD = re.compile(r"[^\W_]+")
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(unicodedata.normalize("NFC", text).lower())
+
+
+def by_words_matched(query: str, results: Sequence[SearchResult]) -> list[SearchResult]:
+    """``results`` as ADK's in-memory service orders its matches: by how many
+    of the query's words each contains (case-insensitive; a word of a script
+    written without spaces, or any non-ASCII word, also inside a longer
+    one), most first; equal counts in the order they were added."""
+    asked = set(_words(query))
+
+    def matched(r: SearchResult) -> int:
+        text = unicodedata.normalize("NFC", r.content).lower()
+        have = set(_words(text))
+        return sum(1 for w in asked if w in have or (not w.isascii() and w in text))
+
+    def added(r: SearchResult) -> tuple:
+        return (r.timestamp, r.session_id, r.metadata.get("seq", 0), r.event_id)
+
+    return sorted(results, key=lambda r: (-matched(r), added(r)))
 
 
 def _iso(timestamp: float) -> str:

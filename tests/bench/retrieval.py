@@ -30,6 +30,14 @@ date as the timestamp, a minute apart), published with
   MiniLM embedder fused by relative score (alpha 0.5), k = 10. The
   benchmark flags every category where memq's hybrid falls below it.
 - **Search p50** beside the embedder's time for the question alone.
+- **The relevance floor** (issue 29): a "hybrid, no floor" row
+  (``recall.min_similarity`` -1, in-process), and how many results, and how
+  many evidence turns, the floor removed from hybrid's top 10 of the scored
+  questions with evidence. Skipped when run against a memq without the floor.
+- **Index size** on disk once everything is indexed (the embedded file with
+  its WAL; Weaviate's data folder).
+
+``--quick-raw`` times the raw embedder on the first conversation only.
 
 ``--quick`` uses the first conversation only.
 """
@@ -67,6 +75,8 @@ from memq.workers.settings import LocalEmbedderSettings, RecallSettings, Setting
 
 MODES = ("keyword", "vector", "hybrid")
 ONE_SEARCH = "hybrid, one search"  # recall.speaker_aware off: the ranking before issue 14
+NO_FLOOR = "hybrid, no floor"  # recall.min_similarity -1: what the relevance floor removes (issue 29)
+HAS_FLOOR = "min_similarity" in RecallSettings.model_fields  # False when run against memq before issue 29
 BASELINE = "plain baseline"  # speaker: text, BM25 + MiniLM relative-score fusion
 KS = (5, 10)
 CONCURRENCY = 4
@@ -83,6 +93,9 @@ class BackendResult:
     questions: dict = field(default_factory=dict)  # category → count
     search_p50_ms: dict = field(default_factory=dict)  # mode → ms
     embed_question_p50_ms: float = 0.0  # the embedder alone, on each question
+    index_bytes: int = 0  # on disk once indexed (the embedded file with its WAL; Weaviate's data folder)
+    # what the floor removed from hybrid's top 10 of the scored questions with evidence
+    floor: dict = field(default_factory=dict)
 
 
 def indexed_texts(conversations, context_turns: int) -> list[str]:
@@ -159,29 +172,43 @@ class Recalls:
         return {str(cat): len(v[KS[0]]) for cat, v in self.sums.items()}
 
 
-async def score(client: MemoryClient, conversations, result: BackendResult, one_search: Searcher) -> None:
+async def score(client: MemoryClient, conversations, result: BackendResult, in_process: dict[str, Searcher]) -> None:
     gate = asyncio.Semaphore(CONCURRENCY)
-    latencies: dict[str, list[float]] = {m: [] for m in (*MODES, ONE_SEARCH)}
-    recalls = {m: Recalls() for m in (*MODES, ONE_SEARCH)}
+    modes = (*MODES, *in_process)
+    latencies: dict[str, list[float]] = {m: [] for m in modes}
+    recalls = {m: Recalls() for m in modes}
+    returned: dict[tuple[str, int, str], list[str]] = {}  # (conversation, question, mode) → ids
 
-    async def one(c, q, mode):
+    async def one(c, i, q, mode):
         async with gate:
             t0 = time.perf_counter()
-            if mode == ONE_SEARCH:
-                found = await one_search.search(
+            if mode in in_process:
+                found = await in_process[mode].search(
                     qs.Search(app=client.app, user=c.sample_id, query=q.question, mode="hybrid", k=max(KS))
                 )
             else:
                 found = await client.search(c.sample_id, q.question, mode=mode, k=max(KS))
             latencies[mode].append((time.perf_counter() - t0) * 1000)
-        recalls[mode].add(c, q, [r.event_id for r in found.results])
+        returned[c.sample_id, i, mode] = [r.event_id for r in found.results]
+        recalls[mode].add(c, q, returned[c.sample_id, i, mode])
 
-    modes = (*MODES, ONE_SEARCH)
-    await asyncio.gather(*(one(c, q, m) for c in conversations for q in c.questions for m in modes))
+    await asyncio.gather(*(one(c, i, q, m) for c in conversations for i, q in enumerate(c.questions) for m in modes))
+    if NO_FLOOR in in_process:
+        removed = lost = asked = 0
+        for c in conversations:
+            for i, q in enumerate(c.questions):
+                if q.category not in locomo.SCORED or not q.evidence:
+                    continue
+                asked += 1
+                kept, unfloored = set(returned[c.sample_id, i, "hybrid"]), returned[c.sample_id, i, NO_FLOOR]
+                gone = [e for e in unfloored if e not in kept]
+                removed += len(gone)
+                lost += len({c.event_id(d) for d in q.evidence} & set(gone))
+        result.floor = {"questions": asked, "results_removed": removed, "evidence_removed": lost}
     result.recall = {m: recalls[m].means() for m in modes}
     result.questions = recalls[MODES[0]].counts()
     result.search_p50_ms = {m: statistics.median(v) for m, v in latencies.items()}
-    embedder = one_search.embedder
+    embedder = in_process[ONE_SEARCH].embedder
     assert embedder is not None  # opened by the searches above
     timings = []
     for c in conversations:
@@ -245,12 +272,28 @@ async def run_backend(backend: str, conversations, work: Path, weaviate=None) ->
             n, seconds = await index_all(settings, client, conversations, indexing)
             result = BackendResult(backend, n, seconds, n / seconds)
             status(f"  {n / seconds:.1f} events/s; searching …")
-            one_search = Searcher(settings.model_copy(update={"recall": RecallSettings(speaker_aware=False)}))
+            result.index_bytes = index_bytes(backend, settings, work)
+            in_process = {
+                ONE_SEARCH: Searcher(settings.model_copy(update={"recall": RecallSettings(speaker_aware=False)}))
+            }
+            if HAS_FLOOR:
+                in_process[NO_FLOOR] = Searcher(
+                    settings.model_copy(update={"recall": RecallSettings(min_similarity=-1.0)})
+                )
             try:
-                await score(client, conversations, result, one_search)
+                await score(client, conversations, result, in_process)
             finally:
-                await one_search.close()
+                for searcher in in_process.values():
+                    await searcher.close()
             return result
+
+
+def index_bytes(backend: str, settings: Settings, work: Path) -> int:
+    """The index's size on disk once everything is indexed."""
+    if backend == "weaviate":
+        return sum(p.stat().st_size for p in (work / "weaviate").rglob("*") if p.is_file())
+    path = settings.index_path()
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*") if p.is_file())
 
 
 def below_baseline(result: BackendResult, baseline: dict) -> list[str]:
@@ -272,7 +315,7 @@ def print_results(results: list[BackendResult], raw_rate: float, machine: dict, 
                 justify="right",
             )
         table.add_column("search p50", justify="right")
-        for mode in (*MODES, ONE_SEARCH, BASELINE):
+        for mode in (*MODES, *(m for m in (ONE_SEARCH, NO_FLOOR) if m in r.recall), BASELINE):
             recall = baseline if mode == BASELINE else r.recall[mode]
             cells = []
             for cat in cats:
@@ -290,6 +333,12 @@ def print_results(results: list[BackendResult], raw_rate: float, machine: dict, 
                 f"adversarial (category 5, not scored): hybrid {adversarial[0][10]:.3f} < baseline "
                 f"{adversarial[1][10]:.3f} at @10"
             )
+        if r.floor:
+            console.print(
+                f"the relevance floor removed {r.floor['results_removed']} results from hybrid's top 10 of "
+                f"{r.floor['questions']} scored questions with evidence, {r.floor['evidence_removed']} of them evidence"
+            )
+        console.print(f"index size on disk: {r.index_bytes / 1e6:.1f} MB")
         console.print(
             f"embedding the question alone: p50 {r.embed_question_p50_ms:.1f} ms. "
             + (
@@ -318,7 +367,7 @@ async def main(args) -> int:
     warn_if_busy(machine)
     batch = Settings().indexing.batch_size
     status("raw embedder …")
-    raw_rate = raw_embedder_rate(conversations, batch)
+    raw_rate = raw_embedder_rate(conversations[:1] if args.quick_raw else conversations, batch)
     results = []
     with tempfile.TemporaryDirectory(prefix="memq-retrieval-") as tmp:
         status("plain baseline …")
@@ -359,6 +408,9 @@ def parse_args() -> argparse.Namespace:
         "--data", type=Path, required=True, help="LoCoMo JSON (e.g. ../shared/data/locomo/locomo-dev4.json)"
     )
     parser.add_argument("--quick", action="store_true", help="one conversation (about a minute)")
+    parser.add_argument(
+        "--quick-raw", action="store_true", help="time the raw embedder on the first conversation only (a busy machine)"
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
     parser.add_argument("--backends", nargs="+", default=["embedded", "weaviate"], choices=["embedded", "weaviate"])
     return parser.parse_args()

@@ -356,3 +356,39 @@ async def test_a_keyword_only_generation_holds_docs_without_vectors(index):
     assert {d.id for d in exported} == {d.id for d in CORPUS} and all(d.vector is None for d in exported)
     await index.delete_session("app-a", "alice", "s2")
     assert await ids(index, q("puppy")) == [CORPUS[0].id]
+
+
+UNSPACED = [
+    doc("我喜欢机器学习", unit(1), seq=1),  # Chinese: "I like machine learning"
+    doc("私の名前は太郎です", unit(0, 1), seq=2),  # Japanese: "My name is Taro"
+    doc("제 이름은 민수입니다", unit(0, 0, 1), seq=3),  # Korean: "My name is Minsu" (a particle glued on)
+    doc("ผมชอบกินข้าวมาก", unit(0, 0, 0, 1), seq=4),  # Thai: "I like eating rice a lot"
+    doc("私はPythonでADKを使っています", unit(0, 0, 0, 0, 1), seq=5),  # a Latin word inside Japanese
+    doc("I like to code in Python.", unit(0, 0, 0, 0, 0, 1), seq=6),
+]
+
+
+@pytest.mark.parametrize(
+    "word, found",
+    [
+        ("机器学习", [0]),  # inside unspaced Chinese
+        ("学习", [0]),  # two characters: a trigram index would miss it
+        ("太郎", [1]),
+        ("名前", [1]),
+        ("민수", [2]),  # the name without its particle
+        ("ข้าว", [3]),  # Thai, with a vowel sign and a tone mark
+        ("กิน", [3]),
+        ("天気预报", []),  # shares no character pair with any text
+        ("thon", []),  # a Latin fragment is not a word
+    ],
+)
+async def test_a_word_inside_unspaced_text_is_found(index, word, found):
+    await index.upsert(UNSPACED)
+    assert await ids(index, q(word)) == [UNSPACED[i].id for i in found]
+
+
+async def test_a_latin_word_glued_to_unspaced_text_is_found_and_english_is_still_stemmed(index):
+    await index.upsert(UNSPACED + [doc("Researching adoption agencies", unit(1), seq=7)])
+    assert set(await ids(index, q("python"))) == {UNSPACED[4].id, UNSPACED[5].id}
+    assert await ids(index, q("ADK")) == [UNSPACED[4].id]
+    assert await ids(index, q("research")) == [f"ev-app-a-alice-s1-{7}"]

@@ -310,3 +310,31 @@ async def test_another_sqlite_file_is_not_taken_for_an_index(tmp_path):
         await EmbeddedIndex(path).open()
     with pytest.raises(IndexUnavailable, match=str(tmp_path)):
         await EmbeddedIndex(tmp_path).open()  # a directory
+
+
+def test_match_expression_with_grams_quotes_bigrams_too():
+    assert match_expression('"机器学习" AND python*', grams=True) == '"机器" OR "器学" OR "学习" OR "python"'
+    assert match_expression("私はPythonで", grams=True) == '"私は" OR "python" OR "で"'
+
+
+async def test_a_generation_from_before_grams_keeps_working_until_a_rebuild_adds_them(tmp_path, monkeypatch):
+    from memq.workers.index.backends import embedded
+
+    docs = [doc("私の名前は太郎です", unit(1), seq=1), doc("Researching adoption agencies", unit(0, 1), seq=2)]
+    index = await opened(tmp_path / "index.db")
+    try:
+        schema = embedded.generation_schema
+        with monkeypatch.context() as m:  # a generation as memq made them before issue 29
+            m.setattr(embedded, "generation_schema", lambda n, grams: schema(n, False))
+            old = await index.create_generation("test", DIM)
+        await index.promote(old.generation)
+        await index.upsert(docs)
+        assert [h.doc.id for h in await index.search(q("research"))] == ["ev-2"]  # English: as before
+        assert await index.search(q("太郎")) == []  # one token per clause: the word inside is not found
+        new = await index.create_generation("test", DIM)  # what `memq index rebuild` does
+        await index.upsert(docs, generation=new.generation)
+        await index.promote(new.generation)
+        assert [h.doc.id for h in await index.search(q("太郎"))] == ["ev-1"]
+        assert [h.doc.id for h in await index.search(q("research"))] == ["ev-2"]
+    finally:
+        await index.close()

@@ -10,8 +10,10 @@ from memq.workers.memory.recall import (
     Hit,
     Ranking,
     asks_when,
+    in_order,
     named_authors,
     rank,
+    relates,
     states_time,
     without_names,
 )
@@ -94,3 +96,37 @@ def test_rank_returns_at_most_k_distinct_docs_best_first(general, by_author, k):
     assert len(ids) == len(set(ids)) <= k
     assert ids == [h.doc.id for h in sorted(ranked, key=lambda h: (-h.score, h.doc.session, h.doc.id))]
     assert set(ids) <= {i for i, _ in general} | {i for i, _ in by_author}
+
+
+def test_a_hit_relates_by_a_keyword_match_or_a_close_enough_vector():
+    doc = hit("a", 1.0).doc
+    assert relates(Hit(doc, 3.2, {"keyword": 3.2}), 0.4)
+    assert relates(Hit(doc, 0.5, {"vector": 0.5}), 0.4)
+    assert not relates(Hit(doc, 0.3, {"vector": 0.3}), 0.4)
+    assert relates(Hit(doc, 0.2, {"hybrid": 0.2, "keyword": 1.5, "vector": 0.1}), 0.4)  # hybrid: either side
+    assert not relates(Hit(doc, 0.0, {"hybrid": 0.0, "vector": 0.39}), 0.4)
+    assert relates(Hit(doc, 0.0, {"hybrid": 0.0, "vector": 0.39}), -1.0)  # -1: no floor
+
+
+def test_equal_scores_keep_the_order_the_memories_were_made_in():
+    def made(id_: str, score: float, ts: float, session: str, seq: int) -> Hit:
+        return Hit(Doc(id_, "a", "u", session, seq, "user", "user", ts, "t", "t"), score)
+
+    hits = [
+        made("d", 1.0, 5.0, "s1", 10),
+        made("c", 1.0, 5.0, "s1", 2),
+        made("b", 1.0, 1.0, "s9", 1),
+        made("a", 2.0, 9.0, "s1", 1),
+    ]
+    assert [h.doc.id for h in in_order(hits)] == ["a", "b", "c", "d"]  # seq 2 before seq 10, not "10" < "2"
+
+
+def test_a_named_author_keeps_the_best_matches_of_the_others():
+    # A trap question names Caroline for what Melanie said: Melanie's best
+    # match stays in the top k even though every boosted Caroline turn outscores it.
+    general = [hit(f"c{i}", 0.9 - i / 100, "Caroline") for i in range(5)] + [hit("m0", 0.5, "Melanie")]
+    plain = rank(general, named=("Caroline",), k=3)
+    assert "m0" not in [h.doc.id for h in plain]
+    kept = rank(general, named=("Caroline",), k=3, ranking=Ranking(others_kept=1))
+    assert [h.doc.id for h in kept] == ["c0", "c1", "m0"]
+    assert [h.doc.id for h in rank(general, k=3, ranking=Ranking(others_kept=1))] == ["c0", "c1", "c2"]  # no name

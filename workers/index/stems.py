@@ -18,6 +18,8 @@ import unicodedata
 
 import snowballstemmer
 
+from memq.workers.index.grams import grams, has_unspaced, query_terms
+
 _WORD = re.compile(r"[^\W_]+")
 _local = threading.local()  # a Snowball stemmer keeps state while it stems: one per thread
 
@@ -36,3 +38,19 @@ def stems(text: str) -> str:
     """The Porter stems of ``text``'s words, lowercased, space-separated."""
     words = (_stem(w) for w in _WORD.findall(unicodedata.normalize("NFC", text).lower()))
     return " ".join(w for w in words if w)  # Porter stems a lone "s" to nothing
+
+
+def _stem_term(term: str) -> str:
+    return term if has_unspaced(term) else _stem(term)
+
+
+def stemmed_grams(text: str) -> str:
+    """:func:`~memq.workers.index.grams.grams` of ``text``, its Latin words
+    stemmed: what Weaviate stores in a doc's "grams" property."""
+    return " ".join(t for t in map(_stem_term, grams(text)) if t)
+
+
+def stemmed_query_grams(text: str) -> str:
+    """A query's terms (:func:`~memq.workers.index.grams.query_terms`),
+    stemmed like :func:`stemmed_grams`."""
+    return " ".join(t for t in map(_stem_term, query_terms(text)) if t)

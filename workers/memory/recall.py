@@ -209,6 +209,30 @@ def relative_score_fusion(
     return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
+# --- what relates, in which order ------------------------------------------------
+
+
+def relates(hit: Hit, min_similarity: float) -> bool:
+    """Does ``hit`` relate to its query: a keyword match (its words met the
+    query's), or a vector similarity of at least ``min_similarity``? A hybrid
+    hit needs either; a hit of one side is judged by that side. Without the
+    floor, a vector or hybrid search returns its ``k`` nearest memories even
+    when they share nothing with the query."""
+    keyword, vector = hit.scores.get("keyword"), hit.scores.get("vector")
+    return (keyword is not None and keyword > 0) or (vector is not None and vector >= min_similarity)
+
+
+def order_key(score: float, doc: Doc) -> tuple:
+    """Best first; equal scores in the order the memories were made (oldest
+    first: time, then session and position in it), the same on every
+    backend, so a longer search's results start with a shorter one's."""
+    return (-score, doc.timestamp, doc.session, doc.seq, doc.id)
+
+
+def in_order(hits: Iterable[Hit]) -> list[Hit]:
+    return sorted(hits, key=lambda h: order_key(h.score, h.doc))
+
+
 def recalled_event(doc: Doc) -> dict[str, Any]:
     """A recalled doc in the event shape the context renders."""
     return {
@@ -270,6 +294,7 @@ class Ranking:
     author_boost: float = 0.3  # added for a doc by an author the query names
     time_boost: float = 0.3  # added for a time-stating doc when the query asks "when"
     speaker_weight: float = 1.2  # scales the named-author search's scores
+    others_kept: int = 0  # the general search's best hits by other authors, kept in the top k
 
 
 def named_authors(text: str, authors: Iterable[str]) -> tuple[str, ...]:
@@ -316,7 +341,7 @@ def rank(
     score), plus ``author_boost`` if a ``named`` author wrote it, plus
     ``time_boost`` if ``when`` and its text states a time; ``by_author``
     scores are then scaled by ``speaker_weight``. A doc found by both keeps
-    its better score. Ties by session and doc id, so the order is deterministic.
+    its better score. Ties by :func:`order_key`, so the order is deterministic.
     """
     # Keyed by (session, id), unique within the one user a search covers:
     # Doc.uuid is a uuid5 computed on each access, a third of the ranking's time.
@@ -335,5 +360,16 @@ def rank(
             score *= weight
             if key not in best or score > best[key][0]:
                 best[key] = (score, h)
-    ordered = sorted(best.items(), key=lambda kv: (-kv[1][0], kv[0]))[:k]
+    ordered = sorted(best.items(), key=lambda kv: order_key(kv[1][0], kv[1][1].doc))
+    top = ordered[:k]
+    if named and ranking.others_kept:
+        # A trap question attributes one speaker's words to another ("What did
+        # Caroline say about X?" when Melanie said it): the boosts bury the
+        # turn that shows who said it. Keep the best few by other authors.
+        others = [kv for kv in ordered if kv[1][1].doc.author not in named][: min(ranking.others_kept, k)]
+        missing = [kv for kv in others if kv not in top]
+        if missing:
+            kept = top[: k - len(missing)]
+            top = sorted(kept + missing, key=lambda kv: order_key(kv[1][0], kv[1][1].doc))
+    ordered = top
     return [replace(hit, score=score, scores={**hit.scores, "ranked": score}) for _, (score, hit) in ordered]

@@ -30,8 +30,10 @@ from memq.workers.memory.recall import (
     SearchQuery,
     asks_when,
     hit_dict,
+    in_order,
     named_authors,
     rank,
+    relates,
     without_names,
 )
 from memq.workers.settings import Settings
@@ -159,18 +161,24 @@ class Searcher:
         memories for the text without the names; then boosts."""
         r = self.settings.recall
 
-        async def search(q: SearchQuery, k: int) -> list[Hit]:
+        async def search(q: SearchQuery, k: int, floor: bool = True) -> list[Hit]:
             vector = None if q.mode == "keyword" else await self._vector(embedder, q.text)
-            return await backend.search(replace(q, vector=vector, k=k), generation=generation)
+            found = await backend.search(replace(q, vector=vector, k=k), generation=generation)
+            return [h for h in found if relates(h, r.min_similarity)] if floor else found
 
-        if not r.speaker_aware:
-            return await search(query, query.k)
+        # A pool deeper than k: the backend's choice among hits of equal score
+        # at its cut is its own; in_order/rank choose among them alike everywhere.
         pool = max(query.k, r.pool)
+        if not r.speaker_aware:
+            return in_order(await search(query, pool))[: query.k]
         general = await search(query, pool)
         named = () if query.authors else named_authors(query.text, {h.doc.author for h in general})
         content = without_names(query.text, named) if named else ""
-        by_author = await search(replace(query, text=content, authors=named), pool) if content else []
-        ranking = Ranking(r.author_boost, r.time_boost, r.speaker_weight)
+        # Not floored: every memory of a named author relates to the query by
+        # its name (a memory's searchable text starts with its author), and
+        # the text without the name is a weaker query than the one asked.
+        by_author = await search(replace(query, text=content, authors=named), pool, floor=False) if content else []
+        ranking = Ranking(r.author_boost, r.time_boost, r.speaker_weight, r.others_kept)
         return rank(
             general,
             by_author,

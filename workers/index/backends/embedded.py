@@ -17,7 +17,12 @@ Layout of the file:
   token each), kept in sync by triggers. Tokens are Porter-stemmed, so
   "research" finds "researching" (on LoCoMo dev that took multi-hop
   recall@10 from ~0.48 to ~0.53); a generation created before keeps its
-  tokenizer until ``memq index rebuild``. Stemming a 64-hex-digit key can
+  tokenizer until ``memq index rebuild``. Since issue 29 a generation also
+  indexes a ``grams`` column (:mod:`memq.workers.index.grams`: bigrams of
+  Chinese, Japanese, Korean, Thai… text, '' for other text), so a word
+  inside unspaced text is found; its tokenizer keeps combining marks in
+  words (a Thai vowel sign stays in its bigram). Older generations lack the
+  column and keep working without it until a rebuild. Stemming a 64-hex-digit key can
   only drop a final "e" or "ed", so two keys never become one token in
   practice (the first 62 digits would have to agree). A keyword search MATCHes the scope's
   token AND its words, so FTS5 intersects posting lists and never scores
@@ -49,7 +54,7 @@ import unicodedata
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar, overload
@@ -58,6 +63,8 @@ import numpy as np
 
 from memq.contracts.ids import scope_key
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
+from memq.workers.index.grams import grams as grams_of
+from memq.workers.index.grams import query_terms
 from memq.workers.memory.recall import Doc, Hit, SearchQuery, relative_score_fusion
 
 T = TypeVar("T")
@@ -135,6 +142,9 @@ CREATE TABLE IF NOT EXISTS versions (
 
 # One generation. rid is an explicit INTEGER PRIMARY KEY because the FTS index
 # refers to it and VACUUM may renumber an implicit rowid; uuid is the doc's key.
+# {grams_col}/{grams_fts}/...: a generation created since issue 29 also indexes
+# ``grams`` (grams.py: bigrams of unspaced scripts, '' for other text), with
+# combining marks as part of words (Thai vowel signs stay in their bigram).
 _GENERATION_SCHEMA = """
 CREATE TABLE docs_{n} (
     rid INTEGER PRIMARY KEY,
@@ -152,57 +162,85 @@ CREATE TABLE docs_{n} (
     text TEXT NOT NULL,
     search_text TEXT NOT NULL,
     vector BLOB NOT NULL,
-    version INTEGER NOT NULL  -- the user's version that wrote the row: caches read only what changed
+    version INTEGER NOT NULL{grams_col}  -- version: the user's version that wrote the row
 );
 CREATE INDEX docs_{n}_user ON docs_{n} (user_key, seq);
 CREATE INDEX docs_{n}_session ON docs_{n} (session_key, seq);
 CREATE INDEX docs_{n}_changes ON docs_{n} (user_key, version);
 CREATE VIRTUAL TABLE fts_{n} USING fts5(
-    search_text, user_key, session_key,
-    content='docs_{n}', content_rowid='rid', tokenize='porter unicode61 remove_diacritics 2'
+    search_text, user_key, session_key{grams_fts},
+    content='docs_{n}', content_rowid='rid', tokenize="{tokenizer}"
 );
 CREATE TRIGGER docs_{n}_ai AFTER INSERT ON docs_{n} BEGIN
-    INSERT INTO fts_{n} (rowid, search_text, user_key, session_key)
-    VALUES (new.rid, new.search_text, new.user_key, new.session_key);
+    INSERT INTO fts_{n} (rowid, search_text, user_key, session_key{grams_fts})
+    VALUES (new.rid, new.search_text, new.user_key, new.session_key{grams_new});
 END;
 CREATE TRIGGER docs_{n}_ad AFTER DELETE ON docs_{n} BEGIN
-    INSERT INTO fts_{n} (fts_{n}, rowid, search_text, user_key, session_key)
-    VALUES ('delete', old.rid, old.search_text, old.user_key, old.session_key);
+    INSERT INTO fts_{n} (fts_{n}, rowid, search_text, user_key, session_key{grams_fts})
+    VALUES ('delete', old.rid, old.search_text, old.user_key, old.session_key{grams_old});
 END;
 -- The keys never change for a uuid; a redelivered doc (same text) leaves the FTS index alone.
 CREATE TRIGGER docs_{n}_au AFTER UPDATE OF search_text ON docs_{n}
 WHEN old.search_text IS NOT new.search_text BEGIN
-    INSERT INTO fts_{n} (fts_{n}, rowid, search_text, user_key, session_key)
-    VALUES ('delete', old.rid, old.search_text, old.user_key, old.session_key);
-    INSERT INTO fts_{n} (rowid, search_text, user_key, session_key)
-    VALUES (new.rid, new.search_text, new.user_key, new.session_key);
+    INSERT INTO fts_{n} (fts_{n}, rowid, search_text, user_key, session_key{grams_fts})
+    VALUES ('delete', old.rid, old.search_text, old.user_key, old.session_key{grams_old});
+    INSERT INTO fts_{n} (rowid, search_text, user_key, session_key{grams_fts})
+    VALUES (new.rid, new.search_text, new.user_key, new.session_key{grams_new});
 END;
 """
+_TOKENIZER = "porter unicode61 remove_diacritics 2"
+_GRAMS_TOKENIZER = "porter unicode61 remove_diacritics 2 categories 'L* N* Co M*'"
+
+
+def generation_schema(n: int, grams: bool) -> str:
+    """The tables of generation ``n``; ``grams``: with the grams column (new generations)."""
+    if not grams:
+        return _GENERATION_SCHEMA.format(
+            n=n, grams_col="", grams_fts="", grams_new="", grams_old="", tokenizer=_TOKENIZER
+        )
+    return _GENERATION_SCHEMA.format(
+        n=n,
+        grams_col=",\n    grams TEXT NOT NULL DEFAULT ''",
+        grams_fts=", grams",
+        grams_new=", new.grams",
+        grams_old=", old.grams",
+        tokenizer=_GRAMS_TOKENIZER,
+    )
+
 
 # INSERT ... ON CONFLICT DO UPDATE rather than INSERT OR REPLACE: REPLACE's
 # implicit delete fires no delete trigger (unless recursive_triggers is on),
 # which would leave the old text in the FTS index.
 _UPSERT = """
 INSERT INTO docs_{n} (uuid, doc_id, app, "user", session, user_key, session_key, seq, author, role,
-                      timestamp, text, search_text, vector, version)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                      timestamp, text, search_text, vector, version{grams_col})
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{grams_arg})
 ON CONFLICT (uuid) DO UPDATE SET
     doc_id = excluded.doc_id, app = excluded.app, "user" = excluded."user", session = excluded.session,
     user_key = excluded.user_key, session_key = excluded.session_key, seq = excluded.seq,
     author = excluded.author, role = excluded.role, timestamp = excluded.timestamp,
-    text = excluded.text, search_text = excluded.search_text, vector = excluded.vector, version = excluded.version
+    text = excluded.text, search_text = excluded.search_text, vector = excluded.vector, version = excluded.version{grams_set}
 """
 
 
-def match_expression(text: str) -> str | None:
+def upsert_sql(n: int, grams: bool) -> str:
+    if not grams:
+        return _UPSERT.format(n=n, grams_col="", grams_arg="", grams_set="")
+    return _UPSERT.format(n=n, grams_col=", grams", grams_arg=", ?", grams_set=", grams = excluded.grams")
+
+
+def match_expression(text: str, grams: bool = False) -> str | None:
     """The FTS5 MATCH expression for free ``text``: its words but
     :data:`STOPWORDS`, each a quoted string, OR-ed; None when none is left.
+    ``grams`` (a generation with the grams column): a word in an unspaced
+    script as its bigrams (:func:`~memq.workers.index.grams.query_terms`).
 
     A quoted string is only ever text to FTS5, and the words hold letters and
     digits only (no ``"`` to escape), so ``AND``, ``NEAR(…)``, ``*``, ``:``,
     ``-`` or quotes in user text can neither raise nor change the query.
     """
-    words = dict.fromkeys(w for w in _WORD.findall(unicodedata.normalize("NFC", text).lower()) if w not in STOPWORDS)
+    found = query_terms(text) if grams else _WORD.findall(unicodedata.normalize("NFC", text).lower())
+    words = dict.fromkeys(w for w in found if w not in STOPWORDS)
     return " OR ".join(f'"{w}"' for w in list(words)[:MAX_QUERY_TOKENS]) or None
 
 
@@ -213,6 +251,7 @@ class _Gen:
     model: str
     dim: int
     created_at: float
+    grams: bool = False  # its docs and FTS index have the grams column
 
     @property
     def meta(self) -> IndexMeta:
@@ -311,6 +350,7 @@ class EmbeddedIndex:
         self._pool: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None  # used only on the pool's thread
         self._cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()  # ditto
+        self._grams: dict[int, bool] = {}  # generation id -> has the grams column (ids are never reused)
 
     # --- plumbing ---------------------------------------------------------------
 
@@ -351,11 +391,20 @@ class EmbeddedIndex:
         cols = "g.id, g.name, g.model, g.dim, g.created_at"
         if name is None:
             row = self._conn.execute(f"SELECT {cols} FROM live JOIN generations g ON g.id = live.generation").fetchone()
-            return _Gen(*row) if row else None
+            return self._with_grams(_Gen(*row)) if row else None
         row = self._conn.execute(f"SELECT {cols} FROM generations g WHERE g.name = ?", (name,)).fetchone()
         if row is None:
             raise UnknownGeneration(f"no index generation {name!r} in {self.path}")
-        return _Gen(*row)
+        return self._with_grams(_Gen(*row))
+
+    def _with_grams(self, gen: _Gen) -> _Gen:
+        """``gen`` knowing whether its tables have the grams column (a
+        generation created before issue 29 has not, until a rebuild)."""
+        has = self._grams.get(gen.id)
+        if has is None:
+            cols = self._conn.execute(f"SELECT name FROM pragma_table_info('docs_{gen.id}')").fetchall()
+            has = self._grams[gen.id] = ("grams",) in cols
+        return replace(gen, grams=has)
 
     def _write_gen(self, name: str | None) -> _Gen:
         gen = self._gen(name)
@@ -463,8 +512,9 @@ class EmbeddedIndex:
             n = self._conn.execute(
                 "INSERT INTO generations (name, model, dim, created_at) VALUES ('', ?, ?, ?)", (model, dim, time.time())
             ).lastrowid
+            assert n is not None  # an INSERT's rowid
             self._conn.execute("UPDATE generations SET name = 'g' || id WHERE id = ?", (n,))
-            _script(self._conn, _GENERATION_SCHEMA.format(n=n))
+            _script(self._conn, generation_schema(n, grams=True))
             return self._gen(f"g{n}")
 
     async def promote(self, generation: str) -> None:
@@ -529,7 +579,11 @@ class EmbeddedIndex:
                         f"doc {d.id!r} has a {len(row[-1]) // 4}-dimensional vector; {gen.name} holds {gen.dim}"
                     )
             versions = self._bump(gen, {r[5] for r in rows})
-            self._conn.executemany(_UPSERT.format(n=gen.id), [(*r, versions[r[5]]) for r in rows])
+            if gen.grams:
+                args = [(*r, versions[r[5]], " ".join(grams_of(r[12]))) for r in rows]
+            else:
+                args = [(*r, versions[r[5]]) for r in rows]
+            self._conn.executemany(upsert_sql(gen.id, gen.grams), args)
 
     async def delete_session(
         self, app: str, user: str, session: str, *, before_seq: int | None = None, generation: str | None = None
@@ -619,7 +673,7 @@ class EmbeddedIndex:
         """
         if query.mode not in ("keyword", "vector", "hybrid"):
             raise ValueError(f"unknown search mode {query.mode!r}")
-        match = match_expression(query.text)
+        match = match_expression(query.text, grams=True)  # words or not; _keyword makes a generation's own
         mode = query.mode
         if mode == "hybrid" and match is None:
             mode = "vector"
@@ -664,8 +718,14 @@ class EmbeddedIndex:
             if q.session is not None
             else f'user_key : "{scope_key(q.app, q.user)}"'
         )
-        fts, expr = f"fts_{gen.id}", f"{scope} AND search_text : ({match})"
-        score = f"-bm25({fts}, 1.0, 0.0, 0.0)"
+        fts = f"fts_{gen.id}"
+        if gen.grams:  # words in either column: "python" is a word in "私はPythonで"'s grams
+            expr, score = f"{scope} AND {{search_text grams}} : ({match})", f"-bm25({fts}, 1.0, 0.0, 0.0, 1.0)"
+        else:
+            words = match_expression(q.text)
+            if words is None:
+                return []
+            expr, score = f"{scope} AND search_text : ({words})", f"-bm25({fts}, 1.0, 0.0, 0.0)"
         where, args = _filters(q)
         if not where:
             # Score in FTS5 alone and read only the winners' rows: joining

@@ -48,7 +48,7 @@ from weaviate.exceptions import WeaviateBaseError, WeaviateInsertManyAllFailedEr
 
 from memq.contracts.ids import scope_key
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
-from memq.workers.index.stems import stems
+from memq.workers.index.stems import stemmed_grams, stemmed_query_grams, stems
 from memq.workers.memory.recall import Doc, Hit, SearchQuery
 from memq.workers.settings import WeaviateSettings
 
@@ -111,6 +111,9 @@ def _properties() -> list[Property]:
         Property(name="search_text", data_type=DataType.TEXT, tokenization=Tokenization.WORD, index_filterable=False),
         # search_text's Porter stems (stems.py): what BM25 searches in a generation marked "stems"
         Property(name="stems", data_type=DataType.TEXT, tokenization=Tokenization.WORD, index_filterable=False),
+        # grams.py's terms of unspaced scripts (Latin words among them stemmed), searched beside
+        # "stems" in a generation marked "grams"; split at spaces only, so a Thai bigram stays whole
+        Property(name="grams", data_type=DataType.TEXT, tokenization=Tokenization.WHITESPACE, index_filterable=False),
     ]
 
 
@@ -152,7 +155,12 @@ def _doc(obj: Any, vector: bool = False) -> Doc:
 
 def _target(name: str, description: dict) -> _Target:
     # "filter" and no stems: what a generation that names neither uses
-    return _Target(name, description.get("scoping", "filter"), bool(description.get("stems", False)))
+    return _Target(
+        name,
+        description.get("scoping", "filter"),
+        bool(description.get("stems", False)),
+        bool(description.get("grams", False)),
+    )
 
 
 def _tenant_missing(exc: BaseException) -> bool:
@@ -164,6 +172,7 @@ class _Target:
     name: str  # a collection, or the alias for the live generation
     scoping: Scoping
     stems: bool = False  # BM25 searches the "stems" property (generations created since issue 14)
+    grams: bool = False  # ... and the "grams" property (generations created since issue 29)
 
     @property
     def tenants(self) -> bool:
@@ -391,7 +400,14 @@ class WeaviateIndex:
             for n in range(top + 1, top + 10):  # another process may take a number at the same time
                 name, created = f"{self.alias}_{n}", time.time()
                 description = json.dumps(
-                    {"model": model, "dim": dim, "created_at": created, "scoping": scoping, "stems": True}
+                    {
+                        "model": model,
+                        "dim": dim,
+                        "created_at": created,
+                        "scoping": scoping,
+                        "stems": True,
+                        "grams": True,
+                    }
                 )
                 try:
                     await self.client.collections.create(
@@ -493,6 +509,8 @@ class WeaviateIndex:
                 props |= {"text": d.text, "search_text": d.search_text}
                 if target.stems:
                     props["stems"] = stems(d.search_text)
+                if target.grams:
+                    props["grams"] = stemmed_grams(d.search_text)
                 tenant = tenant_name(d.user_key) if target.tenants else None
                 vector = _vector(d.vector) if d.vector is not None else None
                 groups.setdefault(tenant, []).append(DataObject(properties=props, uuid=d.uuid, vector=vector))
@@ -625,13 +643,15 @@ class WeaviateIndex:
             if target.tenants:
                 coll = coll.with_tenant(tenant_name(user_key))
             common = {"filters": where, "limit": query.k, "return_properties": _RETURN}
-            searched = ["stems"] if target.stems else ["search_text"]
-            if target.stems:
+            searched = ["stems", "grams"] if target.grams else ["stems"] if target.stems else ["search_text"]
+            if target.grams:
+                text = " ".join(dict.fromkeys(stems(text).split() + stemmed_query_grams(text).split()))
+            elif target.stems:
                 text = stems(text)
-                if not text:  # punctuation only: no word to match
-                    if mode == "keyword":
-                        return []
-                    mode = "vector" if mode == "hybrid" else mode
+            if (target.stems or target.grams) and not text:  # punctuation only: no word to match
+                if mode == "keyword":
+                    return []
+                mode = "vector" if mode == "hybrid" else mode
             if mode == "keyword":
                 res = await coll.query.bm25(
                     text, query_properties=searched, return_metadata=MetadataQuery(score=True), **common
