@@ -4,15 +4,14 @@ names an author searches that author's memories without the name; a
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
+from search_stack import open_index, searcher
 
 from memq.contracts import queries as q
 from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.memory.recall import Doc, Turn, search_text
 from memq.workers.query.search import Searcher
-from memq.workers.settings import LocalEmbedderSettings, Settings
+from memq.workers.settings import LocalEmbedderSettings
 
 APP = "rank-app"
 TS = 1_683_504_000.0
@@ -35,21 +34,7 @@ def embedder():
 
 @pytest.fixture(params=["embedded", pytest.param("weaviate", marks=pytest.mark.services)])
 async def backend(request, tmp_path, embedder):
-    if request.param == "embedded":
-        from memq.workers.index.backends.embedded import EmbeddedIndex
-
-        index = EmbeddedIndex(tmp_path / "index.db")
-    else:
-        from memq.workers.index.backends.weaviate import WeaviateIndex
-        from memq.workers.settings import WeaviateSettings
-
-        server = request.getfixturevalue("weaviate_server")
-        index = WeaviateIndex(
-            WeaviateSettings(url=server.url, grpc_port=server.grpc_port, collection=f"R{uuid.uuid4().hex[:12]}")
-        )
-    await index.open()
-    meta = await index.create_generation(embedder.model, embedder.dim)
-    await index.promote(meta.generation)
+    index = await open_index(request, request.param, tmp_path, embedder)
     docs = []
     for user in ("alice", "bob"):
         for i, (session, author, text) in enumerate(TURNS):
@@ -63,12 +48,6 @@ async def backend(request, tmp_path, embedder):
         yield index
     finally:
         await index.close()
-
-
-def searcher(backend, embedder, **recall) -> Searcher:
-    s = Settings()
-    s.recall = type(s.recall).model_validate({**s.recall.model_dump(), **recall})
-    return Searcher(s, backend=backend, embedder=embedder)
 
 
 async def found(searcher: Searcher, question: str, user: str = "alice", **kw) -> list[str]:

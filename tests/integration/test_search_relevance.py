@@ -4,15 +4,14 @@ equal scores in one order, the same for every k and every backend."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
+from search_stack import open_index, searcher
 
 from memq.contracts import queries as q
 from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.memory.recall import Doc, search_text
 from memq.workers.query.search import Searcher
-from memq.workers.settings import LocalEmbedderSettings, Settings
+from memq.workers.settings import LocalEmbedderSettings
 
 APP = "relevance-app"
 TS = 1_683_504_000.0
@@ -30,21 +29,7 @@ def embedder():
 
 @pytest.fixture(params=["embedded", pytest.param("weaviate", marks=pytest.mark.services)])
 async def backend(request, tmp_path, embedder):
-    if request.param == "embedded":
-        from memq.workers.index.backends.embedded import EmbeddedIndex
-
-        index = EmbeddedIndex(tmp_path / "index.db")
-    else:
-        from memq.workers.index.backends.weaviate import WeaviateIndex
-        from memq.workers.settings import WeaviateSettings
-
-        server = request.getfixturevalue("weaviate_server")
-        index = WeaviateIndex(
-            WeaviateSettings(url=server.url, grpc_port=server.grpc_port, collection=f"F{uuid.uuid4().hex[:12]}")
-        )
-    await index.open()
-    meta = await index.create_generation(embedder.model, embedder.dim)
-    await index.promote(meta.generation)
+    index = await open_index(request, request.param, tmp_path, embedder)
     docs = []
     for user, session, texts in [("alice", "s1", SESSION_1), ("alice", "s2", SESSION_2), ("carol", "notes", NOTES)]:
         for i, text in enumerate(texts):
@@ -61,12 +46,6 @@ async def backend(request, tmp_path, embedder):
         yield index
     finally:
         await index.close()
-
-
-def searcher(backend, embedder, **recall) -> Searcher:
-    s = Settings()
-    s.recall = type(s.recall).model_validate({**s.recall.model_dump(), **recall})
-    return Searcher(s, backend=backend, embedder=embedder)
 
 
 async def texts(s: Searcher, query: str, user: str = "alice", **kw) -> list[str]:
