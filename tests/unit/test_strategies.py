@@ -465,3 +465,50 @@ def test_a_fold_after_a_summary_still_has_room_for_the_next():
     plan = fold(events, Strategy(kind="summary_buffer"), reserved=0)
     kept = sum(e.tokens for e in events if e.seq > plan.up_to)
     assert kept <= 2800 and plan.summary_tokens == 2800  # half the target each
+
+
+# --- strategies as types: what a kind does is said once ------------------------
+
+
+def test_every_kind_the_contract_names_has_its_rules():
+    from memq.contracts.vocabulary import STRATEGY_KINDS
+    from memq.workers.memory.strategies import RULES
+
+    assert set(RULES) == set(STRATEGY_KINDS)
+    assert {k for k, r in RULES.items() if r.from_checkpoint} == {"summary_buffer"}
+    assert {k for k, r in RULES.items() if r.token_bounded} == {"token_window", "summary_buffer"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(sessions(), strategies_(), st.integers(0, 500))
+def test_needs_from_holds_everything_the_strategy_keeps(items, strategy, reserved):
+    """What a backward reader stops at (Strategy.needs_from) is enough: the
+    strategy keeps the same window from that suffix as from the whole
+    session. Sessions without tool units: a call whose result opens the
+    window may lie beyond the margin, which the walk covers heuristically."""
+    items = [Item(it.seq, it.role, it.tokens) for it in items]
+    start = strategy.needs_from(items, reserved)
+    if start is None:
+        return
+    assert select(items[start:], strategy, reserved=reserved).items == select(items, strategy, reserved=reserved).items
+
+
+def test_no_module_outside_the_rules_switches_on_a_strategy_name():
+    """Readers ask a strategy's rules (token_bounded, from_checkpoint,
+    recall_room, needs_from…); a comparison with a kind's name anywhere else
+    is how the old four-module switch crept in."""
+    import re
+    from pathlib import Path
+
+    import memq.workers
+
+    root = Path(memq.workers.__file__).parent
+    compare = re.compile(r"""(==|!=|\bin\b)\s*\(?["'](all|buffer_window|token_window|summary_buffer)["']""")
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for path in root.rglob("*.py")
+        if path.name != "strategies.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if compare.search(line)
+    ]
+    assert found == []

@@ -82,14 +82,6 @@ def _strategy_spec(kind: StrategyName | None, **params: int | None) -> dict[str,
     return {k: v for k, v in spec.items() if v is not None} or None
 
 
-# What each strategy's result depends on (for captions).
-STRATEGY_PARAMS = {
-    "buffer_window": ("window", "turns"),
-    "token_window": ("budget", "preserve_recent"),
-    "summary_buffer": ("budget", "threshold", "target", "min_recent"),
-}
-
-
 def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
@@ -248,8 +240,11 @@ def history(
     view = _with_client(app_id, lambda c: c.history(user, session, strategy=spec, after=after, roles=roles))
     if view.summary:
         console.print(Panel(Text(view.summary), title=f"summary up to seq {view.checkpoint_seq}"))
+    from memq.workers.memory.strategies import RULES
+
     kind = view.strategy.get("kind")
-    params = ", ".join(f"{k} {view.strategy[k]}" for k in STRATEGY_PARAMS.get(str(kind), ()) if view.strategy.get(k))
+    rules = RULES.get(str(kind))
+    params = ", ".join(f"{k} {view.strategy[k]}" for k in (rules.params if rules else ()) if view.strategy.get(k))
     caption = f"strategy {kind}{f' ({params})' if params else ''}: {view.tokens} tokens"
     if view.over_budget:
         caption += f", over the budget of {view.strategy.get('budget')}"

@@ -171,12 +171,11 @@ class Context:
         caller learns it as well as one reading memq's format."""
         if not self.over_budget:
             return None
-        total, budget, kind = self.tokens.total, self.strategy.budget, self.strategy.kind
-        if self.strategy.token_bounded:
+        total, budget, rules = self.tokens.total, self.strategy.budget, self.strategy.rules
+        if rules.token_bounded:
             why = "the instruction alone does not fit"
         else:
-            what = "keeps every event" if kind == "all" else "counts messages, not tokens"
-            why = f"strategy {kind} {what}; summary_buffer or token_window keep within the budget"
+            why = f"strategy {rules.name} {rules.unbounded_why}; summary_buffer or token_window keep within the budget"
         return f"over budget: {total} tokens for a budget of {budget} ({why})"
 
     @property
@@ -349,7 +348,7 @@ def assemble(
     # summary and the older messages, which every question shares.
     reserved_recall: tuple[tuple[int, Mapping[str, Any]], ...] = ()
     reserve_tokens = 0
-    if strategy.kind == "summary_buffer" and strategy.recall_share > 0 and recalled and recall_limit > 0:
+    if strategy.rules.recall_room == "share" and strategy.recall_share > 0 and recalled and recall_limit > 0:
         share = math.floor(strategy.recall_share * max(0, strategy.budget - fixed))
         room = max(0, min(share, strategy.budget - fixed - recent))
         reserved_recall, reserve_tokens = _pick_recalled(
@@ -374,7 +373,7 @@ def assemble(
     window: Selection = base_selection
     chosen: tuple[tuple[int, Mapping[str, Any]], ...] = ()
     recall_tokens = 0
-    if strategy.kind == "token_window":
+    if strategy.rules.recall_room == "before_older":
         # Recall may displace older messages but not preserve_recent; if even
         # those do not fit, there is no room for recall at all.
         keep_tokens = sum(it.tokens for it in preserved(history, strategy))

@@ -50,9 +50,10 @@ after every summary (``pkg/memory/summary_buffer.go``: ``summarize`` keeps
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from memq.contracts.errors import InvalidRequest
 from memq.contracts.vocabulary import STRATEGY_KINDS, STRATEGY_NAMES, StrategyKind, normalize_kind
@@ -65,7 +66,6 @@ if TYPE_CHECKING:  # the settings import this module: no query models for them
 # "all") are in NAMES.
 Kind = StrategyKind
 KINDS: tuple[str, ...] = STRATEGY_KINDS
-TOKEN_BOUNDED: frozenset[str] = frozenset({"token_window", "summary_buffer"})
 NAMES: tuple[str, ...] = STRATEGY_NAMES
 DEFAULT_KIND: Kind = "summary_buffer"  # budgeted out of the box (docs/design.md, Working memory and recall)
 # summary_buffer: the budget's share that recalled memories may take ahead of
@@ -165,17 +165,152 @@ class Strategy:
         return asdict(self)
 
     @property
+    def rules(self) -> Rules:
+        """What this strategy's kind does (:data:`RULES`)."""
+        return RULES[self.kind]
+
+    @property
     def token_bounded(self) -> bool:
-        return self.kind in TOKEN_BOUNDED
+        return self.rules.token_bounded
+
+    @property
+    def from_checkpoint(self) -> bool:
+        """Does it start after the latest summary checkpoint (and so ask the
+        summarizer for new ones)?"""
+        return self.rules.from_checkpoint
 
     @property
     def keep_recent(self) -> int:
         """How many recent messages this strategy keeps whenever they fit."""
-        if self.kind == "token_window":
-            return self.preserve_recent
-        if self.kind == "summary_buffer":
-            return self.min_recent
+        return self.rules.keep_recent(self)
+
+    def needs_from(self, items: Sequence[Item], reserved: int = 0) -> int | None:
+        """How far back this strategy needs: where the shortest suffix of
+        ``items`` (oldest first) that holds everything it can keep starts;
+        None when not even all of ``items`` are enough (read further back)."""
+        return self.rules.needs_from(self, items, reserved)
+
+
+# --- what each kind does -----------------------------------------------------------
+
+# How far past what a strategy keeps a reader must look back: a tool call
+# whose result opens the window may sit up to this many events, or tokens,
+# earlier (the SQL walk reads 256 events a page: half a page of margin).
+MARGIN_EVENTS = 129
+MARGIN_TOKENS = 2048
+
+RecallRoom = Literal["rest", "before_older", "share"]
+
+
+class Rules(ABC):
+    """One strategy kind's behaviour: the only place that knows what a kind
+    does, so nothing else switches on its name (readers ask the attributes).
+
+    Attributes:
+        name: the kind, as the contract spells it.
+        token_bounded: keeps its window within the budget.
+        from_checkpoint: starts after the latest summary checkpoint, so the
+            summarizer folds its sessions and its reads start there.
+        recall_room: where recalled memories find their tokens in a context:
+            ``"rest"`` what the window leaves, ``"before_older"`` ahead of all
+            but the preserved recent messages, ``"share"`` up to the
+            strategy's ``recall_share`` first, then the rest.
+        unbounded_why: for a kind that is not token-bounded, why its context
+            can pass the budget (said to the caller).
+        params: the settings its result depends on (for captions).
+    """
+
+    name: ClassVar[Kind]
+    params: ClassVar[tuple[str, ...]] = ()
+    token_bounded: ClassVar[bool] = False
+    from_checkpoint: ClassVar[bool] = False
+    recall_room: ClassVar[RecallRoom] = "rest"
+    unbounded_why: ClassVar[str] = ""
+
+    def keep_recent(self, strategy: Strategy) -> int:
+        """Recent messages kept whenever they fit."""
         return 0
+
+    @abstractmethod
+    def cut(self, strategy: Strategy, items: Sequence[Item], valid: Sequence[bool], reserved: int) -> int:
+        """Where the kept window starts (a valid cut of ``items``)."""
+
+    @abstractmethod
+    def needs_from(self, strategy: Strategy, items: Sequence[Item], reserved: int) -> int | None:
+        """See :meth:`Strategy.needs_from`."""
+
+
+class KeepAll(Rules):
+    name = "all"
+    unbounded_why = "keeps every event"
+
+    def cut(self, strategy: Strategy, items: Sequence[Item], valid: Sequence[bool], reserved: int) -> int:
+        return 0
+
+    def needs_from(self, strategy: Strategy, items: Sequence[Item], reserved: int) -> int | None:
+        return None  # everything, always
+
+
+class BufferWindow(Rules):
+    name = "buffer_window"
+    params = ("window", "turns")
+    unbounded_why = "counts messages, not tokens"
+
+    def cut(self, strategy: Strategy, items: Sequence[Item], valid: Sequence[bool], reserved: int) -> int:
+        if strategy.turns is not None:
+            starts = _turn_starts(items)
+            target = starts[-strategy.turns] if len(starts) >= strategy.turns else 0
+        else:
+            target = max(0, len(items) - strategy.window)
+        return _floor_valid(valid, target)
+
+    def needs_from(self, strategy: Strategy, items: Sequence[Item], reserved: int) -> int | None:
+        if strategy.turns is None:
+            keep = strategy.window + MARGIN_EVENTS
+            return len(items) - keep if len(items) >= keep else None
+        users = 0
+        for i in range(len(items) - 1, -1, -1):
+            users += items[i].role == "user"
+            if users > strategy.turns + 1:
+                return i
+        return None
+
+
+class TokenWindow(Rules):
+    name: ClassVar[Kind] = "token_window"
+    params: ClassVar[tuple[str, ...]] = ("budget", "preserve_recent")
+    token_bounded = True
+    recall_room: ClassVar[RecallRoom] = "before_older"
+
+    def keep_recent(self, strategy: Strategy) -> int:
+        return strategy.preserve_recent
+
+    def cut(self, strategy: Strategy, items: Sequence[Item], valid: Sequence[bool], reserved: int) -> int:
+        found = _longest_fitting(valid, _suffix_tokens(items), strategy.budget - reserved)
+        return len(items) if found is None else found
+
+    def needs_from(self, strategy: Strategy, items: Sequence[Item], reserved: int) -> int | None:
+        tokens = reserved
+        for i in range(len(items) - 1, -1, -1):
+            tokens += items[i].tokens
+            if tokens > strategy.budget + MARGIN_TOKENS:
+                return i
+        return None
+
+
+class SummaryBuffer(TokenWindow):
+    """A token window over the events after the latest checkpoint."""
+
+    name = "summary_buffer"
+    params = ("budget", "threshold", "target", "min_recent")
+    from_checkpoint = True
+    recall_room = "share"
+
+    def keep_recent(self, strategy: Strategy) -> int:
+        return strategy.min_recent
+
+
+RULES: Mapping[str, Rules] = {r.name: r for r in (KeepAll(), BufferWindow(), TokenWindow(), SummaryBuffer())}
 
 
 class SupportsModelDump(Protocol):
@@ -314,24 +449,10 @@ def select(items: Sequence[Item], strategy: Strategy, *, reserved: int = 0) -> S
     ``preserve_recent``/``min_recent`` included, is therefore kept too; when
     not even those fit, fewer are kept (never over budget).
     """
-    n = len(items)
     valid = valid_cuts(items)
-    if strategy.kind == "all":
-        cut = 0
-    elif strategy.kind == "buffer_window":
-        if strategy.turns is not None:
-            starts = _turn_starts(items)
-            target = starts[-strategy.turns] if len(starts) >= strategy.turns else 0
-        else:
-            target = max(0, n - strategy.window)
-        cut = _floor_valid(valid, target)
-    else:
-        sums = _suffix_tokens(items)
-        found = _longest_fitting(valid, sums, strategy.budget - reserved)
-        cut = n if found is None else found
-    kept = tuple(items[cut:])
+    kept = tuple(items[strategy.rules.cut(strategy, items, valid, reserved) :])
     tokens = sum(it.tokens for it in kept)
-    if strategy.kind != "summary_buffer":
+    if not strategy.from_checkpoint:
         return Selection(items=kept, tokens=tokens)
     up_to = _summarize_up_to(items, strategy, reserved, valid)
     return Selection(items=kept, tokens=tokens, needs_summary=up_to is not None, summarize_up_to=up_to)

@@ -34,30 +34,8 @@ class Window:
 
 
 def _enough(strategy: Strategy, items: list[Item], reserved: int) -> bool:
-    """Has the backward walk read everything this strategy can keep? One page
-    of margin covers a tool call whose result opens the window."""
-    return _enough_from(strategy, items, reserved) is not None
-
-
-def _enough_from(strategy: Strategy, items: list[Item], reserved: int) -> int | None:
-    """Where the shortest suffix of ``items`` (oldest first) that is enough
-    for this strategy starts; None when not even all of them are."""
-    if strategy.kind == "all":
-        return None
-    if strategy.kind == "buffer_window" and strategy.turns is None:
-        keep = strategy.window + PAGE // 2 + 1
-        return len(items) - keep if len(items) >= keep else None
-    turns, users, tokens = strategy.turns, 0, reserved
-    for i in range(len(items) - 1, -1, -1):
-        if turns is not None:  # buffer_window by turns
-            users += items[i].role == "user"
-            if users > turns + 1:
-                return i
-        else:
-            tokens += items[i].tokens
-            if tokens > strategy.budget + 2048:
-                return i
-    return None
+    """Has the backward walk read everything this strategy can keep?"""
+    return strategy.needs_from(items, reserved) is not None
 
 
 async def load_window(
@@ -77,7 +55,7 @@ async def load_window(
     :param only: read only the events that pass this filter (in SQL); the
         strategy then sees those alone. Default: every event.
     """
-    checkpoint = await reads.latest_checkpoint(conn, session_key) if strategy.kind == "summary_buffer" else None
+    checkpoint = await reads.latest_checkpoint(conn, session_key) if strategy.from_checkpoint else None
     return await _walk(conn, session_key, strategy, model, reserved, only, checkpoint)
 
 
@@ -129,12 +107,12 @@ async def load_session_window(
         row, checkpoint, newer, stored_ids = await reads.session_checkpoint_and_newer(
             conn, session_key, after_seq=last.through, limit=PAGE, ids=ids
         )
-    elif strategy.kind == "summary_buffer":
+    elif strategy.from_checkpoint:
         row, checkpoint = await reads.session_and_checkpoint(conn, session_key)
     else:
         row, checkpoint = await reads.session_row(conn, session_key), None
-    if strategy.kind != "summary_buffer":
-        checkpoint = None  # only summary_buffer starts after the summary
+    if not strategy.from_checkpoint:
+        checkpoint = None
     if row is None:
         return None
     if last is not None and _same_history(last, row, checkpoint):
@@ -173,7 +151,7 @@ def _extended(
         return _appended(window, newer, strategy, model, reserved)
     stored = [e for e in window.stored.values() if e.seq <= through] + newer[::-1]
     items = [it for it in window.items if it.seq <= through] + [_item(e, model) for e in reversed(newer)]
-    start = _enough_from(strategy, items, reserved) or 0
+    start = strategy.needs_from(items, reserved) or 0
     stored, items = stored[start:], items[start:]
     kept = {e.seq: e for e in stored}
     return Window(
@@ -194,7 +172,7 @@ def _appended(
     the dropped ones deleted, rather than every dict built again in Python
     (the rebuild was 14 % of the query worker's CPU at 64 agents)."""
     items = window.items + [_item(e, model) for e in reversed(newer)]
-    start = _enough_from(strategy, items, reserved) or 0
+    start = strategy.needs_from(items, reserved) or 0
     events, stored = dict(window.events), dict(window.stored)
     for e in reversed(newer):
         events[e.seq], stored[e.seq] = e.data, e
@@ -226,7 +204,7 @@ def with_tail(
         return window
     by_seq = {e.seq: e for e in window.stored.values()} | {e.seq: e for e in new}
     items = sorted([*window.items, *(_item(e, model) for e in new)], key=lambda it: it.seq)
-    start = _enough_from(strategy, items, reserved) or 0
+    start = strategy.needs_from(items, reserved) or 0
     items = items[start:]
     stored = {it.seq: by_seq[it.seq] for it in items}
     return Window(

@@ -227,7 +227,7 @@ class SummarizerWorker:
             return
         if self._retry_at.get(key, 0) > time.monotonic():
             return
-        if self._strategy(app).kind != "summary_buffer":
+        if not self._strategy(app).from_checkpoint:
             return
         self._pending.add(key)
         task = asyncio.create_task(self._run(key))
@@ -250,7 +250,7 @@ class SummarizerWorker:
         limits = [
             int(st.budget * st.threshold)
             for st in [self._strategy(None)] + [self._strategy(app) for app in self.settings.query.apps]
-            if st.kind == "summary_buffer"
+            if st.from_checkpoint
         ]
         if not limits:
             return []
@@ -288,7 +288,7 @@ class SummarizerWorker:
     async def summarize_session(self, app: str, user: str, session: str) -> int | None:
         """Publish a checkpoint if one is due; returns its up_to_seq, or None."""
         strategy = self._strategy(app)
-        if strategy.kind != "summary_buffer":
+        if not strategy.from_checkpoint:
             return None
         session_key = scope_key(app, user, session)
         if await self._plan(session_key, strategy) is None:
