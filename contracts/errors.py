@@ -8,9 +8,17 @@ from __future__ import annotations
 
 
 class MemqError(Exception):
-    """Base of every memq error. ``code`` is stable and machine-readable."""
+    """Base of every memq error. ``code`` is stable and machine-readable.
+
+    ``http_status`` is what the HTTP gateway answers with it, and
+    ``retry_later`` whether the same request may succeed later (the gateway
+    then sends ``Retry-After``): said here, with the code, so that a new
+    error cannot become a 500 by being left out of a second table.
+    """
 
     code = "error"
+    http_status = 500
+    retry_later = False
 
     def __init__(self, message: str):
         super().__init__(message)
@@ -24,36 +32,43 @@ class InvalidId(MemqError):
     """An app, user, session or other id is empty, too long or not UTF-8."""
 
     code = "invalid_id"
+    http_status = 422
 
 
 class InvalidMessage(MemqError):
     """The payload is not JSON, not an object, or fails schema validation."""
 
     code = "invalid_message"
+    http_status = 422
 
 
 class UnsupportedVersion(MemqError):
     """The payload names a schema version this build does not understand."""
 
     code = "unsupported_version"
+    http_status = 422
 
 
 class Oversize(MemqError):
     """The payload is larger than the configured limit."""
 
     code = "oversize"
+    http_status = 413
 
 
 class SubjectMismatch(MemqError):
     """The payload names other ids than the subject it was published on."""
 
     code = "subject_mismatch"
+    http_status = 422
 
 
 class PublishFailed(MemqError):
     """JetStream did not acknowledge a publish."""
 
     code = "publish_failed"
+    http_status = 503
+    retry_later = True
 
 
 class PublishOutcomeUnknown(PublishFailed):
@@ -68,6 +83,8 @@ class PublishOutcomeUnknown(PublishFailed):
     ``append_many`` may leave several)."""
 
     code = "publish_outcome_unknown"
+    http_status = 503
+    retry_later = False  # only with the same event ids (see above)
 
     def __init__(self, message: str, subject: str = "", msg_ids: tuple[str, ...] = ()):
         super().__init__(message)
@@ -87,6 +104,7 @@ class Conflict(MemqError):
     """
 
     code = "conflict"
+    http_status = 409  # reload, then write again: no Retry-After
 
     def __init__(self, message: str, last_seq: int | None = None):
         super().__init__(message)
@@ -95,34 +113,42 @@ class Conflict(MemqError):
 
 class NotFound(MemqError):
     code = "not_found"
+    http_status = 404
 
 
 class Forbidden(MemqError):
     """A request names another app than the subject it was sent on."""
 
     code = "forbidden"
+    http_status = 403
 
 
 class NotCommitted(MemqError):
     """A request's ``min_seq`` was not committed within its ``wait_ms``."""
 
     code = "not_committed"
+    http_status = 409
+    retry_later = True
 
 
 class InvalidRequest(MemqError):
     code = "invalid_request"
+    http_status = 422
 
 
 class Unavailable(MemqError):
     """The service could not answer (e.g. its database is down); retry later."""
 
     code = "unavailable"
+    http_status = 503
+    retry_later = True
 
 
 class TemplateKeyMissing(MemqError):
     """An instruction template names a state key that is not set (and no ``?``)."""
 
     code = "template_key_missing"
+    http_status = 422
 
 
 class Internal(MemqError):

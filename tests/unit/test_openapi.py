@@ -43,10 +43,18 @@ def test_the_session_endpoints_are_all_there() -> None:
     assert {p: set(item) for p, item in paths.items()} == expected
 
 
-def test_every_typed_error_has_its_http_status() -> None:
-    """A new error code gets a status in the gateway's table (else it would be a 500)."""
+def test_every_typed_error_says_its_http_status() -> None:
+    """Each error class carries its status: only a bug (or an error no
+    class names) is a 500, and every other status is one the API documents."""
     from memq.contracts.errors import ERRORS_BY_CODE, Internal, MemqError
-    from memq.workers.http.api import STATUS
+    from memq.workers.http.api import _ERRORS
 
-    assert set(STATUS) == set(ERRORS_BY_CODE) - {MemqError.code, Internal.code}
-    assert STATUS["conflict"] == 409
+    statuses = {code: cls.http_status for code, cls in ERRORS_BY_CODE.items()}
+    assert {code for code, status in statuses.items() if status == 500} == {MemqError.code, Internal.code}
+    assert set(statuses.values()) - {500} <= set(_ERRORS)
+    assert statuses["conflict"] == 409 and not ERRORS_BY_CODE["conflict"].retry_later
+    assert {code for code, cls in ERRORS_BY_CODE.items() if cls.retry_later} == {
+        "not_committed",
+        "unavailable",
+        "publish_failed",
+    }

@@ -64,24 +64,7 @@ API_VERSION = "1"
 DEFAULT_MAX_BODY_BYTES = HttpSettings().max_body_bytes
 Role = Literal["user", "assistant", "system", "tool"]
 
-# memq's error codes as HTTP statuses; anything else is a 500.
-STATUS = {
-    "invalid_id": 422,
-    "invalid_message": 422,
-    "invalid_request": 422,
-    "unsupported_version": 422,
-    "subject_mismatch": 422,
-    "template_key_missing": 422,
-    "oversize": 413,
-    "not_found": 404,
-    "forbidden": 403,
-    "not_committed": 409,
-    "conflict": 409,  # an expect_seq refused: reload, then write again (no Retry-After)
-    "unavailable": 503,
-    "publish_failed": 503,
-    "publish_outcome_unknown": 503,  # a retry with the same event ids is safe
-}
-RETRY_LATER = {"not_committed", "unavailable", "publish_failed"}  # the same request may succeed later
+# The statuses the routes answer with: each error class says its own (contracts/errors.py).
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": what}
     for status, what in (
@@ -178,8 +161,7 @@ def build_api(
 
     @api.exception_handler(MemqError)
     async def memq_error(request: Request, exc: MemqError) -> Response:
-        status = STATUS.get(exc.code, 500)
-        return _error(status, exc.code, exc.message, {"Retry-After": "1"} if exc.code in RETRY_LATER else None)
+        return _error(exc.http_status, exc.code, exc.message, {"Retry-After": "1"} if exc.retry_later else None)
 
     @api.exception_handler(Unauthenticated)
     async def on_unauthenticated(request: Request, exc: Unauthenticated) -> Response:
