@@ -163,3 +163,98 @@ async def test_a_generation_missing_without_a_switch_is_unavailable_without_deta
         await s.search(q.Search(app=APP, user=USER, query="puppy", mode="keyword", k=3))
     assert caught.value.message == "search: the index is unavailable, retry later"
     assert any(ghost.generation in r.getMessage() for r in caplog.records), "the log lacks the detail"
+
+
+# --- a whole rebuild, through the query worker ----------------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", ["embedded", pytest.param("weaviate", marks=WEAVIATE)])
+async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come_back_empty(
+    nats_url, sqlite_url, tmp_path, backend, request
+):
+    """A client searches every ~5 ms while ``rebuild`` replays the stream
+    into a new generation and switches to it; the rebuild runs on a backend
+    of its own, as ``memq index rebuild`` does in its own process."""
+    import asyncio
+    import time
+
+    from helpers import make_settings, running, running_query, running_worker, wait_for
+
+    from memq.contracts.client import MemoryClient
+    from memq.contracts.schemas import Event, Message, TextPart
+    from memq.workers.index.backends import open_backend
+    from memq.workers.indexing.indexer import make_indexer
+    from memq.workers.indexing.rebuild import rebuild
+    from memq.workers.indexing.worker import IndexingWorker
+    from memq.workers.sql.engine import create_engine
+
+    s = make_settings(nats_url, sqlite_url, tmp_path)
+    extra = {}
+    if backend == "weaviate":
+        server = request.getfixturevalue("weaviate_server")
+        extra = {
+            "weaviate": {"url": server.url, "grpc_port": server.grpc_port, "collection": f"B{uuid.uuid4().hex[:10]}"}
+        }
+    s.indexing = type(s.indexing).model_validate(
+        {**s.indexing.model_dump(), "backend": backend, "batch_wait_s": 0.05, **extra}
+    )
+    embedder = Letters()
+    async with (
+        running_worker(s),
+        running(IndexingWorker(s, embedder=embedder)) as indexing,
+        running_query(s) as query,
+        await MemoryClient.connect(nats_url, app=APP) as client,
+    ):
+        await asyncio.wait_for(indexing.ready.wait(), 60)
+        query.searcher.embedder = embedder
+        for session in ("s1", "s2", "s3", "s4"):
+            seqs = await client.append_many(
+                USER,
+                session,
+                [
+                    Event(author="Alice", message=Message(role="user", parts=[TextPart(text=f"note {i} on {t}")]))
+                    for i, t in enumerate(TEXTS * 10)
+                ],
+            )
+        await client.search(USER, "note", mode="keyword", min_seq=max(seqs))  # all indexed
+        before = (await indexing.backend.live()).generation
+
+        answers: list[tuple[float, int]] = []  # (when, hits)
+        errors: list[str] = []
+        done = asyncio.Event()
+
+        async def search_all_along() -> None:
+            modes = ("keyword", "hybrid")
+            while not done.is_set():
+                try:
+                    found = await client.search(USER, "golden retriever puppy", mode=modes[len(answers) % 2], k=5)
+                    answers.append((time.monotonic(), len(found.results)))
+                except Exception as exc:  # noqa: BLE001 - any error is what this test looks for
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(0.005)
+
+        searching = asyncio.create_task(search_all_along())
+        own = open_backend(s)  # the rebuild's own backend (its own connection or client)
+        await own.open()
+        engine = create_engine(s.database_url())
+        try:
+            await wait_for(lambda: _some(answers), what="the first answers")
+            result = await rebuild(s, indexing.js, make_indexer(s, own, embedder, indexing.js, engine=engine))
+            switched = time.monotonic()
+            await asyncio.sleep(3)  # past the query worker's LIVE_REFRESH_S: it has seen the switch
+        finally:
+            done.set()
+            await searching
+            await own.close()
+            await engine.dispose()
+        assert result.generation != before and (await indexing.backend.live()).generation == result.generation
+        after = [n for t, n in answers if t > switched]
+        print(f"{len(answers)} answers ({len(after)} after the switch), {len(errors)} errors")
+        assert not errors, errors[:5]
+        assert all(n > 0 for _, n in answers), "an empty answer"
+        assert len(answers) > 50 and after, "too few searches to have crossed the switch"
+
+
+async def _some(answers: list) -> bool:
+    return bool(answers)
