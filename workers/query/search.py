@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from contextvars import ContextVar
 from dataclasses import replace
 
 from memq.contracts import queries as q
@@ -45,6 +46,11 @@ SKIPPED_LOG_EVERY_S = 60.0  # at most one "recall skipped" (or "search failed") 
 # Switches of the live generation one search follows (see Searcher.hits); a
 # rebuild takes seconds at least, so a second switch within a search is rare.
 SWITCHES_FOLLOWED = 3
+# Set in the task of a read whose recall was skipped (the index failed or was
+# slow, a switch of generation once among the causes): the query worker does
+# not cache that answer, so the next read recalls again instead of being
+# served the context without memories until the session's next commit.
+recall_skipped: ContextVar[bool] = ContextVar("recall_skipped", default=False)
 
 
 class Searcher:
@@ -273,6 +279,7 @@ class Searcher:
     def _skip(self, reason: str, detail: str) -> None:
         """Count a skipped recall, and say so in the log (throttled)."""
         metrics.RECALL_SKIPPED.labels(reason).inc()
+        recall_skipped.set(True)
         self._skips.note(detail)
 
 

@@ -106,7 +106,7 @@ from memq.workers.query.carried import CarriedTail
 from memq.workers.query.consistency import last_acknowledged, read_scope
 from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
 from memq.workers.query.replies import ReplyFence, trusted_prefixes
-from memq.workers.query.search import Searcher
+from memq.workers.query.search import Searcher, recall_skipped
 from memq.workers.query.tail import StreamTail, Tail
 from memq.workers.query.windows import WindowCache
 from memq.workers.redact import Redactor
@@ -511,7 +511,13 @@ class QueryWorker:
             return entry.body, None
         # read before SQL: the answer holds at least this
         as_of = await opened(self.floor, "the commit floor").current()
-        body = ok_body(await self._run(op, req))
+        skipped = recall_skipped.set(False)
+        try:
+            body = ok_body(await self._run(op, req))
+            if recall_skipped.get():  # a context without the memories it should have: not kept
+                return body, None
+        finally:
+            recall_skipped.reset(skipped)
         # The ticket holds the generations read before SQL: a commit after
         # them makes the store a no-op, however late it runs.
         return body, cache.put(ticket, Entry(as_of, body))
