@@ -101,7 +101,7 @@ def internals(settings: BaseModel) -> set[str]:
 def _url_parts(text: str) -> set[str]:
     """The hosts and passwords of the URLs in ``text`` (a list of URLs,
     comma-separated, too)."""
-    out = set()
+    out: set[str] = set()
     for url in text.split(","):
         try:
             parts = urlsplit(url.strip())
