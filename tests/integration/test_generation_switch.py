@@ -19,7 +19,7 @@ from search_stack import searcher
 
 from memq.contracts import queries as q
 from memq.workers.index.backends.base import IndexBackend
-from memq.workers.memory.recall import Doc, search_text
+from memq.workers.memory.recall import Doc, SearchQuery, search_text
 
 WEAVIATE = pytest.mark.services  # its server comes through getfixturevalue, unseen by conftest's marking
 APP, USER = "switch-app", "alice"
@@ -143,6 +143,23 @@ async def test_a_search_whose_generation_is_dropped_before_it_reads_answers_from
     # every hit from one generation: the new one, the old being gone
     assert {r.content.rsplit(" ", 1)[1] for r in found.results} == {"(new)"}
     assert (await s.live()).generation == new.generation
+
+
+async def test_a_backend_reports_a_generation_dropped_elsewhere_as_unknown(two_views):
+    """Not as an outage: the Weaviate client that searched it (its description
+    cached) is not counted as failing, which would have it replaced."""
+    from memq.workers.index.backends.base import UnknownGeneration
+
+    reader, rebuilder = two_views
+    embedder = Letters()
+    old = await reader.live()
+    query = SearchQuery(app=APP, user=USER, text="puppy", mode="keyword", k=3)
+    assert await reader.search(query, generation=old.generation)  # what the reader knows of it is cached now
+    new = await rebuilder.create_generation(embedder.model, embedder.dim)
+    await rebuilder.promote(new.generation)
+    with pytest.raises(UnknownGeneration):
+        await reader.search(query, generation=old.generation)
+    assert getattr(reader, "_failing_since", None) is None
 
 
 async def test_a_generation_missing_without_a_switch_is_unavailable_without_detail(two_views, caplog, monkeypatch):

@@ -44,7 +44,12 @@ from weaviate.classes.config import Configure, DataType, Property, Tokenization,
 from weaviate.classes.data import DataObject
 from weaviate.classes.init import AdditionalConfig, Auth, GrpcConfig, Timeout
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery, Sort
-from weaviate.exceptions import WeaviateBaseError, WeaviateInsertManyAllFailedError
+from weaviate.exceptions import (
+    UnexpectedStatusCodeError,
+    WeaviateBaseError,
+    WeaviateInsertManyAllFailedError,
+    WeaviateQueryError,
+)
 
 from memq.contracts.ids import scope_key
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
@@ -67,6 +72,9 @@ _EXPLAIN = re.compile(r"Result Set (keyword|vector),\w+\) Document [\w-]+: origi
 # httpx errors other than ConnectError/ReadTimeout (a read cut by the server's
 # death: ReadError, RemoteProtocolError) come out of the client unwrapped.
 _CONNECTION_ERRORS = (WeaviateBaseError, OSError, asyncio.TimeoutError, httpx.HTTPError, grpc.RpcError)
+# The server answered, with an error (a query on a dropped collection among them);
+# only then is it worth asking whether the collection is still there.
+_ANSWERED = (WeaviateQueryError, UnexpectedStatusCodeError)
 # gRPC's default reconnect backoff grows to 120 s: after a Weaviate outage of
 # ten seconds or so, searches stayed unavailable for up to a minute after the
 # server was back (tests/faults). Retry the connection at least every second.
@@ -493,7 +501,7 @@ class WeaviateIndex:
         connection (which would have this client replaced)."""
         if generation is None:
             self._live_meta = None  # promoted elsewhere, maybe to another scoping: re-read
-        elif await self._vanished(generation):
+        elif isinstance(exc, _ANSWERED) and await self._vanished(generation):
             self._metas.pop(generation, None)
             return UnknownGeneration(f"no generation {generation!r}: it was dropped")
         return self._unavailable(exc)
