@@ -257,6 +257,7 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
         engine = create_engine(s.database_url())
         try:
             await wait_for(lambda: _some(answers), what="the first answers")
+            started = time.monotonic()
             result = await rebuild(s, indexing.js, make_indexer(s, own, embedder, indexing.js, engine=engine))
             switched = time.monotonic()
             await asyncio.sleep(3)  # past the query worker's LIVE_REFRESH_S: it has seen the switch
@@ -266,11 +267,12 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
             await own.close()
             await engine.dispose()
         assert result.generation != before and (await indexing.backend.live()).generation == result.generation
+        during = [n for t, n in answers if started < t <= switched]
         after = [n for t, n in answers if t > switched]
-        print(f"{len(answers)} answers ({len(after)} after the switch), {len(errors)} errors")
+        print(f"{len(answers)} answers ({len(during)} during the rebuild, {len(after)} after), {len(errors)} errors")
         assert not errors, errors[:5]
         assert all(n > 0 for _, n in answers), "an empty answer"
-        assert len(answers) > 50 and after, "too few searches to have crossed the switch"
+        assert during and after, "no search crossed the rebuild and its switch"
 
 
 async def _some(answers: list) -> bool:
