@@ -23,6 +23,7 @@ away), 500.
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations
 # at run time, and `Client` is local to build_api.
+import logging
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -58,10 +59,14 @@ from memq.workers.http.models import (
     SessionCreated,
     StateChange,
 )
+from memq.workers.redact import Redactor
 from memq.workers.settings import HttpSettings
+
+log = logging.getLogger("memq.http")
 
 API_VERSION = "1"
 DEFAULT_MAX_BODY_BYTES = HttpSettings().max_body_bytes
+SHAPES_ONLY = Redactor()  # URLs, paths and addresses, without the settings' own values
 Role = Literal["user", "assistant", "system", "tool"]
 
 # The statuses the routes answer with: each error class says its own (contracts/errors.py).
@@ -129,12 +134,18 @@ class ContextBody(BaseModel):
 
 
 def build_api(
-    keyring: Keyring, client_for: Callable[[str], MemoryClient], *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    keyring: Keyring,
+    client_for: Callable[[str], MemoryClient],
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    redact: Callable[[str], str] = SHAPES_ONLY,
 ) -> FastAPI:
     """The gateway's FastAPI app: ``client_for(app)`` gives the client of an
     app whose key was checked (see :mod:`.clients`), behind the
     :class:`~.door.FrontDoor` that checks the key and caps the body before
-    the body is read."""
+    the body is read. ``redact`` scrubs the message of every memq error
+    answered (:mod:`memq.workers.redact`; default: of URLs, paths and
+    addresses, without knowing the gateway's settings)."""
     api = FastAPI(
         title="memq HTTP gateway",
         version=API_VERSION,
@@ -161,7 +172,11 @@ def build_api(
 
     @api.exception_handler(MemqError)
     async def memq_error(request: Request, exc: MemqError) -> Response:
-        return _error(exc.http_status, exc.code, exc.message, {"Retry-After": "1"} if exc.retry_later else None)
+        # A query worker's message is scrubbed already; the gateway's own client errors (NATS) are not.
+        message = redact(exc.message)
+        if message != exc.message:
+            log.warning("an error named server details, which the answer leaves out: %s", exc.message)
+        return _error(exc.http_status, exc.code, message, {"Retry-After": "1"} if exc.retry_later else None)
 
     @api.exception_handler(Unauthenticated)
     async def on_unauthenticated(request: Request, exc: Unauthenticated) -> Response:

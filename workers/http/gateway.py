@@ -34,6 +34,7 @@ from memq.workers.http.api import build_api
 from memq.workers.http.clients import AppClients
 from memq.workers.http.keys import Keyring, check_open_is_local
 from memq.workers.opened import opened
+from memq.workers.redact import Redactor
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -113,7 +114,12 @@ class HttpGateway:
     async def start(self) -> None:
         clients = opened(self.clients, "the gateway's clients")
         http = self.settings.http
-        api = build_api(self.keyring, clients.get, max_body_bytes=http.max_body_bytes)
+        api = build_api(
+            self.keyring,
+            clients.get,
+            max_body_bytes=http.max_body_bytes,
+            redact=Redactor.for_settings(self.settings),
+        )
         sock = bind(http.host, http.port)
         config = uvicorn.Config(
             api,

@@ -15,13 +15,14 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from contextvars import ContextVar
 from dataclasses import replace
 
 from memq.contracts import queries as q
 from memq.contracts.errors import Unavailable
 from memq.workers import metrics
 from memq.workers.index.backends import open_backend
-from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
+from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable, UnknownGeneration
 from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders.base import Embedder, EmbedderError
 from memq.workers.memory.recall import (
@@ -41,10 +42,15 @@ from memq.workers.settings import Settings
 log = logging.getLogger("memq.query")
 
 LIVE_REFRESH_S = 2.0  # how long the live generation's meta is trusted
-# At most one "recall skipped" line this often. An index that is down fails
-# every context's recall: a line each flooded the log, and rendering them was
-# half of a context miss's CPU (py-spy, tests/bench/query.py without an index).
-SKIPPED_LOG_EVERY_S = 60.0
+SKIPPED_LOG_EVERY_S = 60.0  # at most one "recall skipped" (or "search failed") line this often
+# Switches of the live generation one search follows (see Searcher.hits); a
+# rebuild takes seconds at least, so a second switch within a search is rare.
+SWITCHES_FOLLOWED = 3
+# Set in the task of a read whose recall was skipped (the index failed or was
+# slow, a switch of generation once among the causes): the query worker does
+# not cache that answer, so the next read recalls again instead of being
+# served the context without memories until the session's next commit.
+recall_skipped: ContextVar[bool] = ContextVar("recall_skipped", default=False)
 
 
 class Searcher:
@@ -60,8 +66,8 @@ class Searcher:
         # again after each tool call, with the same last user message, and
         # embedding it is most of a recall's CPU (ms on 2 cores).
         self._vectors: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
-        self._skipped = 0  # recalls skipped since the last line that said so
-        self._skipped_logged_at: float | None = None
+        self._skips = _Throttled("recall skipped")
+        self._failures = _Throttled("search failed")
 
     async def _open(self) -> None:
         if self._opened:
@@ -77,7 +83,7 @@ class Searcher:
         try:
             await asyncio.shield(opening)
         except (IndexUnavailable, EmbedderError, OSError) as exc:
-            raise Unavailable(f"search: the index is unavailable ({exc})") from None
+            raise Unavailable("search: the index is unavailable, retry later") from exc  # the cause: for the log
         finally:
             if opening.done() and not self._opened and self._opening is opening:
                 self._opening = None  # it failed: the next call tries again
@@ -106,8 +112,9 @@ class Searcher:
         if self.embedder is not None:
             await self.embedder.close()
 
-    async def live(self) -> IndexMeta | None:
-        if self._live is None or time.monotonic() - self._live_at > LIVE_REFRESH_S:
+    async def live(self, *, fresh: bool = False) -> IndexMeta | None:
+        """The live generation, as read at most LIVE_REFRESH_S ago (``fresh``: now)."""
+        if fresh or self._live is None or time.monotonic() - self._live_at > LIVE_REFRESH_S:
             backend, _ = self._index()
             self._live = await backend.live()
             self._live_at = time.monotonic()
@@ -124,33 +131,61 @@ class Searcher:
             return False
 
     async def hits(self, query: SearchQuery) -> tuple[list[Hit], str, str | None, str | None]:
-        """``(hits, mode used, index model, note)``. Raises Unavailable."""
+        """``(hits, mode used, index model, note)``. Raises Unavailable.
+
+        A search pins one generation (both of :meth:`_ranked`'s pools come
+        from it, and the mode was chosen for its model). A switch drops the
+        old generation as soon as the new one is live, and a search that
+        resolved the old one just before answers from the new one instead
+        (:class:`UnknownGeneration`: re-read the live generation, search
+        again). Retrying on the reader's side rather than delaying the drop:
+        the drop runs in another process (``memq index rebuild``), which
+        cannot see the searches in flight in the query workers, and no grace
+        period outlasts every stalled search; on both backends a vanished
+        generation is certain to be reported as such, whatever the timing.
+        """
         await self._open()
         backend, embedder = self._index()
         try:
             live = await self.live()
-            if live is None:
-                raise Unavailable("search: no index has been built yet (is `memq worker indexing` running?)")
-            mode, note = query.mode, None
-            if mode != "keyword" and 0 in (live.dim, embedder.dim):
-                mode = "keyword"
-                note = (
-                    "the index is keyword-only (indexing.embedder = none): answered by keyword"
-                    if live.dim == 0
-                    else f"this worker has no embedder (indexing.embedder = none) for the index's "
-                    f"{live.model} vectors: answered by keyword"
-                )
-            elif mode != "keyword" and (live.model, live.dim) != (embedder.model, embedder.dim):
-                mode = "keyword"
-                note = (
-                    f"the index holds {live.model} vectors and this worker embeds with {embedder.model}: "
-                    "answered by keyword until both use the same model"
-                )
-            found = await self._ranked(backend, embedder, replace(query, mode=mode), live.generation)
-            return found, mode, live.model, note
+            for _ in range(SWITCHES_FOLLOWED):
+                if live is None:
+                    raise Unavailable("search: no index has been built yet (is `memq worker indexing` running?)")
+                try:
+                    return await self._hits_in(backend, embedder, query, live)
+                except UnknownGeneration as exc:
+                    log.info("search: %s; answering from the generation live now", exc)
+                    pinned, live = live, await self.live(fresh=True)
+                    if live is not None and live.generation == pinned.generation:
+                        raise  # not a switch: the live generation itself is missing
+            raise IndexUnavailable(f"the live generation changed {SWITCHES_FOLLOWED} times during one search")
         except (IndexUnavailable, EmbedderError, OSError) as exc:
-            self._live = None  # a switch of generation also lands here: re-read it
-            raise Unavailable(f"search: the index is unavailable, retry later ({exc})") from None
+            self._live = None  # re-read the live generation next time
+            # The detail (file paths, server addresses) is for the log, not the
+            # client: it stays as the cause, which search() and recall() log.
+            raise Unavailable("search: the index is unavailable, retry later") from exc
+
+    async def _hits_in(
+        self, backend: IndexBackend, embedder: Embedder, query: SearchQuery, live: IndexMeta
+    ) -> tuple[list[Hit], str, str | None, str | None]:
+        """:meth:`hits` in generation ``live``."""
+        mode, note = query.mode, None
+        if mode != "keyword" and 0 in (live.dim, embedder.dim):
+            mode = "keyword"
+            note = (
+                "the index is keyword-only (indexing.embedder = none): answered by keyword"
+                if live.dim == 0
+                else f"this worker has no embedder (indexing.embedder = none) for the index's "
+                f"{live.model} vectors: answered by keyword"
+            )
+        elif mode != "keyword" and (live.model, live.dim) != (embedder.model, embedder.dim):
+            mode = "keyword"
+            note = (
+                f"the index holds {live.model} vectors and this worker embeds with {embedder.model}: "
+                "answered by keyword until both use the same model"
+            )
+        found = await self._ranked(backend, embedder, replace(query, mode=mode), live.generation)
+        return found, mode, live.model, note
 
     async def _ranked(
         self, backend: IndexBackend, embedder: Embedder, query: SearchQuery, generation: str
@@ -216,7 +251,11 @@ class Searcher:
             until=req.until,
             alpha=self.settings.recall.alpha if req.alpha is None else req.alpha,
         )
-        found, mode, model, note = await self.hits(query)
+        try:
+            found, mode, model, note = await self.hits(query)
+        except Unavailable as exc:
+            self._failures.note(_detail(exc))
+            raise
         return q.SearchResults(
             results=[q.SearchResult(**hit_dict(h)) for h in found], mode=mode, model=model, note=note
         )
@@ -234,20 +273,39 @@ class Searcher:
         except TimeoutError:
             self._skip("timeout", f"no answer within {r.timeout_s}s")
         except Unavailable as exc:
-            self._skip("unavailable", str(exc))
+            self._skip("unavailable", _detail(exc))
         return []
 
     def _skip(self, reason: str, detail: str) -> None:
-        """Count a skipped recall; say so in the log at most every
-        SKIPPED_LOG_EVERY_S, with how many were skipped since the last line."""
+        """Count a skipped recall, and say so in the log (throttled)."""
         metrics.RECALL_SKIPPED.labels(reason).inc()
-        self._skipped += 1
+        recall_skipped.set(True)
+        self._skips.note(detail)
+
+
+class _Throttled:
+    """A warning at most every SKIPPED_LOG_EVERY_S, with how many there were
+    since the last line: an index that is down fails every search and every
+    context's recall, and a line each flooded the log (rendering them was
+    half of a context miss's CPU: py-spy, tests/bench/query.py without an index)."""
+
+    def __init__(self, what: str):
+        self.what = what
+        self.count = 0  # since the last line
+        self.logged_at: float | None = None
+
+    def note(self, detail: str) -> None:
+        self.count += 1
         now = time.monotonic()
-        if self._skipped_logged_at is not None and now - self._skipped_logged_at < SKIPPED_LOG_EVERY_S:
+        if self.logged_at is not None and now - self.logged_at < SKIPPED_LOG_EVERY_S:
             return
-        if self._skipped_logged_at is None:
-            log.warning("recall skipped: %s", detail)
+        if self.logged_at is None:
+            log.warning("%s: %s", self.what, detail)
         else:
-            ago = now - self._skipped_logged_at
-            log.warning("recall skipped: %s (%d in the last %.0fs)", detail, self._skipped, ago)
-        self._skipped, self._skipped_logged_at = 0, now
+            log.warning("%s: %s (%d in the last %.0fs)", self.what, detail, self.count, now - self.logged_at)
+        self.count, self.logged_at = 0, now
+
+
+def _detail(exc: Unavailable) -> str:
+    """What the client was told and, for the log only, why (the cause)."""
+    return f"{exc} ({exc.__cause__})" if exc.__cause__ is not None else str(exc)

@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import logging
@@ -105,9 +106,10 @@ from memq.workers.query.carried import CarriedTail
 from memq.workers.query.consistency import last_acknowledged, read_scope
 from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
 from memq.workers.query.replies import ReplyFence, trusted_prefixes
-from memq.workers.query.search import Searcher
+from memq.workers.query.search import Searcher, recall_skipped
 from memq.workers.query.tail import StreamTail, Tail
 from memq.workers.query.windows import WindowCache
+from memq.workers.redact import Redactor
 from memq.workers.settings import Settings
 from memq.workers.sql.engine import is_disconnect, reader
 
@@ -158,6 +160,7 @@ class QueryWorker:
         self._reads: AsyncEngine | None = None  # the same pool, for reads (sql.engine.reader)
         self.cache: QueryCache | None = None  # the process's
         self.searcher = Searcher(settings)
+        self.redact = Redactor.for_settings(settings)  # of every error message a reply carries
         self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
         self.nc: NATS | None = None
         self.js: JetStreamContext | None = None  # made once in open(), not per read
@@ -312,7 +315,7 @@ class QueryWorker:
                 req = self._parse(op, request.subject, request.data)
             except MemqError as exc:  # refusing needs no I/O: answer here
                 metrics.QUERY_ERRORS.labels(op, exc.code).inc()
-                await request.respond(error_body(exc))
+                await request.respond(self._refusal(op, exc))
                 metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
             key = _request_key(op, req) if keyed else None
@@ -346,6 +349,17 @@ class QueryWorker:
                 )
             )
         return body
+
+    def _refusal(self, op: str, exc: MemqError) -> bytes:
+        """The reply of a typed error, without what it may say of the server
+        (:mod:`memq.workers.redact`): that is logged instead."""
+        message = self.redact(exc.message)
+        if message == exc.message:
+            return error_body(exc)
+        log.warning("%s: an error named server details, which its reply leaves out: %s", op, exc.message)
+        scrubbed = copy.copy(exc)
+        scrubbed.message = message
+        return error_body(scrubbed)
 
     def _done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
@@ -397,7 +411,7 @@ class QueryWorker:
             return ok_body(await self._run(op, req)), None
         except MemqError as exc:
             metrics.QUERY_ERRORS.labels(op, exc.code).inc()
-            return error_body(exc), None
+            return self._refusal(op, exc), None
         except Exception as exc:
             if not _unavailable(exc):
                 log.exception("%s failed", op)
@@ -497,7 +511,13 @@ class QueryWorker:
             return entry.body, None
         # read before SQL: the answer holds at least this
         as_of = await opened(self.floor, "the commit floor").current()
-        body = ok_body(await self._run(op, req))
+        skipped = recall_skipped.set(False)
+        try:
+            body = ok_body(await self._run(op, req))
+            if recall_skipped.get():  # a context without the memories it should have: not kept
+                return body, None
+        finally:
+            recall_skipped.reset(skipped)
         # The ticket holds the generations read before SQL: a commit after
         # them makes the store a no-op, however late it runs.
         return body, cache.put(ticket, Entry(as_of, body))

@@ -520,7 +520,10 @@ class EmbeddedIndex:
     async def promote(self, generation: str) -> None:
         """Point ``live`` at ``generation`` and drop the previous live
         generation's tables, in one transaction: readers see either the old
-        index or the new one, never a mix or nothing."""
+        index or the new one, never a mix or nothing. A read transaction
+        begun before keeps its snapshot (WAL); a later read that names the
+        old generation gets :class:`UnknownGeneration`, on which the
+        searcher reads the live one (:meth:`memq.workers.query.search.Searcher.hits`)."""
         await self._run(self._promote, generation)
 
     def _promote(self, name: str) -> None:

@@ -44,7 +44,12 @@ from weaviate.classes.config import Configure, DataType, Property, Tokenization,
 from weaviate.classes.data import DataObject
 from weaviate.classes.init import AdditionalConfig, Auth, GrpcConfig, Timeout
 from weaviate.classes.query import Filter, HybridFusion, MetadataQuery, Sort
-from weaviate.exceptions import WeaviateBaseError, WeaviateInsertManyAllFailedError
+from weaviate.exceptions import (
+    UnexpectedStatusCodeError,
+    WeaviateBaseError,
+    WeaviateInsertManyAllFailedError,
+    WeaviateQueryError,
+)
 
 from memq.contracts.ids import scope_key
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
@@ -67,6 +72,9 @@ _EXPLAIN = re.compile(r"Result Set (keyword|vector),\w+\) Document [\w-]+: origi
 # httpx errors other than ConnectError/ReadTimeout (a read cut by the server's
 # death: ReadError, RemoteProtocolError) come out of the client unwrapped.
 _CONNECTION_ERRORS = (WeaviateBaseError, OSError, asyncio.TimeoutError, httpx.HTTPError, grpc.RpcError)
+# The server answered, with an error (a query on a dropped collection among them);
+# only then is it worth asking whether the collection is still there.
+_ANSWERED = (WeaviateQueryError, UnexpectedStatusCodeError)
 # gRPC's default reconnect backoff grows to 120 s: after a Weaviate outage of
 # ten seconds or so, searches stayed unavailable for up to a minute after the
 # server was back (tests/faults). Retry the connection at least every second.
@@ -484,10 +492,26 @@ class WeaviateIndex:
             return None
         return _target(self.alias, self._live_meta or {})  # live() has just cached it
 
-    def _failed(self, exc: BaseException, generation: str | None) -> IndexUnavailable:
+    async def _failed(self, exc: BaseException, generation: str | None) -> IndexUnavailable:
+        """The error to raise for a failed call on ``generation`` (None: the
+        live one). A named generation that is gone was dropped by a switch,
+        most likely in another process (``memq index rebuild``) while this
+        one still had its description cached: :class:`UnknownGeneration`,
+        so the caller re-reads the live one, and no sign of a failing
+        connection (which would have this client replaced)."""
         if generation is None:
             self._live_meta = None  # promoted elsewhere, maybe to another scoping: re-read
+        elif isinstance(exc, _ANSWERED) and await self._vanished(generation):
+            self._metas.pop(generation, None)
+            return UnknownGeneration(f"no generation {generation!r}: it was dropped")
         return self._unavailable(exc)
+
+    async def _vanished(self, generation: str) -> bool:
+        """Whether the collection of ``generation`` is gone (False when the server cannot say)."""
+        try:
+            return not await self.client.collections.exists(generation)
+        except (*_CONNECTION_ERRORS, IndexUnavailable):
+            return False
 
     # --- writes -----------------------------------------------------------------
 
@@ -536,7 +560,7 @@ class WeaviateIndex:
                 )
             )
         except _CONNECTION_ERRORS as exc:
-            raise self._failed(exc, generation) from None
+            raise await self._failed(exc, generation) from None
         self._succeeded()  # the server answered, even if it refused some docs
         if errors:
             # A retry sends the same uuids again, so it converges.
@@ -575,7 +599,7 @@ class WeaviateIndex:
             tenant = tenant_name(scope_key(app, user)) if target.tenants else None
             await self._delete_many(target.name, tenant, where)
         except _CONNECTION_ERRORS as exc:
-            raise self._failed(exc, generation) from None
+            raise await self._failed(exc, generation) from None
         self._succeeded()
 
     async def delete_user(
@@ -603,7 +627,7 @@ class WeaviateIndex:
         except _CONNECTION_ERRORS as exc:
             if _tenant_missing(exc):
                 return
-            raise self._failed(exc, generation) from None
+            raise await self._failed(exc, generation) from None
         self._succeeded()
 
     # --- reads ------------------------------------------------------------------
@@ -681,7 +705,7 @@ class WeaviateIndex:
         except _CONNECTION_ERRORS as exc:
             if _tenant_missing(exc):
                 return []  # the user has nothing indexed yet
-            raise self._failed(exc, generation) from None
+            raise await self._failed(exc, generation) from None
         self._succeeded()
         return hits
 
@@ -727,7 +751,7 @@ class WeaviateIndex:
 
             total = sum(await asyncio.gather(*(one(t) for t in await self._tenants(target, app, user))))
         except _CONNECTION_ERRORS as exc:
-            raise self._failed(exc, generation) from None
+            raise await self._failed(exc, generation) from None
         self._succeeded()
         return total
 
@@ -757,7 +781,7 @@ class WeaviateIndex:
                     if not (tenant and _tenant_missing(exc)):
                         raise
         except _CONNECTION_ERRORS as exc:
-            raise self._failed(exc, generation) from None
+            raise await self._failed(exc, generation) from None
 
 
 async def _by_seq(coll: Any, where: Any) -> AsyncIterator[Any]:
