@@ -70,9 +70,13 @@ class AppClients:
         self._clients: dict[str, MemoryClient] = {}
         self._owned: list[MemoryClient] = []
 
-    async def open(self) -> None:
+    async def open(self, only: str | None = None) -> None:
+        """Connect each app that has a NATS user of its own (``only``: just
+        that app, as `memq mcp` serves one)."""
         credentials = nats_credentials(self.settings)
         for app, entry in self.settings.http.apps.items():
+            if only is not None and app != only:
+                continue
             if app in credentials:
                 client = await self._connect(app, entry, *credentials[app])
                 self._owned.append(client)
