@@ -260,3 +260,14 @@ def test_an_open_server_off_loopback_or_an_app_without_a_key_is_refused(tmp_path
     keyed = env | {"MEMQ_HTTP__APPS": json.dumps({"app-b": {"api_key": KEYS["app-b"]}})}
     out = _memq("mcp", "--transport", "http", "--app", "app-a", "--port", "0", env=keyed)
     assert out.returncode == 1 and "app 'app-a' has no API key" in out.stderr, out
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+def test_no_nats_is_one_line_and_exit_1(tmp_path, transport):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")} | {
+        "MEMQ_DATA_DIR": str(tmp_path),
+        "MEMQ_NATS__URL": "nats://127.0.0.1:1",
+    }
+    out = _memq("mcp", "--transport", transport, "--port", "0", env=env)
+    assert out.returncode == 1 and out.stderr.count("\n") == 1, out
+    assert "cannot reach NATS at nats://127.0.0.1:1" in out.stderr and out.stdout == "", out
