@@ -51,8 +51,8 @@ async def app_client(settings: Settings, app: str) -> AsyncIterator[MemoryClient
 
     :raises bus.NatsUnreachable, bus.NatsNotFound, bus.NatsTLSError: as any command.
     """
-    nc = await bus.open_connection(bus.connect_options(settings, f"mcp-{app}"))
-    clients = AppClients(settings, nc)
+    nc = await bus.open_connection(bus.connect_options(settings, "mcp"))
+    clients = AppClients(settings, nc, kind="mcp")
     try:
         await clients.open(only=app)
         yield clients.get(app)
