@@ -49,6 +49,9 @@ class KeyCheck:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # no transport of ours uses one: closed unread, key or not
+            await send({"type": "websocket.close", "code": 1008})
+            return
         if scope["type"] == "http":  # lifespan passes: it starts the SDK's session manager
             try:
                 self.keyring.authorize(self.app, await presented_key(HTTPConnection(scope)))
