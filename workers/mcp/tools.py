@@ -1,10 +1,10 @@
 """The tools of `memq mcp`: each one :class:`~memq.contracts.client.MemoryClient`
 call of the server's one app, described for a model.
 
-The arguments are typed with the contract's own ids, vocabularies and limits
-(:mod:`memq.contracts.queries`), so a tool's JSON schema offers what a
-request may say, and the SDK (pydantic) refuses anything else as a tool
-error before memq is asked. Replies are the contract's reply models: the SDK
+The arguments are typed with the contract's vocabularies and limits
+(:mod:`memq.contracts.queries`) and its id check, so a tool's JSON schema
+offers what a request may say, and the SDK (pydantic) refuses anything else
+as a tool error before memq is asked. Replies are the contract's reply models: the SDK
 sends each as structured content (with its output schema) and as JSON text.
 
 A memq error (not found, conflict, unavailable, bad id…) is a tool error with
