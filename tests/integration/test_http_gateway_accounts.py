@@ -113,6 +113,8 @@ async def test_each_apps_requests_reach_nats_as_that_apps_own_user(secured_gatew
     assert clients is not None and g.gateway.nc is not None
     assert all(clients.get(app).nc is not g.gateway.nc for app in (A, B))
     assert clients.get(A).nc is not clients.get(B).nc
+    # on its own user, an app's reads still see every write acknowledged before them, as on the shared connection
+    assert clients.get(A).consistency == clients.get(B).consistency == "any"
 
 
 async def test_a_works_end_to_end_over_http_on_its_own_user(secured_gateway):

@@ -3,7 +3,8 @@
 One typer app (:mod:`.common`); each module adds its commands to it:
 :mod:`.run` (up, worker, init, demo, config), :mod:`.reads` (sessions,
 history, context, search), :mod:`.ops` (index, status, dlq), :mod:`.transfer` (export, import),
-:mod:`.accounts` (nats accounts) and :mod:`.asyncapi` (the AsyncAPI document).
+:mod:`.accounts` (nats accounts), :mod:`.asyncapi` (the AsyncAPI document)
+and :mod:`.mcp` (the MCP server).
 """
 
 import importlib
@@ -12,7 +13,7 @@ from memq.workers.cli.common import app
 
 # Imported in this order, which is the order of `memq --help` (an import
 # sorter would reorder plain import lines).
-for _module in ("run", "reads", "ops", "transfer", "accounts", "asyncapi"):
+for _module in ("run", "reads", "ops", "transfer", "accounts", "asyncapi", "mcp"):
     importlib.import_module(f"{__name__}.{_module}")
 
 from memq.workers.cli.run import WorkerKind  # noqa: E402 (after the commands are registered)

@@ -64,15 +64,20 @@ def nats_credentials(settings: Settings) -> dict[str, tuple[str, str]]:
 class AppClients:
     """The client each app's requests use (see the module doc)."""
 
-    def __init__(self, settings: Settings, nc: NATS):
+    def __init__(self, settings: Settings, nc: NATS, kind: str = "http"):
         self.settings = settings
         self.nc = nc
+        self.kind = kind  # names the app's connections (<kind>-<app>): `memq status` and /connz tell servers apart
         self._clients: dict[str, MemoryClient] = {}
         self._owned: list[MemoryClient] = []
 
-    async def open(self) -> None:
+    async def open(self, only: str | None = None) -> None:
+        """Connect each app that has a NATS user of its own (``only``: just
+        that app, as `memq mcp` serves one)."""
         credentials = nats_credentials(self.settings)
         for app, entry in self.settings.http.apps.items():
+            if only is not None and app != only:
+                continue
             if app in credentials:
                 client = await self._connect(app, entry, *credentials[app])
                 self._owned.append(client)
@@ -83,12 +88,13 @@ class AppClients:
             log.info("HTTP gateway: %d apps on their own NATS users", len(self._owned))
 
     async def _connect(self, app: str, entry: HttpAppSettings, user: str, password: str) -> MemoryClient:
-        options = bus.connect_options(self.settings, f"http-{app}")
+        options = bus.connect_options(self.settings, f"{self.kind}-{app}")
         for inherited in ("user", "password", "token", "user_credentials"):  # the workers' identity: not this app's
             options.pop(inherited, None)
         servers = options.pop("servers")
         options.update(user=user, password=password, inbox_prefix=app_inbox_prefix(app))
-        return await MemoryClient.connect(servers, app=app, consistent=False, **options)
+        # Reads see every acknowledged write, as on the shared connection (get()).
+        return await MemoryClient.connect(servers, app=app, consistent=False, consistency="any", **options)
 
     def get(self, app: str) -> MemoryClient:
         """The app's client. An app without a key of its own (an open

@@ -1,0 +1,82 @@
+"""`memq mcp`'s HTTP front (workers/mcp/http.py, KeyCheck): a request gets to
+the MCP SDK only with its app's key, checked from the headers; nothing else
+reaches it (pure ASGI, no server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import SecretStr
+
+from memq.workers.http.keys import Keyring
+from memq.workers.mcp.http import KeyCheck, keyring_for
+from memq.workers.settings import HttpSettings, Settings
+
+KEYS = {"app-a": "key-of-a-0123456789", "app-b": "key-of-b-9876543210"}
+
+
+def keyring() -> Keyring:
+    return Keyring.from_settings(HttpSettings(apps={a: {"api_key": SecretStr(k)} for a, k in KEYS.items()}))
+
+
+async def serve(scope_type: str, headers: dict[str, str]) -> tuple[list[dict], list[str]]:
+    """One request through KeyCheck for app-a: what it sent, and what reached the inner app."""
+    reached: list[str] = []
+    sent: list[dict] = []
+
+    async def inner(scope, receive, send):
+        reached.append(scope["type"])
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": scope_type,
+        "path": "/mcp",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
+    await KeyCheck(inner, keyring(), "app-a")(scope, receive, send)
+    return sent, reached
+
+
+@pytest.mark.parametrize(
+    "headers, status, code",
+    [
+        ({}, 401, "unauthenticated"),
+        ({"Authorization": "Bearer nope"}, 401, "unauthenticated"),
+        ({"Authorization": f"Bearer {KEYS['app-b']}"}, 403, "not_allowed"),
+        ({"X-API-Key": KEYS["app-b"]}, 403, "not_allowed"),
+    ],
+)
+async def test_a_request_without_its_apps_key_never_reaches_the_sdk(headers, status, code):
+    sent, reached = await serve("http", headers)
+    assert reached == []
+    assert sent[0]["status"] == status
+    assert json.loads(sent[1]["body"])["error"]["code"] == code
+
+
+@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEYS['app-a']}"}, {"X-API-Key": KEYS["app-a"]}])
+async def test_the_apps_key_gets_through(headers):
+    sent, reached = await serve("http", headers)
+    assert reached == ["http"] and sent == []
+
+
+async def test_a_websocket_is_closed_even_with_the_key():
+    sent, reached = await serve("websocket", {"Authorization": f"Bearer {KEYS['app-a']}"})
+    assert reached == [] and sent == [{"type": "websocket.close", "code": 1008}]
+
+
+def test_a_server_for_an_app_without_a_key_or_open_off_loopback_is_refused():
+    keyed = Settings(http={"apps": {"app-b": {"api_key": KEYS["app-b"]}}})
+    with pytest.raises(ValueError, match="app 'app-a' has no API key"):
+        keyring_for(keyed, "app-a", "127.0.0.1")
+    assert not keyring_for(keyed, "app-b", "0.0.0.0").open
+    with pytest.raises(ValueError, match="without a key"):
+        keyring_for(Settings(), "app-a", "0.0.0.0")
+    assert keyring_for(Settings(), "app-a", "127.0.0.1").open

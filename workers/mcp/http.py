@@ -1,0 +1,133 @@
+"""`memq mcp --transport http`: the server on streamable HTTP, behind the
+HTTP gateway's API keys.
+
+Every HTTP request is checked by :class:`KeyCheck` from its headers alone,
+before the MCP SDK reads its body and before anything reaches NATS, with the
+gateway's own :class:`~memq.workers.http.keys.Keyring` (``http.apps``) and
+its way of carrying a key (``Authorization: Bearer`` or ``X-API-Key``,
+:func:`~memq.workers.http.door.presented_key`): a missing or unknown key is
+a 401, another app's key a 403, answered with the gateway's error body. With
+no keys configured the server is open and, as the gateway, may only listen
+on loopback.
+
+Stateless and plain JSON (no SSE stream, no MCP session to keep): each call
+is one POST answered by one JSON body; the tools need nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import uvicorn
+from mcp.server.mcpserver import MCPServer
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from memq.workers.http.door import presented_key, unauthenticated, wrong_app
+from memq.workers.http.gateway import HttpPortTaken, bind
+from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp, check_open_is_local
+from memq.workers.mcp.server import app_client, build_server
+from memq.workers.settings import Settings
+
+log = logging.getLogger("memq.mcp")
+
+PATH = "/mcp"
+
+
+class McpPortTaken(OSError):
+    """The port `memq mcp` was asked to listen on is taken."""
+
+
+class KeyCheck:
+    """ASGI middleware: only requests carrying ``app``'s key get through."""
+
+    def __init__(self, inner: ASGIApp, keyring: Keyring, app: str):
+        self.inner = inner
+        self.keyring = keyring
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # no transport of ours uses one: closed unread, key or not
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] == "http":  # lifespan passes: it starts the SDK's session manager
+            try:
+                self.keyring.authorize(self.app, await presented_key(HTTPConnection(scope)))
+            except Unauthenticated as exc:
+                await unauthenticated(exc)(scope, receive, send)
+                return
+            except WrongApp as exc:
+                await wrong_app(exc)(scope, receive, send)
+                return
+        await self.inner(scope, receive, send)
+
+
+def keyring_for(settings: Settings, app: str, host: str) -> Keyring:
+    """The gateway's keys, checked for serving ``app`` on ``host``.
+
+    :raises ValueError: an open server off loopback, or keys without one for ``app``.
+    """
+    keyring = Keyring.from_settings(settings.http)
+    check_open_is_local(keyring, host)
+    if not keyring.open and app not in settings.http.apps:
+        raise ValueError(
+            f"app {app!r} has no API key in http.apps, so no request could be served: add one "
+            f'(MEMQ_HTTP__APPS=\'{{"{app}": {{"api_key": "…"}}}}\') or serve an app that has one'
+        )
+    return keyring
+
+
+def asgi_app(server: MCPServer, keyring: Keyring, app: str, settings: Settings, host: str) -> ASGIApp:
+    """The SDK's streamable HTTP app at :data:`PATH`, behind :class:`KeyCheck`."""
+    inner = server.streamable_http_app(
+        streamable_http_path=PATH,
+        stateless_http=True,
+        json_response=True,
+        max_request_body_size=settings.http.max_body_bytes,
+        host=host,
+    )
+    return KeyCheck(inner, keyring, app)
+
+
+async def serve_http(
+    settings: Settings,
+    app: str,
+    host: str,
+    port: int,
+    default_user: str | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn's own handlers: the process is
+    this server alone); ``on_ready(url)`` once listening.
+
+    :raises ValueError: see :func:`keyring_for`.
+    :raises McpPortTaken: the port is in use.
+    """
+    keyring = keyring_for(settings, app, host)  # before anything connects
+    try:
+        sock = bind(host, port)
+    except HttpPortTaken:
+        raise McpPortTaken(
+            f"memq mcp cannot listen on {host}:{port}: another program listens there; "
+            "pick another port with --port (0: any free port)"
+        ) from None
+    async with app_client(settings, app) as client:
+        api = asgi_app(build_server(app, lambda: client, default_user), keyring, app, settings, host)
+        server = uvicorn.Server(uvicorn.Config(api, lifespan="on", log_config=None, access_log=False))
+        bound_host, bound_port = sock.getsockname()[:2]
+        url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}{PATH}"
+
+        async def announce() -> None:
+            while not server.started:
+                await asyncio.sleep(0.01)
+            log.info("memq mcp: app %r on %s (%s)", app, url, "open: no API keys" if keyring.open else "API keys")
+            if on_ready is not None:
+                on_ready(url)
+
+        waiting = asyncio.create_task(announce())
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            waiting.cancel()
