@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from agents.items import TResponseInputItem
 
 POP_TRIES = 16  # pops refused because another writer's message landed first
+MAX_WINDOW = 100_000  # the most events a read may ask for by count (SessionGet.num_recent_events); beyond: all
 
 
 class MemqSession:
@@ -112,7 +113,7 @@ class MemqSession:
         events, and the session's last sequence. The window of events read
         doubles until it holds ``limit`` items or the whole session:
         retractions and events without an item take room in it."""
-        window = limit
+        window = limit if limit is not None and limit <= MAX_WINDOW else None
         while True:
             try:
                 view = await self.client.get_session(
@@ -125,4 +126,4 @@ class MemqSession:
             last_seq = max([view.last_seq, *(e.seq for e in events)])
             if window is None or limit is None or len(kept) >= limit or len(events) < window:
                 return (kept if limit is None else kept[-limit:]), last_seq
-            window *= 2
+            window = window * 2 if window * 2 <= MAX_WINDOW else None

@@ -179,6 +179,8 @@ async def test_limit_gives_the_newest_items_in_order(memq, user):
     assert await session.get_items(limit=100) == items
     assert await session.get_items(limit=0) == []
     assert await session.get_items(limit=-1) == items  # as SQLiteSession: negative is unlimited
+    # beyond what memq reads by count: everything (the SDK's compaction session asks 2**31 - 1)
+    assert await session.get_items(limit=2**31 - 1) == items
     assert await MemqSession("limited", memq, user=user, session_settings={"limit": 2}).get_items() == items[-2:]
     with_settings = MemqSession("limited", memq, user=user, session_settings=SessionSettings(limit=2))
     assert await with_settings.get_items(limit=4) == items[-4:]  # an explicit limit wins
