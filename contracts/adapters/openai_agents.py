@@ -19,7 +19,9 @@ two processes on one session see each other's items at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import asyncio
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from agents.memory import SessionSettings
 from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
@@ -32,6 +34,7 @@ from memq.contracts.queries import StoredEvent
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
 
+T = TypeVar("T")
 POP_TRIES = 16  # pops refused because another writer's message landed first
 MAX_WINDOW = 100_000  # the most events a read may ask for by count (SessionGet.num_recent_events); beyond: all
 
@@ -76,11 +79,13 @@ class MemqSession:
     async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append the items in order. A session is started by its first item.
         Every item is checked before the first is published: a bad one
-        (not a dict, not JSON) stores none of them."""
+        (not a dict, not JSON) stores none of them. A caller cancelled
+        meanwhile gets CancelledError once every item is published (as for
+        ``pop_item`` and ``clear_session``): never a batch cut short."""
         if not items:
             return
         events = [event_of(item, self.client.app) for item in items]
-        await self.client.append_many(self.user, self.session_id, events)
+        await _settled(self.client.append_many(self.user, self.session_id, events))
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Take back the newest item and return it; None for an empty session.
@@ -89,6 +94,10 @@ class MemqSession:
         (``expect_seq``): if another writer added or popped meanwhile, the
         broker refuses it and the pop reads again, so two concurrent pops,
         in one process or two, never take back the same item."""
+        popped = await _settled(self._pop())
+        return popped  # type: ignore[return-value]  # a dict: the TypedDicts' runtime form
+
+    async def _pop(self) -> dict[str, Any] | None:
         for _ in range(POP_TRIES):
             kept, last_seq = await self._tail(1)
             if not kept:
@@ -100,13 +109,13 @@ class MemqSession:
                 )
             except Conflict:
                 continue  # the session moved on: read its newest item again
-            return item  # type: ignore[return-value]
+            return item
         raise Conflict(f"pop_item: session {self.session_id!r} kept changing under {POP_TRIES} tries")
 
     async def clear_session(self) -> None:
         """Delete the session everywhere (memq's delete: SQL, index, cache,
         stream). Clearing an empty or missing session is a no-op."""
-        await self.client.delete_session(self.user, self.session_id, missing_ok=True)
+        await _settled(self.client.delete_session(self.user, self.session_id, missing_ok=True))
 
     async def _tail(self, limit: int | None) -> tuple[list[tuple[StoredEvent, dict[str, Any]]], int]:
         """The newest ``limit`` surviving items (all for None) with their
@@ -127,3 +136,22 @@ class MemqSession:
             if window is None or limit is None or len(kept) >= limit or len(events) < window:
                 return (kept if limit is None else kept[-limit:]), last_seq
             window = window * 2 if window * 2 <= MAX_WINDOW else None
+
+
+async def _settled(work: Awaitable[T]) -> T:
+    """``work``'s result, run to its end even when the caller is cancelled
+    meanwhile (then CancelledError, once it has ended): a write cut short
+    would leave some of a batch published and the caller unable to know
+    which, as the SDK's own sessions guard their writes."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return task.result()

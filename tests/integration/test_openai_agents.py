@@ -323,3 +323,23 @@ async def test_bad_items_store_nothing(memq, user):
         await session.add_items([{"type": "x", "when": object()}])
     await session.add_items([])  # nothing to add: no error, nothing published
     assert await session.get_items() == [said("user", "kept")]
+
+
+async def test_a_cancelled_write_still_stores_the_whole_batch(memq, user):
+    """As the SDK's own sessions: cancelling add_items (a Runner cancelled
+    mid-turn) raises CancelledError only once the write has its outcome,
+    never with part of the batch published."""
+    session = MemqSession("cancelled", memq, user=user)
+    items = [said("user", f"m{i}") for i in range(300)]
+    adding = asyncio.create_task(session.add_items(items))
+    await asyncio.sleep(0.01)  # the first publishes are under way
+    adding.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await adding
+    assert await session.get_items() == items
+    popping = asyncio.create_task(session.pop_item())
+    await asyncio.sleep(0)
+    popping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await popping
+    assert await session.get_items() == items[:-1]
