@@ -27,7 +27,9 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 from memq.contracts import client as memq_client_module
 from memq.contracts.adapters.openai_agents import MemqSession
 from memq.contracts.client import MemoryClient
+from memq.contracts.codec import encode, msg_id, subject_for
 from memq.contracts.errors import InvalidMessage
+from memq.contracts.schemas import CheckpointSaved
 
 APP = "oa_app"
 NO_TRACES = RunConfig(tracing_disabled=True)
@@ -343,3 +345,19 @@ async def test_a_cancelled_write_still_stores_the_whole_batch(memq, user):
     with pytest.raises(asyncio.CancelledError):
         await popping
     assert await session.get_items() == items[:-1]
+
+
+async def test_pop_after_a_state_set_or_checkpoint_on_the_session(memq, user):
+    """Messages that are not events (a state set, the summarizer's checkpoint)
+    also move the session's last sequence: a pop after them still goes through."""
+    session = MemqSession("moved", memq, user=user)
+    items = [said("user", "a"), said("assistant", "b")]
+    await session.add_items(items)
+    await memq.set_state(user, {"step": 1}, session="moved")
+    assert await session.pop_item() == items[1]
+    checkpoint = CheckpointSaved(app=APP, user=user, session="moved", summary="a and b", up_to_seq=1)
+    await memq.nc.jetstream().publish(
+        subject_for(checkpoint), encode(checkpoint), headers={"Nats-Msg-Id": msg_id(checkpoint)}
+    )
+    assert await session.get_items() == items[:1]
+    assert await session.pop_item() == items[0]
