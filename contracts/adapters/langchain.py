@@ -1,15 +1,16 @@
 """LangChain's chat message history on memq (``pip install memq[langchain]``).
 
-:class:`MemqChatMessageHistory` is a ``BaseChatMessageHistory``: hand it to
-``RunnableWithMessageHistory`` and each turn is stored as memq events (so
-memq's history, summaries and long-term memory see it), and read back on the
-next turn::
+:class:`MemqChatMessageHistory` is a ``BaseChatMessageHistory``: one memq
+session's messages, stored as memq events (so memq's history, summaries and
+long-term memory see them) and read back as LangChain messages::
 
-    chain = RunnableWithMessageHistory(
-        prompt | model,
-        lambda session_id: MemqChatMessageHistory(memq, user="alice", session=session_id),
-        input_messages_key="input", history_messages_key="history",
-    )
+    history = MemqChatMessageHistory(memq, user="alice", session="chat-1")
+    await history.aadd_messages([HumanMessage("Hi"), AIMessage("Hello!")])
+    messages = await history.aget_messages()
+
+Code written for the older ``RunnableWithMessageHistory`` (deprecated by
+LangChain in favour of LangGraph's persistence) hands it a factory
+``lambda session_id: MemqChatMessageHistory(memq, "alice", session_id)``.
 
 With ``context=True`` the history is memq's budgeted context instead of
 every message: recalled memories, the latest checkpoint summary and the
