@@ -38,10 +38,12 @@ raises ``NotImplementedError``. The app's session expiry
 as to every session of the app: an item not put again for that long is
 deleted (reads do not refresh it).
 
-The async methods run on the client's event loop; the sync ones (what a graph
-run with ``invoke`` calls) hand the work to that loop and wait, so they work
-from any other thread, never from the loop's own (``asyncio.InvalidStateError``,
-as LangGraph's async stores raise).
+The async methods run on the client's event loop (awaited on another loop,
+they hand the work to the client's); the sync ones (what a graph run with
+``invoke`` calls) hand the work to that loop and wait, so they work from any
+other thread, never from the loop's own (``asyncio.InvalidStateError``, as
+LangGraph's async stores raise). For sync code, run the client on a loop in a
+thread of its own and pass that loop (``loop=``).
 """
 
 from __future__ import annotations
@@ -136,6 +138,19 @@ def filter_matches(value: Mapping[str, Any], filter: Mapping[str, Any] | None) -
     return all(_compare(value.get(k), want) for k, want in (filter or {}).items())
 
 
+OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
+
+
+def check_filter(filter: Any) -> None:
+    """Refuse a filter with an operator LangGraph's stores do not have,
+    before any item is read (with no item to compare, it would pass)."""
+    if isinstance(filter, dict):
+        for key, want in filter.items():
+            if isinstance(key, str) and key.startswith("$") and key not in OPERATORS:
+                raise ValueError(f"unsupported filter operator {key!r} (LangGraph's are $eq $ne $gt $gte $lt $lte)")
+            check_filter(want)
+
+
 def _compare(have: Any, want: Any) -> bool:
     if isinstance(want, dict):
         if any(k.startswith("$") for k in want):
@@ -155,7 +170,7 @@ def _operator(have: Any, op: str, arg: Any) -> bool:
         return bool(have == arg)
     if op == "$ne":
         return bool(have != arg)
-    if op not in ("$gt", "$gte", "$lt", "$lte"):
+    if op not in OPERATORS:
         raise ValueError(f"unsupported filter operator {op!r} (LangGraph's are $eq $ne $gt $gte $lt $lte)")
     try:
         a, b = float(have), float(arg)
@@ -269,16 +284,27 @@ class MemqStore(BaseStore):
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """Run ``ops``, returning their results in order. Puts (the last one
-        per item wins) are made first, so the batch's reads see them."""
+        per item wins) are made first, so the batch's reads see them.
+
+        Awaited on another running loop than the client's (a store made for
+        sync code, used by an async graph too), the work runs on the client's."""
         self._remember_loop()
         ops = list(ops)
+        loop = self._loop
+        if loop is not asyncio.get_running_loop() and loop is not None and loop.is_running():
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._run(ops), loop))
+        return await self._run(ops)
+
+    async def _run(self, ops: list[Op]) -> list[Result]:
         puts: dict[tuple[tuple[str, ...], str], PutOp] = {}
         for op in ops:
             validate_op_namespace(op)
             if isinstance(op, PutOp):
                 self._check_put(op)
                 puts[(op.namespace, op.key)] = op
-            elif not isinstance(op, GetOp | SearchOp | ListNamespacesOp):
+            elif isinstance(op, SearchOp):
+                check_filter(op.filter)
+            elif not isinstance(op, GetOp | ListNamespacesOp):
                 raise ValueError(f"unknown store operation {type(op).__name__}")
         await asyncio.gather(*(self._put(op) for op in puts.values()))
         return list(await asyncio.gather(*(self._read(op) for op in ops)))
