@@ -18,14 +18,13 @@ from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.prebuilt import create_react_agent as _create_react_agent
 from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 
 from memq.contracts.adapters.langgraph import MemqStore
 from memq.contracts.adapters.langgraph_context import MemqContext
 from memq.contracts.client import MemoryClient
-
-from langgraph.prebuilt import create_react_agent as _create_react_agent
 
 pytestmark = pytest.mark.timeout(300)
 
