@@ -134,8 +134,22 @@ def matches(namespace: tuple[str, ...], condition: MatchCondition) -> bool:
 
 def filter_matches(value: Mapping[str, Any], filter: Mapping[str, Any] | None) -> bool:
     """LangGraph's search filter: exact values (nested dicts and lists
-    compared as JSON) and the operators ``$eq $ne $gt $gte $lt $lte``."""
-    return all(_compare(value.get(k), want) for k, want in (filter or {}).items())
+    compared as JSON) and the operators ``$eq $ne $gt $gte $lt $lte``, on
+    top-level keys or dotted paths."""
+    return all(_compare(_at(value, k), want) for k, want in (filter or {}).items())
+
+
+def _at(value: Mapping[str, Any], key: str) -> Any:
+    """The value a filter key names: a top-level key, else a dotted path into
+    nested objects (``"user.level"``), as LangGraph's SQL stores read it."""
+    if key in value or "." not in key:
+        return value.get(key)
+    found: Any = value
+    for part in key.split("."):
+        if not isinstance(found, Mapping) or part not in found:
+            return None
+        found = found[part]
+    return found
 
 
 OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
@@ -313,8 +327,6 @@ class MemqStore(BaseStore):
         return self._wait(self.abatch(list(ops)))
 
     def _check_put(self, op: PutOp) -> None:
-        if op.namespace and op.namespace[0] == "langgraph":
-            raise InvalidNamespaceError(f'Root label for namespace cannot be "langgraph". Got: {op.namespace}')
         if op.value is not None and not isinstance(op.value, Mapping):
             raise TypeError(f"a store value is a dict, not {type(op.value).__name__}")
         if op.ttl is not None:

@@ -139,6 +139,23 @@ async def test_search_without_a_query_filters_and_pages(store):
     assert len(await store.asearch((), limit=100)) == 6  # the whole app
 
 
+async def test_filters_reach_into_nested_values(store):
+    """As LangGraph's SQL stores read them (its test_filter_keys_with_hyphens_and_digits)."""
+    await store.aput(("docs",), "hyphen", {"access-level": "public", "user": {"access-level": "nested"}})
+    await store.aput(("docs",), "dotted", {"user.access-level": "literal"})
+    assert [i.key for i in await store.asearch(("docs",), filter={"access-level": "public"})] == ["hyphen"]
+    assert [i.key for i in await store.asearch(("docs",), filter={"user.access-level": "nested"})] == ["hyphen"]
+    assert [i.key for i in await store.asearch(("docs",), filter={"user.access-level": "literal"})] == ["dotted"]
+    assert [i.key for i in await store.asearch(("docs",), filter={"user": {"access-level": "nested"}})] == ["hyphen"]
+
+
+async def test_the_langgraph_root_label_is_reserved_by_put_only(store):
+    """LangGraph's put refuses it; a batch (what LangGraph itself writes through) takes it."""
+    await store.abatch([PutOp(("langgraph", "foo"), "bar", {"foo": "bar"})])
+    assert (await store.aget(("langgraph", "foo"), "bar")).value == {"foo": "bar"}
+    assert [i.key for i in await store.asearch(("langgraph",), query="bar")] == ["bar"]
+
+
 async def test_list_namespaces(store):
     for namespace in [
         ("alice", "memories"),
@@ -215,7 +232,7 @@ async def test_bad_input_is_refused_before_anything_is_written(store):
     with pytest.raises(InvalidNamespaceError, match="empty"):
         await store.aput(("alice", ""), "k", {"v": 1})
     with pytest.raises(InvalidNamespaceError, match="langgraph"):
-        await store.abatch([PutOp(("langgraph", "x"), "k", {"v": 1})])
+        await store.aput(("langgraph", "x"), "k", {"v": 1})  # reserved by put, as in LangGraph's stores
     with pytest.raises(InvalidNamespaceError, match="strings"):
         await store.aget(("alice", 3), "k")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="dict"):
