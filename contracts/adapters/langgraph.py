@@ -80,7 +80,11 @@ STATE_KEY = "langgraph"  # the item's record in its session's state
 AUTHOR = "memory"  # the author of an item's event: search asks for it alone
 SEARCH_K = 100  # hits asked of memq's search per user (its maximum)
 PAGE = 500  # sessions per listing page (memq's maximum)
-READS = 16  # item reads in flight at once
+READS = 16  # item reads in flight at once, per search or listing
+# Ops in flight at once per store, across concurrent calls: a burst (LangGraph's
+# test_large_batches_async starts 3,000 at once) queues here instead of piling
+# onto the query service until reads time out.
+OPS_IN_FLIGHT = 32
 T = TypeVar("T")
 
 
@@ -199,7 +203,7 @@ def index_text(value: Mapping[str, Any], fields: Sequence[str] | None) -> str:
     string in the value, keys left out."""
     if fields is None:
         return "\n".join(_strings(value))
-    return "\n".join(t for path in fields for t in get_text_at_path(dict(value), path) if t)
+    return "\n".join(t for path in fields for t in get_text_at_path(dict(value), path) if t.strip())
 
 
 def _strings(value: Any) -> Iterable[str]:
@@ -263,6 +267,7 @@ class MemqStore(BaseStore):
             except RuntimeError:
                 loop = None
         self._loop = loop
+        self._in_flight: asyncio.Semaphore | None = None
 
     # --- the mapping ------------------------------------------------------------------
 
@@ -320,8 +325,14 @@ class MemqStore(BaseStore):
                 check_filter(op.filter)
             elif not isinstance(op, GetOp | ListNamespacesOp):
                 raise ValueError(f"unknown store operation {type(op).__name__}")
-        await asyncio.gather(*(self._put(op) for op in puts.values()))
-        return list(await asyncio.gather(*(self._read(op) for op in ops)))
+        await asyncio.gather(*(self._bounded(self._put(op)) for op in puts.values()))
+        return list(await asyncio.gather(*(self._bounded(self._read(op)) for op in ops)))
+
+    async def _bounded(self, work: Coroutine[Any, Any, T]) -> T:
+        if self._in_flight is None:  # made on the client's loop, where every op runs
+            self._in_flight = asyncio.Semaphore(OPS_IN_FLIGHT)
+        async with self._in_flight:
+            return await work
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         return self._wait(self.abatch(list(ops)))
