@@ -427,13 +427,8 @@ class MemqStore(BaseStore):
         if op.query:
             return await self._query(op)
         refs = await self._items(op.namespace_prefix)
-        page = slice(op.offset, op.offset + op.limit)
-        if not op.filter:
-            refs = refs[page]  # read only the page's values
-        items = [i for i in await self._get_many(refs) if i is not None and filter_matches(i.value, op.filter)]
-        if op.filter:
-            items = items[page]
-        return [SearchItem(i.namespace, i.key, i.value, i.created_at, i.updated_at) for i in items]
+        found = await self._matching(refs, op.filter, op.offset + op.limit)
+        return [SearchItem(i.namespace, i.key, i.value, i.created_at, i.updated_at) for _, i in found[op.offset :]]
 
     async def _query(self, op: SearchOp) -> list[SearchItem]:
         """memq's hybrid search over each user's items: best first, only
@@ -456,13 +451,26 @@ class MemqStore(BaseStore):
                     continue
                 scored[hit.session_id] = (hit.score, ItemRef(item[0], item[1], u, hit.session_id))
         ranked = sorted(scored.values(), key=lambda s: -s[0])
-        items = await self._get_many([ref for _, ref in ranked])
-        kept = [
-            SearchItem(i.namespace, i.key, i.value, i.created_at, i.updated_at, score=score)
-            for (score, _), i in zip(ranked, items, strict=True)
-            if i is not None and filter_matches(i.value, op.filter)
+        found = await self._matching([ref for _, ref in ranked], op.filter, op.offset + op.limit)
+        return [
+            SearchItem(i.namespace, i.key, i.value, i.created_at, i.updated_at, score=ranked[n][0])
+            for n, i in found[op.offset :]
         ]
-        return kept[op.offset : op.offset + op.limit]
+
+    async def _matching(
+        self, refs: Sequence[ItemRef], filter: dict[str, Any] | None, want: int
+    ) -> list[tuple[int, Item]]:
+        """The first ``want`` of ``refs`` that still exist and pass ``filter``,
+        with their positions in ``refs``: read a chunk at a time, so a page
+        of a long listing or of 100 hits reads about a page of values."""
+        kept: list[tuple[int, Item]] = []
+        chunk = max(want, READS)
+        for start in range(0, len(refs), chunk):
+            items = await self._get_many(refs[start : start + chunk])
+            kept += [(start + n, i) for n, i in enumerate(items) if i is not None and filter_matches(i.value, filter)]
+            if len(kept) >= want:
+                break
+        return kept[:want]
 
     async def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         conditions = op.match_conditions or ()

@@ -13,6 +13,7 @@ from langgraph.store.base import MatchCondition
 from memq.contracts.adapters import langgraph as lg
 from memq.contracts.adapters.langgraph import MemqStore, filter_matches, index_text, item_of, matches, session_of
 from memq.contracts.errors import NotFound
+from memq.contracts.queries import SearchResult, SearchResults
 
 labels = st.text(min_size=1, max_size=12).filter(lambda s: "." not in s and "\x00" not in s)
 
@@ -84,3 +85,42 @@ async def test_a_burst_of_ops_queues_in_the_store():
     found = await asyncio.gather(*(store.aget(("alice",), f"k{i}") for i in range(200)))
     assert found == [None] * 200
     assert client.most == lg.OPS_IN_FLIGHT
+
+
+class ManyHits:
+    """A client whose search finds 60 items, all of which exist: it counts the item reads."""
+
+    app = "a"
+
+    def __init__(self):
+        self.reads = 0
+
+    async def search(self, user, query, **kwargs):
+        hits = [
+            SearchResult(
+                session_id=session_of(("alice",), f"k{n}"),
+                event_id=f"e{n}",
+                content="x",
+                author="memory",
+                timestamp=0.0,
+                score=1.0 - n / 100,
+            )
+            for n in range(60)
+        ]
+        return SearchResults(results=hits, mode="keyword")
+
+    async def get_state(self, user, session, **kwargs):
+        self.reads += 1
+        n = int(session.rsplit("k", 1)[1])
+        return {"langgraph": {"value": {"n": n}, "created_at": 0.0, "updated_at": 0.0}}
+
+
+async def test_a_page_of_hits_reads_about_a_page_of_values():
+    client = ManyHits()
+    store = MemqStore(client)  # type: ignore[arg-type]
+    found = await store.asearch(("alice",), query="x", limit=2, offset=1)
+    assert [(i.key, i.score) for i in found] == [("k1", 0.99), ("k2", 0.98)]
+    assert client.reads == lg.READS  # one chunk, not the 60 hits
+    odd = await store.asearch(("alice",), query="x", filter={"n": {"$gte": 20}}, limit=3)
+    assert [i.key for i in odd] == ["k20", "k21", "k22"]
+    assert client.reads == lg.READS + 2 * lg.READS  # read on until 3 passed the filter
