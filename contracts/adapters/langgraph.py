@@ -42,16 +42,21 @@ The async methods run on the client's event loop (awaited on another loop,
 they hand the work to the client's); the sync ones (what a graph run with
 ``invoke`` calls) hand the work to that loop and wait, so they work from any
 other thread, never from the loop's own (``asyncio.InvalidStateError``, as
-LangGraph's async stores raise). For sync code, run the client on a loop in a
-thread of its own and pass that loop (``loop=``).
+LangGraph's async stores raise). For sync code, :meth:`MemqStore.connect`
+runs a client on a loop in a thread of its own::
+
+    with MemqStore.connect("nats://127.0.0.1:4222", app="my_app") as store:
+        graph = builder.compile(store=store)
+        graph.invoke(...)
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Self, TypeVar
 
 from langgraph.store.base import (
     BaseStore,
@@ -268,6 +273,61 @@ class MemqStore(BaseStore):
                 loop = None
         self._loop = loop
         self._in_flight: asyncio.Semaphore | None = None
+        self._thread: threading.Thread | None = None  # connect(): the loop's thread, which close() ends
+
+    @classmethod
+    def connect(
+        cls,
+        servers: str | list[str] = "nats://127.0.0.1:4222",
+        *,
+        app: str,
+        user: str | None = None,
+        user_label: int = 0,
+        fields: Sequence[str] | None = None,
+        consistency: Consistency = "any",
+        **connect_options: Any,
+    ) -> MemqStore:
+        """A store for sync code (a graph run with ``invoke``, a script without
+        an event loop): it starts an event loop in a thread of its own,
+        connects a client there (``connect_options`` are
+        :meth:`MemoryClient.connect`'s) and closes both on :meth:`close` (or
+        ``with``). :attr:`loop` is that loop, for a
+        :class:`~memq.contracts.adapters.langgraph_context.MemqContext` on
+        the same client."""
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(target=loop.run_forever, name="memq-langgraph-store", daemon=True)
+        thread.start()
+        try:
+            connecting = MemoryClient.connect(servers, app=app, **connect_options)
+            client = asyncio.run_coroutine_threadsafe(connecting, loop).result()
+        except BaseException:
+            _stop(loop, thread)
+            raise
+        store = cls(client, user=user, user_label=user_label, fields=fields, consistency=consistency, loop=loop)
+        store._thread = thread
+        return store
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the client runs on (None until known)."""
+        return self._loop
+
+    def close(self) -> None:
+        """Close what :meth:`connect` opened: the client and its loop's
+        thread. A store made with a client of its own caller does nothing."""
+        thread, self._thread = self._thread, None
+        if thread is None or self._loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.client.close(), self._loop).result()
+        finally:
+            _stop(self._loop, thread)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # --- the mapping ------------------------------------------------------------------
 
@@ -507,3 +567,9 @@ class MemqStore(BaseStore):
                 "block that loop: use the async methods (aget, aput, asearch, ainvoke on the graph)"
             )
         return asyncio.run_coroutine_threadsafe(work, loop).result()
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join()
+    loop.close()

@@ -313,6 +313,33 @@ async def test_sync_methods_from_another_thread(memq):
         store.get(MEMORIES, "food")  # on the loop itself, waiting would block it
 
 
+async def test_a_store_for_sync_code(memq_url):
+    """MemqStore.connect: its own loop in a thread, for code with no loop at all."""
+
+    def sync_code():
+        with MemqStore.connect(memq_url, app=f"lg_{uuid.uuid4().hex[:8]}") as store:
+            store.put(MEMORIES, "food", {"text": "Alice likes pizza"})
+            found = [store.get(MEMORIES, "food").value, [i.key for i in store.search(("alice",), query="pizza")]]
+            memory = MemqContext(store.client, loop=store.loop)
+            agent = create_react_agent(
+                fake_model(AIMessage("Hello Alice")),
+                [weather],
+                store=store,
+                pre_model_hook=memory.pre_model_hook,
+                post_model_hook=memory.post_model_hook,
+            )
+            config = {"configurable": {"thread_id": "chat", "user_id": "alice"}}
+            found.append(agent.invoke({"messages": [("user", "hi")]}, config)["messages"][-1].content)
+            events = asyncio.run_coroutine_threadsafe(store.client.history("alice", "chat"), store.loop).result()
+            found.append(len(events.events))
+            thread = store._thread
+        return found, thread
+
+    found, thread = await asyncio.to_thread(sync_code)  # the stack's workers run on this test's loop
+    assert found == [{"text": "Alice likes pizza"}, ["food"], "Hello Alice", 2]
+    assert not thread.is_alive()  # close() ended the loop it started
+
+
 # --- an agent on memq ------------------------------------------------------------------
 
 
