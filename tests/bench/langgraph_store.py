@@ -8,7 +8,8 @@ Usage::
 One in-process stack (tests/adapter_stack.py: a nats-server, SQLite, the
 persistence, keyword-only indexing and query workers). ``--items`` items are
 put under one user first, then each op is timed one call at a time, for
-``--rounds`` calls (p50 and p99, ms):
+``--rounds`` calls, alternating with the client call beside it (p50 and
+p99, ms):
 
 - ``put``: ``MemqStore.aput`` of an indexed item (a session delete and an
   append) beside ``MemoryClient.append`` alone;
@@ -45,13 +46,18 @@ USER = "ann"
 NS = (USER, "memories")
 
 
-async def timed(rounds: int, call: Callable[[int], Awaitable[object]]) -> dict[str, float]:
-    took = []
+async def timed(rounds: int, *calls: Callable[[int], Awaitable[object]]) -> list[dict[str, float]]:
+    """p50/p99 of each call, one at a time; several calls alternate in each
+    round (the first one first in odd rounds), so a slow moment of a shared
+    machine (the workers still busy with the writes before) favours none."""
+    took: list[list[float]] = [[] for _ in calls]
     for i in range(rounds):
-        start = time.perf_counter()
-        await call(i)
-        took.append((time.perf_counter() - start) * 1000)
-    return {"p50_ms": round(percentile(took, 50), 2), "p99_ms": round(percentile(took, 99), 2)}
+        order = list(enumerate(calls))
+        for n, call in order if i % 2 == 0 else reversed(order):
+            start = time.perf_counter()
+            await call(i)
+            took[n].append((time.perf_counter() - start) * 1000)
+    return [{"p50_ms": round(percentile(t, 50), 2), "p99_ms": round(percentile(t, 99), 2)} for t in took]
 
 
 async def run(items: int, rounds: int) -> dict[str, dict[str, float]]:
@@ -71,21 +77,26 @@ async def run(items: int, rounds: int) -> dict[str, dict[str, float]]:
             session = "bench-append"
             r: dict[str, dict[str, float]] = {}
             status("timing")
-            r["put (MemqStore.aput)"] = await timed(rounds, lambda i: store.aput(NS, f"p{i}", {"text": f"put {i}"}))
-            r["  append (client)"] = await timed(rounds, lambda i: memq.append_text(USER, session, "user", f"put {i}"))
+            r["put (MemqStore.aput)"], r["  append (client)"] = await timed(
+                rounds,
+                lambda i: store.aput(NS, f"p{i}", {"text": f"put {i}"}),
+                lambda i: memq.append_text(USER, session, "user", f"put {i}"),
+            )
             await store.aget(NS, "k0")  # the timed puts' commits, waited for once, not by the first timed read
-            r["get (MemqStore.aget)"] = await timed(rounds, lambda i: store.aget(NS, f"k{i % items}"))
-            r["  get_state (client)"] = await timed(
-                rounds, lambda i: memq.get_state(USER, f"langgraph.2.ann.memories.k{i % items}", consistency="any")
+            r["get (MemqStore.aget)"], r["  get_state (client)"] = await timed(
+                rounds,
+                lambda i: store.aget(NS, f"k{i % items}"),
+                # items the store has not read: the query worker caches what it read
+                lambda i: memq.get_state(USER, f"langgraph.2.ann.memories.k{(i + rounds) % items}", consistency="any"),
             )
-            r["search (MemqStore.asearch, query)"] = await timed(
-                rounds, lambda i: store.asearch(NS, query=f"topic {i % 7}", limit=10)
+            r["search (MemqStore.asearch, query)"], r["  search (client)"] = await timed(
+                rounds,
+                lambda i: store.asearch(NS, query=f"topic {i % 7}", limit=10),
+                lambda i: memq.search(USER, f"topic {i % 7}", k=100, authors=["memory"], consistency="any"),
             )
-            r["  search (client)"] = await timed(
-                rounds, lambda i: memq.search(USER, f"topic {i % 7}", k=100, authors=["memory"], consistency="any")
+            r["list (MemqStore.asearch, no query)"], r["list_namespaces"] = await timed(
+                rounds, lambda i: store.asearch(NS, limit=10), lambda i: store.alist_namespaces()
             )
-            r["list (MemqStore.asearch, no query)"] = await timed(rounds, lambda i: store.asearch(NS, limit=10))
-            r["list_namespaces"] = await timed(rounds, lambda i: store.alist_namespaces())
             return r
 
 
