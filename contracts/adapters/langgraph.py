@@ -24,7 +24,8 @@ How items map onto memq (docs/guide/adapters.md has the table):
   memq indexes it: ``search`` with a query is memq's hybrid search over the
   user's items, behind its relevance floor, and memq's ``context`` recalls
   items in the user's chat sessions as any other memory;
-- ``index=False``: the session is created with the value and no event.
+- ``index=False`` (or nothing to index): the event holds the value and no
+  message, so nothing is indexed.
 
 A put replaces the item: the old session is deleted and the new one written
 (two publishes), so the old text is not found any more; ``created_at`` is
@@ -75,7 +76,7 @@ from langgraph.store.base import (
 )
 
 from memq.contracts.client import MemoryClient
-from memq.contracts.errors import NotFound
+from memq.contracts.errors import Conflict, NotFound
 from memq.contracts.ids import MAX_ID_BYTES
 from memq.contracts.queries import Consistency
 from memq.contracts.schemas import Actions, Event, Message, TextPart
@@ -90,6 +91,7 @@ READS = 16  # item reads in flight at once, per search or listing
 # test_large_batches_async starts 3,000 at once) queues here instead of piling
 # onto the query service until reads time out.
 OPS_IN_FLIGHT = 32
+PUT_TRIES = 8  # a put's delete-then-write, when other puts of the item come between
 T = TypeVar("T")
 
 
@@ -419,26 +421,35 @@ class MemqStore(BaseStore):
     # --- writes ---------------------------------------------------------------------------
 
     async def _put(self, op: PutOp) -> None:
+        """Replace the item: delete its session (the old value and indexed
+        text with it: a delete forgets), then write the new one as the
+        session's only event, published on condition that nothing came
+        after the delete. A concurrent put of the same item that came
+        between makes it start again, so the session never holds two."""
         ref = self.ref(op.namespace, op.key)
-        # The old item goes first, its indexed text with it: a put replaces, a delete forgets.
-        await self.client.delete_session(ref.user, ref.session, missing_ok=True)
-        if op.value is None:
-            return
+        event = None if op.value is None else self._event(op)
+        for _ in range(PUT_TRIES):
+            deleted = await self.client.delete_session(ref.user, ref.session, missing_ok=True)
+            if event is None:
+                return
+            try:
+                await self.client.append(ref.user, ref.session, event, expect_seq=deleted)
+                return
+            except Conflict:
+                continue
+        raise Conflict(f"{PUT_TRIES} puts of item {ref.key!r} in {ref.namespace} met other writers' puts: try again")
+
+    def _event(self, op: PutOp) -> Event:
+        """The event an item is: its value in the state delta, its indexed
+        text (if any) as a user message, which memq indexes."""
+        assert op.value is not None
         value = dict(op.value)
         now = datetime.now(UTC).timestamp()
         record = {"value": value, "created_at": now, "updated_at": now}
         fields = self.fields if op.index is None else op.index
         text = "" if fields is False else index_text(value, fields)
-        if not text:
-            await self.client.create_session(ref.user, ref.session, state={STATE_KEY: record})
-            return
-        event = Event(
-            author=AUTHOR,
-            message=Message(role="user", parts=[TextPart(text=text)]),
-            actions=Actions(state_delta={STATE_KEY: record}),
-            timestamp=now,
-        )
-        await self.client.append(ref.user, ref.session, event)
+        message = Message(role="user", parts=[TextPart(text=text)]) if text else None
+        return Event(author=AUTHOR, message=message, actions=Actions(state_delta={STATE_KEY: record}), timestamp=now)
 
     # --- reads ----------------------------------------------------------------------------
 

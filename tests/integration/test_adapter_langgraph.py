@@ -84,6 +84,24 @@ async def test_a_put_replaces_the_item_and_its_indexed_text(store, memq):
     assert (await memq.search("alice", "pizza")).results == []
 
 
+async def test_concurrent_puts_of_one_item_leave_one_version(memq_url, store, memq):
+    """Each put deletes the item's session and writes the new one; puts that
+    interleave (two processes) must not leave two versions, one of them
+    searchable under the other's value."""
+    async with await MemoryClient.connect(memq_url, app=memq.app) as other_client:
+        other = MemqStore(other_client)
+        words = ["apple", "banana", "cherry", "damson", "elder", "fig", "grape", "hazel"]
+        await asyncio.gather(
+            *((store if n % 2 else other).aput(MEMORIES, "fruit", {"text": f"likes {w}"}) for n, w in enumerate(words))
+        )
+    history = await memq.history("alice", "langgraph.2.alice.memories.fruit", consistency="any")
+    assert len(history.events) == 1
+    kept = (await store.aget(MEMORIES, "fruit")).value["text"]
+    assert history.events[0].event["message"]["parts"][0]["text"] == kept
+    found = {i.value["text"] for w in words for i in await store.asearch(("alice",), query=w)}
+    assert found == {kept}
+
+
 async def test_search_with_a_query_is_memqs_search_behind_its_relevance_floor(store):
     await store.aput(MEMORIES, "food", {"text": "Alice likes pizza with olives"})
     await store.aput(MEMORIES, "pet", {"text": "Alice has a cat named Tom"})
