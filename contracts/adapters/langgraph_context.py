@@ -23,7 +23,8 @@ once; without it, the reply is stored by the next model call's hook.
 Messages are stored as the LangChain adapter stores them
 (:func:`memq.contracts.adapters.langchain.event_of`: the message's id is the
 event's), and a message is stored once: the hook stores the messages after
-the last one the session's recent events hold.
+the last one the session's recent events hold (its newest 16 events, or as
+many as the state has messages when none of those is one of them).
 
 Both hooks run sync and async: the async path (``ainvoke``, ``astream``) on
 the client's loop, the sync path (``invoke``) by handing the work to that
@@ -44,6 +45,7 @@ from memq.contracts.client import MemoryClient, Strategy
 from memq.contracts.errors import NotFound
 
 T = TypeVar("T")
+RECENT = 16  # the session's newest events read first to find what is stored
 
 
 class MemqContext:
@@ -120,15 +122,21 @@ class MemqContext:
         return {}
 
     async def _store_new(self, user: str, session: str, messages: Sequence[BaseMessage]) -> None:
+        """Append the state's messages after the last one memq holds. The
+        session's newest few events settle it in one small read when the hooks
+        ran since the last model call; else the newest ``len(messages)``."""
         if not messages:
             return
-        try:
-            view = await self.client.get_session(user, session, num_recent_events=len(messages))
+        last = -1
+        for window in sorted({min(len(messages), RECENT), len(messages)}):
+            try:
+                view = await self.client.get_session(user, session, num_recent_events=window)
+            except NotFound:  # the thread's first turn
+                break
             stored = {e.event["id"] for e in view.events or ()}
-        except NotFound:  # the thread's first turn
-            stored = set()
-        # The state's messages after the last one memq holds: those are new.
-        last = max((i for i, m in enumerate(messages) if m.id in stored), default=-1)
+            last = max((i for i, m in enumerate(messages) if m.id in stored), default=-1)
+            if last >= 0 or len(view.events or ()) < window:
+                break  # found, or the session holds no more events than that
         new = messages[last + 1 :]
         if new:
             await self.client.append_many(user, session, [event_of(m, self.client.app) for m in new])

@@ -435,6 +435,30 @@ async def test_the_model_gets_the_budgeted_window_not_the_whole_state(memq):
     assert "turn 11" in sent[-2].content
 
 
+async def test_a_long_thread_is_stored_once_from_a_small_read(memq, monkeypatch):
+    """The hook finds what memq holds in the session's newest events, not by
+    reading as many events as the graph's state has messages."""
+    windows = []
+    get_session = memq.get_session
+
+    async def recording(*args, **kwargs):
+        windows.append(kwargs.get("num_recent_events"))
+        return await get_session(*args, **kwargs)
+
+    monkeypatch.setattr(memq, "get_session", recording)
+    model = fake_model(AIMessage("first"), AIMessage("second"))
+    memory = MemqContext(memq)
+    agent = create_react_agent(model, [weather], pre_model_hook=memory.pre_model_hook, checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "long-thread", "user_id": "ann"}}
+    said = [("user" if n % 2 == 0 else "assistant", f"turn {n}") for n in range(40)]
+    await agent.ainvoke({"messages": said}, config)
+    windows.clear()
+    out = await agent.ainvoke({"messages": [("user", "one more")]}, config)
+    assert windows == [16]  # the state has 42 messages: the newest 16 events held the last stored one
+    history = await memq.history("ann", "long-thread", strategy={"kind": "all"})
+    assert [e.event["id"] for e in history.events] == [m.id for m in out["messages"][:-1]]  # the reply: next call
+
+
 async def test_the_hooks_run_in_a_sync_graph_and_need_their_ids(memq):
     model = fake_model(AIMessage("hello"), AIMessage("again"))
     memory = MemqContext(memq)
