@@ -58,3 +58,58 @@ def test_every_typed_error_says_its_http_status() -> None:
         "unavailable",
         "publish_failed",
     }
+
+
+_BOUND_KEYS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength")
+
+
+def _bounds(schema: dict) -> dict:
+    """A JSON schema's bounds, through an ``anyOf`` with null (an optional field)."""
+    found = {k: schema[k] for k in _BOUND_KEYS if k in schema}
+    for branch in schema.get("anyOf", ()):
+        found |= _bounds(branch)
+    return found
+
+
+def test_the_gateways_inputs_have_the_contracts_bounds() -> None:
+    """Every query parameter and context-body field that the query service
+    also checks has the same bounds as the contract's field: said once, in
+    contracts/queries.py, and refused at the gateway's door as there."""
+    from memq.contracts import queries as q
+
+    def contract(*models):
+        props: dict[str, dict] = {}
+        for model in models:
+            props |= model.model_json_schema()["properties"]
+        return props
+
+    by_route = {
+        "/context": contract(q.ContextGet, q.StrategySpec),
+        "/history": contract(q.HistoryGet, q.StrategySpec),
+        "/search": contract(q.Search) | {"q": q.Search.model_json_schema()["properties"]["query"]},
+        "/sessions": contract(q.SessionsList),
+        "/events": contract(q.SessionGet),
+        "/sessions/{session}": contract(q.SessionGet),
+    }
+    doc = json.loads(openapi.DEFAULT_PATH.read_text(encoding="utf-8"))
+    compared = []
+    for path, item in doc["paths"].items():
+        fields = next((f for suffix, f in by_route.items() if path.endswith(suffix)), None)
+        if fields is None:
+            continue
+        for method, op in item.items():
+            params = {p["name"]: p["schema"] for p in op.get("parameters", ()) if p["in"] == "query"}
+            ref = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema", {}).get("$ref")
+            if ref == "#/components/schemas/ContextBody":
+                params |= doc["components"]["schemas"]["ContextBody"]["properties"]
+            for name, schema in params.items():
+                if name in fields and _bounds(fields[name]):
+                    compared.append((path, method, name))
+                    assert _bounds(schema) == _bounds(fields[name]), (path, method, name)
+    # the comparison reached the inputs it is about
+    assert {
+        ("/v1/apps/{app}/users/{user}/sessions/{session}/context", "post", "recall_limit"),
+        ("/v1/apps/{app}/users/{user}/sessions/{session}/context", "get", "budget"),
+        ("/v1/apps/{app}/users/{user}/search", "get", "q"),
+        ("/v1/apps/{app}/users/{user}/sessions", "get", "limit"),
+    } <= set(compared)

@@ -37,16 +37,21 @@ from memq.contracts.client import MemoryClient, event_filters
 from memq.contracts.errors import InvalidRequest, MemqError
 from memq.contracts.queries import (
     ContextFormat,
+    ContextGet,
     ContextView,
     HistoryView,
+    Search,
     SearchMode,
     SearchResults,
+    SessionGet,
+    SessionsList,
     SessionsPage,
     SessionView,
     StateView,
     StrategyName,
+    StrategySpec,
 )
-from memq.contracts.schemas import user_scoped, user_scoped_delta
+from memq.contracts.schemas import Timestamp, user_scoped, user_scoped_delta
 from memq.workers.http.door import API_KEY_HEADER, BEARER, FrontDoor, error_response, unauthenticated, wrong_app
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp
 from memq.workers.http.models import (
@@ -59,6 +64,7 @@ from memq.workers.http.models import (
     SessionCreated,
     StateChange,
 )
+from memq.workers.http.params import field, query
 from memq.workers.redact import Redactor
 from memq.workers.settings import HttpSettings
 
@@ -90,16 +96,17 @@ User = Annotated[str, Path(description="the user id")]
 Session = Annotated[str, Path(description="the session id")]
 MinSeq = Annotated[
     int | None,
-    Query(ge=1, description="answer once this stream sequence (a write's `seq`) is committed: read-your-writes"),
+    query(ContextGet, "min_seq", "answer once this stream sequence (a write's `seq`) is committed: read-your-writes"),
 ]
-Cursor = Annotated[str | None, Query(max_length=512, description="`next_cursor` of the previous page")]
-After = Annotated[float | None, Query(description="only events whose timestamp is later (unix seconds)")]
+Cursor = Annotated[str | None, query(ContextGet, "cursor", "`next_cursor` of the previous page")]
+After = Annotated[Timestamp | None, Query(description="only events whose timestamp is later (unix seconds)")]
 Roles = Annotated[list[Role], Query(description="only events with these message roles (repeat the parameter)")]
 StrategyKind = Annotated[StrategyName | None, Query(description="working-memory strategy; default: the app's")]
-Budget = Annotated[int | None, Query(ge=1, le=10_000_000, description="token budget; default: the app's")]
-Window = Annotated[int | None, Query(ge=1, le=100_000, description="buffer_window: last N messages")]
-Turns = Annotated[int | None, Query(ge=1, le=100_000, description="buffer_window: last N user turns")]
-Model = Annotated[str | None, Query(max_length=128, description="count tokens as this model; default: the app's")]
+Budget = Annotated[int | None, query(StrategySpec, "budget", "token budget; default: the app's")]
+Window = Annotated[int | None, query(StrategySpec, "window", "buffer_window: last N messages")]
+Turns = Annotated[int | None, query(StrategySpec, "turns", "buffer_window: last N user turns")]
+Model = Annotated[str | None, query(ContextGet, "model", "count tokens as this model; default: the app's")]
+Limit = Annotated[int, query(SessionsList, "limit", "sessions per page")]
 
 
 def _strategy(kind: str | None, budget: int | None, window: int | None, turns: int | None) -> dict | None:
@@ -118,19 +125,20 @@ _error = error_response
 
 
 class ContextBody(BaseModel):
-    """A context request in a body (long instructions and messages do not fit a URL)."""
+    """A context request in a body (long instructions and messages do not fit a
+    URL): the contract's fields, the strategy flat as in the GET's parameters."""
 
     strategy: StrategyName | None = None
-    budget: int | None = None
-    window: int | None = None
-    turns: int | None = None
-    model: str | None = None
-    format: ContextFormat = "memq"
-    instruction: str | None = None
-    recall_limit: int = 20
-    message: str | None = None
-    cursor: str | None = None
-    min_seq: int | None = None
+    budget: int | None = field(StrategySpec, "budget")
+    window: int | None = field(StrategySpec, "window")
+    turns: int | None = field(StrategySpec, "turns")
+    model: str | None = field(ContextGet, "model")
+    format: ContextFormat = field(ContextGet, "format")
+    instruction: str | None = field(ContextGet, "instruction")
+    recall_limit: int = field(ContextGet, "recall_limit")
+    message: str | None = field(ContextGet, "message")
+    cursor: str | None = field(ContextGet, "cursor")
+    min_seq: int | None = field(ContextGet, "min_seq")
 
 
 def build_api(
@@ -207,7 +215,7 @@ def build_api(
     async def list_app_sessions(
         client: Client,
         user: Annotated[str | None, Query(description="only this user's sessions")] = None,
-        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        limit: Limit = 50,
         cursor: Cursor = None,
         min_seq: MinSeq = None,
     ) -> Response:
@@ -218,7 +226,7 @@ def build_api(
     async def list_sessions(
         client: Client,
         user: User,
-        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        limit: Limit = 50,
         cursor: Cursor = None,
         min_seq: MinSeq = None,
     ) -> Response:
@@ -237,8 +245,8 @@ def build_api(
         user: User,
         session: Session,
         events: Annotated[bool, Query(description="include the events (one page of them)")] = False,
-        num_recent_events: Annotated[int | None, Query(ge=0, le=100_000)] = None,
-        after_seq: Annotated[int | None, Query(ge=0)] = None,
+        num_recent_events: Annotated[int | None, query(SessionGet, "num_recent_events")] = None,
+        after_seq: Annotated[int | None, query(SessionGet, "after_seq")] = None,
         after: After = None,
         roles: Roles = [],  # noqa: B006 - FastAPI copies a parameter's default per request
         cursor: Cursor = None,
@@ -272,7 +280,7 @@ def build_api(
         client: Client,
         user: User,
         session: Session,
-        after_seq: Annotated[int | None, Query(ge=0, description="only events after this sequence")] = None,
+        after_seq: Annotated[int | None, query(SessionGet, "after_seq", "only events after this sequence")] = None,
         after: After = None,
         roles: Roles = [],  # noqa: B006
         cursor: Cursor = None,
@@ -355,9 +363,11 @@ def build_api(
         turns: Turns = None,
         model: Model = None,
         format: Annotated[ContextFormat, Query(description="`memq` or `openai` (chat messages)")] = "memq",
-        instruction: Annotated[str | None, Query(description="system instruction template, from state")] = None,
-        recall_limit: Annotated[int, Query(ge=0, le=100, description="long-term memories to recall")] = 20,
-        message: Annotated[str | None, Query(description="a user message not stored yet")] = None,
+        instruction: Annotated[
+            str | None, query(ContextGet, "instruction", "system instruction template, from state")
+        ] = None,
+        recall_limit: Annotated[int, query(ContextGet, "recall_limit", "long-term memories to recall")] = 20,
+        message: Annotated[str | None, query(ContextGet, "message", "a user message not stored yet")] = None,
         cursor: Cursor = None,
         min_seq: MinSeq = None,
     ) -> Response:
@@ -386,16 +396,16 @@ def build_api(
     async def search(
         client: Client,
         user: User,
-        q: Annotated[str, Query(min_length=1, max_length=8192, description="what to look for")],
+        q: Annotated[str, query(Search, "query", "what to look for")],
         session: Annotated[str | None, Query(description="only this session")] = None,
         mode: Annotated[SearchMode, Query()] = "hybrid",
-        k: Annotated[int, Query(ge=1, le=100)] = 10,
+        k: Annotated[int, query(Search, "k")] = 10,
         authors: Annotated[list[str], Query(description="only these authors")] = [],  # noqa: B006
         roles: Annotated[list[Literal[Role, "summary"]], Query()] = [],  # noqa: B006
         since: Annotated[float | None, Query(description="timestamp >= since")] = None,
         until: Annotated[float | None, Query(description="timestamp < until")] = None,
-        alpha: Annotated[float | None, Query(ge=0, le=1, description="hybrid: weight of the vector side")] = None,
-        min_seq: Annotated[int | None, Query(ge=1, description="answer once this sequence is indexed")] = None,
+        alpha: Annotated[float | None, query(Search, "alpha")] = None,
+        min_seq: Annotated[int | None, query(Search, "min_seq", "answer once this sequence is indexed")] = None,
     ) -> Response:
         """Search the user's long-term memory (all their sessions, or one), best first."""
         results = await client.search(
