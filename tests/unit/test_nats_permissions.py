@@ -142,6 +142,7 @@ def test_workers_publish_only_what_they_need():
         assert wide not in p.publish
     assert allowed(p.publish, "$KV.MEMQ_LEASES.summarize.k") and not allowed(p.publish, "$KV.OTHER.k")
     assert allowed(p.publish, "$O.MEMQ_ARTIFACTS.C.x") and not allowed(p.publish, "$O.OTHER.C.x")
+    assert allowed(p.publish, "$KV.MEMQ_REBUILD.done.g2.indexing-h-1-ab12")  # a replica's share of a rebuild
     for needed in ("memq.v1.ev.a.u.s", "memq.v1.changed.a.u.s", "memq.v1.committed.memq-persistence"):
         assert allowed(p.publish, needed), needed
     assert allowed(p.publish, "memq.v1.status.a.u.s") and allowed(p.publish, "memq.v1.dlq.persistence")
