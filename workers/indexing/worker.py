@@ -301,7 +301,7 @@ class IndexingWorker:
             nonlocal last
             if time.monotonic() - last >= PROGRESS_EVERY_S:
                 last = time.monotonic()
-                log.info("rebuilding the index: %d of %d messages", done, total)
+                log.info("rebuilding the index: stream seq %d of %d", done, total)
 
         return progress
 
