@@ -62,8 +62,11 @@ from typing import Literal
 from memq.contracts.client import app_inbox_prefix
 from memq.contracts.ids import encode_token
 from memq.contracts.subjects import ARTIFACT_BUCKET, PREFIX
-from memq.workers.indexing.rebuild_job import BUCKET as REBUILD_BUCKET
 from memq.workers.lease import BUCKET as LEASE_BUCKET
+
+# memq.workers.indexing.rebuild_job.BUCKET, spelled here: the gateway imports
+# this module and may not import the indexing worker (tests/unit/test_nats_permissions.py).
+REBUILD_BUCKET = "MEMQ_REBUILD"
 
 ACCOUNT = "MEMQ"
 APP_ACCOUNT_PREFIX = "APP_"
