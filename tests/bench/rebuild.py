@@ -17,12 +17,13 @@ embedded index in a temporary directory and the local embedder. E events
 across 20 sessions. Indexing runs with ``context_turns = 0`` (no SQL: the
 rebuild replays the stream only), at the live path's batch size (64).
 
-- **raw embedder**: this process embeds the same texts with the local
+- **raw embedder**: this process embeds the texts a rebuild embeds (each
+  doc's search text: its date and author, then the words) with the local
   embedder, in batches of 64 as the indexing worker does (``LocalEmbedder``,
   its threads: one per core, or ``--threads-per-replica``): the ceiling a
-  replica's rebuild can reach on its own. It runs before and after the
-  rebuilds, and "× raw" is against the mean of the two (the load of a
-  shared machine drifts).
+  replica's rebuild can reach on its own. It runs before and after each
+  rebuild, and a rebuild's "× raw" is against the mean of the two raw runs
+  beside it (the load of a shared machine drifts).
 - **rebuild, N replicas**: N ``memq worker indexing`` processes (each with
   its own embedder, ``cores / N`` ONNX threads unless
   ``--threads-per-replica``) on an index whose live generation is empty and
@@ -58,7 +59,7 @@ from fleet import Replica  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.schemas import Event, Message, TextPart  # noqa: E402
+from memq.contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
 from memq.contracts.subjects import EVENTS_WILDCARD  # noqa: E402
 from memq.workers import bus  # noqa: E402
 from memq.workers.index.backends import open_backend  # noqa: E402
@@ -66,6 +67,7 @@ from memq.workers.index.embedders.local import LocalEmbedder  # noqa: E402
 from memq.workers.indexing.indexer import Indexer  # noqa: E402
 from memq.workers.indexing.rebuild import rebuild  # noqa: E402
 from memq.workers.indexing.worker import IndexingWorker  # noqa: E402
+from memq.workers.memory.recall import doc_for  # noqa: E402
 from memq.workers.settings import LocalEmbedderSettings, Settings  # noqa: E402
 
 BATCH = 64  # the live path's batch (indexing.batch_size's default)
@@ -91,6 +93,22 @@ class Row:
 
 def sentence(i: int) -> str:
     return " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(40)) + f" (turn {i})"
+
+
+def event(i: int) -> Event:
+    return Event(author="user", message=Message(role="user", parts=[TextPart(text=sentence(i))]))
+
+
+def search_texts(n: int) -> list[str]:
+    """What a rebuild embeds for the events: each doc's search text (its
+    date and author before the words), as the indexer makes it."""
+    texts = []
+    for i in range(n):
+        message = EventAppended(app="bench", user="u", session=f"s{i % SESSIONS}", event=event(i))
+        doc = doc_for(i + 1, message, "all", None)
+        assert doc is not None
+        texts.append(doc.search_text)
+    return texts
 
 
 def settings_for(nats_url: str, data_dir: Path) -> Settings:
@@ -120,17 +138,15 @@ async def publish(settings: Settings, n: int) -> None:
         await nc.close()
     async with await MemoryClient.connect(settings.nats.url, app="bench") as client:
         for s in range(SESSIONS):
-            events = [
-                Event(author="user", message=Message(role="user", parts=[TextPart(text=sentence(i))]))
-                for i in range(s, n, SESSIONS)
-            ]
+            events = [event(i) for i in range(s, n, SESSIONS)]
             for k in range(0, len(events), 500):
                 await client.append_many("u", f"s{s}", events[k : k + 500])
 
 
 async def raw_embedder(n: int, threads: int, when: str, ours: set[int]) -> Row:
+    status(f"raw embedder, run {when} …")
     embedder = LocalEmbedder(LocalEmbedderSettings(threads=threads))
-    texts = [sentence(i) for i in range(n)]
+    texts = search_texts(n)
     await embedder.embed(texts[:BATCH])  # load and warm up
     before = process_cpu()
     t0 = time.perf_counter()
@@ -139,7 +155,7 @@ async def raw_embedder(n: int, threads: int, when: str, ours: set[int]) -> Row:
     seconds = time.perf_counter() - t0
     await embedder.close()
     load = others_load(before, process_cpu(), ours, seconds)
-    return Row(f"raw embedder ({when}, this process)", 0, n, seconds, n / seconds, others_load=load)
+    return Row(f"raw embedder, run {when} (this process)", 0, n, seconds, n / seconds, others_load=load)
 
 
 async def prepare_index(settings: Settings) -> None:
@@ -213,7 +229,8 @@ def others_load(before: dict, after: dict, ours: set[int], seconds: float) -> fl
 def print_results(machine: dict, rows: list[Row]) -> None:
     table = Table(
         title=f"index rebuild, local embedder, embedded index ({machine['nproc']} cores, "
-        f"{machine['cpu_busy_at_start']:.0%} busy before the run; × raw: against the mean of the two raw runs)"
+        f"{machine['cpu_busy_at_start']:.0%} busy before the run; × raw: a rebuild against the raw runs "
+        "before and after it, a raw run against all of them)"
     )
     for column in ("run", "events", "s", "events/s", "× raw", "docs per replica", "others' load", "exactly once"):
         table.add_column(column, justify="left" if column in ("run", "docs per replica") else "right")
@@ -244,21 +261,21 @@ async def main(args: argparse.Namespace) -> int:
         await publish(settings, n)
         await prepare_index(settings)
         ours = {os.getpid(), server.pid}
-        # The raw embedder before and after the rebuilds: on a shared
-        # machine the load drifts, and the ratio is against their mean.
-        status("raw embedder …")
-        rows.append(await raw_embedder(n, args.threads_per_replica or 0, "before", ours))
-        runs = []
+        # The raw embedder runs before and after each rebuild: on a shared
+        # machine the load drifts, and each rebuild is compared with the
+        # mean of the two raw runs beside it.
+        raw = [await raw_embedder(n, args.threads_per_replica or 0, "1", ours)]
         for replicas in args.replicas:
             threads = args.threads_per_replica or max(1, cores // replicas)
             status(f"rebuild with {replicas} replica(s), {threads} ONNX thread(s) each …")
-            runs.append(await rebuild_with(settings, n, replicas, threads, Path(tmp), ours))
-        status("raw embedder again …")
-        rows.append(await raw_embedder(n, args.threads_per_replica or 0, "after", ours))
-        raw = (rows[0].events_per_s + rows[1].events_per_s) / 2
-        for row in rows[:2] + runs:
-            row.ratio_to_raw = row.events_per_s / raw
-        rows += runs
+            row = await rebuild_with(settings, n, replicas, threads, Path(tmp), ours)
+            raw.append(await raw_embedder(n, args.threads_per_replica or 0, str(len(raw) + 1), ours))
+            row.ratio_to_raw = 2 * row.events_per_s / (raw[-2].events_per_s + raw[-1].events_per_s)
+            rows += [raw[-2], row]
+        rows.append(raw[-1])
+        mean = sum(r.events_per_s for r in raw) / len(raw)
+        for r in raw:
+            r.ratio_to_raw = r.events_per_s / mean
     machine["cpu_busy_at_end"] = cpu_busy()
     print_results(machine, rows)
     if args.json:
