@@ -70,6 +70,7 @@ class BatchConsumer:
         batch_wait_s: float,
         idle_wait_s: float = 1.0,
         concurrency: int = 1,
+        create: bool = True,
     ):
         self.nc = nc
         self.js = nc.jetstream()
@@ -84,6 +85,7 @@ class BatchConsumer:
         self.batch_wait_s = batch_wait_s
         self.idle_wait_s = idle_wait_s
         self.concurrency = concurrency
+        self.create = create  # False: the consumer must exist (a rebuild's: made and deleted by its job)
         self._handling: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -101,6 +103,8 @@ class BatchConsumer:
         try:
             await self.js.consumer_info(self.stream, self.durable)
         except NotFoundError:
+            if not self.create:
+                raise
             config = replace(self.config, name=self.durable)
             if not config.filter_subjects:
                 config.filter_subject = self.subject

@@ -122,6 +122,11 @@ EMBED_SECONDS = Histogram(
     registry=REGISTRY,
 )
 EMBED_TEXTS = Counter("memq_embed_texts", "Texts embedded", ["model"], registry=REGISTRY)
+REBUILD_DOCS = Counter(
+    "memq_rebuild_docs",
+    "Docs this process embedded into a rebuilding index generation (its share of the fleet's rebuild)",
+    registry=REGISTRY,
+)
 
 SUMMARY_SECONDS = Histogram(
     "memq_summary_seconds",

@@ -64,6 +64,10 @@ from memq.contracts.ids import encode_token
 from memq.contracts.subjects import ARTIFACT_BUCKET, PREFIX
 from memq.workers.lease import BUCKET as LEASE_BUCKET
 
+# memq.workers.indexing.rebuild_job.BUCKET, spelled here: the gateway imports
+# this module and may not import the indexing worker (tests/unit/test_nats_permissions.py).
+REBUILD_BUCKET = "MEMQ_REBUILD"
+
 ACCOUNT = "MEMQ"
 APP_ACCOUNT_PREFIX = "APP_"
 SYSTEM_ACCOUNT = "SYS"
@@ -98,7 +102,7 @@ class User:
 # server with these permissions (tests/integration/test_security.py checks the
 # server logged no violation for them). Replies (to queries, $SRV pings) need
 # no publish grant: allow_responses covers each requester's inbox. Each
-# memq.v1 kind is named rather than memq.v1.>, and the one lease bucket and
+# memq.v1 kind is named rather than memq.v1.>, and the lease and rebuild buckets and the
 # artifact store rather than $KV.> and $O.>: what a worker never publishes
 # it cannot be tricked into publishing. $JS.API.> stays: stream, consumer,
 # KV and object-store calls put configurable names at varying positions.
@@ -114,6 +118,7 @@ WORKER_PERMISSIONS = Permissions(
         "$JS.ACK.>",  # acks, naks, in-progress
         "$JS.FC.>",  # flow control of the ordered consumer that lists objects (once a listing is large)
         f"$KV.{LEASE_BUCKET}.>",  # the summarizer's, expiry's and rebuild's leases
+        f"$KV.{REBUILD_BUCKET}.>",  # each indexing replica's share of a rebuild
         f"$O.{ARTIFACT_BUCKET}.>",  # large artifacts: listed and deleted with their session
     ),
     subscribe=(

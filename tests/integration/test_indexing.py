@@ -218,13 +218,13 @@ async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp
         try:
             indexer = make_indexer(s, backend, SharedEmbedder(embedder), js, engine=engine)
             first = (await backend.live()).generation
-            result = await rebuild(s, js, indexer, source="stream")
+            result = await rebuild(s, indexing.nc, indexer, source="stream")
             assert result.generation != first and (await backend.live()).generation == result.generation
             assert await snapshot() == live
-            result = await rebuild(s, js, indexer, source="sql", engine=engine)
+            result = await rebuild(s, indexing.nc, indexer, source="sql", engine=engine)
             assert await snapshot() == live
             # scoped: only alice is replayed, the rest is copied
-            result = await rebuild(s, js, indexer, app=APP, user="alice")
+            result = await rebuild(s, indexing.nc, indexer, app=APP, user="alice")
             assert result.copied == 1 and await snapshot() == live
             assert len(await backend.generations()) == 1  # old generations were dropped
         finally:

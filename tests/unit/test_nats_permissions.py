@@ -14,6 +14,7 @@ from memq.contracts.client import app_inbox_prefix
 from memq.contracts.errors import InvalidId
 from memq.contracts.subjects import events_subject, request_subject, status_subject
 from memq.workers import security
+from memq.workers.indexing import rebuild_job
 
 ids = st.text(min_size=1, max_size=40).filter(lambda s: len(s.encode()) <= 256)
 
@@ -142,6 +143,7 @@ def test_workers_publish_only_what_they_need():
         assert wide not in p.publish
     assert allowed(p.publish, "$KV.MEMQ_LEASES.summarize.k") and not allowed(p.publish, "$KV.OTHER.k")
     assert allowed(p.publish, "$O.MEMQ_ARTIFACTS.C.x") and not allowed(p.publish, "$O.OTHER.C.x")
+    assert allowed(p.publish, f"$KV.{rebuild_job.BUCKET}.done.g2.indexing-h-1-ab12")  # a replica's share of a rebuild
     for needed in ("memq.v1.ev.a.u.s", "memq.v1.changed.a.u.s", "memq.v1.committed.memq-persistence"):
         assert allowed(p.publish, needed), needed
     assert allowed(p.publish, "memq.v1.status.a.u.s") and allowed(p.publish, "memq.v1.dlq.persistence")

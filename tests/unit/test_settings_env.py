@@ -62,7 +62,13 @@ def test_every_variable_of_the_deployments_and_dev_scripts_is_known():
     assert found, "the pattern finds nothing"
     found = {m for m in found if not m.endswith("_")}  # MEMQ_NATS_PASSWORD_<USER>: a prefix, in prose
     names, _ = env_names()
-    stream_names = {"MEMQ_EVENTS", "MEMQ_DLQ", "MEMQ_LEASES", "MEMQ_ARTIFACTS"}  # subjects and streams, no variables
+    stream_names = {
+        "MEMQ_EVENTS",
+        "MEMQ_DLQ",
+        "MEMQ_LEASES",
+        "MEMQ_REBUILD",
+        "MEMQ_ARTIFACTS",
+    }  # subjects and streams, no variables
     unknown = sorted(v for v in found - stream_names if unknown_env({v: ""}))
     assert unknown == [], f"add them to OTHER_ENV (or fix the typo): {unknown}"
     assert security.ENV_PREFIX in OTHER_ENV_PREFIXES

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from enum import Enum
 from typing import TYPE_CHECKING, Annotated
@@ -29,9 +28,22 @@ def index_rebuild(
     app_id: Annotated[str | None, typer.Option("--app", "-a", help="Only this app (the rest is copied).")] = None,
     user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user (needs --app).")] = None,
     source: Annotated[RebuildSource, typer.Option(help="Replay the event stream, or read SQL.")] = RebuildSource.stream,
+    restart: Annotated[
+        bool, typer.Option("--restart", help="Drop an unfinished rebuild and start over instead of resuming it.")
+    ] = False,
+    pull: Annotated[
+        bool,
+        typer.Option(
+            "--pull/--no-pull",
+            help="Embed here too, as one more replica beside the indexing workers (default); "
+            "--no-pull leaves the replay to the workers.",
+        ),
+    ] = True,
 ) -> None:
-    """Rebuild the index into a fresh generation while the live one serves, then switch."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    """Rebuild the index into a fresh generation while the live one serves, then switch.
+
+    Every indexing worker takes a share of the replay; an unfinished rebuild is resumed."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from memq.workers.index.backends import open_backend
     from memq.workers.index.embedders import open_embedder
@@ -53,28 +65,28 @@ def index_rebuild(
         columns = (
             TextColumn("{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:>8.0f} msg/s"),
+            TextColumn("{task.fields[seqs]}"),
             TimeRemainingColumn(),
         )
         try:
             with Progress(*columns, console=err) as bar:
-                task = bar.add_task(f"rebuilding ({embedder.model})", total=None, rate=0.0)
-                started = asyncio.get_running_loop().time()
+                task = bar.add_task(f"rebuilding ({embedder.model})", total=None, seqs="")
 
                 def progress(done: int, total: int) -> None:
-                    elapsed = asyncio.get_running_loop().time() - started
-                    bar.update(task, completed=done, total=total, rate=done / elapsed if elapsed > 0 else 0.0)
+                    bar.update(task, completed=done, total=total, seqs=f"{done} of {total}")
 
                 return await rebuild(
                     settings,
-                    nc.jetstream(),
+                    nc,
                     indexer,
                     source=source.value,
                     app=app_id,
                     user=user,
                     engine=engine if source is RebuildSource.sql else None,
                     progress=progress,
+                    restart=restart,
+                    work=pull,
+                    notice=lambda text: bar.console.print(escape(text)),
                 )
         finally:
             await backend.close()
@@ -84,13 +96,84 @@ def index_rebuild(
     try:
         result = _with_nats(work)
     except ValueError as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     console.print(
         f"index {result.generation} is live: {result.docs} docs from {result.replayed} messages"
         + (f" (+{result.copied} copied)" if result.copied else "")
         + f", {result.model}, in {result.seconds:.1f}s"
+        + (" (resumed)" if result.resumed else "")
     )
+    for share in result.shares:
+        console.print(f"  {escape(share.replica)}: {share.docs} docs from {share.messages} messages")
+
+
+@index_app.command("generations")
+def index_generations(
+    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+) -> None:
+    """List the index's generations: live, rebuilding (resumed by the next rebuild) or abandoned."""
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from memq.workers.index.backends import open_backend
+    from memq.workers.indexing.generations import list_generations
+
+    settings = _settings()
+
+    async def work(nc: NATS):
+        backend = open_backend(settings)
+        await backend.open()
+        try:
+            return await list_generations(backend, nc.jetstream(), settings)
+        finally:
+            await backend.close()
+
+    rows = _with_nats(work)
+    if as_json:
+        console.print_json(json.dumps([asdict(r) for r in rows]))
+        return
+    table = Table(title="index generations")
+    for column in ("generation", "state", "docs", "model", "dim", "note"):
+        table.add_column(column, justify="right" if column in ("docs", "dim") else "left")
+    for r in rows:
+        table.add_row(r.generation, r.state, str(r.docs), escape(r.model), str(r.dim), escape(r.note))
+    if not rows:
+        table.caption = "no index yet: `memq index rebuild` builds one"
+    console.print(table)
+
+
+@index_app.command("drop")
+def index_drop(
+    generations: Annotated[
+        list[str] | None, typer.Argument(help="Generations to drop (see `memq index generations`).")
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all-unused", help="Drop every generation that is not live.")] = False,
+) -> None:
+    """Drop generations that are not live: abandoned ones, or an unfinished rebuild's (which ends it)."""
+    from memq.workers.index.backends import open_backend
+    from memq.workers.indexing.generations import drop_generations
+
+    if not generations and not all_:
+        err.print("[red]name the generations to drop[/] (`memq index drop g5`), or pass --all-unused")
+        raise typer.Exit(2)
+    settings = _settings()
+
+    async def work(nc: NATS):
+        backend = open_backend(settings)
+        await backend.open()
+        try:
+            return await drop_generations(backend, nc.jetstream(), settings, None if all_ else generations)
+        finally:
+            await backend.close()
+
+    try:
+        dropped = _with_nats(work)
+    except ValueError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    console.print(f"dropped {', '.join(dropped)}" if dropped else "no generation to drop")
 
 
 @app.command()

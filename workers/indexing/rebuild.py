@@ -1,59 +1,91 @@
 """Rebuild the index into a fresh generation, then switch to it atomically.
 
 The live generation keeps serving (and the live workers keep writing to it)
-while a new generation is filled from a replay: the event stream from
-sequence 1 through an ephemeral consumer, or a read of SQL. Then
+while a new generation is filled by a replay of the event stream from
+sequence 1. The replay is a *job* (:mod:`memq.workers.indexing.rebuild_job`):
+a durable consumer that every indexing replica pulls from
+(:mod:`memq.workers.indexing.replica`), and the process that runs
+:func:`rebuild` too, so it also works with no worker running. The consumer
+sees what is appended during the rebuild as well, so nothing written
+meanwhile is missing from the new generation. Once the consumer has caught
+up (nothing pending, nothing in flight),
 :meth:`~memq.workers.index.backends.base.IndexBackend.promote` switches, and
-the replay goes on over whatever arrived in the meantime (the *tail*), so no
-event that the live worker wrote only to the old generation is missed.
-Deletes replay in order with the events they delete, and the persistence
-worker has already purged deleted sessions from the stream and SQL, so
-deleted data does not come back.
+the replay goes on until it has caught up again (the *tail*: what the live
+workers wrote only to the old generation before the switch), then the
+consumer and the job are deleted. Deletes replay in order with the events
+they delete, and the persistence worker has already purged deleted sessions
+from the stream and SQL, so deleted data does not come back.
 
-A scoped rebuild (one app or user) copies every doc outside the scope from
-the live generation, vectors included, and replays only the scope.
+A scoped rebuild (one app or user) first copies every doc outside the scope
+from the live generation, vectors included; its replicas skip the messages
+outside the scope that the copy already holds (up to the live consumer's ack
+floor when the copy began) and apply everything after.
 
-Interrupting a rebuild is safe: a cancelled or failed one drops its unfinished
-generation, and one that could not (the process was killed, or stopping cut
-the clean-up short) leaves a generation that is never promoted, and that the
-next rebuild drops first. Rebuilds hold the ``index-rebuild`` lease, so any
-generation that is not live while one holds it was abandoned.
+A rebuild that stops (a killed replica, CLI or stack, or a cancelled one)
+leaves its job, and the next :func:`rebuild` resumes it where the consumer
+stands; ``restart=True`` drops it and starts over. A generation that is
+neither live nor a job's was left by a rebuild killed before its job was
+recorded: the next rebuild drops it (:func:`drop_abandoned`), and ``memq index
+generations`` lists it. Rebuilds hold the ``index-rebuild`` lease.
+
+``source="sql"`` reads SQL instead of the stream, in this process alone
+(SQL pages are not a shared queue), and is not resumable: a failed one drops
+its generation.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from memq.contracts.ids import encode_token
 from memq.contracts.subjects import EVENTS_WILDCARD, PREFIX, user_events_filter
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.index.backends.base import IndexBackend
 from memq.workers.indexing.indexer import Indexer
+from memq.workers.indexing.rebuild_job import (
+    CONSUMER_PREFIX,
+    JobStore,
+    RebuildJob,
+    ReplicaShare,
+    consumer_config,
+    consumer_name,
+    replica_id,
+)
+from memq.workers.indexing.replica import RebuildReplica
 from memq.workers.lease import Lease
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")
 
-Progress = Callable[[int, int], None]  # (messages done, messages known so far)
+Progress = Callable[[int, int], None]  # (stream seq acked by the replay, stream's last seq)
+Notice = Callable[[str], None]
 FETCH = 256
 COMMIT_WAIT_S = 120.0  # source sql: how long persistence may lag behind the stream
 REBUILD_LEASE = "index-rebuild"  # one rebuild at a time, across processes
+POLL_S = 0.25  # how often the caught-up check reads the consumer
+STALLED_S = 30.0  # no delivery for this long while messages wait: nobody is pulling
 
 
 @dataclass
 class RebuildResult:
     generation: str
     model: str
-    replayed: int  # messages read from the source
+    replayed: int  # messages read from the source (all replicas)
     copied: int  # docs copied from the live generation (scoped rebuild)
-    docs: int
+    docs: int  # docs embedded (all replicas)
     seconds: float
+    resumed: bool = False
+    shares: list[ReplicaShare] = field(default_factory=list)  # what each replica did (stream source)
 
 
 def scope_filter(app: str | None, user: str | None) -> list[str]:
@@ -119,7 +151,7 @@ class StreamReplay:
 
 async def rebuild(
     settings: Settings,
-    js: JetStreamContext,
+    nc: NATS,
     indexer: Indexer,
     *,
     source: str = "stream",
@@ -128,76 +160,224 @@ async def rebuild(
     engine=None,
     progress: Progress | None = None,
     lease: bool = True,
+    restart: bool = False,
+    work: bool = True,
+    conflict: Literal["fail", "restart"] = "fail",
+    notice: Notice | None = None,
 ) -> RebuildResult:
-    """Fill a fresh generation with the indexer's embedder, promote it, then
-    replay the tail. Raises on failure or cancellation, after dropping the
-    unfinished generation.
+    """Fill a fresh generation (or resume the unfinished one), promote it,
+    then replay the tail. Returns once the new generation is live.
 
     :param source: ``stream`` (default) or ``sql`` (``engine`` needed).
     :param app: only this app is replayed (the rest is copied from the live
         generation); default None, everything.
     :param user: only this user of ``app``; default None.
     :param engine: the SQL engine for ``source="sql"``; default None.
-    :param progress: called with (messages done, messages known); default None.
+    :param progress: called with (stream seq done, stream's last seq); default None.
     :param lease: take the ``index-rebuild`` lease for the rebuild (default
         True); False when the caller already holds it.
+    :param restart: drop an unfinished rebuild instead of resuming it.
+    :param work: this process pulls from the job's consumer too (default
+        True); False leaves the replay to the indexing workers.
+    :param conflict: an unfinished rebuild of another scope or model:
+        ``fail`` (ValueError, default) or ``restart`` (drop it).
+    :param notice: called with what an operator should know (resuming, no
+        replica pulling).
     """
+    say = notice or (lambda text: log.info("%s", text))
+    args = (settings, nc, indexer, source, app, user, engine, progress, restart, work, conflict, say)
     if not lease:
-        return await _rebuild(settings, js, indexer, source, app, user, engine, progress)
-    async with Lease(js, REBUILD_LEASE, replicas=settings.streams.replicas):
-        return await _rebuild(settings, js, indexer, source, app, user, engine, progress)
+        return await _rebuild(*args)
+    async with Lease(nc.jetstream(), REBUILD_LEASE, replicas=settings.streams.replicas):
+        return await _rebuild(*args)
 
 
-async def drop_abandoned(backend: IndexBackend) -> list[str]:
-    """Drop every generation that is not live: rebuilds that were interrupted
-    before they could clean up. Call only while holding the rebuild lease
-    (otherwise it may be another process's rebuild in progress). Returns the
-    names dropped."""
+async def drop_abandoned(
+    backend: IndexBackend, js: JetStreamContext, settings: Settings, keep: str | None
+) -> list[str]:
+    """Drop every generation that is neither live nor ``keep`` (the job's),
+    and every rebuild consumer but ``keep``'s: rebuilds killed before they
+    recorded their job. Call only while holding the rebuild lease (otherwise
+    it may be another process's rebuild starting). Returns the names dropped."""
     live = await backend.live()
     dropped = []
     for meta in await backend.generations():
-        if live is None or meta.generation != live.generation:
+        if meta.generation != keep and (live is None or meta.generation != live.generation):
             log.warning("dropping index generation %s, left by an interrupted rebuild", meta.generation)
             await backend.drop_generation(meta.generation)
             dropped.append(meta.generation)
+    for info in await js.consumers_info(settings.streams.events):
+        name = info.name or ""
+        if name.startswith(CONSUMER_PREFIX) and (keep is None or name != consumer_name(keep)):
+            await _delete_consumer(js, settings, name)
     return dropped
 
 
-async def _rebuild(settings, js, indexer, source, app, user, engine, progress) -> RebuildResult:
+async def end_job(store: JobStore, js: JetStreamContext, settings: Settings, job: RebuildJob) -> None:
+    """The job's consumer, record and shares go (its generation stays)."""
+    await _delete_consumer(js, settings, job.consumer)
+    await store.close(job)
+
+
+async def _delete_consumer(js: JetStreamContext, settings: Settings, name: str) -> None:
+    try:
+        await js.delete_consumer(settings.streams.events, name)
+    except NotFoundError:
+        pass
+
+
+async def _rebuild(settings, nc, indexer, source, app, user, engine, progress, restart, work, conflict, say):
+    js = nc.jetstream()
+    backend: IndexBackend = indexer.backend
+    store = JobStore(js, replicas=settings.streams.replicas)
+    started = time.monotonic()
+    drop_other = conflict == "restart"
+    if source == "sql":
+        await _unfinished(store, js, settings, indexer, app, user, restart, drop_other, say, resumable=False)
+        await drop_abandoned(backend, js, settings, keep=None)
+        return await _rebuild_sql(settings, js, indexer, app, user, engine, progress)
+    job = await _unfinished(store, js, settings, indexer, app, user, restart, drop_other, say)
+    resumed = job is not None
+    await drop_abandoned(backend, js, settings, keep=job.generation if job else None)
+    if job is None:
+        job = await _start_job(store, js, settings, indexer, app, user)
+    replica = None
+    if work:
+        replica = RebuildReplica(nc, settings, indexer, job, store, replica_id("rebuild"))
+        await replica.start()
+    try:
+        await _caught_up(js, settings, job, progress, say)
+        await backend.promote(job.generation)
+        # Tail: what the live workers wrote to the old generation only.
+        await _caught_up(js, settings, job, None, say)
+    finally:
+        if replica is not None:
+            await replica.stop()
+    shares = await store.shares(job.generation)
+    await end_job(store, js, settings, job)
+    return RebuildResult(
+        generation=job.generation,
+        model=job.model,
+        replayed=sum(s.messages for s in shares),
+        copied=job.copied,
+        docs=sum(s.docs for s in shares),
+        seconds=time.monotonic() - started,
+        resumed=resumed,
+        shares=shares,
+    )
+
+
+def describe_scope(app: str | None, user: str | None) -> str:
+    if app is None:
+        return "everything"
+    return f"app {app}" + (f", user {user}" if user is not None else "")
+
+
+async def _unfinished(
+    store, js, settings, indexer, app, user, restart: bool, drop_other: bool, say: Notice, resumable: bool = True
+) -> RebuildJob | None:
+    """The unfinished job to resume, or None (none, gone, or dropped:
+    ``restart``, or ``drop_other`` and it is of another scope or model).
+    ``resumable`` False (an SQL rebuild): any unfinished job is in the way."""
+    job = await store.get()
+    if job is None:
+        return None
+    backend: IndexBackend = indexer.backend
+    exists = job.generation in {m.generation for m in await backend.generations()}
+    same = resumable and (job.app, job.user, job.model, job.dim) == (
+        app,
+        user,
+        indexer.embedder.model,
+        indexer.embedder.dim,
+    )
+    if exists and not same and not (restart or drop_other):
+        flags = "".join(f" --{k} {v}" for k, v in (("app", job.app), ("user", job.user)) if v is not None)
+        raise ValueError(
+            f"an unfinished rebuild of {job.generation} ({describe_scope(job.app, job.user)}, {job.model}) "
+            f"is under way: resume it with `memq index rebuild{flags}`, or start over with --restart"
+        )
+    if exists and same and not restart:
+        say(f"resuming the unfinished rebuild of {job.generation} ({describe_scope(app, user)}, {job.model})")
+        return job
+    live = await backend.live()
+    if exists and (live is None or live.generation != job.generation):
+        say(f"dropping the unfinished rebuild of {job.generation}, starting over")
+        await backend.drop_generation(job.generation)
+    await end_job(store, js, settings, job)
+    return None
+
+
+async def _start_job(store, js, settings, indexer, app, user) -> RebuildJob:
+    backend: IndexBackend = indexer.backend
+    live = await backend.live()
+    scoped = app is not None or user is not None
+    if scoped and live is None:
+        raise ValueError("a scoped rebuild needs a live index to copy the rest from; rebuild everything first")
+    target = await backend.create_generation(indexer.embedder.model, indexer.embedder.dim)
+    log.info("rebuilding into %s (%s, source stream)", target.generation, target.model)
+    job = RebuildJob(target.generation, target.model, target.dim, app=app, user=user, started_at=time.time())
+    if scoped:
+        # What the live generation holds for sure: everything up to its ack floor.
+        try:
+            info = await js.consumer_info(settings.streams.events, settings.indexing.durable)
+            job.copied_upto = info.ack_floor.stream_seq if info.ack_floor else 0
+        except NotFoundError:
+            job.copied_upto = 0
+        job.copied = await _copy_outside_scope(backend, target.generation, app, user, live, indexer)
+    await js.add_consumer(settings.streams.events, consumer_config(settings, target.generation))
+    await store.put(job)
+    return job
+
+
+async def _caught_up(js, settings, job: RebuildJob, progress: Progress | None, say: Notice) -> None:
+    """Until the job's consumer has nothing pending and nothing in flight."""
+    events = settings.streams.events
+    seen, since = -1, time.monotonic()
+    warned = False
+    while True:
+        info = await js.consumer_info(events, job.consumer)
+        last = (await js.stream_info(events)).state.last_seq
+        pending, in_flight = info.num_pending or 0, info.num_ack_pending or 0
+        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        if progress:
+            progress(last if pending == 0 and in_flight == 0 else min(floor, last), last)
+        if pending == 0 and in_flight == 0:
+            return
+        delivered = info.delivered.stream_seq if info.delivered else 0
+        if delivered != seen:
+            seen, since = delivered, time.monotonic()
+        elif not warned and in_flight == 0 and time.monotonic() - since > STALLED_S:
+            warned = True
+            say(f"nothing has pulled from {job.consumer} for {STALLED_S:.0f}s: is an indexing worker running?")
+        await asyncio.sleep(POLL_S)
+
+
+async def _rebuild_sql(settings, js, indexer, app, user, engine, progress) -> RebuildResult:
+    """The SQL source: this process alone, dropped on failure."""
     backend: IndexBackend = indexer.backend
     started = time.monotonic()
     scoped = app is not None or user is not None
     live = await backend.live()
     if scoped and live is None:
         raise ValueError("a scoped rebuild needs a live index to copy the rest from; rebuild everything first")
+    if engine is None:
+        raise ValueError("source sql needs a database engine")
     replay: StreamReplay | None = None
-    await drop_abandoned(backend)
     target = await backend.create_generation(indexer.embedder.model, indexer.embedder.dim)
-    log.info("rebuilding into %s (%s, source %s)", target.generation, target.model, source)
+    log.info("rebuilding into %s (%s, source sql)", target.generation, target.model)
     subjects = scope_filter(app, user)
     copied = replayed = 0
     docs_before = indexer.totals.docs
     try:
         if scoped:
             copied = await _copy_outside_scope(backend, target.generation, app, user, live, indexer)
-        if source == "sql":
-            if engine is None:
-                raise ValueError("source sql needs a database engine")
-            # SQL holds everything up to the stream's end once the persistence
-            # floor reaches it; the tail replays the stream after that point.
-            end = (await js.stream_info(settings.streams.events)).state.last_seq
-            await CommitFloor(js, settings.streams.events, settings.persistence.durable).wait_for(end, COMMIT_WAIT_S)
-            replay = StreamReplay(js, settings.streams.events, subjects, start_seq=end + 1)
-            await replay.open()
-            replayed = await _replay_sql(engine, indexer, target.generation, app, user, progress)
-        else:
-            replay = StreamReplay(js, settings.streams.events, subjects)
-            total = await replay.open()
-            async for batch in replay.batches():
-                await indexer.apply(indexer.decode(batch), generation=target.generation)
-                replayed += len(batch)
-                if progress:
-                    progress(replayed, max(total, replayed))
+        # SQL holds everything up to the stream's end once the persistence
+        # floor reaches it; the tail replays the stream after that point.
+        end = (await js.stream_info(settings.streams.events)).state.last_seq
+        await CommitFloor(js, settings.streams.events, settings.persistence.durable).wait_for(end, COMMIT_WAIT_S)
+        replay = StreamReplay(js, settings.streams.events, subjects, start_seq=end + 1)
+        await replay.open()
+        replayed = await _replay_sql(engine, indexer, target.generation, app, user, progress)
         await backend.promote(target.generation)
         # Tail: what arrived while we replayed went to the old generation only.
         async for batch in replay.batches():

@@ -20,9 +20,14 @@ vectors of two models never mix. Writes name the generation they were
 checked against: a write racing a switch to another generation fails and is
 retried against the new one, never lands in the wrong one.
 
+Once running, the worker also takes its share of any rebuild in progress
+(:class:`~memq.workers.indexing.replica.RebuildFollower`): ``memq index
+rebuild`` replays the stream through a durable consumer that every replica
+pulls from.
+
 Stopping never waits for a rebuild: the preparation runs as a task that
-:meth:`IndexingWorker.stop` cancels (the rebuild drops its unfinished
-generation, and the next start rebuilds afresh), and the batch in hand gets
+:meth:`IndexingWorker.stop` cancels (the rebuild's job stays, and the next
+start resumes it where its consumer stands), and the batch in hand gets
 ``stop_grace_s`` to finish before it is cut short and naked for redelivery.
 """
 
@@ -53,6 +58,8 @@ from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders.base import Embedder, EmbedderError
 from memq.workers.indexing.indexer import Indexer, make_indexer
 from memq.workers.indexing.rebuild import REBUILD_LEASE, Progress, rebuild
+from memq.workers.indexing.rebuild_job import JobStore
+from memq.workers.indexing.replica import RebuildFollower
 from memq.workers.lease import Lease
 from memq.workers.opened import opened
 from memq.workers.settings import Settings
@@ -96,6 +103,8 @@ class IndexingWorker:
         self.service: Service | None = None
         self.ready = asyncio.Event()  # the index is usable and the consumer runs
         self._main: asyncio.Task | None = None
+        self.follower: RebuildFollower | None = None  # this replica's part in rebuilds; set once ready
+        self._following: asyncio.Task | None = None
         self._stopping = asyncio.Event()
         self._index_down = False  # the last batch failed on the index: ask it before embedding again
 
@@ -176,9 +185,10 @@ class IndexingWorker:
 
     async def stop(self) -> None:
         self._stopping.set()
-        if self._main is not None:
-            self._main.cancel()
-            await asyncio.gather(self._main, return_exceptions=True)
+        for task in (self._main, self._following):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.service is not None:
             await self.service.stop()
         if self.consumer is not None:
@@ -220,6 +230,13 @@ class IndexingWorker:
             batch_wait_s=s.batch_wait_s,
         )
         await self.consumer.start()
+        self.follower = RebuildFollower(
+            opened(self.nc, "IndexingWorker.nc"),
+            self.settings,
+            self.indexer,
+            JobStore(self.js, replicas=self.settings.streams.replicas),
+        )
+        self._following = asyncio.create_task(self.follower.run(), name="indexing rebuilds")
         self.ready.set()
         log.info(
             "indexing worker started (durable %s, %s index %s, %s, scope %s)",
@@ -257,7 +274,14 @@ class IndexingWorker:
                         self.embedder.model,
                         self.embedder.dim,
                     )
-                result = await rebuild(self.settings, self.js, self.indexer, progress=self._progress(), lease=False)
+                result = await rebuild(
+                    self.settings,
+                    opened(self.nc, "IndexingWorker.nc"),
+                    self.indexer,
+                    progress=self._progress(),
+                    lease=False,
+                    conflict="restart",  # an unfinished rebuild of another model cannot serve this worker
+                )
                 log.info("rebuilt %d docs from %d messages in %.1fs", result.docs, result.replayed, result.seconds)
             self._generation = await self.backend.live()
         # A durable that does not exist yet need not re-index what the rebuild
@@ -277,7 +301,7 @@ class IndexingWorker:
             nonlocal last
             if time.monotonic() - last >= PROGRESS_EVERY_S:
                 last = time.monotonic()
-                log.info("rebuilding the index: %d of %d messages", done, total)
+                log.info("rebuilding the index: stream seq %d of %d", done, total)
 
         return progress
 
