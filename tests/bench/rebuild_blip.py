@@ -102,7 +102,7 @@ async def measure(args: argparse.Namespace, nats_url: str, data: Path, weaviate:
         try:
             started = time.monotonic()
             result = await rebuild(
-                s, indexing.js, make_indexer(s, own, SharedEmbedder(embedder), indexing.js, engine=engine)
+                s, indexing.nc, make_indexer(s, own, SharedEmbedder(embedder), indexing.js, engine=engine)
             )
             took = time.monotonic() - started
             await asyncio.sleep(args.after_s)

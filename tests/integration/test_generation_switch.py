@@ -258,7 +258,7 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
         try:
             await wait_for(lambda: _some(answers), what="the first answers")
             started = time.monotonic()
-            result = await rebuild(s, indexing.js, make_indexer(s, own, embedder, indexing.js, engine=engine))
+            result = await rebuild(s, indexing.nc, make_indexer(s, own, embedder, indexing.js, engine=engine))
             switched = time.monotonic()
             await asyncio.sleep(3)  # past the query worker's LIVE_REFRESH_S: it has seen the switch
         finally:
