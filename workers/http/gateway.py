@@ -30,6 +30,7 @@ from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.micro import add_service
 
+from memq.workers import VERSION
 from memq.workers.http.api import build_api
 from memq.workers.http.clients import AppClients
 from memq.workers.http.keys import Keyring, check_open_is_local
@@ -145,7 +146,7 @@ class HttpGateway:
         # (NATS micro ping/info/stats), with its URL, as the other kinds are.
         nc = opened(self.nc, "the gateway's connection")
         self.service = await add_service(
-            nc, name="memq-http", version="0.1.0", description="memq: the HTTP gateway", metadata={"url": self.url}
+            nc, name="memq-http", version=VERSION, description="memq: the HTTP gateway", metadata={"url": self.url}
         )
         log.info("HTTP gateway on %s (%s)", self.url, "open: no API keys" if self.keyring.open else "API keys")
 

@@ -49,7 +49,7 @@ from sqlalchemy import exc as sa_exc
 
 from memq.contracts.notices import CommittedRanges
 from memq.contracts.subjects import EVENTS_WILDCARD, committed_subject
-from memq.workers import metrics
+from memq.workers import VERSION, metrics
 from memq.workers.bus import patiently
 from memq.workers.commit_floor import announce_finished
 from memq.workers.consumer import BatchConsumer
@@ -178,7 +178,7 @@ class IndexingWorker:
         self.service = await add_service(
             opened(self.nc, "IndexingWorker.nc"),
             name="memq-indexing",
-            version="0.1.0",
+            version=VERSION,
             description="memq: embeds the event log into the index",
         )
         self._main = asyncio.create_task(self._prepare_and_consume(), name="indexing main")

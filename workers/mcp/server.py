@@ -19,12 +19,10 @@ from collections.abc import AsyncIterator, Callable
 from mcp.server.mcpserver import MCPServer
 
 from memq.contracts.client import MemoryClient
-from memq.workers import bus
+from memq.workers import VERSION, bus
 from memq.workers.http.clients import AppClients
 from memq.workers.mcp.tools import register
 from memq.workers.settings import Settings
-
-VERSION = "0.1.0"
 
 
 def instructions(app: str, default_user: str | None) -> str:

@@ -52,7 +52,7 @@ from memq.contracts.subjects import (
     events_subject,
     user_events_filter,
 )
-from memq.workers import metrics
+from memq.workers import VERSION, metrics
 from memq.workers.commit_floor import announce_finished
 from memq.workers.consumer import BatchConsumer
 from memq.workers.dlq import DeadLetters
@@ -180,7 +180,7 @@ class PersistenceWorker:
         # No endpoints: registering makes the replica visible to `memq status`
         # (NATS micro ping/info/stats).
         self.service = await add_service(
-            self._nats, name="memq-persistence", version="0.1.0", description="memq: commits the event log to SQL"
+            self._nats, name="memq-persistence", version=VERSION, description="memq: commits the event log to SQL"
         )
         if s.expiry.enabled:  # why here and not in another kind: see expiry.py
             self.sweeper = SessionSweeper(s, self._nats, self.engine)

@@ -95,7 +95,7 @@ from memq.contracts.ids import decode_token
 from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.replies import error_body, ok_body
 from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX, committed_subject
-from memq.workers import bus, metrics
+from memq.workers import VERSION, bus, metrics
 from memq.workers.bus import malformed_notice
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.memory.tail import MustWait
@@ -121,7 +121,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("memq.query")
 
 SERVICE_NAME = "memq-query"
-SERVICE_VERSION = "0.1.0"
 # Fields that change when an answer may be served, not what the answer is.
 
 
@@ -262,7 +261,7 @@ class QueryWorker:
         self.service = await add_service(
             opened(self.nc, "the query worker's NATS connection"),
             name=SERVICE_NAME,
-            version=SERVICE_VERSION,
+            version=VERSION,
             description="memq sessions, history, context and search",
             queue_group=self.settings.query.queue_group,
         )

@@ -43,7 +43,7 @@ from memq.contracts.ids import scope_key
 from memq.contracts.notices import CommitNotice, StatusEvent
 from memq.contracts.schemas import CheckpointSaved
 from memq.contracts.subjects import CHANGED_WILDCARD, status_subject
-from memq.workers import metrics
+from memq.workers import VERSION, metrics
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.lease import Lease
 from memq.workers.memory.extractive import Turn
@@ -194,7 +194,7 @@ class SummarizerWorker:
         self.service = await add_service(
             opened(self.nc, "SummarizerWorker.nc"),
             name="memq-summarizer",
-            version="0.1.0",
+            version=VERSION,
             description="memq: checkpoint summaries",
         )
         log.info("summarizer worker started (%s)", self.settings.summarizer.kind)
