@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from memq.contracts.codec import decode_from_subject
 from memq.contracts.errors import MemqError
 from memq.contracts.ids import scope_key
-from memq.contracts.schemas import EventAppended, SessionDeleted, StreamMessage, UserDeleted
+from memq.contracts.schemas import EventAppended, EventForgotten, SessionDeleted, StreamMessage, UserDeleted
 from memq.workers.index.backends.base import IndexBackend
 from memq.workers.index.embedders.base import Embedder
 from memq.workers.memory.recall import SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
@@ -78,7 +78,15 @@ class Indexer:
             key = _session_key(message)
             if key is not None:
                 owners[key] = (message.app, message.user)
-            if isinstance(message, (SessionDeleted, UserDeleted)):
+            if isinstance(message, EventForgotten):
+                if message.seq < seq:  # as the persistence worker: a forget names an earlier message
+                    await self._write(pending, generation, done)  # the event may be in this batch
+                    pending = []
+                    await self.backend.delete_session(
+                        message.app, message.user, message.session, at_seq=message.seq, generation=generation
+                    )
+                    done.deletes += 1
+            elif isinstance(message, (SessionDeleted, UserDeleted)):
                 await self._write(pending, generation, done)
                 pending = []
                 # a session recreated after its delete starts without context

@@ -81,7 +81,7 @@ def deleting_users(items: Iterable[Incoming]) -> set[str]:
 
 
 def _writes_more_than_events(plan: CommitPlan) -> bool:
-    deletes = (plan.user_deletes, plan.session_deletes)
+    deletes = (plan.user_deletes, plan.session_deletes, plan.forgets)
     return any((plan.artifacts, plan.checkpoints, plan.app_state, plan.user_state, plan.session_state, *deletes))
 
 
@@ -270,6 +270,16 @@ class SqlStore:
             )
             for table in SESSION_DATA:
                 await conn.execute(delete(table).where(and_(table.c.session_key == session_key, table.c.seq < seq)))
+        for session_key, forgotten in sorted(plan.forgets.items()):
+            # By session and seq: a seq of another session's event matches no row here.
+            e = EVENTS.c
+            await conn.execute(delete(EVENTS).where(and_(e.session_key == session_key, e.seq.in_(sorted(forgotten)))))
+            # Moved even when no row was there: a cached window is compared on it.
+            await conn.execute(
+                update(SESSIONS)
+                .where(SESSIONS.c.key == session_key)
+                .values(forgot_seq=greatest(d, SESSIONS.c.forgot_seq, max(forgotten.values())))
+            )
 
     async def _insert(self, conn: AsyncConnection, plan: CommitPlan) -> None:
         d = self.dialect
