@@ -224,6 +224,9 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
             touch.add(seq, timestamp, updates=updates)
     if plan.forgets:  # an event forgotten in its own batch is never written
         plan.events = [e for e in plan.events if e["seq"] not in plan.forgets.get(e["session_key"], ())]
+        for session_key, forgotten in plan.forgets.items():
+            if (touch := plan.touched.get(session_key)) is not None:  # visible: its last message is the forget
+                touch.last_seq = max(touch.last_seq, *forgotten.values())
     return plan
 
 

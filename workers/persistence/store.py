@@ -274,11 +274,17 @@ class SqlStore:
             # By session and seq: a seq of another session's event matches no row here.
             e = EVENTS.c
             await conn.execute(delete(EVENTS).where(and_(e.session_key == session_key, e.seq.in_(sorted(forgotten)))))
-            # Moved even when no row was there: a cached window is compared on it.
+            # forgot_seq moves even when no row was there: a cached window is
+            # compared on it. last_seq moves too (what a caller's expect_seq is
+            # read from), but only for a visible session: a forget starts none.
+            newest, s = max(forgotten.values()), SESSIONS.c
             await conn.execute(
                 update(SESSIONS)
-                .where(SESSIONS.c.key == session_key)
-                .values(forgot_seq=greatest(d, SESSIONS.c.forgot_seq, max(forgotten.values())))
+                .where(s.key == session_key)
+                .ordered_values(
+                    (s.last_seq, case((s.last_seq > s.deleted_seq, greatest(d, s.last_seq, newest)), else_=s.last_seq)),
+                    (s.forgot_seq, greatest(d, s.forgot_seq, newest)),
+                )
             )
 
     async def _insert(self, conn: AsyncConnection, plan: CommitPlan) -> None:
