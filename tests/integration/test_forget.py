@@ -22,8 +22,12 @@ from services import NatsServer
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import InvalidMessage, NotFound
 from memq.contracts.subjects import EVENTS_STREAM
+from memq.workers.index.embedders import open_embedder
+from memq.workers.indexing.indexer import make_indexer
+from memq.workers.indexing.rebuild import rebuild
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.persistence.worker import PersistenceWorker
+from memq.workers.sql.engine import create_engine
 
 APP = "forget_app"
 
@@ -31,9 +35,8 @@ pytestmark = pytest.mark.timeout(240)
 
 
 class Stack:
-    def __init__(self, url: str, persistence: PersistenceWorker):
-        self.url = url
-        self.persistence = persistence
+    def __init__(self, url: str, settings, persistence: PersistenceWorker, indexing: IndexingWorker):
+        self.url, self.settings, self.persistence, self.indexing = url, settings, persistence, indexing
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ async def stack(tmp_path_factory) -> AsyncIterator[Stack]:
             indexing = await exits.enter_async_context(running(IndexingWorker(settings)))
             await asyncio.wait_for(indexing.ready.wait(), 60)
             await exits.enter_async_context(running_query(settings))
-            yield Stack(server.url, persistence)
+            yield Stack(server.url, settings, persistence, indexing)
 
 
 @pytest.fixture
@@ -127,6 +130,29 @@ async def test_a_forgotten_event_is_gone_from_history_context_search_and_stream(
 
 async def _gone(url: str, seq: int) -> bool:
     return not await in_stream(url, seq)
+
+
+async def test_an_index_rebuild_from_the_stream_or_sql_does_not_bring_it_back(stack, memq, user):
+    seqs = await three_turns(memq, user, "s")
+    await memq.forget_event(user, "s", seqs[1])
+    assert await found(memq, user, "zebra42") == []
+    backend = stack.indexing.backend
+
+    async def mine() -> set[tuple]:
+        return {(d.seq, d.text, d.search_text) async for d in backend.export(app=APP, user=user)}
+
+    live = await mine()
+    assert {seq for seq, *_ in live} == {seqs[0], seqs[2]}
+    engine = create_engine(stack.settings.database_url())
+    embedder = await open_embedder(stack.settings.indexing)
+    try:
+        indexer = make_indexer(stack.settings, backend, embedder, stack.indexing.js, engine=engine)
+        for source in ("stream", "sql"):
+            await rebuild(stack.settings, stack.indexing.js, indexer, source=source, engine=engine)
+            assert await mine() == live, source  # the next turn's context too
+            assert await found(memq, user, "zebra42") == []
+    finally:
+        await engine.dispose()
 
 
 async def test_the_session_moves_on_so_expect_seq_after_a_forget_works(memq, user):
