@@ -344,8 +344,8 @@ class PersistenceWorker:
 
     async def _purge_deleted(self, result: CommitResult) -> None:
         """Remove deleted sessions/users from the log (below the delete's own
-        sequence) and their artifact objects. Idempotent, so a crash before
-        the ack only repeats it."""
+        sequence) and their artifact objects, and forgotten events' own
+        messages. Idempotent, so a crash before the ack only repeats it."""
         await self._delete_forgotten(result)
         if not (result.plan.session_deletes or result.plan.user_deletes):
             return
