@@ -120,6 +120,7 @@ from memq.contracts.schemas import (
     ArtifactSaved,
     Event,
     EventAppended,
+    EventForgotten,
     Message,
     ObjectRef,
     SessionCreated,
@@ -589,6 +590,44 @@ class MemoryClient:
         if not missing_ok:
             await self._require_session(user, session, "nothing deleted")
         return await self._publish(message)
+
+    async def forget_event(
+        self, user: str, session: str, seq: int, *, missing_ok: bool = False, expect_seq: int | None = None
+    ) -> int:
+        """Forget one event of a session everywhere (SQL, index, cache,
+        stream), as :meth:`delete_session` does a whole session; return the
+        forget's sequence. ``seq`` is the event's stream sequence (a stored
+        event's ``seq``, a search hit's ``seq``). A checkpoint whose summary
+        already folded the event keeps its summary.
+
+        :param missing_ok: default False: a ``seq`` that is not an event of
+            this session (never was, another session's or user's, forgotten
+            already) raises :class:`~memq.contracts.errors.NotFound` and
+            nothing is published (checked with one query-service read
+            first). True: publish without asking; the workers then forget
+            nothing unless the event is this session's.
+        :param expect_seq: as in :meth:`append`: publish only while the
+            session's last sequence is this one (else
+            :class:`~memq.contracts.errors.Conflict`).
+        """
+        if type(seq) is not int or seq <= 0:  # bool is no sequence either
+            raise InvalidMessage(f"invalid EventForgotten: seq must be a positive integer, not {seq!r}")
+        message = self._build(EventForgotten, user=user, session=session, seq=seq)
+        if not missing_ok:
+            await self._require_event(user, session, seq)
+        return await self._publish(message, expect_seq)
+
+    async def _require_event(self, user: str, session: str, seq: int) -> None:
+        """:class:`NotFound` unless the session holds an event at ``seq``
+        (read as in :meth:`_require_session`)."""
+        try:  # one page: the first event after seq - 1 is the one wanted, if any
+            first: SessionView = await self._query(
+                "session.get", None, consistency="any", user=user, session=session, events=True, after_seq=seq - 1
+            )
+        except NotFound as exc:
+            raise NotFound(f"{exc.message}: nothing forgotten") from None
+        if not first.events or first.events[0].seq != seq:
+            raise NotFound(f"session {session!r} of user {user!r} holds no event at seq {seq}: nothing forgotten")
 
     async def delete_user(self, user: str, *, missing_ok: bool = False) -> int:
         """Delete a user of this app, with all their sessions and ``user:``

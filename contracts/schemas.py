@@ -198,6 +198,19 @@ class SessionDeleted(_SessionEnvelope):
     timestamp: Timestamp = Field(default_factory=time.time)
 
 
+class EventForgotten(_SessionEnvelope):
+    """Forget one event of the session (the one at stream sequence ``seq``)
+    everywhere: its SQL row, its index doc, cached reads and its stream
+    message. Only an event of this very session is forgotten: the subject
+    names the scope, so a ``seq`` of another session (or user) changes
+    nothing. A checkpoint whose summary already folded the event keeps it."""
+
+    kind: Literal["event.forget"] = "event.forget"
+    id: EventId = Field(default_factory=new_id)
+    seq: int = Field(ge=1, le=MAX_SQL_INT, description="stream sequence of the event to forget")
+    timestamp: Timestamp = Field(default_factory=time.time)
+
+
 class UserDeleted(_Envelope):
     kind: Literal["user.delete"] = "user.delete"
     id: EventId = Field(default_factory=new_id)
@@ -302,8 +315,24 @@ class CheckpointSaved(_SessionEnvelope):
 
 
 StreamMessage = Annotated[
-    EventAppended | SessionCreated | SessionDeleted | UserDeleted | StateSet | ArtifactSaved | CheckpointSaved,
+    EventAppended
+    | SessionCreated
+    | SessionDeleted
+    | EventForgotten
+    | UserDeleted
+    | StateSet
+    | ArtifactSaved
+    | CheckpointSaved,
     Field(discriminator="kind"),
 ]
 
-KINDS = ("event", "session.create", "session.delete", "user.delete", "state.set", "artifact.save", "checkpoint")
+KINDS = (
+    "event",
+    "session.create",
+    "session.delete",
+    "event.forget",
+    "user.delete",
+    "state.set",
+    "artifact.save",
+    "checkpoint",
+)

@@ -11,8 +11,10 @@ items are stored as memq events, read back before the next turn::
 Items read back equal to what was added (they are stored whole, see
 :mod:`memq.contracts.adapters.openai_agents_items`), and memq's history,
 context, summaries and long-term memory see their text, tool calls and tool
-results. ``pop_item`` appends a retraction that the session's reads fold
-away; memq's own reads keep the popped item (events are immutable). Reads
+results. ``pop_item`` forgets the popped item's event everywhere
+(:meth:`~memq.contracts.client.MemoryClient.forget_event`): memq's own
+history, context and search no longer show it either. Retractions that
+older versions appended are still folded away when read. Reads
 use ``consistency="any"``: every writer's acknowledged items are seen, so
 two processes on one session see each other's items at once.
 """
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agents.memory import SessionSettings
 from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
 
-from memq.contracts.adapters.openai_agents_items import event_of, retraction_of, surviving
+from memq.contracts.adapters.openai_agents_items import event_of, surviving
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Conflict, NotFound
 from memq.contracts.queries import StoredEvent
@@ -90,10 +92,11 @@ class MemqSession:
     async def pop_item(self) -> TResponseInputItem | None:
         """Take back the newest item and return it; None for an empty session.
 
-        The retraction is published with the session's last sequence as read
+        The item's event is forgotten everywhere (memq's SQL, index, caches
+        and stream), with the session's last sequence as read
         (``expect_seq``): if another writer added or popped meanwhile, the
-        broker refuses it and the pop reads again, so two concurrent pops,
-        in one process or two, never take back the same item."""
+        broker refuses the forget and the pop reads again, so two concurrent
+        pops, in one process or two, never take back the same item."""
         popped = await _settled(self._pop())
         return popped  # type: ignore[return-value]  # a dict: the TypedDicts' runtime form
 
@@ -104,8 +107,9 @@ class MemqSession:
                 return None
             event, item = kept[-1]
             try:
-                await self.client.append(
-                    self.user, self.session_id, retraction_of(event.event["id"], self.client.app), expect_seq=last_seq
+                # missing_ok: the read above is the check, and expect_seq keeps it true
+                await self.client.forget_event(
+                    self.user, self.session_id, event.seq, missing_ok=True, expect_seq=last_seq
                 )
             except Conflict:
                 continue  # the session moved on: read its newest item again

@@ -7,9 +7,11 @@ history, context, summaries and long-term memory see the conversation as
 they see any other. An item without such a meaning (reasoning, a hosted
 tool's call) is stored with no message: only the SDK reads it back.
 
-``pop_item`` appends a *retraction*: an event with no message whose
-metadata names the event it takes back (memq's events are immutable: the
-stream is the log). :func:`surviving` folds them away.
+``pop_item`` forgets the popped item's event (memq's
+:meth:`~memq.contracts.client.MemoryClient.forget_event`). Earlier versions
+appended a *retraction* instead: an event with no message whose metadata
+names the event it takes back. Sessions may still hold those, so
+:func:`surviving` folds them away.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def event_of(item: Mapping[str, Any], agent: str) -> Event:
 
 
 def retraction_of(event_id: str, agent: str) -> Event:
-    """The event that takes back the item stored as ``event_id``."""
+    """The event that took back the item stored as ``event_id``, as
+    ``pop_item`` wrote it before forgetting (for tests of old sessions)."""
     return Event(author=agent, metadata={KEY: {"pop": event_id}})
 
 

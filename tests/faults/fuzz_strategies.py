@@ -32,6 +32,7 @@ from memq.contracts.schemas import (
     DataPart,
     Event,
     EventAppended,
+    EventForgotten,
     FilePart,
     Message,
     ObjectRef,
@@ -245,6 +246,9 @@ def valid_messages(draw, app: str | None = None):
         return SessionCreated(app=app, user=user, session=session, state=draw(deltas), **ids)
     if kind == "session.delete":
         return SessionDeleted(app=app, user=user, session=draw(deleted_ids), **ids)
+    if kind == "event.forget":  # in the deletes' namespace too: it must not take other cases' events
+        seq = draw(st.integers(min_value=1, max_value=2**63 - 1))
+        return EventForgotten(app=app, user=user, session=draw(deleted_ids), seq=seq, **ids)
     if kind == "user.delete":
         return UserDeleted(app=app, user=draw(deleted_ids), **ids)
     if kind == "state.set":
@@ -425,9 +429,10 @@ def envelope_cases(draw):
     doc = orjson.loads(encode(message))
     op = draw(st.sampled_from(["kind", "version", "no_kind", "no_version", "not_object", "empty"]))
     if op == "kind":
-        # Never into or out of a delete: a create turned into a delete would
+        # Never into or out of a delete (or a forget): a create turned into a delete would
         # remove what other cases committed (deletes have their own namespace).
-        others = [k for k in KINDS if k != message.kind and not {k, message.kind} & {"session.delete", "user.delete"}]
+        deletes = {"session.delete", "user.delete", "event.forget"}
+        others = [k for k in KINDS if k != message.kind and not {k, message.kind} & deletes]
         doc["kind"] = draw(
             (st.sampled_from(others) if others else st.nothing()) | hostile_text() | st.sampled_from(WRONG_TYPES)
         )

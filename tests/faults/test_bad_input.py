@@ -231,6 +231,8 @@ async def committed(engine, message, *, state: bool = True) -> str | None:
         c = m.Checkpoint.__table__.c
         query = select(c.seq).where(c.session_key == scope_key(app, user, session), c.checkpoint_id == message.id)
         delta = {}
+    elif kind == "event.forget":  # forgets an event in the deletes' namespace, if any: nothing to show
+        query, delta = None, {}
     else:  # state.set: only its keys show
         query, delta = None, message.delta
     if query is not None:

@@ -267,6 +267,18 @@ async def test_delete_spares_docs_newer_than_the_delete(index):
     assert await ids(index, q("puppy")) == [recreated.id]
 
 
+async def test_delete_at_a_seq_takes_that_doc_of_that_session_only(index):
+    forgotten = doc("puppy secret", unit(1), seq=3)
+    kept = doc("puppy walk", unit(1), seq=4)
+    other_session = doc("puppy park", unit(1), seq=3, session="s9")
+    other_user = doc("puppy toy", unit(1), seq=3, user="bob")
+    await index.upsert([forgotten, kept, other_session, other_user])
+    await index.delete_session("app-a", "alice", "s1", at_seq=3)  # a forgotten event (memq's forget_event)
+    assert set(await ids(index, q("puppy"))) == {kept.id, other_session.id}
+    assert await ids(index, q("puppy", user="bob")) == [other_user.id]
+    await index.delete_session("app-a", "alice", "s1", at_seq=3)  # again: nothing, no error
+
+
 async def test_export_returns_docs_with_vectors(index):
     await index.upsert(CORPUS + [doc("bob", unit(1), seq=9, user="bob")])
     exported = {d.id: d for d in [d async for d in index.export(app="app-a", user="alice")]}

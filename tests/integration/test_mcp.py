@@ -30,7 +30,15 @@ from memq.contracts.client import MemoryClient
 from memq.workers.settings import Settings
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")
-TOOLS = {"remember", "search_memory", "get_context", "list_sessions", "read_session", "forget_session"}
+TOOLS = {
+    "remember",
+    "search_memory",
+    "get_context",
+    "list_sessions",
+    "read_session",
+    "forget_session",
+    "forget_memory",
+}
 
 
 def mcp_env(settings: Settings, **extra: str) -> dict[str, str]:
@@ -150,6 +158,20 @@ async def test_stdio_every_tool_schemas_and_bad_arguments(nats_url, sqlite_url, 
         other = await call(mcp, "remember", user="v", text="v's own note")
         assert other["user"] == "v"
         assert {s["session"] for s in (await call(mcp, "list_sessions", user="v"))["sessions"]} == {"notes"}
+
+        # one memory, as search_memory shows it: its session and seq
+        slip = await call(mcp, "remember", text="Ana's PIN is 4417, a slip")
+        hit = (await call(mcp, "search_memory", query="PIN 4417", mode="keyword"))["results"][0]
+        assert (hit["session_id"], hit["metadata"]["seq"]) == ("notes", slip["seq"])
+        gone = await call(mcp, "forget_memory", session=hit["session_id"], seq=hit["metadata"]["seq"])
+        assert gone["memory_seq"] == slip["seq"] and gone["seq"] > slip["seq"]
+        assert (await call(mcp, "search_memory", query="PIN 4417", mode="keyword"))["results"] == []
+        assert (await tool_error(mcp, "forget_memory", session="notes", seq=slip["seq"])).code == "not_found"
+        assert "seq" in await tool_error(mcp, "forget_memory", session="notes", seq=0)
+        assert tools["forget_memory"].annotations.destructive_hint is True
+        assert [r["content"] for r in (await call(mcp, "search_memory", query="Lila", mode="keyword"))["results"]] == [
+            "Ana's daughter Lila turns seven on the 14th of May."
+        ]
 
         forgotten = await call(mcp, "forget_session", session="s1")
         assert forgotten["session"] == "s1"

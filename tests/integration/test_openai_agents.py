@@ -211,6 +211,21 @@ async def test_pop_item_takes_back_the_newest_item_durably(memq, memq_url, user)
     assert await session.get_items() == []
 
 
+async def test_a_popped_item_is_forgotten_by_memq_itself(memq, memq_url, user):
+    session = MemqSession("forgotten", memq, user=user)
+    items = [said("user", "keep walrus"), said("assistant", "drop narwhal"), said("user", "keep otter")]
+    await session.add_items(items)
+    assert await session.pop_item() == items[2]
+    assert await session.pop_item() == items[1]
+    history = await memq.history(user, "forgotten", strategy={"kind": "all"}, consistency="any")
+    assert [e.event["message"]["parts"][0]["text"] for e in history.events] == ["keep walrus"]
+    context = await memq.context(user, "forgotten", strategy={"kind": "all"}, consistency="any")
+    assert not any("narwhal" in str(m) or "otter" in str(m) for m in context.messages)
+    hits = await memq.search(user, "narwhal", mode="keyword", min_seq=memq.last_seq)
+    assert hits.results == []
+    assert await session.get_items() == [items[0]]
+
+
 async def test_concurrent_pops_never_take_the_same_item(memq, memq_url, user):
     items = [said("user", f"m{i}") for i in range(6)]
     await MemqSession("race", memq, user=user).add_items(items)

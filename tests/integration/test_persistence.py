@@ -16,14 +16,23 @@ from sqlalchemy import text as sa_text
 from memq.contracts import codec
 from memq.contracts.client import MemoryClient
 from memq.contracts.ids import scope_key
-from memq.contracts.schemas import Actions, Event, EventAppended, Message, SessionCreated, StateSet, TextPart
+from memq.contracts.schemas import (
+    Actions,
+    Event,
+    EventAppended,
+    EventForgotten,
+    Message,
+    SessionCreated,
+    StateSet,
+    TextPart,
+)
 from memq.contracts.subjects import events_subject
 from memq.workers.memory.commit_plan import Incoming
 from memq.workers.memory.state import apply_in_order
 from memq.workers.persistence.store import SqlStore
 from memq.workers.sql import reads
 from memq.workers.sql.engine import create_engine, migrate
-from memq.workers.sql.models import SESSIONS
+from memq.workers.sql.models import EVENTS, SESSIONS
 
 APP = "agent-x"
 
@@ -109,6 +118,52 @@ async def test_updated_at_is_the_time_of_the_newest_event_whatever_the_commit_or
         await store.commit([Incoming(9, StateSet(**ids, delta={"k": 1}, timestamp=40.0))])
         await store.commit([Incoming(8, StateSet(**ids, delta={"k": 0}, timestamp=50.0))])
         assert await session_row("only-state") == (50.0, 0, 9)
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.parametrize("db", ["sqlite_url", "pg_url", "mariadb_url"])
+async def test_a_forget_deletes_one_event_of_its_session_in_any_commit_order(request, db):
+    """The row goes (in the forget's batch or an earlier one), the session's
+    forgot_seq and last_seq move, another session's event at the forgotten
+    seq stays, and a forget never makes a session visible."""
+    engine = create_engine(request.getfixturevalue(db))
+    await migrate(engine)
+    store = SqlStore(engine)
+
+    async def seqs(session: str) -> list[int]:
+        q = sa.select(EVENTS.c.seq).where(EVENTS.c.session_key == scope_key(APP, "u", session))
+        async with engine.connect() as conn:
+            return sorted((await conn.execute(q)).scalars())
+
+    async def session_row(session: str) -> tuple | None:
+        q = sa.select(SESSIONS.c.last_seq, SESSIONS.c.forgot_seq, SESSIONS.c.deleted_seq)
+        async with engine.connect() as conn:
+            row = (await conn.execute(q.where(SESSIONS.c.key == scope_key(APP, "u", session)))).first()
+        return tuple(row) if row else None
+
+    try:
+        for n, batches in enumerate(([[1, 2, 3, 4]], [[1, 2, 3], [4]], [[1, 2], [3], [4]])):
+            ids = dict(app=APP, user="u", session=f"s{n}")
+            stream = {
+                1: EventAppended(**ids, event=text_event("a")),
+                2: EventAppended(**ids, event=text_event("secret")),
+                3: EventAppended(**ids, event=text_event("b")),
+                4: EventForgotten(**ids, seq=2),
+            }
+            for batch in batches:
+                await store.commit([Incoming(seq, stream[seq]) for seq in batch])
+            await store.commit([Incoming(4, stream[4])])  # redelivered: nothing more
+            assert await seqs(f"s{n}") == [1, 3], batches
+            assert await session_row(f"s{n}") == (4, 4, 0), batches
+        other = dict(app=APP, user="u", session="other")
+        await store.commit([Incoming(10, EventAppended(**other, event=text_event("theirs")))])
+        await store.commit([Incoming(11, EventForgotten(app=APP, user="u", session="s0", seq=10))])
+        assert await seqs("other") == [10]
+        await store.commit([Incoming(12, EventForgotten(app=APP, user="u", session="ghost", seq=10))])
+        assert await session_row("ghost") in (None, (0, 12, 0))  # a lock row at most: not visible
+        await store.commit([Incoming(13, EventForgotten(app=APP, user="u", session="other", seq=14))])
+        assert await seqs("other") == [10]  # a seq after the forget's own names nothing yet
     finally:
         await engine.dispose()
 

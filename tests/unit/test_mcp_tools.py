@@ -40,6 +40,10 @@ class FakeClient:
         self._call("delete_session", *args, **kwargs)
         return 8
 
+    async def forget_event(self, *args, **kwargs) -> int:
+        self._call("forget_event", *args, **kwargs)
+        return 9
+
 
 def connect(fake: FakeClient, user: str | None = "ana") -> Client:
     return Client(build_server("app-a", lambda: fake, user))  # type: ignore[arg-type, return-value]
@@ -59,6 +63,7 @@ async def test_memq_errors_are_tool_errors_with_their_code_and_message(error):
             ("search_memory", {"query": "tea"}),
             ("remember", {"text": "tea"}),
             ("forget_session", {"session": "s"}),
+            ("forget_memory", {"session": "s", "seq": 3}),
         ):
             result = await mcp.call_tool(tool, arguments)
             assert result.is_error
@@ -78,10 +83,14 @@ async def test_arguments_reach_the_client_as_the_contract_names_them():
         remembered = await mcp.call_tool("remember", {"text": "likes green tea"})
         assert remembered.structured_content == {"user": "ana", "session": "notes", "seq": 7}
         await mcp.call_tool("remember", {"text": "hi", "session": "s1", "role": "assistant", "user": "bob"})
+        forgotten = await mcp.call_tool("forget_memory", {"session": "s1", "seq": 5})
+        assert forgotten.structured_content == {"user": "ana", "session": "s1", "memory_seq": 5, "seq": 9}
+        assert (await mcp.call_tool("forget_memory", {"session": "s1", "seq": 0})).is_error  # refused before memq
     assert fake.calls == [
         ("search", ("ana", "tea"), {"k": 3, "session": "s1", "mode": "keyword"}),
         ("append_text", ("ana", "notes", "user", "likes green tea"), {}),
         ("append_text", ("bob", "s1", "assistant", "hi"), {}),
+        ("forget_event", ("ana", "s1", 5), {}),
     ]
 
 

@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from memq.contracts.codec import decode_from_subject
 from memq.contracts.errors import MemqError
 from memq.contracts.ids import scope_key
-from memq.contracts.schemas import EventAppended, SessionDeleted, StreamMessage, UserDeleted
+from memq.contracts.schemas import EventAppended, EventForgotten, SessionDeleted, StreamMessage, UserDeleted
 from memq.workers.index.backends.base import IndexBackend
 from memq.workers.index.embedders.base import Embedder
 from memq.workers.memory.recall import SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
@@ -78,7 +78,13 @@ class Indexer:
             key = _session_key(message)
             if key is not None:
                 owners[key] = (message.app, message.user)
-            if isinstance(message, (SessionDeleted, UserDeleted)):
+            if isinstance(message, EventForgotten):
+                if message.seq < seq:  # as the persistence worker: a forget names an earlier message
+                    await self._write(pending, generation, done)  # the event may be in this batch
+                    pending = []
+                    await self._forget(seq, message, last, generation)
+                    done.deletes += 1
+            elif isinstance(message, (SessionDeleted, UserDeleted)):
                 await self._write(pending, generation, done)
                 pending = []
                 # a session recreated after its delete starts without context
@@ -104,6 +110,28 @@ class Indexer:
             setattr(self.totals, name, getattr(self.totals, name) + getattr(done, name))
         self.totals.last_seq = max(self.totals.last_seq, done.last_seq)
         return done
+
+    async def _forget(self, seq: int, message: EventForgotten, last: dict[str, Turn], generation: str | None) -> None:
+        """Delete the forgotten event's doc; with context on, also take its
+        text out of the next turn's doc (whose context it was) and of the
+        context the rest of this batch gets, reading SQL once the forget is
+        committed there."""
+        await self.backend.delete_session(
+            message.app, message.user, message.session, at_seq=message.seq, generation=generation
+        )
+        if self.previous is None:
+            return
+        key = scope_key(message.app, message.user, message.session)
+        before = await self.previous.before({key: (seq, message)})  # waits for the forget's commit
+        if key in before:
+            last[key] = before[key]
+        else:
+            last.pop(key, None)
+        if (found := await self.previous.next_turn(message, seq)) is not None:
+            next_seq, event = found
+            previous = (await self.previous.before({key: found})).get(key)
+            if (doc := doc_for(next_seq, event, self.scope, previous)) is not None:
+                await self._write([doc], generation, Applied())
 
     async def _previous_turns(self, items: Sequence[tuple[int, StreamMessage]]) -> dict[str, Turn]:
         """The turn before the first event of each session in the batch; the

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from sqlalchemy import select
 
 from memq.contracts.errors import NotCommitted
-from memq.contracts.schemas import Event, EventAppended
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import Event, EventAppended, EventForgotten
 from memq.workers.commit_floor import CommitFloor
 from memq.workers.index.backends.base import IndexUnavailable
 from memq.workers.memory.recall import StorageScope, Turn, doc_for, turn_of
@@ -27,8 +28,9 @@ class PreviousTurns:
     def __init__(self, engine, floor: CommitFloor, scope: StorageScope, wait_s: float = 30.0):
         self.engine, self.floor, self.scope, self.wait_s = engine, floor, scope, wait_s
 
-    async def before(self, firsts: Mapping[str, tuple[int, EventAppended]]) -> dict[str, Turn]:
-        """For each session key, the turn before ``seq`` (absent: none).
+    async def before(self, firsts: Mapping[str, tuple[int, EventAppended | EventForgotten]]) -> dict[str, Turn]:
+        """For each session key, the turn before ``seq`` (absent: none); the
+        message names the session (an event of it, or any message of it).
         Raises IndexUnavailable while persistence lags (retry later)."""
         if not firsts:
             return {}
@@ -56,3 +58,25 @@ class PreviousTurns:
                         found[key] = turn_of(doc)
                         break
         return found
+
+    async def next_turn(self, forget: EventForgotten, seq: int) -> tuple[int, EventAppended] | None:
+        """The event whose doc took the forgotten event's turn as its context:
+        the first after it, below the forget at ``seq``, that makes a doc
+        under this scope; None if there is none in SQL. Call after
+        :meth:`before` has waited for ``seq``: every event below it is in
+        SQL, and the forgotten one is not any more."""
+        key = scope_key(forget.app, forget.user, forget.session)
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(EVENTS.c.seq, EVENTS.c.data)
+                .where(EVENTS.c.session_key == key, EVENTS.c.seq > forget.seq, EVENTS.c.seq < seq)
+                .order_by(EVENTS.c.seq)
+                .limit(LOOKBACK)
+            )
+            for row in rows:
+                later = EventAppended(
+                    app=forget.app, user=forget.user, session=forget.session, event=Event.model_validate_json(row.data)
+                )
+                if doc_for(row.seq, later, self.scope) is not None:
+                    return row.seq, later
+        return None

@@ -11,8 +11,8 @@ A memq error (not found, conflict, unavailable, bad id…) is a tool error with
 its code and message (``isError``), never a protocol error: the model reads
 it and can change its call.
 
-memq has no delete of one event: a session is forgotten whole
-(``forget_session``), and the tools say so.
+One memory (an event: a search result carries its session and seq) is
+forgotten with ``forget_memory``; a whole session with ``forget_session``.
 """
 
 # No `from __future__ import annotations`: the SDK reads the tools' annotations
@@ -80,6 +80,15 @@ class Forgotten(BaseModel):
 
     user: str
     session: str
+    seq: int
+
+
+class ForgottenMemory(BaseModel):
+    """What ``forget_memory`` answers: the memory forgotten and the forget's own sequence."""
+
+    user: str
+    session: str
+    memory_seq: int
     seq: int
 
 
@@ -223,8 +232,27 @@ def register(server: MCPServer, client_for: Callable[[], MemoryClient], default_
         user: User = None,
     ) -> Forgotten:
         """Forget a conversation for good: its turns, state and summaries, and its memories in search.
-        memq cannot forget one memory alone; forget its conversation (or the notes session) instead.
-        A conversation that does not exist is an error and nothing is deleted."""
+        To forget one memory alone, use forget_memory. A conversation that does not exist is an
+        error and nothing is deleted."""
         user = who(user)
         seq = await _memq(client_for().delete_session(user, session))
         return Forgotten(user=user, session=session, seq=seq)
+
+    @server.tool(
+        annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=True),
+        structured_output=True,
+    )
+    async def forget_memory(
+        session: Annotated[SessionId, Field(description="the memory's conversation: session_id of a search result")],
+        seq: Annotated[
+            int, Field(ge=1, description="the memory's sequence: metadata.seq of a search result (or an event's seq)")
+        ],
+        user: User = None,
+    ) -> ForgottenMemory:
+        """Forget one memory for good: that turn or note leaves the conversation's history, its
+        context and search, and cannot come back. A summary that already covered it keeps what it
+        says. A seq that is not a memory of that conversation is an error and nothing is forgotten.
+        Use it when the user asks to forget something they said, or a note is wrong."""
+        user = who(user)
+        forget = await _memq(client_for().forget_event(user, session, seq))
+        return ForgottenMemory(user=user, session=session, memory_seq=seq, seq=forget)

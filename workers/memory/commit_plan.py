@@ -9,6 +9,12 @@ make any commit order of several replicas equal stream order:
 - a delete at ``D`` removes rows with ``seq < D`` and leaves a tombstone, and
   writes to that scope with ``seq < D`` that arrive later are dropped here;
 - ``app:`` writes survive session and user deletes, as they would in order;
+- a forget at ``F`` of the session's event at ``E < F`` deletes that one row
+  (by session and seq, so another session's event is never touched), drops
+  it from the batch if it is there too, and moves the session's
+  ``forgot_seq`` (what a cached window is compared on); it does not make a
+  session visible. A forget of a seq at or after its own names no event
+  that could exist before it: ignored;
 - deleting a state key writes a tombstone (:data:`~memq.workers.memory.state.DELETED`)
   with the delete's ``seq``, ordered against sets by the rule above.
 """
@@ -27,6 +33,7 @@ from memq.contracts.schemas import (
     ArtifactSaved,
     CheckpointSaved,
     EventAppended,
+    EventForgotten,
     SessionCreated,
     SessionDeleted,
     StateSet,
@@ -110,6 +117,8 @@ class CommitPlan:
     user_state: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
     session_state: dict[tuple[str, str], tuple[int, Any]] = field(default_factory=dict)
     touched: dict[str, Touch] = field(default_factory=dict)
+    # session_key -> {forgotten event seq: the forget's seq}
+    forgets: dict[str, dict[int, int]] = field(default_factory=dict)
     dropped: list[int] = field(default_factory=list)  # seqs whose scope was deleted after them
 
 
@@ -166,6 +175,11 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
     for seq, m in items:
         if type(m) in (UserDeleted, SessionDeleted):
             continue
+        if type(m) is EventForgotten:
+            user_key, session_key = keys_of(m)
+            if session_key is not None and m.seq < seq and seq >= session_tomb(user_key, session_key):
+                plan.forgets.setdefault(session_key, {})[m.seq] = seq
+            continue
         user_key, session_key = keys_of(m)
         user_alive = seq >= user_tomb(user_key)
         session_alive = session_key is not None and seq >= session_tomb(user_key, session_key)
@@ -208,6 +222,11 @@ def plan_commit(items: Iterable[Incoming], tombstones: Tombstones) -> CommitPlan
             plan.touched[session_key] = Touch.first(seq, timestamp, updates=updates)
         else:
             touch.add(seq, timestamp, updates=updates)
+    if plan.forgets:  # an event forgotten in its own batch is never written
+        plan.events = [e for e in plan.events if e["seq"] not in plan.forgets.get(e["session_key"], ())]
+        for session_key, forgotten in plan.forgets.items():
+            if (touch := plan.touched.get(session_key)) is not None:  # visible: its last message is the forget
+                touch.last_seq = max(touch.last_seq, *forgotten.values())
     return plan
 
 

@@ -6,7 +6,7 @@ subject only appends events: the query worker holds those messages as the
 stream delivers them (:mod:`memq.workers.query.tail`) and adds the events to
 what SQL holds, exactly as the persistence worker will write them. Anything else
 that changes which events a read sees (a delete, a new session, a
-checkpoint) makes the read wait for the commit instead, as every read did
+checkpoint, a forgotten event) makes the read wait for the commit instead, as every read did
 before; so do sessions and users that SQL does not show yet.
 
 The persistence rules this applies (:mod:`memq.workers.memory.commit_plan`):
@@ -32,6 +32,7 @@ from memq.contracts.schemas import (
     ArtifactSaved,
     CheckpointSaved,
     EventAppended,
+    EventForgotten,
     SessionCreated,
     SessionDeleted,
     StateSet,
@@ -40,7 +41,7 @@ from memq.contracts.schemas import (
 from memq.workers.memory.commit_plan import Incoming, event_row
 
 # Kinds that change what a read of the session's events sees, other than appends.
-_REWRITES = (SessionCreated, SessionDeleted, UserDeleted, CheckpointSaved)
+_REWRITES = (SessionCreated, SessionDeleted, EventForgotten, UserDeleted, CheckpointSaved)
 
 
 class MustWait(Exception):

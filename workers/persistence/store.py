@@ -81,7 +81,7 @@ def deleting_users(items: Iterable[Incoming]) -> set[str]:
 
 
 def _writes_more_than_events(plan: CommitPlan) -> bool:
-    deletes = (plan.user_deletes, plan.session_deletes)
+    deletes = (plan.user_deletes, plan.session_deletes, plan.forgets)
     return any((plan.artifacts, plan.checkpoints, plan.app_state, plan.user_state, plan.session_state, *deletes))
 
 
@@ -270,6 +270,22 @@ class SqlStore:
             )
             for table in SESSION_DATA:
                 await conn.execute(delete(table).where(and_(table.c.session_key == session_key, table.c.seq < seq)))
+        for session_key, forgotten in sorted(plan.forgets.items()):
+            # By session and seq: a seq of another session's event matches no row here.
+            e = EVENTS.c
+            await conn.execute(delete(EVENTS).where(and_(e.session_key == session_key, e.seq.in_(sorted(forgotten)))))
+            # forgot_seq moves even when no row was there: a cached window is
+            # compared on it. last_seq moves too (what a caller's expect_seq is
+            # read from), but only for a visible session: a forget starts none.
+            newest, s = max(forgotten.values()), SESSIONS.c
+            await conn.execute(
+                update(SESSIONS)
+                .where(s.key == session_key)
+                .ordered_values(
+                    (s.last_seq, case((s.last_seq > s.deleted_seq, greatest(d, s.last_seq, newest)), else_=s.last_seq)),
+                    (s.forgot_seq, greatest(d, s.forgot_seq, newest)),
+                )
+            )
 
     async def _insert(self, conn: AsyncConnection, plan: CommitPlan) -> None:
         d = self.dialect

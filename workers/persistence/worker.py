@@ -6,7 +6,8 @@ adding processes scales out with no coordination. For each batch:
 1. decode every message; a bad one goes to ``MEMQ_DLQ`` with its reason, then
    is acked (nothing is silently dropped, and the batch goes on);
 2. commit the rest in one transaction (idempotent, order-independent);
-3. purge the stream of deleted sessions/users, so a replay cannot revive them;
+3. purge the stream of deleted sessions/users and forgotten events, so a
+   replay cannot revive them;
 4. ack, then announce ``memq.v1.changed.<app>.<user>.<session>``;
 5. once the batch is through, announce on ``memq.v1.committed.<durable>``
    the stream sequences it finished with (committed or dead-lettered, so
@@ -343,8 +344,9 @@ class PersistenceWorker:
 
     async def _purge_deleted(self, result: CommitResult) -> None:
         """Remove deleted sessions/users from the log (below the delete's own
-        sequence) and their artifact objects. Idempotent, so a crash before
-        the ack only repeats it."""
+        sequence) and their artifact objects, and forgotten events' own
+        messages. Idempotent, so a crash before the ack only repeats it."""
+        await self._delete_forgotten(result)
         if not (result.plan.session_deletes or result.plan.user_deletes):
             return
         stream = self.settings.streams.events
@@ -359,6 +361,27 @@ class PersistenceWorker:
                 await self.js.purge_stream(stream, subject=subject, seq=seq)
             prefixes.append(f"{user_key}/")
         await self._delete_objects(prefixes)
+
+    async def _delete_forgotten(self, result: CommitResult) -> None:
+        """Delete each forgotten event's own stream message, once it is sure
+        to be an event of the forget's session (the subject names the
+        scope, and a seq may be any message's). Idempotent: a message gone
+        already (a redelivered or repeated forget) is skipped."""
+        stream = self.settings.streams.events
+        for session_key, forgotten in result.plan.forgets.items():
+            s = result.scopes.sessions[session_key]
+            subject = events_subject(s.app, s.user, s.session)
+            for seq in sorted(forgotten):
+                try:
+                    raw = await self.js.get_msg(stream, seq=seq)
+                except NotFoundError:
+                    continue
+                if raw.subject != subject or not _is_event(raw.subject, raw.data, self.settings):
+                    continue
+                try:
+                    await self.js.delete_msg(stream, seq)
+                except NotFoundError:  # another replica's redelivery deleted it meanwhile
+                    pass
 
     async def _delete_objects(self, prefixes: list[str]) -> None:
         try:
@@ -407,6 +430,10 @@ class PersistenceWorker:
         for session_key, seq in plan.session_deletes.items():
             s = scopes.sessions[session_key]
             await notice(s.app, s.user, s.session, s.user_key, seq=seq, deleted=True)
+        for session_key, forgotten in plan.forgets.items():
+            if session_key not in plan.touched:  # a touched session had its notice
+                s = scopes.sessions[session_key]
+                await notice(s.app, s.user, s.session, s.user_key, seq=max(forgotten.values()))
         for user_key, u in scopes.users.items():
             if user_key in plan.user_deletes:
                 await notice(u.app, u.user, None, user_key, seq=plan.user_deletes[user_key], deleted=True)
@@ -421,6 +448,14 @@ class _Outcome:
 
     finished: list[int] = field(default_factory=list)
     changed: list[CommitNotice] = field(default_factory=list)
+
+
+def _is_event(subject: str, data: bytes | None, settings: Settings) -> bool:
+    try:
+        message = decode_from_subject(subject, data or b"", max_bytes=settings.streams.max_message_bytes)
+    except MemqError:
+        return False
+    return message.kind == "event"
 
 
 def _reason(exc: Exception) -> str:

@@ -81,6 +81,9 @@ class Session(SQLModel, table=True):
     # (or of the creation), the message at updated_seq; see commit_plan.Touch.
     updated_at: float = Field(default=0.0, sa_column=Time())
     updated_seq: int = Field(default=0, sa_column=Seq(default=0, server_default="0"))
+    # The newest forget of one of its events (0: none): a window cached
+    # before it is read afresh (see memq.workers.sql.window).
+    forgot_seq: int = Field(default=0, sa_column=Seq(default=0, server_default="0"))
 
 
 class Event(SQLModel, table=True):

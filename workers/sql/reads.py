@@ -93,6 +93,9 @@ class SessionRow:
     # The delete tombstone: events below it are gone. A window cached
     # before a delete (or a re-creation) is stale once it moves.
     deleted_seq: int = 0
+    # The newest forget of one of its events: a window cached before it
+    # may hold the forgotten event.
+    forgot_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -114,17 +117,19 @@ _SESSION_COLUMNS = (
     SESSIONS.c.last_seq,
     SESSIONS.c.key,
     SESSIONS.c.deleted_seq,
+    SESSIONS.c.forgot_seq,
 )
+_CP = len(_SESSION_COLUMNS)  # where a checkpoint's columns start after the session's
 
 
 def _session(r) -> SessionRow:
     # By position (_SESSION_COLUMNS' order): rows may be asyncpg records (driver.fetch_all).
-    return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[7])
+    return SessionRow(r[0], r[1], r[2], r[3], r[4], r[5], r[7], r[8])
 
 
 def _checkpoint(r) -> CheckpointRow | None:
     # cp_seq, up_to_seq, summary, tokens after the session's columns
-    return CheckpointRow(r[8], r[9], r[10], r[11]) if r[8] is not None else None
+    return CheckpointRow(r[_CP], r[_CP + 1], r[_CP + 2], r[_CP + 3]) if r[_CP] is not None else None
 
 
 # The hot reads of a cache miss are built once, with bind parameters: building

@@ -126,9 +126,12 @@ async def load_session_window(
 
 def _same_history(last: SessionWindow, row: reads.SessionRow, checkpoint: reads.CheckpointRow | None) -> bool:
     """Nothing but appends since ``last``: no delete (the tombstone would have
-    moved) and no new summary (the window starts after the checkpoint)."""
+    moved), no forgotten event (nor would ``forgot_seq``) and no new summary
+    (the window starts after the checkpoint)."""
     before = last.window.checkpoint
-    return row.deleted_seq == last.row.deleted_seq and ((before.seq, before.up_to_seq) if before else None) == (
+    if (row.deleted_seq, row.forgot_seq) != (last.row.deleted_seq, last.row.forgot_seq):
+        return False
+    return ((before.seq, before.up_to_seq) if before else None) == (
         (checkpoint.seq, checkpoint.up_to_seq) if checkpoint else None
     )
 

@@ -74,10 +74,18 @@ class IndexBackend(Protocol):
         retry of the same docs must converge."""
 
     async def delete_session(
-        self, app: str, user: str, session: str, *, before_seq: int | None = None, generation: str | None = None
+        self,
+        app: str,
+        user: str,
+        session: str,
+        *,
+        before_seq: int | None = None,
+        at_seq: int | None = None,
+        generation: str | None = None,
     ) -> None:
         """Delete the session's docs (only those with ``seq < before_seq`` if
-        given: a session recreated after its delete keeps its new docs)."""
+        given: a session recreated after its delete keeps its new docs; only
+        the one with ``seq == at_seq`` if given: a forgotten event's)."""
 
     async def delete_user(
         self, app: str, user: str, *, before_seq: int | None = None, generation: str | None = None

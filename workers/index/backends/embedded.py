@@ -589,11 +589,25 @@ class EmbeddedIndex:
             self._conn.executemany(upsert_sql(gen.id, gen.grams), args)
 
     async def delete_session(
-        self, app: str, user: str, session: str, *, before_seq: int | None = None, generation: str | None = None
+        self,
+        app: str,
+        user: str,
+        session: str,
+        *,
+        before_seq: int | None = None,
+        at_seq: int | None = None,
+        generation: str | None = None,
     ) -> None:
-        """Delete the session's docs (only ``seq < before_seq`` if given)."""
+        """Delete the session's docs (only ``seq < before_seq``, or the one
+        at ``at_seq``, if given)."""
         await self._run(
-            self._delete, "session_key", scope_key(app, user, session), scope_key(app, user), before_seq, generation
+            self._delete,
+            "session_key",
+            scope_key(app, user, session),
+            scope_key(app, user),
+            before_seq,
+            generation,
+            at_seq,
         )
 
     async def delete_user(
@@ -603,7 +617,9 @@ class EmbeddedIndex:
         key = scope_key(app, user)
         await self._run(self._delete, "user_key", key, key, before_seq, generation)
 
-    def _delete(self, column: str, key: str, user_key: str, before_seq: int | None, name: str | None) -> None:
+    def _delete(
+        self, column: str, key: str, user_key: str, before_seq: int | None, name: str | None, at_seq: int | None = None
+    ) -> None:
         with self._tx(write=True):
             gen = self._gen(name)
             if gen is None:
@@ -613,6 +629,9 @@ class EmbeddedIndex:
             if before_seq is not None:
                 sql += " AND seq < ?"
                 args.append(before_seq)
+            if at_seq is not None:
+                sql += " AND seq = ?"
+                args.append(at_seq)
             if self._conn.execute(sql, args).rowcount:
                 self._bump(gen, {user_key}, deleted=True)
 

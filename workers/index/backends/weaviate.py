@@ -584,12 +584,20 @@ class WeaviateIndex:
                 return deleted
 
     async def delete_session(
-        self, app: str, user: str, session: str, *, before_seq: int | None = None, generation: str | None = None
+        self,
+        app: str,
+        user: str,
+        session: str,
+        *,
+        before_seq: int | None = None,
+        at_seq: int | None = None,
+        generation: str | None = None,
     ) -> None:
         where = _all(
             [
                 Filter.by_property("session_key").equal(scope_key(app, user, session)),
                 Filter.by_property("seq").less_than(before_seq) if before_seq is not None else None,
+                Filter.by_property("seq").equal(at_seq) if at_seq is not None else None,
             ]
         )
         try:
