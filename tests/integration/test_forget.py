@@ -148,7 +148,7 @@ async def test_an_index_rebuild_from_the_stream_or_sql_does_not_bring_it_back(st
     try:
         indexer = make_indexer(stack.settings, backend, embedder, stack.indexing.js, engine=engine)
         for source in ("stream", "sql"):
-            await rebuild(stack.settings, stack.indexing.js, indexer, source=source, engine=engine)
+            await rebuild(stack.settings, stack.indexing.nc, indexer, source=source, engine=engine)
             assert await mine() == live, source  # the next turn's context too
             assert await found(memq, user, "zebra42") == []
     finally:
