@@ -75,6 +75,9 @@ def connect_options(settings: Settings, name: str) -> dict[str, Any]:
     return opts
 
 
+TLS_ALERT_WAIT_S = 1.0  # how long a failed TLS connect waits for the server's alert to be read
+
+
 class NatsTLSError(RuntimeError):
     """The TLS handshake with NATS failed (wrong CA, refused certificate): a
     setting to fix, not an outage to wait out."""
@@ -90,10 +93,13 @@ async def open_connection(options: dict[str, Any]) -> NATS:
     """
     user_cb = options.get("error_cb")
     tls_failed: asyncio.Future = asyncio.get_running_loop().create_future()
+    closed: list[Exception] = []  # the server hung up on an open connection
 
     async def error_cb(exc: Exception) -> None:
         if isinstance(exc, ssl.SSLError) and not tls_failed.done():
             tls_failed.set_result(exc)
+        if isinstance(exc, BrokenPipeError | ConnectionResetError):
+            closed.append(exc)
         if user_cb is not None:
             await user_cb(exc)
 
@@ -102,9 +108,21 @@ async def open_connection(options: dict[str, Any]) -> NATS:
     await asyncio.wait({connecting, tls_failed}, return_when=asyncio.FIRST_COMPLETED)
     # A TLS 1.3 server refuses a missing client certificate after the client's
     # handshake is done, so the error callback and the failed connect can land
-    # in the same loop turn: the TLS error wins, it is the one to fix.
+    # in the same loop turn, or the connect can fail first on the closed
+    # socket (a broken pipe) with the alert still in flight: the TLS error
+    # wins, it is the one to fix.
+    if not tls_failed.done() and "tls" in options and connecting.done() and connecting.exception() is not None:
+        await asyncio.wait({tls_failed}, timeout=TLS_ALERT_WAIT_S)
     if not tls_failed.done():
         tls_failed.cancel()
+        if "tls" in options and closed and connecting.exception() is not None:
+            # The alert was lost with the socket: a TLS server that hangs up
+            # right after the handshake has refused this client (its certificate).
+            servers = ", ".join(mask_url(u) for u in options.get("servers", []))
+            raise NatsTLSError(
+                f"TLS connection to NATS at {servers} closed after the handshake ({type(closed[0]).__name__}): "
+                "the server refused this client, as one that requires a client certificate does when none is sent"
+            ) from None
         return connecting.result()
     if connecting.done() and connecting.exception() is None:
         await connecting.result().close()

@@ -92,7 +92,8 @@ async def test_nats_over_tls_with_a_client_certificate(pki, tmp_path):
         with pytest.raises(bus.NatsTLSError, match="CERTIFICATE_VERIFY_FAILED"):
             await bus.connect(wrong_ca, "tls-test")
         no_client_cert = Settings(data_dir=tmp_path, nats={"url": server.url, "tls": pki.tls(client=False)})
-        with pytest.raises(bus.NatsTLSError, match="(?i)certificate required"):
+        # the server's alert, or (when it was lost with the socket) the hang-up after the handshake
+        with pytest.raises(bus.NatsTLSError, match="(?i)certificate required|requires a client certificate"):
             await bus.connect(no_client_cert, "tls-test")
 
 
