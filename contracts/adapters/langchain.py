@@ -27,8 +27,8 @@ pool, a sync web handler), never from inside the loop itself.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import (
@@ -42,13 +42,13 @@ from langchain_core.messages import (
     messages_from_dict,
 )
 
+from memq.contracts.adapters.client_loop import ClientLoop
 from memq.contracts.client import MemoryClient, Strategy
 from memq.contracts.errors import NotFound
 from memq.contracts.schemas import Event, Message, Part, TextPart, ToolCallPart, ToolResultPart, new_id
 
 LANGCHAIN_KEY = "langchain"  # metadata: the message's own fields, for an exact read-back
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
-T = TypeVar("T")
 
 
 def _text(content: Any) -> str:
@@ -148,17 +148,14 @@ class MemqChatMessageHistory(BaseChatMessageHistory):
         self.context = context
         self.strategy = strategy
         self.instruction = instruction
-        if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-        self._loop = loop
+        self._client_loop = ClientLoop(
+            loop, owner="MemqChatMessageHistory", instead="ainvoke, aget_messages, aadd_messages"
+        )
 
     # --- async: what ainvoke uses ------------------------------------------------------
 
     async def aget_messages(self) -> list[BaseMessage]:
-        self._remember_loop()
+        self._client_loop.remember()
         try:
             if self.context:
                 ctx = await self.client.context(
@@ -171,49 +168,24 @@ class MemqChatMessageHistory(BaseChatMessageHistory):
         return [m for e in view.events or () if (m := message_of(e.event)) is not None]
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
-        self._remember_loop()
+        self._client_loop.remember()
         events = [event_of(m, self.client.app) for m in messages]
         await self.client.append_many(self.user, self.session, events)
 
     async def aclear(self) -> None:
         """Delete the session everywhere (memq's delete: SQL, index, cache, stream).
         Clearing a history with nothing in it is a no-op, as in LangChain's own stores."""
-        self._remember_loop()
+        self._client_loop.remember()
         await self.client.delete_session(self.user, self.session, missing_ok=True)
 
     # --- sync: what invoke uses ------------------------------------------------------------
 
     @property
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]  # a read, as LangChain's own stores make it
-        return self._wait(self.aget_messages())
+        return self._client_loop.wait(self.aget_messages())
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
-        self._wait(self.aadd_messages(messages))
+        self._client_loop.wait(self.aadd_messages(messages))
 
     def clear(self) -> None:
-        self._wait(self.aclear())
-
-    def _remember_loop(self) -> None:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-
-    def _wait(self, work: Coroutine[Any, Any, T]) -> T:
-        loop = self._loop
-        if loop is None or not loop.is_running():
-            work.close()
-            raise RuntimeError(
-                "MemqChatMessageHistory's sync methods run on the event loop of its MemoryClient, and none is "
-                "known or running: pass loop= (the client's loop) when making it in another thread, or use the "
-                "async methods"
-            )
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            work.close()
-            raise RuntimeError(
-                "a sync MemqChatMessageHistory method was called on its client's own event loop, where "
-                "waiting would block that loop: use the async methods (ainvoke, aget_messages, aadd_messages)"
-            )
-        return asyncio.run_coroutine_threadsafe(work, loop).result()
+        self._client_loop.wait(self.aclear())

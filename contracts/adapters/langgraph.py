@@ -75,6 +75,7 @@ from langgraph.store.base import (
     validate_op_namespace,
 )
 
+from memq.contracts.adapters.client_loop import ClientLoop
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Conflict, NotFound
 from memq.contracts.ids import MAX_ID_BYTES
@@ -268,12 +269,7 @@ class MemqStore(BaseStore):
         self.user_label = user_label
         self.fields = list(fields) if fields is not None else None
         self.consistency: Consistency = consistency
-        if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-        self._loop = loop
+        self._client_loop = ClientLoop(loop, owner="MemqStore", instead="aget, aput, asearch, ainvoke on the graph")
         self._in_flight: asyncio.Semaphore | None = None
         self._thread: threading.Thread | None = None  # connect(): the loop's thread, which close() ends
 
@@ -312,18 +308,18 @@ class MemqStore(BaseStore):
     @property
     def loop(self) -> asyncio.AbstractEventLoop | None:
         """The event loop the client runs on (None until known)."""
-        return self._loop
+        return self._client_loop.loop
 
     def close(self) -> None:
         """Close what :meth:`connect` opened: the client and its loop's
         thread. A store made with a client of its own caller does nothing."""
         thread, self._thread = self._thread, None
-        if thread is None or self._loop is None:
+        if thread is None or self._client_loop.loop is None:
             return
         try:
-            asyncio.run_coroutine_threadsafe(self.client.close(), self._loop).result()
+            asyncio.run_coroutine_threadsafe(self.client.close(), self._client_loop.loop).result()
         finally:
-            _stop(self._loop, thread)
+            _stop(self._client_loop.loop, thread)
 
     def __enter__(self) -> Self:
         return self
@@ -369,9 +365,9 @@ class MemqStore(BaseStore):
 
         Awaited on another running loop than the client's (a store made for
         sync code, used by an async graph too), the work runs on the client's."""
-        self._remember_loop()
+        self._client_loop.remember()
         ops = list(ops)
-        loop = self._loop
+        loop = self._client_loop.loop
         if loop is not asyncio.get_running_loop() and loop is not None and loop.is_running():
             return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._run(ops), loop))
         return await self._run(ops)
@@ -397,7 +393,7 @@ class MemqStore(BaseStore):
             return await work
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
-        return self._wait(self.abatch(list(ops)))
+        return self._client_loop.wait(self.abatch(list(ops)))
 
     def _check_put(self, op: PutOp) -> None:
         if op.value is not None and not isinstance(op.value, Mapping):
@@ -553,31 +549,6 @@ class MemqStore(BaseStore):
         return sorted(namespaces)[op.offset : op.offset + op.limit]
 
     # --- sync ---------------------------------------------------------------------------------
-
-    def _remember_loop(self) -> None:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-
-    def _wait(self, work: Coroutine[Any, Any, T]) -> T:
-        loop = self._loop
-        if loop is None or not loop.is_running():
-            work.close()
-            raise asyncio.InvalidStateError(
-                "MemqStore's sync methods run on the event loop of its MemoryClient, and none is known or "
-                "running: pass loop= (the client's loop) when making it in another thread, or use the async "
-                "methods (aget, aput, asearch)"
-            )
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            work.close()
-            raise asyncio.InvalidStateError(
-                "a sync MemqStore method was called on its client's own event loop, where waiting would "
-                "block that loop: use the async methods (aget, aput, asearch, ainvoke on the graph)"
-            )
-        return asyncio.run_coroutine_threadsafe(work, loop).result()
 
 
 def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

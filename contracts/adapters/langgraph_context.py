@@ -34,17 +34,17 @@ loop from another thread, as :class:`~memq.contracts.adapters.langgraph.MemqStor
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 from langchain_core.messages import BaseMessage, convert_to_messages
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 
+from memq.contracts.adapters.client_loop import ClientLoop
 from memq.contracts.adapters.langchain import event_of
 from memq.contracts.client import MemoryClient, Strategy
 from memq.contracts.errors import NotFound
 
-T = TypeVar("T")
 RECENT = 16  # the session's newest events read first to find what is stored
 
 
@@ -80,12 +80,7 @@ class MemqContext:
         self.recall_limit = recall_limit
         self.user_key = user_key
         self.session_key = session_key
-        if loop is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                loop = None
-        self._loop = loop
+        self._client_loop = ClientLoop(loop, owner="MemqContext", instead="ainvoke or astream on the graph")
         self.pre_model_hook = RunnableLambda(self._pre_sync, afunc=self.aprepare, name="memq_context")
         self.post_model_hook = RunnableLambda(self._post_sync, afunc=self.asave, name="memq_save")
 
@@ -102,7 +97,7 @@ class MemqContext:
 
     async def aprepare(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
         """Store the state's new messages; return memq's context as ``llm_input_messages``."""
-        self._remember_loop()
+        self._client_loop.remember()
         user, session = self.ids(config)
         await self._store_new(user, session, _messages(state))
         ctx = await self.client.context(
@@ -117,7 +112,7 @@ class MemqContext:
 
     async def asave(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
         """Store the state's new messages (the model's reply); no state update."""
-        self._remember_loop()
+        self._client_loop.remember()
         await self._store_new(*self.ids(config), _messages(state))
         return {}
 
@@ -142,29 +137,10 @@ class MemqContext:
             await self.client.append_many(user, session, [event_of(m, self.client.app) for m in new])
 
     def _pre_sync(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
-        return self._wait(self.aprepare(state, config))
+        return self._client_loop.wait(self.aprepare(state, config))
 
     def _post_sync(self, state: Any, config: RunnableConfig) -> dict[str, Any]:
-        return self._wait(self.asave(state, config))
-
-    def _remember_loop(self) -> None:
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-
-    def _wait(self, work: Coroutine[Any, Any, T]) -> T:
-        loop = self._loop
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if loop is None or not loop.is_running() or running is loop:
-            work.close()
-            raise asyncio.InvalidStateError(
-                "MemqContext's sync hooks hand their work to its MemoryClient's event loop from another "
-                "thread: run the graph with ainvoke/astream on that loop, or invoke it from another thread "
-                "and pass loop= (the client's loop)"
-            )
-        return asyncio.run_coroutine_threadsafe(work, loop).result()
+        return self._client_loop.wait(self.asave(state, config))
 
 
 def _messages(state: Any) -> list[BaseMessage]:

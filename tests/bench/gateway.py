@@ -38,7 +38,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -153,21 +153,33 @@ async def throughput(run: Run, ask: Ask, seconds: float, concurrency: int, expec
     run.busy_s += now() - started
 
 
-async def measure(cfg: Config, client: MemoryClient, http: httpx.AsyncClient) -> list[Run]:
-    table = asks(client, http)
-    expected = {op: await table[op, "nats"]() for op in OPS}  # also warms the cache and both connections
-    for op in OPS:
-        if (got := await table[op, "http"]()) != expected[op]:
-            raise AssertionError(f"{op}: HTTP answered {got} items, NATS {expected[op]}")
-    runs = {(op, path): Run(op, path) for op in OPS for path in PATHS}
+async def measure_paths(
+    cfg: Config, table: dict[tuple[str, str], Ask], ops: Sequence[str], paths: Sequence[str]
+) -> list[Run]:
+    """Every op over every path, latency then throughput, in ``cfg.rounds``
+    rounds with each path first in turn; first checks that every path answers
+    as many items as the first (NATS), which also warms caches and connections."""
+    paths = list(paths)
+    expected = {op: await table[op, paths[0]]() for op in ops}
+    for op in ops:
+        if not expected[op]:
+            raise AssertionError(f"{op} over {paths[0]} found nothing: nothing would be measured")
+        for path in paths[1:]:
+            if (got := await table[op, path]()) != expected[op]:
+                raise AssertionError(f"{op}: {path} answered {got} items, {paths[0]} {expected[op]}")
+    runs = {(op, path): Run(op, path) for op in ops for path in paths}
     for r in range(cfg.rounds):
-        order = PATHS if r % 2 == 0 else PATHS[::-1]
-        for op in OPS:
+        order = paths[r % len(paths) :] + paths[: r % len(paths)]
+        for op in ops:
             for path in order:
                 status(f"round {r + 1}/{cfg.rounds}: {op} over {path} …")
                 await latency(runs[op, path], table[op, path], cfg.seconds, expected[op])
                 await throughput(runs[op, path], table[op, path], cfg.seconds, cfg.concurrency, expected[op])
     return list(runs.values())
+
+
+async def measure(cfg: Config, client: MemoryClient, http: httpx.AsyncClient) -> list[Run]:
+    return await measure_paths(cfg, asks(client, http), OPS, PATHS)
 
 
 async def wait_for_url(path: Path, procs: list[helpers.WorkerProcess], timeout: float = 60.0) -> str:
@@ -238,12 +250,7 @@ def overhead(runs: list[Run]) -> list[dict]:
     return out
 
 
-def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
-    status(
-        f"\n[bold]HTTP gateway[/] — {machine['nproc']} cores ({machine['cpu']}), commit {machine['git']}, "
-        f"{cfg.events}-event session, {cfg.rounds} × {cfg.seconds:g} s per measurement, "
-        f"{cfg.concurrency} in flight for requests/s"
-    )
+def results_table(runs: list[Run]) -> Table:
     table = Table("op", "path", "p50 ms", "p99 ms", "requests/s", "samples", "errors")
     for r in runs:
         s = r.summary()
@@ -256,7 +263,16 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
             str(s["samples"]),
             str(s["errors"]),
         )
-    console.print(table)
+    return table
+
+
+def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
+    status(
+        f"\n[bold]HTTP gateway[/] — {machine['nproc']} cores ({machine['cpu']}), commit {machine['git']}, "
+        f"{cfg.events}-event session, {cfg.rounds} × {cfg.seconds:g} s per measurement, "
+        f"{cfg.concurrency} in flight for requests/s"
+    )
+    console.print(results_table(runs))
     for o in overhead(runs):
         status(
             f"{o['op']}: HTTP adds {o['p50_added_ms']:.3f} ms at p50 ({o['p50_ratio']:.2f}× NATS), "

@@ -54,11 +54,10 @@ import httpx  # noqa: E402
 import httpx2  # noqa: E402
 import services  # noqa: E402
 from benchlib import console, machine_info, status, warn_if_busy  # noqa: E402
-from gateway import Ask, Config, Run, latency, throughput, wait_for_url  # noqa: E402
+from gateway import Ask, Config, Run, measure_paths, results_table, wait_for_url  # noqa: E402
 from mcp import Client  # noqa: E402
 from mcp.client.stdio import StdioServerParameters  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from rich.table import Table  # noqa: E402
 
 from memq.contracts.client import MemoryClient  # noqa: E402
 from memq.contracts.errors import MemqError  # noqa: E402
@@ -119,25 +118,6 @@ def asks(client: MemoryClient, http: httpx.AsyncClient, stdio: Client, mcp_http:
         table["search", path] = tool(mcp, "search_memory", search_args, "results")
         table["context", path] = tool(mcp, "get_context", context_args, "messages")
     return table
-
-
-async def measure(cfg: Config, table: dict[tuple[str, str], Ask]) -> list[Run]:
-    expected = {op: await table[op, "nats"]() for op in OPS}  # also warms the caches
-    for op in OPS:
-        if not expected[op]:
-            raise AssertionError(f"{op} over NATS found nothing: nothing would be measured")
-        for path in PATHS[1:]:
-            if (got := await table[op, path]()) != expected[op]:
-                raise AssertionError(f"{op}: {path} answered {got} items, NATS {expected[op]}")
-    runs = {(op, path): Run(op, path) for op in OPS for path in PATHS}
-    for r in range(cfg.rounds):
-        order = PATHS[r % len(PATHS) :] + PATHS[: r % len(PATHS)]  # each path first in turn
-        for op in OPS:
-            for path in order:
-                status(f"round {r + 1}/{cfg.rounds}: {op} over {path} …")
-                await latency(runs[op, path], table[op, path], cfg.seconds, expected[op])
-                await throughput(runs[op, path], table[op, path], cfg.seconds, cfg.concurrency, expected[op])
-    return list(runs.values())
 
 
 async def mcp_http_url(log_path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> str:
@@ -205,7 +185,7 @@ async def run(cfg: Config, work: Path) -> list[Run]:
         seqs = await client.append_many(USER, SESSION, turns)
         await client.search(USER, QUERY, mode="keyword", min_seq=seqs[-1])  # indexed (and committed) first
         try:
-            return await measure(cfg, asks(client, http, stdio, mcp_http))
+            return await measure_paths(cfg, asks(client, http, stdio, mcp_http), OPS, PATHS)
         except BaseException:
             for p in procs:
                 console.print(f"[red]memq worker {p.kind} log:[/]\n{p.log_tail()}")
@@ -234,19 +214,7 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
         f"commit {machine['git']}, {cfg.events}-event session, {cfg.rounds} × {cfg.seconds:g} s per "
         f"measurement, {cfg.concurrency} in flight for requests/s"
     )
-    table = Table("op", "path", "p50 ms", "p99 ms", "requests/s", "samples", "errors")
-    for r in runs:
-        s = r.summary()
-        table.add_row(
-            s["op"],
-            s["path"],
-            f"{s['p50_ms']:.3f}",
-            f"{s['p99_ms']:.3f}",
-            f"{s['requests_per_s']:,.0f}",
-            str(s["samples"]),
-            str(s["errors"]),
-        )
-    console.print(table)
+    console.print(results_table(runs))
     for o in beside_nats(runs):
         status(f"{o['op']} over {o['path']}: +{o['p50_added_ms']:.3f} ms at p50 ({o['p50_ratio']:.2f}× NATS)")
 
