@@ -221,6 +221,18 @@ async def wait_committed(nats_url: str, seq: int, durable: str = "memq-persisten
         await nc.close()
 
 
+class Letters:
+    """A tiny deterministic embedder (no model to load): letter counts."""
+
+    model, dim = "test:letters", 8
+
+    async def embed(self, texts: list[str]) -> list[list[float]]:
+        return [[float(sum(ord(c) % self.dim == i for c in t.lower())) + 0.1 for i in range(self.dim)] for t in texts]
+
+    async def close(self) -> None:
+        pass
+
+
 class SharedEmbedder:
     """Lets several workers of one test share one loaded model (closing is a no-op)."""
 

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from adapter_stack import memq_stack
 from google.adk.agents import LlmAgent
 from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
@@ -45,18 +44,6 @@ APP = "adk_app"
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-async def memq_url(tmp_path_factory) -> AsyncIterator[str]:
-    async with memq_stack(tmp_path_factory.mktemp("adk")) as url:
-        yield url
-
-
-@pytest.fixture
-async def memq(memq_url: str) -> AsyncIterator[MemoryClient]:
-    async with await MemoryClient.connect(memq_url, app=APP) as client:
-        yield client
-
-
 @pytest.fixture(params=["memq", "adk-database"])
 async def service(request, memq_url, tmp_path) -> AsyncIterator[BaseSessionService]:
     """The service under test: memq's, or ADK's own on SQLite (the reference)."""
@@ -66,11 +53,6 @@ async def service(request, memq_url, tmp_path) -> AsyncIterator[BaseSessionServi
     else:
         async with DatabaseSessionService(f"sqlite+aiosqlite:///{tmp_path}/adk.db") as db:
             yield db
-
-
-@pytest.fixture
-def user() -> str:
-    return f"u-{uuid.uuid4().hex[:8]}"  # the memq stack is shared by the module's tests
 
 
 def said(author: str, text: str, **fields) -> Event:

@@ -6,11 +6,8 @@ budgeted context instead of every message."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 
 import pytest
-from adapter_stack import memq_stack
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
@@ -23,23 +20,6 @@ from memq.contracts.client import MemoryClient
 APP = "lc_app"
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-async def memq_url(tmp_path_factory) -> AsyncIterator[str]:
-    async with memq_stack(tmp_path_factory.mktemp("langchain")) as url:
-        yield url
-
-
-@pytest.fixture
-async def memq(memq_url: str) -> AsyncIterator[MemoryClient]:
-    async with await MemoryClient.connect(memq_url, app=APP) as client:
-        yield client
-
-
-@pytest.fixture
-def user() -> str:
-    return f"u-{uuid.uuid4().hex[:8]}"
 
 
 def chain_with_history(memq: MemoryClient, user: str, seen: list, **history_options) -> RunnableWithMessageHistory:

@@ -13,7 +13,6 @@ import warnings
 from collections.abc import AsyncIterator
 
 import pytest
-from adapter_stack import memq_stack
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.tools import tool
@@ -27,12 +26,6 @@ from memq.contracts.adapters.langgraph_context import MemqContext
 from memq.contracts.client import MemoryClient
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-async def memq_url(tmp_path_factory) -> AsyncIterator[str]:
-    async with memq_stack(tmp_path_factory.mktemp("langgraph")) as url:
-        yield url
 
 
 @pytest.fixture

@@ -11,31 +11,29 @@ timing."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
 import pytest
+from helpers import Letters, make_settings, running, running_query, running_worker, wait_for
 from search_stack import searcher
 
 from memq.contracts import queries as q
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Event, Message, TextPart
+from memq.workers.index.backends import open_backend
 from memq.workers.index.backends.base import IndexBackend
+from memq.workers.indexing.indexer import make_indexer
+from memq.workers.indexing.rebuild import rebuild
+from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.memory.recall import Doc, SearchQuery, search_text
+from memq.workers.sql.engine import create_engine
 
 WEAVIATE = pytest.mark.services  # its server comes through getfixturevalue, unseen by conftest's marking
 APP, USER = "switch-app", "alice"
 TEXTS = ["I adopted a golden retriever puppy named Max", "We fly to Lisbon in June", "My sister paints"]
-
-
-class Letters:
-    """A tiny deterministic embedder (no model to load): letter counts."""
-
-    model, dim = "test:letters", 8
-
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        return [[float(sum(ord(c) % self.dim == i for c in t.lower())) + 0.1 for i in range(self.dim)] for t in texts]
-
-    async def close(self) -> None:
-        pass
 
 
 class PausedBeforeRead:
@@ -193,19 +191,6 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
     """A client searches every ~5 ms while ``rebuild`` replays the stream
     into a new generation and switches to it; the rebuild runs on a backend
     of its own, as ``memq index rebuild`` does in its own process."""
-    import asyncio
-    import time
-
-    from helpers import make_settings, running, running_query, running_worker, wait_for
-
-    from memq.contracts.client import MemoryClient
-    from memq.contracts.schemas import Event, Message, TextPart
-    from memq.workers.index.backends import open_backend
-    from memq.workers.indexing.indexer import make_indexer
-    from memq.workers.indexing.rebuild import rebuild
-    from memq.workers.indexing.worker import IndexingWorker
-    from memq.workers.sql.engine import create_engine
-
     s = make_settings(nats_url, sqlite_url, tmp_path)
     extra = {}
     if backend == "weaviate":

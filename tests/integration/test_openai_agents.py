@@ -10,13 +10,10 @@ import asyncio
 import json
 import os
 import sys
-import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from adapter_stack import memq_stack
 from agents import Agent, RunConfig, Runner, function_tool
 from agents.items import ModelResponse
 from agents.memory import Session, SessionSettings
@@ -35,23 +32,6 @@ APP = "oa_app"
 NO_TRACES = RunConfig(tracing_disabled=True)
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-async def memq_url(tmp_path_factory) -> AsyncIterator[str]:
-    async with memq_stack(tmp_path_factory.mktemp("openai_agents")) as url:
-        yield url
-
-
-@pytest.fixture
-async def memq(memq_url: str) -> AsyncIterator[MemoryClient]:
-    async with await MemoryClient.connect(memq_url, app=APP) as client:
-        yield client
-
-
-@pytest.fixture
-def user() -> str:
-    return f"u-{uuid.uuid4().hex[:8]}"  # the memq stack is shared by the module's tests
 
 
 def said(role: str, text: str) -> dict[str, Any]:

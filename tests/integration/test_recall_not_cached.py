@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import make_settings, running_query, running_worker
+from helpers import Letters, make_settings, running_query, running_worker
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
@@ -20,18 +20,6 @@ pytestmark = pytest.mark.timeout(120)
 
 APP, USER = "recall-cache", "alice"
 MEMORY = "Max is my golden retriever puppy"
-
-
-class Letters:
-    """A tiny deterministic embedder (no model to load): letter counts."""
-
-    model, dim = "test:letters", 8
-
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        return [[float(sum(ord(c) % self.dim == i for c in t.lower())) + 0.1 for i in range(self.dim)] for t in texts]
-
-    async def close(self) -> None:
-        pass
 
 
 class FailsOnce:
