@@ -13,8 +13,7 @@ Items read back equal to what was added (they are stored whole, see
 context, summaries and long-term memory see their text, tool calls and tool
 results. ``pop_item`` forgets the popped item's event everywhere
 (:meth:`~memq.contracts.client.MemoryClient.forget_event`): memq's own
-history, context and search no longer show it either. Retractions that
-older versions appended are still folded away when read. Reads
+history, context and search no longer show it either. Reads
 use ``consistency="any"``: every writer's acknowledged items are seen, so
 two processes on one session see each other's items at once.
 """
@@ -28,7 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from agents.memory import SessionSettings
 from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
 
-from memq.contracts.adapters.openai_agents_items import event_of, surviving
+from memq.contracts.adapters.openai_agents_items import event_of, items_of
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Conflict, NotFound
 from memq.contracts.queries import StoredEvent
@@ -122,10 +121,10 @@ class MemqSession:
         await _settled(self.client.delete_session(self.user, self.session_id, missing_ok=True))
 
     async def _tail(self, limit: int | None) -> tuple[list[tuple[StoredEvent, dict[str, Any]]], int]:
-        """The newest ``limit`` surviving items (all for None) with their
+        """The newest ``limit`` items (all for None) with their
         events, and the session's last sequence. The window of events read
         doubles until it holds ``limit`` items or the whole session:
-        retractions and events without an item take room in it."""
+        events without an item (a state change, a checkpoint) take room in it."""
         window = limit if limit is not None and limit <= MAX_WINDOW else None
         while True:
             try:
@@ -135,7 +134,7 @@ class MemqSession:
             except NotFound:  # never started, or cleared
                 return [], 0
             events = view.events or []
-            kept = surviving(events)
+            kept = items_of(events)
             last_seq = max([view.last_seq, *(e.seq for e in events)])
             if window is None or limit is None or len(kept) >= limit or len(events) < window:
                 return (kept if limit is None else kept[-limit:]), last_seq

@@ -8,10 +8,8 @@ they see any other. An item without such a meaning (reasoning, a hosted
 tool's call) is stored with no message: only the SDK reads it back.
 
 ``pop_item`` forgets the popped item's event (memq's
-:meth:`~memq.contracts.client.MemoryClient.forget_event`). Earlier versions
-appended a *retraction* instead: an event with no message whose metadata
-names the event it takes back. Sessions may still hold those, so
-:func:`surviving` folds them away.
+:meth:`~memq.contracts.client.MemoryClient.forget_event`), so a popped item
+is simply gone from what :func:`items_of` reads.
 """
 
 from __future__ import annotations
@@ -23,7 +21,7 @@ from typing import Any
 from memq.contracts.queries import StoredEvent
 from memq.contracts.schemas import Event, Message, Part, TextPart, ToolCallPart, ToolResultPart
 
-KEY = "openai_agents"  # metadata: {"item": <the item>} or {"pop": <event id taken back>}
+KEY = "openai_agents"  # metadata: {"item": <the item>}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -87,15 +85,9 @@ def event_of(item: Mapping[str, Any], agent: str) -> Event:
     return Event(author=author, message=message, metadata={KEY: {"item": dict(item)}})
 
 
-def retraction_of(event_id: str, agent: str) -> Event:
-    """The event that took back the item stored as ``event_id``, as
-    ``pop_item`` wrote it before forgetting (for tests of old sessions)."""
-    return Event(author=agent, metadata={KEY: {"pop": event_id}})
-
-
 def item_of(stored: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The item a stored event (``StoredEvent.event``) holds; None for a
-    retraction or an event with nothing to give. Events other writers
+    """The item a stored event (``StoredEvent.event``) holds; None for an
+    event with nothing to give. Events other writers
     appended (the memq client, ADK) come back as plain messages with their
     text: ``{"role": …, "content": …}``."""
     kept = (stored.get("metadata") or {}).get(KEY)
@@ -108,16 +100,6 @@ def item_of(stored: Mapping[str, Any]) -> dict[str, Any] | None:
     return {"role": message.role, "content": message.text}
 
 
-def _popped(stored: Mapping[str, Any]) -> str | None:
-    kept = (stored.get("metadata") or {}).get(KEY)
-    pop = kept.get("pop") if isinstance(kept, Mapping) else None
-    return pop if isinstance(pop, str) else None
-
-
-def surviving(events: Iterable[StoredEvent]) -> list[tuple[StoredEvent, dict[str, Any]]]:
-    """The items of ``events`` (oldest first) that no later retraction took
-    back, each with its event. A retraction always follows the event it
-    names, so any suffix of a session's events folds to a suffix of its items."""
-    events = list(events)
-    popped = {p for e in events if (p := _popped(e.event)) is not None}
-    return [(e, item) for e in events if e.event.get("id") not in popped and (item := item_of(e.event)) is not None]
+def items_of(events: Iterable[StoredEvent]) -> list[tuple[StoredEvent, dict[str, Any]]]:
+    """The items of ``events`` (oldest first), each with its event."""
+    return [(e, item) for e in events if (item := item_of(e.event)) is not None]

@@ -166,7 +166,7 @@ async def test_limit_gives_the_newest_items_in_order(memq, user):
     assert await MemqSession("limited", memq, user=user, session_settings={"limit": 2}).get_items() == items[-2:]
     with_settings = MemqSession("limited", memq, user=user, session_settings=SessionSettings(limit=2))
     assert await with_settings.get_items(limit=4) == items[-4:]  # an explicit limit wins
-    # a limit counts items, not the retractions among the newest events
+    # a limit counts items, after the popped ones are forgotten
     await session.pop_item()
     await session.pop_item()
     assert await session.get_items(limit=3) == items[2:5]

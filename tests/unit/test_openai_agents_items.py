@@ -1,17 +1,14 @@
 """The OpenAI Agents SDK's items as memq events (memq.contracts.adapters.openai_agents_items):
-what memq's own reads see of each kind of item, and how retractions fold."""
+what memq's own reads see of each kind of item."""
 
 from __future__ import annotations
 
 import pytest
 
 from memq.contracts.adapters.openai_agents_items import (
-    KEY,
     event_of,
     item_of,
     message_of,
-    retraction_of,
-    surviving,
 )
 from memq.contracts.queries import StoredEvent
 from memq.contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolResultPart
@@ -80,16 +77,6 @@ def test_events_of_other_writers_read_as_plain_messages():
     assert item_of(said.model_dump(mode="json")) == {"role": "user", "content": "from the client"}
     assert item_of(result.model_dump(mode="json")) is None  # a tool result without its call: not an item
     assert item_of(Event().model_dump(mode="json")) is None
-
-
-def test_retractions_hide_the_items_they_name_and_nothing_else():
-    a, b, c = (event_of({"role": "user", "content": x}, "app") for x in "abc")
-    events = [stored(a, 1), stored(b, 2), stored(retraction_of(b.id, "app"), 3), stored(c, 4)]
-    assert [item["content"] for _, item in surviving(events)] == ["a", "c"]
-    assert [e.seq for e, _ in surviving(events)] == [1, 4]
-    assert retraction_of(b.id, "app").metadata == {KEY: {"pop": b.id}}
-    # a suffix that starts after the retracted event folds to a suffix of the items
-    assert [item["content"] for _, item in surviving(events[2:])] == ["c"]
 
 
 def test_an_item_that_is_not_a_dict_is_refused():
