@@ -15,10 +15,8 @@ CI must never pass by skipping.
 from __future__ import annotations
 
 import itertools
-import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 from services import (
@@ -29,12 +27,9 @@ from services import (
     NatsServer,
     Postgres,
     Redis,
-    Server,
-    ServiceUnavailable,
     Weaviate,
+    running,
 )
-
-IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 SERVICE_FIXTURES = {
     "nats_server",
@@ -57,21 +52,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SERVICE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.services)
-
-
-@contextmanager
-def running(cls: type[Server]) -> Iterator[Server]:
-    missing = None
-    try:
-        server = cls()
-    except ServiceUnavailable as e:
-        missing = str(e)  # reported below, outside `except`: one line, no chained traceback
-    if missing:
-        if IN_CI:
-            pytest.fail(f"CI=true and a service is missing: {missing}", pytrace=False)
-        pytest.skip(missing)
-    with server:
-        yield server
 
 
 @pytest.fixture(scope="session")

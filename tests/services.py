@@ -33,7 +33,11 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 __all__ = [
     "LlamaServer",
@@ -47,6 +51,7 @@ __all__ = [
     "ServiceError",
     "ServiceUnavailable",
     "Weaviate",
+    "running",
     "free_port",
     "wait_for_port",
 ]
@@ -973,3 +978,23 @@ class LlamaEmbeddingServer(LlamaServer):
     embeddings endpoint (its vectors are per token, not per text)."""
 
     embedding = True
+
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@contextmanager
+def running(cls: type[Server]) -> Iterator[Server]:
+    """Start ``cls`` for the block; a missing binary skips, or fails under CI=true
+    (CI must never pass by skipping)."""
+    missing = None
+    try:
+        server = cls()
+    except ServiceUnavailable as e:
+        missing = str(e)  # reported below, outside `except`: one line, no chained traceback
+    if missing:
+        if IN_CI:
+            pytest.fail(f"CI=true and a service is missing: {missing}", pytrace=False)
+        pytest.skip(missing)
+    with server:
+        yield server

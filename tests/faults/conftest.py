@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import running
-from services import Postgres, Redis, Server, Weaviate
+from services import Postgres, Redis, Server, Weaviate, running
 
 from .stack import Stack
 

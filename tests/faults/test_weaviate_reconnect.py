@@ -14,8 +14,7 @@ import time
 import uuid
 
 import pytest
-from conftest import running
-from services import HOST, Weaviate, free_port
+from services import HOST, Weaviate, free_port, running
 
 from memq.workers.index.backends.base import IndexUnavailable
 from memq.workers.index.backends.weaviate import WeaviateIndex

@@ -10,9 +10,8 @@ from typing import Any
 import nats
 import orjson
 import pytest
-from conftest import running
 from helpers import make_settings, run_memq, running_worker, wait_committed
-from services import NatsServer
+from services import NatsServer, running
 from sqlalchemy import select
 
 from memq.contracts import codec

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import running as running_service
 from helpers import make_settings, running
 from pydantic import SecretStr
 from services import HOST, NatsServer
+from services import running as running_service
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Forbidden

@@ -7,9 +7,9 @@ import asyncio
 import uuid
 
 import pytest
-from conftest import running as running_service
 from helpers import wait_for
 from services import Weaviate
+from services import running as running_service
 from test_indexing import APP, embedder, search_after_each_append, settings_for, stack, text  # noqa: F401 - the embedder fixture
 
 from memq.contracts.client import MemoryClient

@@ -14,9 +14,9 @@ from urllib.parse import quote
 
 import bcrypt
 import pytest
-from conftest import running as running_service
 from helpers import MEMQ, WorkerProcess, make_settings, settings_env, wait_for
 from services import NatsServer, Postgres, Redis
+from services import running as running_service
 
 from memq.contracts.client import MemoryClient
 from memq.workers import security

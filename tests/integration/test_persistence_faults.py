@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-from conftest import running
 from helpers import (
     WorkerProcess,
     event_counts,
@@ -15,7 +14,7 @@ from helpers import (
     wait_for,
     wait_for_consumer,
 )
-from services import Postgres
+from services import Postgres, running
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart

@@ -5,9 +5,8 @@ drops a reply over its max_payload, so the query worker must say so itself.
 from __future__ import annotations
 
 import pytest
-from conftest import running
 from helpers import make_settings, running_query, running_worker
-from services import NatsServer
+from services import NatsServer, running
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Oversize

@@ -10,9 +10,8 @@ from contextlib import asynccontextmanager
 import nats
 import orjson
 import pytest
-from conftest import running
 from helpers import make_settings, running_query, running_worker
-from services import NatsServer
+from services import NatsServer, running
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart

@@ -19,11 +19,11 @@ import nats
 import nats.errors
 import orjson
 import pytest
-from conftest import running as running_service
 from helpers import make_settings, running, wait_for
 from nats.js.errors import NotFoundError
 from pydantic import SecretStr
 from services import NatsServer
+from services import running as running_service
 
 from memq.contracts.client import MemoryClient, app_inbox_prefix, build_request, encode_request, parse_reply
 from memq.contracts.errors import Forbidden, PublishFailed

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import trustme
-from conftest import running as running_service
 from pydantic import SecretStr
 from services import NatsServer, Postgres, Redis, Weaviate, free_port
+from services import running as running_service
 from sqlalchemy import text
 
 from memq.workers import bus

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import nats
 import pytest
-from conftest import running as running_service
 from helpers import make_settings, running
 from nats.aio.client import Client as NATS
 from pydantic import SecretStr
 from services import NatsServer
+from services import running as running_service
 
 from memq.contracts.client import MemoryClient, app_inbox_prefix
 from memq.workers import security

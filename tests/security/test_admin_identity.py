@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import running as running_service
 from services import NatsServer
+from services import running as running_service
 
 from memq.contracts.client import app_inbox_prefix
 from memq.workers import security

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import running as running_service
 from helpers import WorkerProcess, make_settings
 from services import NatsServer
+from services import running as running_service
 
 pytestmark = pytest.mark.timeout(300)
 
