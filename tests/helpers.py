@@ -15,8 +15,8 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from memq.workers.app import Process
 from memq.workers.persistence.worker import PersistenceWorker
+from memq.workers.runtime.app import Process
 from memq.workers.settings import Settings
 from memq.workers.sql import models
 from memq.workers.sql.engine import create_engine, migrate

@@ -8,7 +8,7 @@ it through tests/unit/test_asyncapi.py).
 
 The document describes the memq workers as one application ("receive": memq
 reads it; "send": memq writes it). It is generated from the worker app
-(:func:`memq.workers.app.build_app`, built with the default settings and
+(:func:`memq.workers.runtime.app.build_app`, built with the default settings and
 connected to nothing), so FastStream describes its own subscribers and
 publishers: the commit notices and the status events, typed by
 :mod:`memq.contracts.notices`. FastStream knows nothing of the rest, so
@@ -126,7 +126,7 @@ def package_version() -> str:
 
 def document() -> dict[str, Any]:
     """The whole document, as JSON-ready data."""
-    from memq.workers.app import build_app  # the worker runtime: only when a document is made
+    from memq.workers.runtime.app import build_app  # the worker runtime: only when a document is made
 
     with tempfile.TemporaryDirectory(prefix="memq-asyncapi-") as data_dir:
         settings = DocumentSettings(data_dir=Path(data_dir))

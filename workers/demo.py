@@ -18,7 +18,7 @@ from rich.table import Table
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Actions, Event, Message, TextPart, ToolCallPart, ToolResultPart, new_id
-from memq.workers import bus
+from memq.workers.runtime import bus
 from memq.workers.settings import Settings
 from memq.workers.sql import reads
 from memq.workers.sql.engine import create_engine

@@ -1,13 +1,13 @@
 """The Prometheus metrics of every worker kind, in one registry per process.
 
 ``memq up`` runs every worker kind in one process: one registry, one
-``/metrics`` (served by :mod:`memq.workers.health`), and the ``worker`` label tells
+``/metrics`` (served by :mod:`memq.workers.runtime.health`), and the ``worker`` label tells
 the kinds apart. Metrics are module-level, as prometheus_client intends, so
 instrumenting a worker is one line at the place where the thing happens.
 
 Counters and histograms move as work is done. The gauges of consumer lag and
 DLQ depth are read from JetStream every ``metrics.refresh_s`` by
-:class:`memq.workers.health.Monitor`, each worker for its own durable consumer.
+:class:`memq.workers.runtime.health.Monitor`, each worker for its own durable consumer.
 
 Cache hit rate is a PromQL ratio::
 

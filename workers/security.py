@@ -62,7 +62,7 @@ from typing import Literal
 from memq.contracts.client import app_inbox_prefix
 from memq.contracts.ids import encode_token
 from memq.contracts.subjects import ARTIFACT_BUCKET, PREFIX
-from memq.workers.lease import BUCKET as LEASE_BUCKET
+from memq.workers.runtime.lease import BUCKET as LEASE_BUCKET
 
 # memq.workers.indexing.rebuild_job.BUCKET, spelled here: the gateway imports
 # this module and may not import the indexing worker (tests/unit/test_nats_permissions.py).

@@ -403,7 +403,7 @@ class ExpirySettings(BaseModel):
 
 
 class MetricsSettings(BaseModel):
-    """Prometheus metrics and health probes over HTTP (``workers/health.py``):
+    """Prometheus metrics and health probes over HTTP (``workers/runtime/health.py``):
     GET /metrics, /healthz (liveness), /readyz (readiness), one server per process."""
 
     port: int | None = Field(

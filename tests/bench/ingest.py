@@ -109,7 +109,7 @@ from memq.contracts.client import MemoryClient  # noqa: E402
 from memq.contracts.codec import encode, msg_id, subject_for  # noqa: E402
 from memq.contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
 from memq.contracts.subjects import CHANGED_WILDCARD, EVENTS_STREAM  # noqa: E402
-from memq.workers import bus  # noqa: E402
+from memq.workers.runtime import bus  # noqa: E402
 from memq.workers.settings import StreamSettings  # noqa: E402
 
 APP = "bench"

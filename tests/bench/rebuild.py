@@ -61,13 +61,13 @@ from rich.table import Table  # noqa: E402
 from memq.contracts.client import MemoryClient  # noqa: E402
 from memq.contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
 from memq.contracts.subjects import EVENTS_WILDCARD  # noqa: E402
-from memq.workers import bus  # noqa: E402
 from memq.workers.index.backends import open_backend  # noqa: E402
 from memq.workers.index.embedders.local import LocalEmbedder  # noqa: E402
 from memq.workers.indexing.indexer import Indexer  # noqa: E402
 from memq.workers.indexing.rebuild import rebuild  # noqa: E402
 from memq.workers.indexing.worker import IndexingWorker  # noqa: E402
 from memq.workers.memory.recall import doc_for  # noqa: E402
+from memq.workers.runtime import bus  # noqa: E402
 from memq.workers.settings import LocalEmbedderSettings, Settings  # noqa: E402
 
 BATCH = 64  # the live path's batch (indexing.batch_size's default)

@@ -4,11 +4,11 @@ Usage::
 
     .venv/bin/python tests/bench/runtime.py [--quick] [--runs N] [--json PATH]
 
-The worker process is a FastStream app (``memq.workers.app``), but three hot
+The worker process is a FastStream app (``memq.workers.runtime.app``), but three hot
 paths stay on nats-py inside it, on the broker's connection, for reasons
 measured here against a nats-server this script starts (``tests/services.py``):
 
-(a) **batch consume** — memq's owned loop (``memq.workers.consumer.BatchConsumer``,
+(a) **batch consume** — memq's owned loop (``memq.workers.runtime.consumer.BatchConsumer``,
     batch 100, 20 ms window) against a FastStream ``PullSub(batch_size=100,
     timeout=0.02, batch=True)`` subscriber, both decoding and acking every
     message:
@@ -61,7 +61,7 @@ from benchlib import console, machine_info, percentile, process_cpu, status, war
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from memq.workers.consumer import BatchConsumer  # noqa: E402
+from memq.workers.runtime.consumer import BatchConsumer  # noqa: E402
 
 STREAM = "BENCH_RUNTIME"
 SUBJECT = "bench.rt.events"

@@ -102,9 +102,9 @@ from memq.contracts.codec import decode_from_subject  # noqa: E402
 from memq.contracts.errors import PublishFailed  # noqa: E402
 from memq.contracts.schemas import Event  # noqa: E402
 from memq.contracts.subjects import EVENTS_STREAM, EVENTS_WILDCARD, request_subject  # noqa: E402
-from memq.workers import bus  # noqa: E402
 from memq.workers.index.backends import open_backend  # noqa: E402
 from memq.workers.memory.recall import doc_for  # noqa: E402
+from memq.workers.runtime import bus  # noqa: E402
 from memq.workers.settings import Settings, StreamSettings  # noqa: E402
 from memq.workers.sql import models  # noqa: E402
 

@@ -72,7 +72,7 @@ from memq.workers.settings import LocalEmbedderSettings
 from memq.workers.sql import models, reads
 
 MAX_BYTES = 16 * 1024  # the worker's limit here
-STREAM_MAX_BYTES = 2 * MAX_BYTES  # what the stream takes (memq.workers.bus): oversize ones still reach the DLQ
+STREAM_MAX_BYTES = 2 * MAX_BYTES  # what the stream takes (memq.workers.runtime.bus): oversize ones still reach the DLQ
 NATS_MAX_PAYLOAD = 1024 * 1024  # nats-server's default
 TYPED_CODES = set(ERRORS_BY_CODE) - {MemqError.code}
 FUZZ = dict(

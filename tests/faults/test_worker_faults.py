@@ -12,7 +12,7 @@ import nats.errors
 import pytest
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
-from memq.workers.lease import BUCKET as LEASE_BUCKET
+from memq.workers.runtime.lease import BUCKET as LEASE_BUCKET
 
 from .harness import Fault, checkpoint_report, run_fault
 

@@ -7,8 +7,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
-from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend
-from memq.workers.query.service import build_cache
+from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend, build_cache
 from memq.workers.settings import Settings
 
 

@@ -30,7 +30,7 @@ from memq.contracts.errors import (
 )
 from memq.contracts.schemas import ArtifactSaved, Event, Message, TextPart
 from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, dedupe_id, events_subject
-from memq.workers.bus import ensure_streams
+from memq.workers.runtime.bus import ensure_streams
 from memq.workers.settings import StreamSettings
 from memq.workers.sql import reads
 

@@ -13,8 +13,8 @@ from helpers import make_settings, running, running_query
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
-from memq.workers.commit_floor import CommitFloor
 from memq.workers.persistence.worker import PersistenceWorker
+from memq.workers.runtime.commit_floor import CommitFloor
 
 APP = "floor-app"
 

@@ -12,7 +12,7 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from memq.workers.consumer import BatchConsumer
+from memq.workers.runtime.consumer import BatchConsumer
 
 STREAM = "BATCHING"
 SUBJECT = "batching.>"

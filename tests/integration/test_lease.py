@@ -7,7 +7,7 @@ import asyncio
 
 import nats
 
-from memq.workers.lease import Lease
+from memq.workers.runtime.lease import Lease
 
 
 async def test_lease_bucket_is_replicated_and_survives_a_node(nats_cluster):

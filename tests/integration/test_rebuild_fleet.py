@@ -19,7 +19,6 @@ from helpers import MEMQ, SharedEmbedder, WorkerProcess, make_settings, running,
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
-from memq.workers import bus
 from memq.workers.index.backends import open_backend
 from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing import replica as replica_module
@@ -28,6 +27,7 @@ from memq.workers.indexing.indexer import Indexer
 from memq.workers.indexing.rebuild import rebuild
 from memq.workers.indexing.rebuild_job import JobStore
 from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.runtime import bus
 from memq.workers.settings import LocalEmbedderSettings
 
 APP = "fleet-app"

@@ -1,4 +1,4 @@
-"""The worker process as a FastStream app (memq.workers.app): every kind on
+"""The worker process as a FastStream app (memq.workers.runtime.app): every kind on
 one NATS connection, typed notices on both sides, a bad notice logged and
 survived, and a dead NATS failing the start fast."""
 
@@ -19,9 +19,9 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.notices import CommitNotice, CommittedRanges, StatusEvent
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.contracts.subjects import CHANGED_WILDCARD, committed_subject
-from memq.workers import bus
-from memq.workers.app import Process, assemble, build_app
-from memq.workers.kinds import KINDS
+from memq.workers.runtime import bus
+from memq.workers.runtime.app import Process, assemble, build_app
+from memq.workers.runtime.kinds import KINDS
 
 APP = "rt"
 

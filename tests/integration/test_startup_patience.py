@@ -12,9 +12,9 @@ import pytest
 from helpers import make_settings, running_query, running_worker
 
 from memq.contracts.client import MemoryClient
-from memq.workers import bus
-from memq.workers.commit_floor import CommitFloor
-from memq.workers.consumer import BatchConsumer
+from memq.workers.runtime import bus
+from memq.workers.runtime.commit_floor import CommitFloor
+from memq.workers.runtime.consumer import BatchConsumer
 
 APP = "patience-app"
 

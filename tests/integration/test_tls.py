@@ -23,10 +23,10 @@ from services import NatsServer, Postgres, Redis, Weaviate, free_port
 from services import running as running_service
 from sqlalchemy import text
 
-from memq.workers import bus
 from memq.workers.index.backends.base import IndexUnavailable
 from memq.workers.index.backends.weaviate import WeaviateIndex
 from memq.workers.query.cache import RedisBackend
+from memq.workers.runtime import bus
 from memq.workers.settings import Settings, TLSSettings, WeaviateSettings
 from memq.workers.sql.engine import create_engine, migrate
 

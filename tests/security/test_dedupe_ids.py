@@ -21,7 +21,7 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.ids import scope_key
 from memq.contracts.schemas import CheckpointSaved, Event, EventAppended, Message, TextPart
 from memq.contracts.subjects import DLQ_STREAM, dedupe_id, events_subject, status_subject
-from memq.workers.dlq import DeadLetterFilter, iter_dead_letters
+from memq.workers.runtime.dlq import DeadLetterFilter, iter_dead_letters
 from memq.workers.sql import reads
 from memq.workers.summarizer.worker import SummarizerWorker, checkpoint_id
 

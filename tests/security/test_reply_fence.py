@@ -17,7 +17,7 @@ from helpers import make_settings, running_query, stays_false, wait_for
 from memq.contracts.client import app_inbox_prefix, build_request, encode_request
 from memq.contracts.subjects import dlq_subject, events_subject, request_subject
 from memq.workers import metrics
-from memq.workers.lease import BUCKET
+from memq.workers.runtime.lease import BUCKET
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,7 +21,7 @@ from memq.contracts.client import MemoryClient, app_inbox_prefix, build_request,
 from memq.contracts.ids import scope_key
 from memq.contracts.schemas import Event
 from memq.contracts.subjects import dlq_subject, events_subject, request_subject
-from memq.workers.lease import BUCKET, lease_bucket
+from memq.workers.runtime.lease import BUCKET, lease_bucket
 
 from .conftest import A, B, Tenants
 

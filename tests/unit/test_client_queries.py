@@ -31,7 +31,7 @@ from memq.contracts.errors import (
 )
 from memq.contracts.queries import ContextView, HistoryView, SessionsPage, SessionView, StrategySpec
 from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, request_subject
-from memq.workers.bus import ensure_streams
+from memq.workers.runtime.bus import ensure_streams
 from memq.workers.settings import StreamSettings
 
 APP = "agent.one"  # a dot: the subject must carry the encoded token

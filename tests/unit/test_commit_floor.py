@@ -1,4 +1,4 @@
-"""The commit floor (memq.workers.commit_floor): runs of finished sequences
+"""The commit floor (memq.workers.runtime.commit_floor): runs of finished sequences
 from any number of replicas, in any order, never move the floor past a
 sequence nobody has finished; the ack floor closes the gaps notices leave."""
 
@@ -16,7 +16,7 @@ from nats.js.errors import NotFoundError
 
 from memq.contracts.errors import NotCommitted
 from memq.contracts.notices import CommittedRanges
-from memq.workers.commit_floor import CommitFloor, ContiguousFloor
+from memq.workers.runtime.commit_floor import CommitFloor, ContiguousFloor
 
 
 def test_runs_out_of_order_move_the_floor_only_when_the_gap_closes():

@@ -1,14 +1,14 @@
-"""One registry of worker kinds (memq.workers.kinds) drives the CLI, the
+"""One registry of worker kinds (memq.workers.runtime.kinds) drives the CLI, the
 readiness checks and the consumer gauges; no module keeps its own list."""
 
 from __future__ import annotations
 
 import inspect
 
-from memq.workers import readiness
 from memq.workers.cli import WorkerKind
-from memq.workers.health import checks_for, durable_of
-from memq.workers.kinds import KINDS, Kind
+from memq.workers.runtime import readiness
+from memq.workers.runtime.health import checks_for, durable_of
+from memq.workers.runtime.kinds import KINDS, Kind
 from memq.workers.settings import Settings
 
 

@@ -5,6 +5,7 @@ pyproject.toml ([tool.importlinter]):
 - ``workers/memory/`` is pure: no I/O package, not even through another module;
 - the worker kinds (persistence, indexing, summarizer, query, http) are peers: none
   imports another, directly or through a shared module;
+- the process runtime (``workers/runtime/``) imports no kind;
 - no import cycle among the modules and packages of any one package.
 
 The same contracts are then run on a small synthetic tree shaped like memq,
@@ -84,7 +85,7 @@ def test_memq_keeps_its_layers():
 
 def test_every_rule_is_configured():
     ids = {c["id"] for c in configured()["contracts"]}
-    assert ids == {"contracts-light", "memory-pure", "kinds-are-peers", "acyclic"}
+    assert ids == {"contracts-light", "memory-pure", "kinds-are-peers", "runtime-names-no-kind", "acyclic"}
 
 
 # --- the same contracts on a synthetic memq ---------------------------------------
@@ -102,13 +103,19 @@ CLEAN = {
     "workers/sql/__init__.py": "",
     "workers/sql/reads.py": "import sqlalchemy\nfrom fakeq.workers.memory import strategies\n",
     "workers/shared.py": "import nats\n",
+    "workers/runtime/__init__.py": "",
+    "workers/runtime/app.py": "import importlib\nfrom fakeq.workers import shared\n",
     **{f"workers/{kind}/__init__.py": "" for kind in KINDS},
     **{
-        f"workers/{kind}/worker.py": "from fakeq.workers import shared\nfrom fakeq.workers.sql import reads\n"
+        f"workers/{kind}/worker.py": (
+            "from fakeq.workers import shared\nfrom fakeq.workers.runtime import app\nfrom fakeq.workers.sql import reads\n"
+        )
         for kind in KINDS
     },
     "workers/summarizer/llm.py": "",
     "workers/summarizer/summarizers.py": "",
+    "workers/mcp/__init__.py": "",  # neither kinds nor runtime: they run a process of their own
+    "workers/cli/__init__.py": "from fakeq.workers.runtime import app\n",
 }
 
 # One violation each: (files added or replaced, the contract that must break).
@@ -127,6 +134,10 @@ VIOLATIONS = {
     "a kind reaches another through a shared module": (
         {"workers/shared.py": "import nats\nfrom fakeq.workers.query import worker\n"},
         "kinds-are-peers",
+    ),
+    "the runtime imports a kind": (
+        {"workers/runtime/app.py": "from fakeq.workers.query import worker\n"},
+        "runtime-names-no-kind",
     ),
     "two modules import each other": (
         {
@@ -194,7 +205,13 @@ def test_a_clean_tree_keeps_every_contract(tmp_path):
     # A type-only import never runs, so it couples no kinds and makes no cycle.
     src = build(tmp_path, {"workers/query/types.py": TYPE_ONLY})
     kept = run_check(fake_config(tmp_path), src)
-    assert kept == {"contracts-light": True, "memory-pure": True, "kinds-are-peers": True, "acyclic": True}
+    assert kept == {
+        "contracts-light": True,
+        "memory-pure": True,
+        "kinds-are-peers": True,
+        "runtime-names-no-kind": True,
+        "acyclic": True,
+    }
 
 
 @pytest.mark.parametrize("case", list(VIOLATIONS))

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from memq.workers import metrics
-from memq.workers.health import HealthState, HttpServer, Monitor, checks_for, durable_of, make_app
+from memq.workers.runtime.health import HealthState, HttpServer, Monitor, checks_for, durable_of, make_app
 from memq.workers.settings import Settings
 
 

@@ -68,7 +68,7 @@ async def test_many_large_replies_stay_within_the_bound():
 
 
 def test_the_setting_reaches_the_query_workers_cache():
-    from memq.workers.query.service import build_cache
+    from memq.workers.query.cache import build_cache
 
     settings = Settings(cache={"backend": "memory", "max_bytes": 123_456})
     assert Settings().cache.max_bytes == 64 * 1024 * 1024

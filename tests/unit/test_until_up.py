@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from memq.workers.until_up import until_up
+from memq.workers.runtime.until_up import until_up
 
 
 def checks(results: list[bool | Exception]):

@@ -103,7 +103,7 @@ def _settings(**overrides: Any) -> Settings:
 
 def nats_failures() -> tuple[type[Exception], ...]:
     """What a command prints, as one line and no traceback, when NATS cannot be used."""
-    from memq.workers import bus
+    from memq.workers.runtime import bus
 
     return (bus.NatsNotFound, bus.NatsUnreachable, bus.NatsTLSError)
 
@@ -182,7 +182,7 @@ def _with_nats(
     :param patient: connect as a worker does (ride out a NATS restart)
         rather than give up after two tries.
     """
-    from memq.workers import bus
+    from memq.workers.runtime import bus
 
     settings = _settings()
 

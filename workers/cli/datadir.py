@@ -37,7 +37,7 @@ def data_line(data_dir: Path, fresh: bool, events: int | None, since: datetime |
 async def describe_data(settings: Settings, fresh: bool) -> str:
     """:func:`data_line` with the event stream's size and creation time
     (asked of NATS: a SQL server's data dir holds only NATS')."""
-    from memq.workers import bus
+    from memq.workers.runtime import bus
 
     events = since = None
     with contextlib.suppress(Exception):  # a ready line without counts rather than none

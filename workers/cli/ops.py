@@ -197,7 +197,7 @@ app.add_typer(dlq_app, name="dlq")
 
 
 def _dlq_filter(worker: str | None, code: str | None, seqs: list[int] | None):
-    from memq.workers.dlq import DeadLetterFilter
+    from memq.workers.runtime.dlq import DeadLetterFilter
 
     return DeadLetterFilter(worker=worker, code=code, seqs=frozenset(seqs) if seqs else None)
 
@@ -212,7 +212,7 @@ def dlq_list(
     """List dead letters, oldest first, with why each was given up on."""
     from rich.table import Table
 
-    from memq.workers.dlq import list_dead_letters, summarize
+    from memq.workers.runtime.dlq import list_dead_letters, summarize
 
     settings = _settings()
     where = _dlq_filter(worker, code, None)
@@ -258,7 +258,7 @@ def dlq_replay(
     Fix the cause first (a setting, a worker bug, the database): a message
     that fails again is dead-lettered again, with its new reason.
     """
-    from memq.workers.dlq import replay_dead_letters
+    from memq.workers.runtime.dlq import replay_dead_letters
 
     if not seqs and not all_:
         err.print(

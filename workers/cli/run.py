@@ -25,7 +25,7 @@ from memq.workers.cli.common import (
     err,
     nats_failures,
 )
-from memq.workers.kinds import KINDS
+from memq.workers.runtime.kinds import KINDS
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -61,13 +61,13 @@ async def _run_workers(
     stop: asyncio.Event,
     on_ready: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Run ``kinds`` in this process as one FastStream app (:mod:`memq.workers.app`;
+    """Run ``kinds`` in this process as one FastStream app (:mod:`memq.workers.runtime.app`;
     a line per worker as it starts: the indexing worker's start can be slow),
     call ``on_ready`` once all run, then run until ``stop``. A NATS that
     cannot be reached ends it with one line, exit 1."""
-    from memq.workers.app import assemble
-    from memq.workers.gc_tuning import settle_after_start
-    from memq.workers.health import Monitor
+    from memq.workers.runtime.app import assemble
+    from memq.workers.runtime.gc_tuning import settle_after_start
+    from memq.workers.runtime.health import Monitor
 
     names = [k.value for k in kinds]
     # One metrics/health server for every worker of the process (if metrics.port is set);
@@ -226,7 +226,7 @@ def up(
 @app.command()
 def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -> None:
     """Run one worker kind alone (production). Several processes are replicas."""
-    from memq.workers import bus
+    from memq.workers.runtime import bus
     from memq.workers.sql.engine import is_in_memory
 
     settings = _settings()
@@ -253,7 +253,7 @@ def worker(kind: WorkerKind = typer.Argument(..., help="Worker kind to run.")) -
 @app.command()
 def init() -> None:
     """Create or update the streams and migrate the database (idempotent)."""
-    from memq.workers import bus
+    from memq.workers.runtime import bus
     from memq.workers.sql.engine import create_engine, current_revision, migrate
 
     settings = _settings()

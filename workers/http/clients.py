@@ -24,7 +24,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 
 from memq.contracts.client import MemoryClient, app_inbox_prefix
-from memq.workers import bus
+from memq.workers.runtime import bus
 from memq.workers.security import app_user_name
 from memq.workers.settings import HttpAppSettings, Settings
 

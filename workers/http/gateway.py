@@ -7,7 +7,7 @@ Why plain FastAPI and not FastStream's FastAPI integration
 own, one connection with one NATS identity, and its lifespan connects it.
 The gateway needs one identity *per app* (an app's key must reach NATS as
 that app's user, so NATS itself fences it), the process already has its
-broker and lifecycle (:mod:`memq.workers.app`), and the routes want
+broker and lifecycle (:mod:`memq.workers.runtime.app`), and the routes want
 :class:`~memq.contracts.client.MemoryClient` (typed errors, pages, the
 publish path of every other client) rather than bare ``broker.request``
 calls. So the component keeps the lifecycle of every kind (open, start,
@@ -34,14 +34,14 @@ from memq.workers import VERSION
 from memq.workers.http.api import build_api
 from memq.workers.http.clients import AppClients
 from memq.workers.http.keys import Keyring, check_open_is_local
-from memq.workers.opened import opened
 from memq.workers.redact import Redactor
+from memq.workers.runtime.opened import opened
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
     from nats.micro.service import Service
 
-    from memq.workers.app import Resources
+    from memq.workers.runtime.app import Resources
 
 log = logging.getLogger("memq.http")
 
@@ -88,7 +88,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class HttpGateway:
-    """The http component of a worker process (:mod:`memq.workers.app`)."""
+    """The http component of a worker process (:mod:`memq.workers.runtime.app`)."""
 
     KIND = "http"
 

@@ -16,7 +16,7 @@ from nats.js.errors import NotFoundError
 from memq.workers.index.backends.base import IndexBackend
 from memq.workers.indexing.rebuild import REBUILD_LEASE, describe_scope, end_job
 from memq.workers.indexing.rebuild_job import JobStore
-from memq.workers.lease import Lease
+from memq.workers.runtime.lease import Lease
 from memq.workers.settings import Settings
 
 

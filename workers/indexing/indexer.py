@@ -172,8 +172,8 @@ def make_indexer(settings, backend: IndexBackend, embedder: Embedder, js, engine
     unless ``indexing.context_turns`` is 0."""
     previous = None
     if settings.indexing.context_turns:
-        from memq.workers.commit_floor import CommitFloor
         from memq.workers.indexing.previous import PreviousTurns
+        from memq.workers.runtime.commit_floor import CommitFloor
         from memq.workers.sql.engine import create_engine
 
         engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)

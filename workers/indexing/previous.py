@@ -16,9 +16,9 @@ from sqlalchemy import select
 from memq.contracts.errors import NotCommitted
 from memq.contracts.ids import scope_key
 from memq.contracts.schemas import Event, EventAppended, EventForgotten
-from memq.workers.commit_floor import CommitFloor
 from memq.workers.index.backends.base import IndexUnavailable
 from memq.workers.memory.recall import StorageScope, Turn, doc_for, turn_of
+from memq.workers.runtime.commit_floor import CommitFloor
 from memq.workers.sql.reads import EVENTS
 
 LOOKBACK = 5  # events looked at for one with text (tool calls may come between)

@@ -49,7 +49,6 @@ from nats.js.errors import NotFoundError
 
 from memq.contracts.ids import encode_token
 from memq.contracts.subjects import EVENTS_WILDCARD, PREFIX, user_events_filter
-from memq.workers.commit_floor import CommitFloor
 from memq.workers.index.backends.base import IndexBackend
 from memq.workers.indexing.indexer import Indexer
 from memq.workers.indexing.rebuild_job import (
@@ -62,7 +61,8 @@ from memq.workers.indexing.rebuild_job import (
     replica_id,
 )
 from memq.workers.indexing.replica import RebuildReplica
-from memq.workers.lease import Lease
+from memq.workers.runtime.commit_floor import CommitFloor
+from memq.workers.runtime.lease import Lease
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")

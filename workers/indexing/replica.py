@@ -22,11 +22,11 @@ from sqlalchemy import exc as sa_exc
 
 from memq.contracts.subjects import EVENTS_WILDCARD
 from memq.workers import metrics
-from memq.workers.consumer import BatchConsumer
 from memq.workers.index.backends.base import IndexUnavailable
 from memq.workers.index.embedders.base import EmbedderError
 from memq.workers.indexing.indexer import Indexer
 from memq.workers.indexing.rebuild_job import JobStore, RebuildJob, ReplicaShare, consumer_config, replica_id
+from memq.workers.runtime.consumer import BatchConsumer
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")

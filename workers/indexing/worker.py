@@ -5,7 +5,7 @@ stream. One durable pull consumer (``memq-indexing``) is shared by all
 replicas. For each batch: decode, keep what the storage scope indexes
 (:func:`memq.workers.memory.recall.doc_for`), embed, upsert, apply session and user
 deletes in order, then ack, then announce the acked sequences on
-``memq.v1.committed.<durable>`` (:func:`memq.workers.commit_floor.announce_finished`,
+``memq.v1.committed.<durable>`` (:func:`memq.workers.runtime.commit_floor.announce_finished`,
 as the persistence replicas do): query workers move their indexing floor on
 it, so a search waiting for the caller's write goes the moment it is
 indexed. An index or embedder outage naks the batch with a
@@ -50,9 +50,6 @@ from sqlalchemy import exc as sa_exc
 from memq.contracts.notices import CommittedRanges
 from memq.contracts.subjects import EVENTS_WILDCARD, committed_subject
 from memq.workers import VERSION, metrics
-from memq.workers.bus import patiently
-from memq.workers.commit_floor import announce_finished
-from memq.workers.consumer import BatchConsumer
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
 from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders.base import Embedder, EmbedderError
@@ -60,15 +57,18 @@ from memq.workers.indexing.indexer import Indexer, make_indexer
 from memq.workers.indexing.rebuild import REBUILD_LEASE, Progress, rebuild
 from memq.workers.indexing.rebuild_job import JobStore
 from memq.workers.indexing.replica import RebuildFollower
-from memq.workers.lease import Lease
-from memq.workers.opened import opened
+from memq.workers.runtime.bus import patiently
+from memq.workers.runtime.commit_floor import announce_finished
+from memq.workers.runtime.consumer import BatchConsumer
+from memq.workers.runtime.lease import Lease
+from memq.workers.runtime.opened import opened
+from memq.workers.runtime.until_up import until_up
 from memq.workers.settings import Settings
-from memq.workers.until_up import until_up
 
 if TYPE_CHECKING:
     from nats.micro.service import Service
 
-    from memq.workers.app import Resources
+    from memq.workers.runtime.app import Resources
 
 SQL_RETRY_DELAYS_S = [0.2, 0.5, 1.0]  # a database outage: reconnecting is cheap, the batch is small
 log = logging.getLogger("memq.indexing")
@@ -78,7 +78,7 @@ PROGRESS_EVERY_S = 10.0  # how often a startup rebuild logs how far it is
 
 
 class IndexingWorker:
-    """The indexing component of a worker process (:mod:`memq.workers.app`).
+    """The indexing component of a worker process (:mod:`memq.workers.runtime.app`).
 
     :param settings: everything; ``settings.indexing`` above all.
     :param backend: the index (default: the process's, which it closes).
@@ -149,7 +149,7 @@ class IndexingWorker:
 
     def router(self) -> NatsRouter:
         """No FastStream subscribers: the event log is read by the owned batch
-        consumer (:mod:`memq.workers.consumer` says why). The publisher only
+        consumer (:mod:`memq.workers.runtime.consumer` says why). The publisher only
         documents the finished notices (AsyncAPI); handle() publishes them on
         the connection."""
         router = NatsRouter()

@@ -19,9 +19,10 @@ from collections.abc import AsyncIterator, Callable
 from mcp.server.mcpserver import MCPServer
 
 from memq.contracts.client import MemoryClient
-from memq.workers import VERSION, bus
+from memq.workers import VERSION
 from memq.workers.http.clients import AppClients
 from memq.workers.mcp.tools import register
+from memq.workers.runtime import bus
 from memq.workers.settings import Settings
 
 

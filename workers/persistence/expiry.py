@@ -5,7 +5,7 @@ Hosted by the persistence worker. It is the one kind every deployment runs
 and it is the kind whose delete path the sweep feeds; a sweep in the query or
 summarizer worker would add a reason to run those just for expiry.
 
-One sweeper at a time across replicas: a :class:`~memq.workers.lease.Lease`
+One sweeper at a time across replicas: a :class:`~memq.workers.runtime.lease.Lease`
 (NATS KV) decides which replica sweeps; the others try again each interval
 and take over once a holder dies. A sweep does not delete anything itself:
 it publishes the same :class:`~memq.contracts.schemas.SessionDeleted` that
@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from memq.contracts.codec import encode, subject_for
 from memq.contracts.schemas import SessionDeleted
 from memq.contracts.subjects import dedupe_id
-from memq.workers.lease import Lease
+from memq.workers.runtime.lease import Lease
 from memq.workers.settings import ExpirySettings, Settings
 from memq.workers.sql.models import SESSIONS, USERS
 

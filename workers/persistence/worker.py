@@ -18,7 +18,7 @@ A database outage holds the batch for a growing delay, asking the database
 every half second, and naks it the moment it answers: nothing is acked before
 it is durable, nothing is lost, and commits resume within about half a second
 of the repair. Acks are explicit, per message (see
-:mod:`memq.workers.consumer` for why this loop does not use FastStream's).
+:mod:`memq.workers.runtime.consumer` for why this loop does not use FastStream's).
 """
 
 from __future__ import annotations
@@ -54,23 +54,23 @@ from memq.contracts.subjects import (
     user_events_filter,
 )
 from memq.workers import VERSION, metrics
-from memq.workers.commit_floor import announce_finished
-from memq.workers.consumer import BatchConsumer
-from memq.workers.dlq import DeadLetters
 from memq.workers.memory.commit_plan import Incoming, event_keys, reused_event_ids
 from memq.workers.memory.tokens import encoding_for
-from memq.workers.opened import opened
 from memq.workers.persistence.expiry import SessionSweeper
 from memq.workers.persistence.store import CommitResult, SqlStore
+from memq.workers.runtime.commit_floor import announce_finished
+from memq.workers.runtime.consumer import BatchConsumer
+from memq.workers.runtime.dlq import DeadLetters
+from memq.workers.runtime.opened import opened
+from memq.workers.runtime.until_up import until_up
 from memq.workers.settings import Settings
-from memq.workers.until_up import until_up
 
 if TYPE_CHECKING:
     from faststream.nats.publisher.usecase import LogicPublisher
     from nats.micro.service import Service
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from memq.workers.app import Resources
+    from memq.workers.runtime.app import Resources
 
 log = logging.getLogger("memq.persistence")
 
@@ -79,7 +79,7 @@ MAX_CONFLICT_RETRIES = 5
 
 
 class PersistenceWorker:
-    """The persistence component of a worker process (:mod:`memq.workers.app`):
+    """The persistence component of a worker process (:mod:`memq.workers.runtime.app`):
     the batch consumer on the process's connection and the handling of one
     batch; see the module doc. The process hands it the SQL engine."""
 

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from memq.contracts.ids import scope_key
 from memq.workers import metrics
-from memq.workers.settings import QuerySettings
+from memq.workers.settings import QuerySettings, Settings
 
 log = logging.getLogger("memq.cache")
 
@@ -376,3 +376,25 @@ class QueryCache:
     async def close(self) -> None:
         for tier in self.tiers:
             await tier.close()
+
+
+def cache_backend(settings: Settings) -> str:
+    """``none``, ``memory`` or ``redis``: what ``cache.backend`` comes to."""
+    c = settings.cache
+    if c.backend == "auto":
+        return "redis" if c.redis_url is not None else "memory"
+    return c.backend
+
+
+def build_cache(settings: Settings) -> QueryCache:
+    c = settings.cache
+    backend = cache_backend(settings)
+    if backend == "none":
+        return QueryCache(None, None, c.ttl_s)
+    local = MemoryBackend(c.max_entries, c.max_bytes) if (backend == "memory" or c.local) else None
+    if backend == "redis":
+        if c.redis_url is None:
+            raise ValueError("cache.backend is redis but MEMQ_CACHE__REDIS_URL is not set")
+        pool = redis_pool_size(settings.query.max_inflight)
+        return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s, pool), c.ttl_s)
+    return QueryCache(local, None, c.ttl_s)

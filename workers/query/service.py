@@ -9,7 +9,7 @@ each request it:
    inbox (:mod:`memq.workers.query.replies`), then validates the body and
    refuses one that names another app than its subject;
 2. waits, bounded, until the caller's ``min_seq`` is committed (read-your-writes):
-   on the commit floor (:mod:`memq.workers.commit_floor`), which the
+   on the commit floor (:mod:`memq.workers.runtime.commit_floor`), which the
    persistence replicas' notices move as they commit, so the read goes the
    moment its sequence and every one below it are in SQL. With
    ``query.read_tail``, a history or context instead adds the session's
@@ -95,13 +95,10 @@ from memq.contracts.ids import decode_token
 from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.replies import error_body, ok_body
 from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX, committed_subject
-from memq.workers import VERSION, bus, metrics
-from memq.workers.bus import malformed_notice
-from memq.workers.commit_floor import CommitFloor
+from memq.workers import VERSION, metrics
 from memq.workers.memory.tail import MustWait
-from memq.workers.opened import opened
 from memq.workers.query import paging
-from memq.workers.query.cache import Entry, MemoryBackend, QueryCache, RedisBackend, redis_pool_size
+from memq.workers.query.cache import Entry, QueryCache, build_cache, cache_backend
 from memq.workers.query.carried import CarriedTail
 from memq.workers.query.consistency import last_acknowledged, read_scope
 from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
@@ -110,13 +107,17 @@ from memq.workers.query.search import Searcher, recall_skipped
 from memq.workers.query.tail import StreamTail, Tail
 from memq.workers.query.windows import WindowCache
 from memq.workers.redact import Redactor
+from memq.workers.runtime import bus
+from memq.workers.runtime.bus import malformed_notice
+from memq.workers.runtime.commit_floor import CommitFloor
+from memq.workers.runtime.opened import opened
 from memq.workers.settings import Settings
 from memq.workers.sql.engine import is_disconnect, reader
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from memq.workers.app import Resources
+    from memq.workers.runtime.app import Resources
 
 log = logging.getLogger("memq.query")
 
@@ -124,30 +125,8 @@ SERVICE_NAME = "memq-query"
 # Fields that change when an answer may be served, not what the answer is.
 
 
-def cache_backend(settings: Settings) -> str:
-    """``none``, ``memory`` or ``redis``: what ``cache.backend`` comes to."""
-    c = settings.cache
-    if c.backend == "auto":
-        return "redis" if c.redis_url is not None else "memory"
-    return c.backend
-
-
-def build_cache(settings: Settings) -> QueryCache:
-    c = settings.cache
-    backend = cache_backend(settings)
-    if backend == "none":
-        return QueryCache(None, None, c.ttl_s)
-    local = MemoryBackend(c.max_entries, c.max_bytes) if (backend == "memory" or c.local) else None
-    if backend == "redis":
-        if c.redis_url is None:
-            raise ValueError("cache.backend is redis but MEMQ_CACHE__REDIS_URL is not set")
-        pool = redis_pool_size(settings.query.max_inflight)
-        return QueryCache(local, RedisBackend(c.redis_url.get_secret_value(), c.ttl_s, pool), c.ttl_s)
-    return QueryCache(local, None, c.ttl_s)
-
-
 class QueryWorker:
-    """The query component of a worker process (:mod:`memq.workers.app`); see
+    """The query component of a worker process (:mod:`memq.workers.runtime.app`); see
     the module doc. The process hands it the SQL engine and the cache."""
 
     KIND = "query"
@@ -205,7 +184,7 @@ class QueryWorker:
     async def open(self, nc: NATS, resources: Resources) -> None:
         s = self.settings
         self.engine = resources.engine
-        self.cache = resources.cache
+        self.cache = build_cache(s)  # this kind's alone: the query worker is its only user
         self.nc = nc
         self.js = js = nc.jetstream()
         # With commit notices (router()) the ack floor is only the fallback,
@@ -289,6 +268,9 @@ class QueryWorker:
         if self.tails is not None:
             await self.tails.stop()
         await self.searcher.close()
+        cache, self.cache = self.cache, None
+        if cache is not None:
+            await cache.close()
 
     async def reconnected(self) -> None:
         """Notices may have been lost while disconnected: forget the local tier."""

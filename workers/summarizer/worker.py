@@ -44,12 +44,12 @@ from memq.contracts.notices import CommitNotice, StatusEvent
 from memq.contracts.schemas import CheckpointSaved
 from memq.contracts.subjects import CHANGED_WILDCARD, status_subject
 from memq.workers import VERSION, metrics
-from memq.workers.commit_floor import CommitFloor
-from memq.workers.lease import Lease
 from memq.workers.memory.extractive import Turn
 from memq.workers.memory.strategies import Strategy, fold, strategy_for
 from memq.workers.memory.tokens import count_text, event_text
-from memq.workers.opened import opened
+from memq.workers.runtime.commit_floor import CommitFloor
+from memq.workers.runtime.lease import Lease
+from memq.workers.runtime.opened import opened
 from memq.workers.settings import Settings
 from memq.workers.sql import reads
 from memq.workers.sql.window import load_window
@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     from nats.micro.service import Service
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from memq.workers.app import Resources
     from memq.workers.memory.strategies import Fold
+    from memq.workers.runtime.app import Resources
 
 log = logging.getLogger("memq.summarizer")
 
@@ -106,7 +106,7 @@ class Stats:
 
 
 class SummarizerWorker:
-    """The summarizer component of a worker process (:mod:`memq.workers.app`);
+    """The summarizer component of a worker process (:mod:`memq.workers.runtime.app`);
     see the module doc. The process hands it the SQL engine."""
 
     KIND = "summarizer"

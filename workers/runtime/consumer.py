@@ -1,6 +1,6 @@
 """A durable JetStream pull consumer that hands batches to a handler.
 
-It runs inside the worker process's FastStream app (:mod:`memq.workers.app`),
+It runs inside the worker process's FastStream app (:mod:`memq.workers.runtime.app`),
 on the broker's own connection, started and stopped by the app's hooks; it
 is not a FastStream subscriber, for measured reasons (against raw nats-py on
 the same nats-server; ``tests/bench/runtime.py`` repeats the comparison):
@@ -41,7 +41,7 @@ from nats.errors import NotJSMessageError
 from nats.js.api import ConsumerConfig, Header, StatusCode
 from nats.js.errors import NotFoundError
 
-from memq.workers.bus import patiently
+from memq.workers.runtime.bus import patiently
 
 log = logging.getLogger("memq.consumer")
 

@@ -5,13 +5,13 @@
 - one :class:`MemqBroker` (a FastStream ``NatsBroker``) whose connection is
   memq's: servers, name, credentials, TLS and inbox prefix from the
   settings, and a bounded first connect that fails with one clear line
-  (:func:`memq.workers.bus.open_connection`);
-- one component per worker kind (:mod:`memq.workers.kinds`), each
+  (:func:`memq.workers.runtime.bus.open_connection`);
+- one component per worker kind (:mod:`memq.workers.runtime.kinds`), each
   contributing one ``NatsRouter`` with its low-rate subscribers and
   publishers (commit notices, summarizer triggers, status events, typed by
   :mod:`memq.contracts.notices`), included in the broker;
 - the process's shared dependencies (:class:`Resources`): the settings,
-  one SQL engine, the query cache and the index, handed to each component
+  one SQL engine and the index, handed to each component
   when it opens;
 - the FastStream app, whose hooks run the lifecycle:
 
@@ -48,15 +48,14 @@ from nats.aio.client import Client as NATS
 from nats.errors import Error as NatsError
 from pydantic import ValidationError
 
-from memq.workers import bus
-from memq.workers.kinds import KINDS, Kind, kind_of
+from memq.workers.runtime import bus
+from memq.workers.runtime.kinds import KINDS, Kind, kind_of
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from memq.workers.index.backends.base import IndexBackend
-    from memq.workers.query.cache import QueryCache
 
 log = logging.getLogger("memq.app")
 
@@ -73,7 +72,7 @@ class MemqBroker(NatsBroker):
     FastStream's own connect is ``nats.connect``: unbounded on a dead URL
     (nats-py retries the first connect forever with
     ``max_reconnect_attempts=-1``) and silent on a failed TLS handshake. This
-    one uses :func:`memq.workers.bus.open_connection`, which raises
+    one uses :func:`memq.workers.runtime.bus.open_connection`, which raises
     ``NatsUnreachable`` or ``NatsTLSError`` with one line after a couple of
     seconds; after that first connect, reconnects go on forever.
     """
@@ -130,13 +129,12 @@ class MemqBroker(NatsBroker):
 class Resources:
     """The dependencies a process's components share, each made on first use
     and closed once when the process stops: one SQL engine (its pool sized
-    for every SQL kind of the process), one query cache, one index."""
+    for every SQL kind of the process) and one index."""
 
     def __init__(self, settings: Settings, sql_kinds: int = 1):
         self.settings = settings
         self.sql_kinds = max(1, sql_kinds)
         self._engine: AsyncEngine | None = None
-        self._cache: QueryCache | None = None
         self._index: IndexBackend | None = None
 
     @property
@@ -151,14 +149,6 @@ class Resources:
         return self._engine
 
     @property
-    def cache(self) -> QueryCache:
-        if self._cache is None:
-            from memq.workers.query.service import build_cache
-
-            self._cache = build_cache(self.settings)
-        return self._cache
-
-    @property
     def index(self) -> IndexBackend:
         """The index backend, not opened yet (opening is idempotent: its user opens it)."""
         if self._index is None:
@@ -168,10 +158,9 @@ class Resources:
         return self._index
 
     async def close(self) -> None:
-        cache, index, engine = self._cache, self._index, self._engine
-        self._cache = self._index = self._engine = None
+        index, engine = self._index, self._engine
+        self._index = self._engine = None
         closers: list[tuple[str, Callable[[], Awaitable[None]] | None]] = [
-            ("cache", cache.close if cache is not None else None),
             ("index", index.close if index is not None else None),
             ("engine", engine.dispose if engine is not None else None),
         ]
@@ -272,7 +261,7 @@ def make_components(settings: Settings, kinds: Iterable[str]) -> list[Any]:
 
 
 def assemble(settings: Settings, kinds: Iterable[str] = tuple(KINDS), **options: Any) -> Process:
-    """The process for ``kinds`` (names from :data:`memq.workers.kinds.KINDS`);
+    """The process for ``kinds`` (names from :data:`memq.workers.runtime.kinds.KINDS`);
     nothing connects until :meth:`Process.start`."""
     return Process(settings, make_components(settings, kinds), **options)
 

@@ -19,7 +19,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
-from memq.workers.bus import patiently
+from memq.workers.runtime.bus import patiently
 
 log = logging.getLogger("memq.lease")
 
@@ -66,7 +66,7 @@ class Lease:
 
     async def wait_acquire(self, poll_s: float = 0.5) -> None:
         """Wait for the lease, and over JetStream being briefly unavailable
-        (:func:`memq.workers.bus.patiently`): a waiter has time to."""
+        (:func:`memq.workers.runtime.bus.patiently`): a waiter has time to."""
         while not await patiently(f"taking lease {self.key}", self.acquire):
             await asyncio.sleep(poll_s)
 

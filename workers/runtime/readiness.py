@@ -1,4 +1,4 @@
-"""Readiness checks a worker kind can name (:mod:`memq.workers.kinds`).
+"""Readiness checks a worker kind can name (:mod:`memq.workers.runtime.kinds`).
 
 Each builder takes a started component and returns an async check that
 returns when the component is ready in that respect and raises

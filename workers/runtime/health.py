@@ -12,8 +12,8 @@ replicas on one host do not clash by default.
   started and each of its checks passes; else 503 with a JSON body naming the
   failed checks. Checks, run by the loop every ``metrics.refresh_s`` (each
   bounded by ``metrics.check_timeout_s``), are those the registry of worker
-  kinds names (:mod:`memq.workers.kinds`; the checks themselves are in
-  :mod:`memq.workers.readiness`):
+  kinds names (:mod:`memq.workers.runtime.kinds`; the checks themselves are in
+  :mod:`memq.workers.runtime.readiness`):
 
   ============ ===========================================================
   persistence  ``nats`` connected, ``consumer`` fetching, ``database`` answers ``SELECT 1``
@@ -55,8 +55,8 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from memq.contracts.subjects import dlq_subject
 from memq.workers import metrics
-from memq.workers.kinds import KINDS
-from memq.workers.readiness import Check, NotReady
+from memq.workers.runtime.kinds import KINDS
+from memq.workers.runtime.readiness import Check, NotReady
 from memq.workers.settings import MetricsSettings, Settings
 
 log = logging.getLogger("memq.health")

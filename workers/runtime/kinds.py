@@ -3,9 +3,9 @@
 Everything that differs by kind is here: the component that does the work
 (imported only when the kind runs: the indexing kind loads an ML stack), the
 readiness checks ``/readyz`` runs against it (by name, from
-:mod:`memq.workers.readiness`), and the durable consumer it reads the event
+:mod:`memq.workers.runtime.readiness`), and the durable consumer it reads the event
 log with, if any (for the consumer gauges). The process runtime
-(:mod:`memq.workers.app`), the health monitor and the CLI take them from
+(:mod:`memq.workers.runtime.app`), the health monitor and the CLI take them from
 here; none of them names a kind.
 
 ``KINDS`` is in start order: the kinds that write SQL and the index first,
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # `memq --help` lists the kinds: neither SQLAlchemy nor the settings
-    from memq.workers.readiness import Check
+    from memq.workers.runtime.readiness import Check
     from memq.workers.settings import Settings
 
 
@@ -47,7 +47,7 @@ class Kind:
 
     def readiness(self, worker: Any) -> dict[str, Check]:
         """The named checks of one started component of this kind."""
-        from memq.workers import readiness
+        from memq.workers.runtime import readiness
 
         return {name: readiness.CHECKS[name](worker) for name in self.checks}
 
