@@ -771,15 +771,23 @@ class MemoryClient:
         )
 
     async def iter_sessions(
-        self, user: str | None = None, page_size: int = 100, *, consistency: Consistency | None = None
+        self,
+        user: str | None = None,
+        page_size: int = 100,
+        *,
+        min_seq: int | None = None,
+        consistency: Consistency | None = None,
     ) -> AsyncIterator[SessionInfo]:
         """Every session (of ``user``, default all users), most recently updated
         first, fetched ``page_size`` (default 100) at a time by following cursors.
-        ``consistency`` applies to the first page (the cursor bounds the rest)."""
+        ``min_seq`` and ``consistency`` apply to the first page (the cursor bounds the rest)."""
         cursor = None
         while True:
-            page = await self.list_sessions(user, limit=page_size, cursor=cursor, consistency=consistency)
+            page = await self.list_sessions(
+                user, limit=page_size, cursor=cursor, min_seq=min_seq, consistency=consistency
+            )
             consistency = "own"
+            min_seq = None
             for info in page.sessions:
                 yield info
             if page.next_cursor is None:

@@ -20,6 +20,7 @@ from rich.text import Text
 from memq.contracts.errors import NotFound
 from memq.contracts.vocabulary import ContextFormat, Role, SearchMode, StrategyName
 from memq.workers.cli.common import _short, _with_client, app, console, err
+from memq.workers.cli.fields import argument, option
 
 if TYPE_CHECKING:
     from memq.contracts.client import MemoryClient
@@ -30,7 +31,6 @@ AppOpt = Annotated[
 ]
 UserOpt = Annotated[str, typer.Option("--user", "-u", help="User id.")]
 SessionArg = Annotated[str, typer.Argument(help="Session id.")]
-BudgetOpt = Annotated[int | None, typer.Option(min=1, help="Token budget. Default: the app's setting (8000).")]
 _SPAN_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -61,7 +61,15 @@ AfterOpt = Annotated[
         parser=parse_after, metavar="SPAN|DATETIME", help="Only events after: 24h, 30m, 7d or an ISO datetime."
     ),
 ]
-RoleOpt = Annotated[list[MessageRole] | None, typer.Option("--role", help="Only events with this role (repeatable).")]
+# The same field of a session.get and a history request (_EventFilters).
+RoleOpt = Annotated[
+    list[MessageRole] | None, option("history", "roles", "--role", help="Only events with this role (repeatable).")
+]
+# Every read's --min-seq (its bounds are the same in each request: _Request's).
+MinSeqOpt = Annotated[
+    int | None,
+    option("context", "min_seq", help="Answer once this stream sequence (a write's seq) is committed."),
+]
 
 sessions_app = typer.Typer(no_args_is_help=True, help="List, show and delete sessions.")
 app.add_typer(sessions_app, name="sessions")
@@ -75,7 +83,57 @@ StrategyOpt = Annotated[
 ]
 
 
-def _strategy_spec(kind: StrategyName | None, **params: int | None) -> dict[str, Any] | None:
+# The strategy's parameters, flat (as the gateway's): StrategySpec's fields,
+# the same in a history and a context request.
+BudgetOpt = Annotated[
+    int | None, option("context", "strategy.budget", help="Token budget. Default: the app's setting (8000).")
+]
+WindowOpt = Annotated[
+    int | None, option("context", "strategy.window", help="buffer_window: last N messages (default 20).")
+]
+TurnsOpt = Annotated[int | None, option("context", "strategy.turns", help="buffer_window: last N user turns.")]
+PreserveRecentOpt = Annotated[
+    int | None,
+    option(
+        "context", "strategy.preserve_recent", help="token_window: recent messages kept whenever they fit (default 5)."
+    ),
+]
+ThresholdOpt = Annotated[
+    float | None,
+    option(
+        "context",
+        "strategy.threshold",
+        help="summary_buffer: ask for a summary past this share of the budget (default 0.85).",
+    ),
+]
+TargetOpt = Annotated[
+    float | None,
+    option(
+        "context",
+        "strategy.target",
+        help="summary_buffer: after summarizing, aim at this share of the budget (default 0.7).",
+    ),
+]
+MinRecentOpt = Annotated[
+    int | None,
+    option(
+        "context",
+        "strategy.min_recent",
+        help="summary_buffer: recent messages never folded into a summary (default 3).",
+    ),
+]
+RecallShareOpt = Annotated[
+    float | None,
+    option(
+        "context",
+        "strategy.recall_share",
+        help="summary_buffer: budget share recalled memories may take before the summary and older messages.",
+    ),
+]
+ModelOpt = Annotated[str | None, option("context", "model", help="Count tokens as this model. Default: the app's.")]
+
+
+def _strategy_spec(kind: StrategyName | None, **params: float | None) -> dict[str, Any] | None:
     """The request's strategy override from the command's options: only
     those given (None: the app's strategy as it is)."""
     spec = {"kind": kind, **params}
@@ -127,18 +185,19 @@ def _events_table(title: str, events: list, caption: str | None = None) -> Table
 def sessions_list(
     app_id: AppOpt = DEFAULT_APP,
     user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's sessions.")] = None,
-    limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=500, help="Sessions per page.")] = 50,
+    limit: Annotated[int, option("sessions.list", "limit", "--limit", "-n", help="Sessions per page.")] = 50,
     every: Annotated[bool, typer.Option("--all", help="Follow the cursors through every page.")] = False,
+    min_seq: MinSeqOpt = None,
 ) -> None:
     """List sessions, most recently updated first (one page unless --all)."""
 
     async def fetch(client: MemoryClient) -> tuple[list, bool]:
         if not every:
-            page = await client.list_sessions(user, limit=limit)
+            page = await client.list_sessions(user, limit=limit, min_seq=min_seq)
             return page.sessions, page.next_cursor is not None
         found = []
         with err.status("fetching sessions…") as progress:
-            async for info in client.iter_sessions(user, page_size=limit):
+            async for info in client.iter_sessions(user, page_size=limit, min_seq=min_seq):
                 found.append(info)
                 if len(found) % limit == 0:
                     progress.update(f"fetching sessions… {len(found)}")
@@ -159,15 +218,30 @@ def sessions_show(
     session: SessionArg,
     user: UserOpt,
     app_id: AppOpt = DEFAULT_APP,
-    events: Annotated[int, typer.Option("--events", "-e", min=0, help="Show the last N events.")] = 0,
+    num_recent_events: Annotated[
+        int, option("session.get", "num_recent_events", "--events", "-e", help="Show the last N events.")
+    ] = 0,
+    after_seq: Annotated[
+        int | None, option("session.get", "after_seq", help="Show the events after this stream sequence.")
+    ] = None,
     after: AfterOpt = None,
-    role: RoleOpt = None,
+    roles: RoleOpt = None,
+    min_seq: MinSeqOpt = None,
 ) -> None:
     """Show a session: its ids, times and merged state (app: and user: keys prefixed).
-    With --after or --role, also the events that pass them (the last N with --events)."""
-    roles: list[Role] = [r.value for r in role or ()]
+    With --after, --after-seq or --role, also the events that pass them (the last N with --events)."""
+    picked: list[Role] = [r.value for r in roles or ()]
     view = _with_client(
-        app_id, lambda c: c.get_session(user, session, num_recent_events=events or None, after=after, roles=roles)
+        app_id,
+        lambda c: c.get_session(
+            user,
+            session,
+            num_recent_events=num_recent_events or None,
+            after_seq=after_seq,
+            after=after,
+            roles=picked,
+            min_seq=min_seq,
+        ),
     )
     console.print(
         Panel.fit(
@@ -179,8 +253,9 @@ def sessions_show(
         )
     )
     console.print(Panel.fit(JSON.from_data(view.state), title="state"))
-    if view.events is not None and (view.events or after is not None or roles):
-        console.print(_events_table(f"{'last ' if events else ''}{len(view.events)} events", view.events))
+    if view.events is not None and (view.events or after is not None or after_seq is not None or picked):
+        title = f"{'last ' if num_recent_events else ''}{len(view.events)} events"
+        console.print(_events_table(title, view.events))
 
 
 @sessions_app.command("delete")
@@ -229,15 +304,36 @@ def history(
     app_id: AppOpt = DEFAULT_APP,
     strategy: StrategyOpt = None,
     budget: BudgetOpt = None,
-    window: Annotated[int | None, typer.Option(min=1, help="buffer_window: last N messages (default 20).")] = None,
+    window: WindowOpt = None,
+    turns: TurnsOpt = None,
+    preserve_recent: PreserveRecentOpt = None,
+    threshold: ThresholdOpt = None,
+    target: TargetOpt = None,
+    min_recent: MinRecentOpt = None,
+    recall_share: RecallShareOpt = None,
+    model: ModelOpt = None,
     after: AfterOpt = None,
-    role: RoleOpt = None,
+    roles: RoleOpt = None,
+    min_seq: MinSeqOpt = None,
 ) -> None:
     """Show a session's history through a working-memory strategy, with token counts.
     --after/--role pick events first; the strategy then windows those."""
-    spec = _strategy_spec(strategy, budget=budget, window=window)
-    roles: list[Role] = [r.value for r in role or ()]
-    view = _with_client(app_id, lambda c: c.history(user, session, strategy=spec, after=after, roles=roles))
+    spec = _strategy_spec(
+        strategy,
+        budget=budget,
+        window=window,
+        turns=turns,
+        preserve_recent=preserve_recent,
+        threshold=threshold,
+        target=target,
+        min_recent=min_recent,
+        recall_share=recall_share,
+    )
+    picked: list[Role] = [r.value for r in roles or ()]
+    view = _with_client(
+        app_id,
+        lambda c: c.history(user, session, strategy=spec, model=model, after=after, roles=picked, min_seq=min_seq),
+    )
     if view.summary:
         console.print(Panel(Text(view.summary), title=f"summary up to seq {view.checkpoint_seq}"))
     from memq.workers.memory.strategies import RULES
@@ -261,15 +357,50 @@ def context(
     format: Annotated[ContextFormat, typer.Option(help="memq (with per-part details) or openai.")] = "memq",
     strategy: StrategyOpt = None,
     budget: BudgetOpt = None,
+    window: WindowOpt = None,
+    turns: TurnsOpt = None,
+    preserve_recent: PreserveRecentOpt = None,
+    threshold: ThresholdOpt = None,
+    target: TargetOpt = None,
+    min_recent: MinRecentOpt = None,
+    recall_share: RecallShareOpt = None,
+    model: ModelOpt = None,
     instruction: Annotated[
-        str | None, typer.Option(help="Instruction template rendered from state, e.g. 'Answer in {user:language}.'")
+        str | None,
+        option(
+            "context", "instruction", help="Instruction template rendered from state, e.g. 'Answer in {user:language}.'"
+        ),
     ] = None,
+    recall_limit: Annotated[int, option("context", "recall_limit", help="Long-term memories to recall.")] = 20,
+    message: Annotated[str | None, option("context", "message")] = None,
+    min_seq: MinSeqOpt = None,
 ) -> None:
     """Show the context an agent would send to its model: token counts per part, then the messages.
     It fits the budget unless the strategy is all/none or buffer_window; then it says it is over."""
-    spec = _strategy_spec(strategy, budget=budget)
+    spec = _strategy_spec(
+        strategy,
+        budget=budget,
+        window=window,
+        turns=turns,
+        preserve_recent=preserve_recent,
+        threshold=threshold,
+        target=target,
+        min_recent=min_recent,
+        recall_share=recall_share,
+    )
     view = _with_client(
-        app_id, lambda c: c.context(user, session, strategy=spec, format=format, instruction=instruction)
+        app_id,
+        lambda c: c.context(
+            user,
+            session,
+            strategy=spec,
+            model=model,
+            format=format,
+            instruction=instruction,
+            recall_limit=recall_limit,
+            message=message,
+            min_seq=min_seq,
+        ),
     )
     tokens = Table(title=f"context of {session}")
     tokens.add_column("part")
@@ -287,31 +418,73 @@ def context(
     messages.add_column("#", justify="right")
     messages.add_column("role")
     messages.add_column("content", overflow="fold")
-    for i, message in enumerate(view.messages, 1):
-        rest = {k: v for k, v in message.items() if k not in ("role", "content")}
-        content = message.get("content") or ""
+    for i, sent in enumerate(view.messages, 1):
+        rest = {k: v for k, v in sent.items() if k not in ("role", "content")}
+        content = sent.get("content") or ""
         if rest:  # tool calls, tool_call_id
             content = f"{content}\n{json.dumps(rest, ensure_ascii=False)}".strip()
-        messages.add_row(str(i), message.get("role", ""), Text(_short(content, 2000)))
+        messages.add_row(str(i), sent.get("role", ""), Text(_short(content, 2000)))
     console.print(messages)
 
 
 @app.command()
 def search(
-    query: Annotated[str, typer.Argument(help="What to look for.")],
+    query: Annotated[str, argument("search", "query", help="What to look for.")],
     user: UserOpt,
     app_id: AppOpt = DEFAULT_APP,
     session: Annotated[str | None, typer.Option("--session", "-s", help="Only this session.")] = None,
     mode: Annotated[SearchMode, typer.Option(help="keyword (BM25), vector, or hybrid.")] = "hybrid",
-    k: Annotated[int, typer.Option("--k", "-k", min=1, max=100, help="Results.")] = 10,
-    author: Annotated[list[str] | None, typer.Option(help="Only these authors (repeatable).")] = None,
-    role: Annotated[list[str] | None, typer.Option(help="Only these roles (repeatable).")] = None,
+    k: Annotated[int, option("search", "k", "--k", "-k", help="Results.")] = 10,
+    authors: Annotated[
+        list[str] | None, option("search", "authors", "--author", help="Only these authors (repeatable).")
+    ] = None,
+    roles: Annotated[
+        list[str] | None, option("search", "roles", "--role", help="Only these roles (repeatable).")
+    ] = None,
+    since: Annotated[
+        float | None,
+        option(
+            "search",
+            "since",
+            parser=parse_after,
+            metavar="SPAN|DATETIME",
+            help="Only memories from then on: 24h, 7d or an ISO datetime.",
+        ),
+    ] = None,
+    until: Annotated[
+        float | None,
+        option(
+            "search",
+            "until",
+            parser=parse_after,
+            metavar="SPAN|DATETIME",
+            help="Only memories before: 24h, 7d or an ISO datetime.",
+        ),
+    ] = None,
+    alpha: Annotated[
+        float | None, option("search", "alpha", help="Hybrid: weight of the vector side (0 to 1).")
+    ] = None,
+    min_seq: Annotated[
+        int | None, option("search", "min_seq", help="Answer once this stream sequence is indexed.")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
     """Search a user's long-term memory, best first."""
     found = _with_client(
         app_id,
-        lambda c: c.search(user, query, session=session, mode=mode, k=k, authors=author or (), roles=role or ()),
+        lambda c: c.search(
+            user,
+            query,
+            session=session,
+            mode=mode,
+            k=k,
+            authors=authors or (),
+            roles=roles or (),
+            since=since,
+            until=until,
+            alpha=alpha,
+            min_seq=min_seq,
+        ),
     )
     if as_json:
         console.print_json(found.model_dump_json())
