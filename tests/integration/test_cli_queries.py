@@ -1,6 +1,6 @@
 """Reading sessions back, as an agent and as a user: MemoryClient's reads
 against a real persistence worker and query worker (in this process, on real
-NATS and SQLite), then `memq sessions|history|context|status` as subprocesses."""
+NATS and SQLite), then `memq sessions|history|context|forget|status` as subprocesses."""
 
 from __future__ import annotations
 
@@ -197,6 +197,38 @@ async def test_commands_show_sessions_history_context_and_status(stack):
         await client.get_session(USER, SESSION, min_seq=delete_seq)
     gone = await run_memq(settings, "history", "-a", APP, "-u", USER, SESSION)
     assert gone.returncode == 1 and "not_found" in gone.stderr
+
+
+async def test_forget_and_the_options_taken_from_the_requests(stack):
+    settings, client = stack
+    seqs = await publish_conversation(client)
+    read = ("-a", APP, "-u", USER, SESSION)
+    # --min-seq waits for the write, --after-seq picks events after one
+    shown = await run_memq(
+        settings, "sessions", "show", *read, "--after-seq", str(seqs[-2]), "--min-seq", str(seqs[-1])
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "There is a train at 8:04." in shown.stdout and "Yes, from Paris." not in shown.stdout
+    asked = await run_memq(
+        settings, "context", *read, "--format", "openai", "--message", "Which platform?", "--recall-limit", "0"
+    )
+    assert asked.returncode == 0, asked.stderr
+    assert "Which platform?" in asked.stdout
+
+    refused = await run_memq(settings, "forget", *read, str(seqs[0]), input="n\n")
+    assert refused.returncode == 1 and "Aborted" in refused.stderr
+    forgot = await run_memq(settings, "forget", *read, str(seqs[0]), "--yes")
+    assert forgot.returncode == 0, forgot.stderr
+    forget_seq = int(re.search(r"forget published at seq (\d+)", forgot.stdout)[1])
+    view = await client.get_session(USER, SESSION, events=True, min_seq=forget_seq)
+    assert [e.seq for e in view.events or ()] == seqs[1:]
+
+    again = await run_memq(settings, "forget", *read, str(seqs[0]), "--yes")
+    assert again.returncode == 1 and "nothing forgotten" in again.stderr
+    # another app names the same user and session: nothing of this app's is forgotten
+    other = await run_memq(settings, "forget", "-a", "other.app", "-u", USER, SESSION, str(seqs[1]), "--yes")
+    assert other.returncode == 1 and "not_found" in other.stderr
+    assert [e.seq for e in (await client.get_session(USER, SESSION, events=True)).events or ()] == seqs[1:]
 
 
 async def test_context_and_history_commands_say_when_over_budget(stack):

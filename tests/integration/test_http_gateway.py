@@ -182,6 +182,7 @@ async def test_one_apps_key_never_reaches_another_apps_data(nats_url, sqlite_url
             ("GET", f"{a}/search?q=secret", None),
             ("POST", f"{a}/sessions/secret/events", {"events": [turn("user", "b was here")]}),
             ("DELETE", f"{a}/sessions/secret", None),
+            ("DELETE", f"{a}/sessions/secret/events/{seq + 1}", None),
             ("PATCH", f"{a}/state", {"set": {"user:x": 1}}),
         ):
             refused = await http.request(method, path, json=body, headers=as_app("app-b"))
@@ -349,6 +350,34 @@ async def test_a_missing_session_is_404_unless_an_append_may_create_it(nats_url,
         assert error_of(await http.delete(f"{a}/sessions/chat", headers=key), 404)["code"] == "not_found"
         after = await http.post(f"{a}/sessions/chat/events", json={**hi, "create": False}, headers=key)
         assert error_of(after, 404)["code"] == "not_found"
+
+
+async def test_one_event_is_forgotten_and_only_by_its_apps_key(nats_url, sqlite_url, tmp_path):
+    async with stack(gateway_settings(nats_url, sqlite_url, tmp_path)) as http:
+        a, key = "/v1/apps/app-a/users/u", as_app("app-a")
+        appended = await http.post(
+            f"{a}/sessions/chat/events",
+            json={"events": [turn("user", "my pin is 1234"), turn("user", "hi")]},
+            headers=key,
+        )
+        secret, kept = appended.json()["seqs"]
+
+        # another app's key, on A's path or on its own: A's event stays
+        refused = await http.delete(f"{a}/sessions/chat/events/{secret}", headers=as_app("app-b"))
+        assert error_of(refused, 403)["code"] == "not_allowed"
+        elsewhere = await http.delete(f"/v1/apps/app-b/users/u/sessions/chat/events/{secret}", headers=as_app("app-b"))
+        assert error_of(elsewhere, 404)["code"] == "not_found"
+
+        forgot = await http.delete(f"{a}/sessions/chat/events/{secret}", headers=key)
+        assert forgot.status_code == 202, forgot.text
+        left = await http.get(f"{a}/sessions/chat/events", params={"min_seq": forgot.json()["seq"]}, headers=key)
+        assert [e["seq"] for e in left.json()["events"]] == [kept]
+
+        again = await http.delete(f"{a}/sessions/chat/events/{secret}", headers=key)
+        assert "nothing forgotten" in error_of(again, 404)["message"]
+        stale = await http.delete(f"{a}/sessions/chat/events/{kept}", params={"expect_seq": kept - 1}, headers=key)
+        assert error_of(stale, 409)["code"] == "conflict"
+        assert error_of(await http.delete(f"{a}/sessions/chat/events/0", headers=key), 422)["code"] == "invalid_request"
 
 
 async def test_the_users_state_path_takes_keys_without_a_prefix(nats_url, sqlite_url, tmp_path):

@@ -34,6 +34,7 @@ def test_the_session_endpoints_are_all_there() -> None:
         "/v1/apps/{app}/users/{user}/sessions": {"get", "post"},
         session: {"get", "delete"},
         session + "/events": {"get", "post"},
+        session + "/events/{seq}": {"delete"},
         session + "/history": {"get"},
         session + "/context": {"get", "post"},
         session + "/state": {"get", "patch"},

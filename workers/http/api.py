@@ -13,7 +13,9 @@ sees the write (read-your-writes, as every memq read).
 
 Sessions that do not exist: an append starts one (``"create": false`` in
 the body refuses it with 404 instead); a delete answers 404 and deletes
-nothing. On the user's state path an unprefixed key means ``user:<key>``.
+nothing. ``DELETE`` on ``events/{seq}`` forgets one event everywhere, as a
+session's delete does a session (404 if the session holds no event at
+``seq``). On the user's state path an unprefixed key means ``user:<key>``.
 
 Every error is ``{"error": {"code", "message"}}``: 401 (no or unknown key),
 403 (another app's key, or refused by NATS), 404, 409 (``min_seq`` not

@@ -26,8 +26,8 @@ DOCUMENTED: dict[int | str, dict[str, Any]] = {
     for status, what in (
         (401, "no API key, or an unknown one"),
         (403, "the key is another app's, or NATS refused the app's request"),
-        (404, "no such session"),
-        (409, "min_seq was not committed in time: retry"),
+        (404, "no such session, or no event at that sequence"),
+        (409, "min_seq was not committed in time (retry), or expect_seq is not the last one"),
         (413, "the body is over http.max_body_bytes, or an event over the message size limit"),
         (422, "bad input: the message says which field"),
         (503, "the query service or NATS is unavailable: retry"),

@@ -3,7 +3,7 @@
 # No `from __future__ import annotations`: FastAPI reads the annotations at run time.
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Path, Query, Response
 
 from memq.contracts.client import event_filters
 from memq.contracts.queries import SessionGet, SessionsPage, SessionView
@@ -125,3 +125,22 @@ async def append_events(client: Client, user: User, session: Session, body: NewE
     to a session that does not exist starts it, unless `create` is false (then 404)."""
     seqs = await client.append_many(user, session, body.events, expect_seq=body.expect_seq, create=body.create)
     return as_json(Appended(seq=max(seqs), seqs=seqs), 202)
+
+
+@events.delete(SESSION_PATH + "/events/{seq}", response_model=Accepted, status_code=202)
+async def forget_event(
+    client: Client,
+    user: User,
+    session: Session,
+    seq: Annotated[
+        int, Path(ge=1, description="the event's stream sequence (a stored event's or a search hit's `seq`)")
+    ],
+    expect_seq: Annotated[
+        int | None,
+        Query(ge=0, description="forget only while the session's last sequence is still this one, else 409 `conflict`"),
+    ] = None,
+) -> Response:
+    """Forget one event of a session everywhere (SQL, index, cache, stream), in stream order;
+    404 if the session holds no event at `seq` (never did, or forgotten already). A summary
+    that already folded the event keeps it."""
+    return as_json(Accepted(seq=await client.forget_event(user, session, seq, expect_seq=expect_seq)), 202)
