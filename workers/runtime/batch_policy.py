@@ -146,7 +146,6 @@ class Batch:
     finished: list[int]  # stream sequences acked as done (dead letters included)
     alone: bool = False  # one message of a split batch
     verdict: Verdict | None = None
-    error: Exception | None = None
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -335,7 +334,6 @@ class BatchPolicy:
                 await hook.on_cancel(batch)
             raise
         except Exception as exc:
-            batch.error = exc
             for hook in self.hooks:
                 await hook.on_failure(batch, exc)
             if batch.verdict is None:
