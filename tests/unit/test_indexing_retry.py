@@ -30,7 +30,7 @@ class ComesBack:
 
 class Msg:
     def __init__(self):
-        self.metadata = SimpleNamespace(num_delivered=1)
+        self.metadata = SimpleNamespace(num_delivered=1, sequence=SimpleNamespace(stream=1))
         self.naks: list[float | None] = []
 
     async def nak(self, delay: float | None = None) -> None:
@@ -44,7 +44,11 @@ async def test_a_batch_goes_back_once_the_index_answers():
     worker._generation = META
     msgs = [Msg(), Msg()]
     t0 = time.monotonic()
-    await worker._retry_later(msgs, IndexUnavailable("connection refused"))  # type: ignore[arg-type]
+
+    async def down(_: object) -> None:
+        raise IndexUnavailable("connection refused")
+
+    await worker._policy.run(msgs, down)  # type: ignore[arg-type]
     took = time.monotonic() - t0
     assert index.checks >= 4  # asked until it answered
     assert [m.naks for m in msgs] == [[0.0], [0.0]]  # redelivered at once

@@ -24,8 +24,9 @@ from memq.contracts.subjects import EVENTS_WILDCARD
 from memq.workers import metrics
 from memq.workers.index.backends.base import IndexUnavailable
 from memq.workers.index.embedders.base import EmbedderError
-from memq.workers.indexing.indexer import Indexer
+from memq.workers.indexing.indexer import Applied, Indexer
 from memq.workers.indexing.rebuild_job import JobStore, RebuildJob, ReplicaShare, consumer_config, replica_id
+from memq.workers.runtime.batch_policy import BackOff, BatchPolicy, Classify, NakOnCancel, Transient
 from memq.workers.runtime.consumer import BatchConsumer
 from memq.workers.settings import Settings
 
@@ -69,6 +70,23 @@ class RebuildReplica:
         except TimeoutError:
             log.info("rebuild: the batch in hand was cut short; it is redelivered")
 
+    # A failed batch is redelivered after RETRY_DELAY_S, one cut short by a
+    # stop at once (:mod:`memq.workers.runtime.batch_policy`).
+    POLICY = BatchPolicy(
+        [
+            Classify(
+                [
+                    Transient(
+                        (IndexUnavailable, EmbedderError, OSError, sa_exc.OperationalError, sa_exc.InterfaceError),
+                        [RETRY_DELAY_S],
+                    )
+                ]
+            ),
+            BackOff("a batch", prefix="rebuild: "),
+            NakOnCancel(),
+        ]
+    )
+
     async def handle(self, msgs: list[Msg]) -> None:
         job = self.job
         items = [
@@ -76,30 +94,20 @@ class RebuildReplica:
             for seq, m in self.indexer.decode(msgs)
             if seq > job.copied_upto or job.in_scope(m.app, m.user)  # the copy holds the rest
         ]
-        try:
-            done = await self.indexer.apply(items, generation=job.generation)
-        except (IndexUnavailable, EmbedderError, OSError, sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
-            log.warning(
-                "rebuild: a batch failed (%s: %s); redelivered in %.1fs", type(exc).__name__, exc, RETRY_DELAY_S
-            )
-            for msg in msgs:
-                await msg.nak(delay=RETRY_DELAY_S)
-            await asyncio.sleep(RETRY_DELAY_S)
-            return
-        except asyncio.CancelledError:
-            for msg in msgs:
-                try:
-                    await msg.nak()
-                except NatsError:
-                    break
-            raise
+
+        async def index(_: list[Msg]) -> Applied:
+            return await self.indexer.apply(items, generation=job.generation)
+
+        await self.POLICY.run(msgs, index, self._ack)
+
+    async def _ack(self, msgs: list[Msg], done: Applied) -> None:
         for msg in msgs:
             await msg.ack()
         self.share.messages += len(msgs)
         self.share.docs += done.docs
         metrics.REBUILD_DOCS.inc(done.docs)
         try:
-            await self.store.record(job.generation, self.share)
+            await self.store.record(self.job.generation, self.share)
         except NatsError as exc:  # only the share's display is late
             log.debug("rebuild: recording the share failed: %s", exc)
 

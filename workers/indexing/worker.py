@@ -36,6 +36,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from faststream.nats import NatsRouter
@@ -57,12 +59,22 @@ from memq.workers.indexing.indexer import Indexer, make_indexer
 from memq.workers.indexing.rebuild import REBUILD_LEASE, Progress, rebuild
 from memq.workers.indexing.rebuild_job import JobStore
 from memq.workers.indexing.replica import RebuildFollower
+from memq.workers.runtime.batch_policy import (
+    AdjustRetry,
+    BackOff,
+    BatchPolicy,
+    Classify,
+    Measure,
+    NakOnCancel,
+    Outage,
+    Retry,
+    Transient,
+)
 from memq.workers.runtime.bus import patiently
 from memq.workers.runtime.commit_floor import announce_finished
 from memq.workers.runtime.consumer import BatchConsumer
 from memq.workers.runtime.lease import Lease
 from memq.workers.runtime.opened import opened
-from memq.workers.runtime.until_up import until_up
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -106,7 +118,6 @@ class IndexingWorker:
         self.follower: RebuildFollower | None = None  # this replica's part in rebuilds; set once ready
         self._following: asyncio.Task | None = None
         self._stopping = asyncio.Event()
-        self._index_down = False  # the last batch failed on the index: ask it before embedding again
 
     @property
     def indexed(self) -> int:
@@ -307,39 +318,46 @@ class IndexingWorker:
 
     # --- one batch --------------------------------------------------------------------
 
+    @cached_property
+    def _policy(self) -> BatchPolicy:
+        """What a failed batch becomes (:mod:`memq.workers.runtime.batch_policy`):
+        an index outage is waited out, the embedder's and the database's
+        failures are retried after their delays, a switch to another
+        generation is followed; nothing is dead-lettered here (the
+        persistence worker does that, once per bad message)."""
+        s = self.settings.indexing
+        return BatchPolicy(
+            [
+                Classify(
+                    [
+                        # Cheap before costly: while the index is away, re-embedding
+                        # each redelivered batch only takes CPU from everything else.
+                        Outage(self._index_live, s.retry_delays_s, errors=(IndexUnavailable,), check_first=True),
+                        Transient((EmbedderError, OSError), s.retry_delays_s),
+                        # The database (the previous turns it reads) is away: try again
+                        # soon, as the persistence worker does, not after the index's
+                        # growing delays or the consumer's 5 s for a bug; searches wait
+                        # on this worker once the database is back.
+                        Transient((sa_exc.OperationalError, sa_exc.InterfaceError), SQL_RETRY_DELAYS_S),
+                    ]
+                ),
+                AdjustRetry(self._follow_generation),
+                Measure(WORKER),
+                BackOff("indexing", ack_wait_s=s.ack_wait_s),
+                NakOnCancel(),
+            ]
+        )
+
     async def handle(self, msgs: list[Msg]) -> None:
         metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
         items = self.indexer.decode(msgs)
-        started = time.perf_counter()
-        try:
-            if self._index_down:
-                # Cheap before costly: while the index is away, re-embedding
-                # each redelivered batch only takes CPU from everything else.
-                await self.backend.live()
-            self._index_down = False
+
+        async def index(_: list[Msg]) -> None:
             await self.indexer.apply(items, generation=self.generation.generation)
-        except (IndexUnavailable, EmbedderError, OSError) as exc:
-            self._index_down = isinstance(exc, IndexUnavailable)
-            metrics.processed(WORKER, "retried", len(msgs))
-            await self._retry_later(msgs, exc)
-            return
-        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
-            # The database (the previous turns it reads) is away: try again
-            # soon, as the persistence worker does, not after the index's
-            # growing delays or the consumer's 5 s for a bug; searches wait
-            # on this worker once the database is back.
-            metrics.processed(WORKER, "retried", len(msgs))
-            await self._retry_later(msgs, exc, delays=SQL_RETRY_DELAYS_S)
-            return
-        except asyncio.CancelledError:
-            # Stopping cut the batch short: hand it back now, not after ack_wait.
-            for msg in msgs:
-                try:
-                    await msg.nak()
-                except Exception:  # disconnected: redelivered after ack_wait anyway
-                    break
-            raise
-        metrics.COMMIT_SECONDS.labels(WORKER).observe(time.perf_counter() - started)
+
+        await self._policy.run(msgs, index, self._ack)
+
+    async def _ack(self, msgs: list[Msg], _: None) -> None:
         acked: list[int] = []
         try:
             for msg in msgs:
@@ -347,46 +365,29 @@ class IndexingWorker:
                 acked.append(msg.metadata.sequence.stream)
         finally:  # what was acked is done, even if the connection failed part way
             await announce_finished(opened(self.nc, "IndexingWorker.nc"), self.settings.indexing.durable, acked)
-        metrics.processed(WORKER, "ok", len(msgs))
 
-    async def _retry_later(self, msgs: list[Msg], exc: Exception, delays: list[float] | None = None) -> None:
-        delays = delays or self.settings.indexing.retry_delays_s
-        attempt = max((m.metadata.num_delivered or 1) for m in msgs)
-        delay = delays[min(attempt - 1, len(delays) - 1)]
-        # A switch to another generation also fails writes: follow it if it
-        # holds our model, and stop writing (loudly) if it does not.
+    async def _follow_generation(self, retry: Retry) -> Retry:
+        """A switch to another generation also fails writes: follow it at once
+        if it holds our model, and stop writing (loudly) if it does not."""
         try:
             live = await self.backend.live()
         except Exception:
-            live = None
-        if live is not None and live.generation != self.generation.generation:
-            if self._matches(live):
-                log.info("the index switched to %s; writing there", live.generation)
-                self._generation = live
-                delay = 0.0
-            else:
-                log.error(
-                    "the live index now holds %s/%d vectors but this worker embeds with %s/%d: "
-                    "not indexing until it is restarted with the same embedder",
-                    live.model,
-                    live.dim,
-                    self.embedder.model,
-                    self.embedder.dim,
-                )
-                delay = max(delays)
-        elif isinstance(exc, IndexUnavailable):
-            # Keep the batch (and the loop: fetching more would fail again)
-            # while asking the index every half second, and hand it back the
-            # moment it answers, not after the whole delay (up to 30 s).
-            # Not past half the ack wait, or JetStream redelivers meanwhile.
-            log.warning("indexing failed (%s: %s); redelivery within %.1fs", type(exc).__name__, exc, delay)
-            await until_up(self._index_live, within=min(delay, self.settings.indexing.ack_wait_s / 2))
-            delay = 0.0
-        else:
-            log.warning("indexing failed (%s: %s); redelivery in %.1fs", type(exc).__name__, exc, delay)
-        for msg in msgs:
-            await msg.nak(delay=delay)
-        await asyncio.sleep(delay)  # hold the loop too: fetching more now would fail again
+            return retry
+        if live is None or live.generation == self.generation.generation:
+            return retry
+        if self._matches(live):
+            log.info("the index switched to %s; writing there", live.generation)
+            self._generation = live
+            return replace(retry, delay=0.0, wait_for=None)
+        log.error(
+            "the live index now holds %s/%d vectors but this worker embeds with %s/%d: "
+            "not indexing until it is restarted with the same embedder",
+            live.model,
+            live.dim,
+            self.embedder.model,
+            self.embedder.dim,
+        )
+        return replace(retry, delay=max(retry.delays), wait_for=None)
 
     async def _index_live(self) -> bool:
         await self.backend.live()  # raises IndexUnavailable while it is away

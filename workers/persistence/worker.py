@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from faststream.nats import NatsRouter
@@ -58,11 +58,19 @@ from memq.workers.memory.commit_plan import Incoming, event_keys, reused_event_i
 from memq.workers.memory.tokens import encoding_for
 from memq.workers.persistence.expiry import SessionSweeper
 from memq.workers.persistence.store import CommitResult, SqlStore
+from memq.workers.runtime.batch_policy import (
+    BackOff,
+    BatchPolicy,
+    Classify,
+    DeadLetterPoison,
+    Measure,
+    Outage,
+    Poison,
+)
 from memq.workers.runtime.commit_floor import announce_finished
 from memq.workers.runtime.consumer import BatchConsumer
 from memq.workers.runtime.dlq import DeadLetters
 from memq.workers.runtime.opened import opened
-from memq.workers.runtime.until_up import until_up
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -257,45 +265,49 @@ class PersistenceWorker:
         kept = [(i, m) for i, m in zip(items, raw, strict=True) if i.seq not in reused]
         return [i for i, _ in kept], [m for _, m in kept]
 
+    @cached_property
+    def _policy(self) -> BatchPolicy:
+        """What a failed commit becomes (:mod:`memq.workers.runtime.batch_policy`):
+        any failure while the database is down is waited out and retried;
+        one while it answers is the batch's fault, so the batch is committed
+        one by one and what the database rejects alone is dead-lettered."""
+        p = self.settings.persistence
+        return BatchPolicy(
+            [
+                Classify(
+                    [
+                        Outage(self._database_ok, p.retry_delays_s, confirm=True),
+                        Poison("storage_rejected", _reason),
+                    ]
+                ),
+                Measure(WORKER),
+                BackOff("commit", ack_wait_s=p.ack_wait_s),
+                DeadLetterPoison(self.dlq, retry_delay_s=p.retry_delays_s[0]),
+            ]
+        )
+
     async def _commit_and_ack(self, items: list[Incoming], raw: list[Msg], outcome: _Outcome) -> None:
-        try:
-            result = await self._commit(items)
-        except Exception as exc:
-            if not await self._database_ok():  # outage: retry later, lose nothing
-                await self._retry_later(raw, exc)
-                return
-            # The database is up, so some message in the batch is at fault.
-            log.warning("batch of %d rejected (%s); committing one by one", len(items), _reason(exc))
-            await self._commit_one_by_one(items, raw, outcome)
-            return
-        await self._finish(result, raw, outcome)
+        by_seq = {item.seq: item for item in items}
+
+        async def commit(msgs: list[Msg]) -> CommitResult:
+            return await self._commit([by_seq[msg.metadata.sequence.stream] for msg in msgs])
+
+        async def finish(msgs: list[Msg], result: CommitResult) -> None:
+            await self._finish(result, msgs, outcome)
+
+        await self._policy.run(raw, commit, finish, finished=outcome.finished)
 
     async def _commit(self, items: Sequence[Incoming]) -> CommitResult:
         """Commit, retrying at once on deadlocks and serialisation conflicts,
         which concurrent replicas can cause and which succeed on a retry."""
         for attempt in range(MAX_CONFLICT_RETRIES):
             try:
-                started = time.perf_counter()
-                result = await self.store.commit(items)
-                metrics.COMMIT_SECONDS.labels(WORKER).observe(time.perf_counter() - started)
-                return result
+                return await self.store.commit(items)
             except sa_exc.OperationalError as exc:
                 if not _is_conflict(exc) or attempt == MAX_CONFLICT_RETRIES - 1:
                     raise
                 await asyncio.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
-
-    async def _commit_one_by_one(self, items: list[Incoming], raw: list[Msg], outcome: _Outcome) -> None:
-        for item, msg in zip(items, raw, strict=True):
-            try:
-                result = await self._commit([item])
-            except Exception as exc:
-                if await self._database_ok():
-                    await self._dead_letter(msg, "storage_rejected", _reason(exc), outcome)
-                else:
-                    await self._retry_later([msg], exc)
-                continue
-            await self._finish(result, [msg], outcome)
 
     async def _database_ok(self) -> bool:
         try:
@@ -311,34 +323,10 @@ class PersistenceWorker:
             await msg.ack()
         outcome.finished.extend(msg.metadata.sequence.stream for msg in raw)
         self.committed += len(raw)
-        metrics.processed(WORKER, "ok", len(raw))
         await self._announce(result, outcome)
 
-    async def _retry_later(self, raw: list[Msg], exc: Exception) -> None:
-        s = self.settings.persistence
-        attempt = max((m.metadata.num_delivered or 1) for m in raw)
-        delay = s.retry_delays_s[min(attempt - 1, len(s.retry_delays_s) - 1)]
-        log.warning("commit failed (%s: %s); redelivery within %.1fs", type(exc).__name__, exc, delay)
-        metrics.processed(WORKER, "retried", len(raw))
-        # Keep the batch (and this slot of the consume loop: fetching more
-        # would only fail again) while asking the database every half
-        # second, and hand it back the moment it answers: a whole delay
-        # slept out would add up to 30 s to the outage. Not past half the
-        # ack wait, or JetStream redelivers the batch meanwhile.
-        await until_up(self._database_ok, within=min(delay, s.ack_wait_s / 2))
-        for msg in raw:
-            await msg.nak()
-
     async def _dead_letter(self, msg: Msg, code: str, reason: str, outcome: _Outcome) -> None:
-        try:
-            await self.dlq.send(msg, code, reason)
-        except Exception as exc:  # the DLQ itself is unreachable: keep the message
-            log.error("cannot dead-letter seq %s (%s); will retry", msg.metadata.sequence.stream, exc)
-            await msg.nak(delay=self.settings.persistence.retry_delays_s[0])
-            return
-        await msg.ack()
-        outcome.finished.append(msg.metadata.sequence.stream)
-        metrics.processed(WORKER, "dead_lettered")
+        await self._policy.dead_letter(msg, code, reason, outcome.finished)
 
     # --- after commit ---------------------------------------------------------
 
