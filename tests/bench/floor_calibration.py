@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/floor_calibration.py --data ../shared/data/locomo/locomo-dev4.json [--json PATH]
+    .venv/bin/python tests/run_bench.py floor_calibration --data ../shared/data/locomo/locomo-dev4.json [--json PATH]
 
 Every turn is embedded as the indexing worker embeds it (``search_text``:
 date, author, the turn and the previous one) and every question as a query
@@ -29,15 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import locomo  # noqa: E402
-
-from memq.workers.index.backends.embedded import STOPWORDS  # noqa: E402
-from memq.workers.index.embedders.local import LocalEmbedder  # noqa: E402
-from memq.workers.index.stems import stems  # noqa: E402
-from memq.workers.memory.recall import Turn, search_text  # noqa: E402
-from memq.workers.settings import LocalEmbedderSettings  # noqa: E402
+from bench import locomo
+from memq.workers.index.backends.embedded import STOPWORDS
+from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.stems import stems
+from memq.workers.memory.recall import Turn, search_text
+from memq.workers.settings import LocalEmbedderSettings
 
 FLOORS = [round(x, 2) for x in np.arange(0.0, 0.6, 0.02)]
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/weaviate_scoping.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py weaviate_scoping [--quick] [--json PATH]
 
 One Weaviate server (``tests/services.py``, the pinned build from
 ``infra/scripts/install-weaviate.sh``) on loopback, and two index generations
@@ -43,16 +43,14 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services
+import numpy as np
+import services
+from rich.table import Table
 
-import numpy as np  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.workers.index.backends.weaviate import WeaviateIndex  # noqa: E402
-from memq.workers.memory.recall import Doc, SearchQuery, search_text  # noqa: E402
-from memq.workers.settings import WeaviateSettings  # noqa: E402
+from bench.benchlib import console, machine_info, percentile, status, warn_if_busy
+from memq.workers.index.backends.weaviate import WeaviateIndex
+from memq.workers.memory.recall import Doc, SearchQuery, search_text
+from memq.workers.settings import WeaviateSettings
 
 MODES = ("filter", "tenant")
 DIM = 384
