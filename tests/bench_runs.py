@@ -26,3 +26,41 @@ def run_bench(name: str, *args: str, out: Path, timeout: float = 200) -> dict[st
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+TOPICS = [
+    ("pottery", "I made a blue bowl with a dog face at the pottery class"),
+    ("camping", "We went camping in the mountains and watched the Perseids"),
+    ("painting", "I painted a lake sunrise and hung it in the hallway"),
+    ("adoption", "We are adopting a rescue dog called Biscuit from the shelter"),
+    ("marathon", "I ran the charity marathon in four hours and twelve minutes"),
+    ("guitar", "I started guitar lessons and can play three chords now"),
+]
+
+
+def tiny_locomo(path: Path, conversations: int = 1, sessions: int = 2) -> Path:
+    """A LoCoMo-shaped file (bench/locomo.py reads it) of a few short
+    conversations, each question's evidence one turn about its topic: the real
+    file lives outside the repository and CI has no copy."""
+    items = []
+    for c in range(conversations):
+        conv: dict[str, Any] = {"speaker_a": "Ann", "speaker_b": "Bob"}
+        qa = []
+        for s in range(1, sessions + 1):
+            conv[f"session_{s}_date_time"] = f"1:56 pm on {s} May, 2023"
+            turns = []
+            for i, (topic, text) in enumerate(TOPICS):
+                dia = f"D{s}:{2 * i + 1}"
+                turns.append({"speaker": "Ann", "dia_id": dia, "text": f"{text} (session {s}, talk {c})."})
+                turns.append({"speaker": "Bob", "dia_id": f"D{s}:{2 * i + 2}", "text": f"That sounds lovely, Ann! {i}"})
+                qa.append(
+                    {
+                        "question": f"What did Ann say about {topic} in session {s}?",
+                        "category": 1 + i % 4,
+                        "evidence": [dia],
+                    }
+                )
+            conv[f"session_{s}"] = turns
+        items.append({"sample_id": f"tiny-{c}", "conversation": conv, "qa": qa})
+    path.write_text(json.dumps(items))
+    return path

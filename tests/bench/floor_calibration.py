@@ -43,6 +43,11 @@ def words(text: str) -> set[str]:
     return set(stems(text).split()) - STOPWORDS
 
 
+def percentiles(sims: np.ndarray, at: list[int]) -> list[float] | str:
+    # a file may have no vector-only evidence (or one conversation, no unrelated pairs)
+    return np.percentile(sims, at).round(3).tolist() if len(sims) else "none"
+
+
 def main(args: argparse.Namespace) -> int:
     conversations = locomo.load(args.data)
     embedder = LocalEmbedder(LocalEmbedderSettings())
@@ -96,9 +101,9 @@ def main(args: argparse.Namespace) -> int:
         )
     chosen = max((r for r in rows if r["vector_recall10_cost"] <= args.max_loss), key=lambda r: r["floor"])
     print(f"evidence turns {len(ev)} (vector side only: {len(vo)}); unrelated pairs {len(un)}")
-    print("percentiles of similarity, evidence:", np.percentile(ev, [1, 5, 25, 50]).round(3).tolist())
-    print("percentiles of similarity, vector-only evidence:", np.percentile(vo, [1, 5, 25, 50]).round(3).tolist())
-    print("percentiles of similarity, unrelated:", np.percentile(un, [50, 75, 95, 99]).round(3).tolist())
+    print("percentiles of similarity, evidence:", percentiles(ev, [1, 5, 25, 50]))
+    print("percentiles of similarity, vector-only evidence:", percentiles(vo, [1, 5, 25, 50]))
+    print("percentiles of similarity, unrelated:", percentiles(un, [50, 75, 95, 99]))
     print(f"{'floor':>6} {'vector R@10 cost':>17} {'vector-only lost':>17} {'unrelated kept':>15}")
     for r in rows:
         cost, lost, kept = r["vector_recall10_cost"], r["vector_only_lost"], r["unrelated_kept"]
