@@ -18,13 +18,17 @@ def bench_command(name: str) -> list[str]:
     return [sys.executable, str(RUNNER), name]
 
 
-def run_bench(name: str, *args: str, out: Path, timeout: float = 200) -> dict[str, Any]:
-    """Run the benchmark with ``--json OUT``; fail with its output's tail
-    unless it exits 0, and return what it wrote."""
-    done = subprocess.run(
-        [*bench_command(name), *args, "--json", str(out)], capture_output=True, text=True, timeout=timeout
-    )
+def run_bench_output(name: str, *args: str, timeout: float = 200) -> str:
+    """Run the benchmark; fail with its output's tail unless it exits 0, and
+    return what it printed (stdout and the status lines of stderr)."""
+    done = subprocess.run([*bench_command(name), *args], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+def run_bench(name: str, *args: str, out: Path, timeout: float = 200) -> dict[str, Any]:
+    """Run the benchmark with ``--json OUT`` and return what it wrote."""
+    run_bench_output(name, *args, "--json", str(out), timeout=timeout)
     return json.loads(out.read_text())
 
 
