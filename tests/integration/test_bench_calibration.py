@@ -1,11 +1,14 @@
-"""The two calibration benchmarks of the relevance floor and the grams index
-(tests/bench/floor_calibration.py, tests/bench/grams_cost.py) run at a tiny
-size and write tables whose rows agree with each other."""
+"""The calibration benchmarks of the relevance floor, the grams index and
+the int8 embedder (tests/bench/floor_calibration.py, grams_cost.py,
+embedder_reference.py) run at a tiny size and write figures that agree with
+each other."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
-from bench import floor_calibration
+from bench import embedder_reference, floor_calibration
 from bench_runs import run_bench, tiny_locomo
 
 pytestmark = pytest.mark.timeout(240)
@@ -42,3 +45,19 @@ def test_the_grams_cost_benchmark_finds_chinese_only_with_grams(tmp_path):
     # the point of grams: words of a language without spaces are found; English loses nothing
     assert runs["chinese-grams"]["queries_found"] > runs["chinese-before"]["queries_found"]
     assert runs["english-grams"]["queries_found"] == runs["english-before"]["queries_found"]
+
+
+def test_the_embedder_reference_benchmark_compares_int8_with_fp32(tmp_path):
+    if not embedder_reference.DEFAULT_WHEEL.is_file():  # as tests/unit/test_embedder_reference.py: CI must have it
+        message = f"no reference wheel at {embedder_reference.DEFAULT_WHEEL} (infra/dev.sh setup downloads it)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI=true and {message}", pytrace=False)
+        pytest.skip(message)
+    data = tiny_locomo(tmp_path / "locomo.json")
+    result = run_bench("embedder_reference", "--n", "8", "--data", str(data), out=tmp_path / "embedder.json")
+
+    assert result["n"] == 8 and 0 < result["tokens_mean"] <= result["tokens_max"]
+    assert result["cosine_min"] <= result["cosine_median"] <= 1.0001
+    assert result["cosine_min"] >= embedder_reference.MIN_COSINE and result["pass"] is True
+    assert result["batched_vs_one_at_a_time_max_abs"] < 1e-5
+    assert all(ms > 0 for ms in result["ms_per_text"].values())
