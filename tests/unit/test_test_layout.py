@@ -11,9 +11,11 @@ bench/) instead.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
+import run_bench
 
 TESTS = Path(__file__).resolve().parents[1]
 MODULES = sorted(TESTS.rglob("*.py"))
@@ -53,3 +55,27 @@ def test_no_import_needs_a_noqa_e402():
     # imports come first once nothing has to edit sys.path before them
     noqa = "noqa: " + "E402"  # spelled apart, or this file would hold it
     assert [str(p.relative_to(TESTS)) for p in MODULES if noqa in p.read_text()] == []
+
+
+# Benchmarks with no smoke run in the test command, and why.
+NO_SMOKE = {
+    "scale": "its smallest run starts 16 worker processes, a 3-node NATS cluster and Weaviate (minutes)",
+    "recovery": "it times the fault tests of tests/faults/, which the test command runs already",
+}
+
+
+def test_every_benchmark_has_a_smoke_test():
+    """Each benchmark tests/run_bench.py runs is run by a test (through
+    bench_runs.py), or NO_SMOKE says why not: a benchmark no test runs rots."""
+    ran = set()
+    for path in TESTS.rglob("test_*.py"):
+        ran |= set(re.findall(r"(?:bench_command|run_bench|run_bench_output)\(\s*\"(\w+)\"", path.read_text()))
+    names = set(run_bench.benchmarks())
+    assert names - ran == set(NO_SMOKE), f"benchmarks without a smoke test: {sorted(names - ran - set(NO_SMOKE))}"
+
+
+def test_the_runner_names_its_benchmarks_and_refuses_others(capsys):
+    assert run_bench.main(["--list"]) == 0
+    assert "retrieval" in capsys.readouterr().out.split("benchmarks:")[1].split()
+    assert run_bench.main(["benchlib"]) == 2  # a library of the package, not a benchmark
+    assert "no benchmark 'benchlib'" in capsys.readouterr().err
