@@ -5,7 +5,7 @@ argparse accepts the arguments, 2 with argparse's message when it does not,
     python tests/argparse_only.py PROGRAM [ARGS...]   (a .py file or a console script)
 
 What tests/integration/test_doc_snippets.py checks the documentation's
-`.venv/bin/python tests/bench/….py --quick`-style commands with, without
+`.venv/bin/python tests/run_bench.py NAME --quick`-style commands with, without
 running a benchmark.
 """
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/agent_loop.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py agent_loop [--quick] [--json PATH]
         [--agents 1,16,64] [--seconds S] [--rounds R] [--cache memory|redis]
         [--search]
 
@@ -91,14 +91,14 @@ from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import asyncpg
+import helpers
+import nats
+import services
+from rich.table import Table
 
-import asyncpg  # noqa: E402
-import bare_pipeline  # noqa: E402
-import helpers  # noqa: E402
-import nats  # noqa: E402
-import services  # noqa: E402
-from benchlib import (  # noqa: E402
+from bench import bare_pipeline
+from bench.benchlib import (
     CommitClock,
     console,
     cpu_between,
@@ -109,11 +109,9 @@ from benchlib import (  # noqa: E402
     status,
     warn_if_busy,
 )
-from query import Proc  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.errors import MemqError  # noqa: E402
+from bench.query import Proc
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import MemqError
 
 APP = "agents"
 EVENT_CHARS = 300

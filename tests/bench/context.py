@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/context.py --data ../shared/data/locomo/locomo-dev4.json --budget 2000 [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py context --data ../shared/data/locomo/locomo-dev4.json --budget 2000 [--quick] [--json PATH]
 
 Each LoCoMo conversation is replayed through memq as one long session (a
 user per conversation), 20 turns at a time, on a fresh nats-server and
@@ -45,19 +45,17 @@ from contextlib import AsyncExitStack, ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import helpers
+import services
+from rich.table import Table
 
-import helpers  # noqa: E402
-import locomo  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, git_revision, machine_info, status, warn_if_busy  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.errors import NotCommitted  # noqa: E402
-from memq.workers.indexing.worker import IndexingWorker  # noqa: E402
-from memq.workers.memory.extractive import split_sentences  # noqa: E402
-from memq.workers.summarizer.worker import SummarizerWorker  # noqa: E402
+from bench import locomo
+from bench.benchlib import console, git_revision, machine_info, status, warn_if_busy
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import NotCommitted
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.memory.extractive import split_sentences
+from memq.workers.summarizer.worker import SummarizerWorker
 
 CHUNK = 20
 SESSION = "all"

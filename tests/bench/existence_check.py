@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/existence_check.py [--n N]
+    .venv/bin/python tests/run_bench.py existence_check [--n N]
 
 One nats-server (``tests/services.py``), a SQLite file, and the persistence
 and query workers in this process. One session with a few turns; then, one
@@ -18,17 +18,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import services
+from helpers import make_settings, running_query, running_worker
 
-import services  # noqa: E402
-from helpers import make_settings, running_query, running_worker  # noqa: E402
-
-from memq.contracts.client import MemoryClient  # noqa: E402
+from memq.contracts.client import MemoryClient
 
 APP, USER = "bench-exists", "u"
 

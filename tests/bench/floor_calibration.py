@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/floor_calibration.py --data ../shared/data/locomo/locomo-dev4.json [--json PATH]
+    .venv/bin/python tests/run_bench.py floor_calibration --data ../shared/data/locomo/locomo-dev4.json [--json PATH]
 
 Every turn is embedded as the indexing worker embeds it (``search_text``:
 date, author, the turn and the previous one) and every question as a query
@@ -29,21 +29,23 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import locomo  # noqa: E402
-
-from memq.workers.index.backends.embedded import STOPWORDS  # noqa: E402
-from memq.workers.index.embedders.local import LocalEmbedder  # noqa: E402
-from memq.workers.index.stems import stems  # noqa: E402
-from memq.workers.memory.recall import Turn, search_text  # noqa: E402
-from memq.workers.settings import LocalEmbedderSettings  # noqa: E402
+from bench import locomo
+from memq.workers.index.backends.embedded import STOPWORDS
+from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.stems import stems
+from memq.workers.memory.recall import Turn, search_text
+from memq.workers.settings import LocalEmbedderSettings
 
 FLOORS = [round(x, 2) for x in np.arange(0.0, 0.6, 0.02)]
 
 
 def words(text: str) -> set[str]:
     return set(stems(text).split()) - STOPWORDS
+
+
+def percentiles(sims: np.ndarray, at: list[int]) -> list[float] | str:
+    # a file may have no vector-only evidence (or one conversation, no unrelated pairs)
+    return np.percentile(sims, at).round(3).tolist() if len(sims) else "none"
 
 
 def main(args: argparse.Namespace) -> int:
@@ -99,9 +101,9 @@ def main(args: argparse.Namespace) -> int:
         )
     chosen = max((r for r in rows if r["vector_recall10_cost"] <= args.max_loss), key=lambda r: r["floor"])
     print(f"evidence turns {len(ev)} (vector side only: {len(vo)}); unrelated pairs {len(un)}")
-    print("percentiles of similarity, evidence:", np.percentile(ev, [1, 5, 25, 50]).round(3).tolist())
-    print("percentiles of similarity, vector-only evidence:", np.percentile(vo, [1, 5, 25, 50]).round(3).tolist())
-    print("percentiles of similarity, unrelated:", np.percentile(un, [50, 75, 95, 99]).round(3).tolist())
+    print("percentiles of similarity, evidence:", percentiles(ev, [1, 5, 25, 50]))
+    print("percentiles of similarity, vector-only evidence:", percentiles(vo, [1, 5, 25, 50]))
+    print("percentiles of similarity, unrelated:", percentiles(un, [50, 75, 95, 99]))
     print(f"{'floor':>6} {'vector R@10 cost':>17} {'vector-only lost':>17} {'unrelated kept':>15}")
     for r in rows:
         cost, lost, kept = r["vector_recall10_cost"], r["vector_only_lost"], r["unrelated_kept"]

@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/forget.py [--n N]
+    .venv/bin/python tests/run_bench.py forget [--n N]
 
 The adapter tests' stack (``tests/adapter_stack.py``: a nats-server,
 SQLite, and the persistence, indexing and query workers in this process).
@@ -17,17 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: adapter_stack, helpers
+from adapter_stack import memq_stack
 
-from adapter_stack import memq_stack  # noqa: E402
-
-from memq.contracts.client import MemoryClient  # noqa: E402
+from memq.contracts.client import MemoryClient
 
 
 async def main(n: int) -> None:

@@ -3,7 +3,7 @@ requests over NATS, in the same run.
 
 Usage::
 
-    .venv/bin/python tests/bench/gateway.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py gateway [--quick] [--json PATH]
         [--seconds S] [--rounds R] [--concurrency C] [--events N]
 
 Everything runs on loopback, on servers and processes this script starts and
@@ -43,17 +43,15 @@ from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import helpers
+import httpx
+import services
+from rich.table import Table
 
-import helpers  # noqa: E402
-import httpx  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.errors import MemqError  # noqa: E402
-from memq.contracts.schemas import Event, Message, TextPart  # noqa: E402
+from bench.benchlib import console, machine_info, percentile, status, warn_if_busy
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import MemqError
+from memq.contracts.schemas import Event, Message, TextPart
 
 APP, USER, SESSION = "bench-gw", "u", "s"
 KEY = "bench-gateway-key-0123456789"

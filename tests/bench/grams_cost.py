@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/grams_cost.py [--docs 5000] [--json PATH]
+    .venv/bin/python tests/run_bench.py grams_cost [--docs 5000] [--json PATH]
 
 Builds two keyword-only embedded indexes of the same docs, one generation
 as memq made them before issue 29 (no grams column) and one as now, and

@@ -2,13 +2,13 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/ingest.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py ingest [--quick] [--json PATH]
         [--replicas 1,2,4] [--events N] [--sessions N] [--users N]
         [--databases postgresql,sqlite] [--backlog]
 
 For example, replica scaling on PostgreSQL alone, on a many-core machine::
 
-    .venv/bin/python tests/bench/ingest.py --databases postgresql \
+    .venv/bin/python tests/run_bench.py ingest --databases postgresql \
         --replicas 1,2,4,8 --events 100000 --sessions 1000 --users 1000
 
 Everything runs on loopback, on servers this script starts and stops itself
@@ -84,13 +84,15 @@ from contextlib import AsyncExitStack, ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import helpers
+import nats
+import orjson
+import services
+from nats.js.api import StorageType, StreamConfig
+from nats.js.errors import NotFoundError
+from rich.table import Table
 
-import helpers  # noqa: E402
-import nats  # noqa: E402
-import orjson  # noqa: E402
-import services  # noqa: E402
-from benchlib import (  # noqa: E402
+from bench.benchlib import (
     CommitClock,
     console,
     cpu_between,
@@ -101,16 +103,12 @@ from benchlib import (  # noqa: E402
     status,
     warn_if_busy,
 )
-from nats.js.api import StorageType, StreamConfig  # noqa: E402
-from nats.js.errors import NotFoundError  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.codec import encode, msg_id, subject_for  # noqa: E402
-from memq.contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
-from memq.contracts.subjects import CHANGED_WILDCARD, EVENTS_STREAM  # noqa: E402
-from memq.workers.runtime import bus  # noqa: E402
-from memq.workers.settings import StreamSettings  # noqa: E402
+from memq.contracts.client import MemoryClient
+from memq.contracts.codec import encode, msg_id, subject_for
+from memq.contracts.schemas import Event, EventAppended, Message, TextPart
+from memq.contracts.subjects import CHANGED_WILDCARD, EVENTS_STREAM
+from memq.workers.runtime import bus
+from memq.workers.settings import StreamSettings
 
 APP = "bench"
 DURABLE = "memq-persistence"

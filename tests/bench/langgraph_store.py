@@ -3,7 +3,7 @@ they are made of, in the same run.
 
 Usage::
 
-    .venv/bin/python tests/bench/langgraph_store.py [--items N] [--rounds R] [--json PATH]
+    .venv/bin/python tests/run_bench.py langgraph_store [--items N] [--rounds R] [--json PATH]
 
 One in-process stack (tests/adapter_stack.py: a nats-server, SQLite, the
 persistence, keyword-only indexing and query workers). ``--items`` items are
@@ -26,21 +26,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: adapter_stack, helpers
+from adapter_stack import memq_stack
+from rich.table import Table
 
-from adapter_stack import memq_stack  # noqa: E402
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.contracts.adapters.langgraph import MemqStore  # noqa: E402
-from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.errors import NotCommitted  # noqa: E402
+from bench.benchlib import console, machine_info, percentile, status, warn_if_busy
+from memq.contracts.adapters.langgraph import MemqStore
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import NotCommitted
 
 USER = "ann"
 NS = (USER, "memories")

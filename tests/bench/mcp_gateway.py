@@ -4,11 +4,8 @@ NATS (`MemoryClient`) and over the HTTP gateway, in the same run.
 
 Usage::
 
-    .venv/bin/python tests/bench/mcp_gateway.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py mcp_gateway [--quick] [--json PATH]
         [--seconds S] [--rounds R] [--concurrency C] [--events N]
-
-(Not ``mcp.py``: the script's folder comes first on ``sys.path``, and that
-name would hide the ``mcp`` package.)
 
 Everything runs on loopback, on processes this script starts and stops: one
 nats-server, a SQLite file, ``memq worker persistence``, ``query``,
@@ -47,21 +44,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import helpers
+import httpx
+import httpx2
+import services
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
 
-import helpers  # noqa: E402
-import httpx  # noqa: E402
-import httpx2  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, machine_info, status, warn_if_busy  # noqa: E402
-from gateway import Ask, Config, Run, measure_paths, results_table, wait_for_url  # noqa: E402
-from mcp import Client  # noqa: E402
-from mcp.client.stdio import StdioServerParameters  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-
-from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.errors import MemqError  # noqa: E402
-from memq.contracts.schemas import Event, Message, TextPart  # noqa: E402
+from bench.benchlib import console, machine_info, status, warn_if_busy
+from bench.gateway import Ask, Config, Run, measure_paths, results_table, wait_for_url
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import MemqError
+from memq.contracts.schemas import Event, Message, TextPart
 
 APP, USER, SESSION = "bench-mcp", "u", "s"
 KEY = "bench-mcp-key-0123456789"

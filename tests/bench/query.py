@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/query.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py query [--quick] [--json PATH]
         [--replicas 1,2] [--events 10000] [--sessions 100000] [--users 1000]
 
 Everything runs on loopback, on servers this script starts and stops itself
@@ -94,25 +94,23 @@ from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import asyncpg
+import helpers
+import nats
+import orjson
+import redis.asyncio as aioredis
+import services
+from nats.js.errors import NotFoundError
+from rich.table import Table
 
-import asyncpg  # noqa: E402
-import helpers  # noqa: E402
-import nats  # noqa: E402
-import orjson  # noqa: E402
-import redis.asyncio as aioredis  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
-from nats.js.errors import NotFoundError  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.contracts.client import MemoryClient, build_request, encode_request  # noqa: E402
-from memq.contracts.codec import encode, msg_id, subject_for  # noqa: E402
-from memq.contracts.ids import scope_key  # noqa: E402
-from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart  # noqa: E402
-from memq.contracts.subjects import EVENTS_STREAM, request_subject  # noqa: E402
-from memq.workers.query.cache import RedisBackend, gen_keys  # noqa: E402
-from memq.workers.sql.reads import encode_cursor  # noqa: E402
+from bench.benchlib import console, machine_info, percentile, status, warn_if_busy
+from memq.contracts.client import MemoryClient, build_request, encode_request
+from memq.contracts.codec import encode, msg_id, subject_for
+from memq.contracts.ids import scope_key
+from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
+from memq.contracts.subjects import EVENTS_STREAM, request_subject
+from memq.workers.query.cache import RedisBackend, gen_keys
+from memq.workers.sql.reads import encode_cursor
 
 APP = "bench"
 LIST_APPS = ("bench-list10", "bench-list100k")

@@ -3,13 +3,13 @@ beside the raw embedder in the same run (issue 32).
 
 Usage::
 
-    .venv/bin/python tests/bench/rebuild.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py rebuild [--quick] [--json PATH]
         [--replicas 1 2] [--events N] [--threads-per-replica T]
 
 The many-core form (a lent machine; an embedder per replica, each with
 cores / N ONNX threads)::
 
-    .venv/bin/python tests/bench/rebuild.py --replicas 1 2 4 8 --events 20000 --json rebuild.json
+    .venv/bin/python tests/run_bench.py rebuild --replicas 1 2 4 8 --events 20000 --json rebuild.json
 
 Everything runs on loopback, on a nats-server this script starts, with the
 embedded index in a temporary directory and the local embedder. E events
@@ -50,25 +50,23 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import nats
+import services
+from rich.table import Table
 
-import nats  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, cpu_busy, machine_info, process_cpu, status, warn_if_busy  # noqa: E402
-from fleet import Replica  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.schemas import Event, EventAppended, Message, TextPart  # noqa: E402
-from memq.contracts.subjects import EVENTS_WILDCARD  # noqa: E402
-from memq.workers.index.backends import open_backend  # noqa: E402
-from memq.workers.index.embedders.local import LocalEmbedder  # noqa: E402
-from memq.workers.indexing.indexer import Indexer  # noqa: E402
-from memq.workers.indexing.rebuild import rebuild  # noqa: E402
-from memq.workers.indexing.worker import IndexingWorker  # noqa: E402
-from memq.workers.memory.recall import doc_for  # noqa: E402
-from memq.workers.runtime import bus  # noqa: E402
-from memq.workers.settings import LocalEmbedderSettings, Settings  # noqa: E402
+from bench.benchlib import console, cpu_busy, machine_info, process_cpu, status, warn_if_busy
+from bench.fleet import Replica
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Event, EventAppended, Message, TextPart
+from memq.contracts.subjects import EVENTS_WILDCARD
+from memq.workers.index.backends import open_backend
+from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.indexing.indexer import Indexer
+from memq.workers.indexing.rebuild import rebuild
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.memory.recall import doc_for
+from memq.workers.runtime import bus
+from memq.workers.settings import LocalEmbedderSettings, Settings
 
 BATCH = 64  # the live path's batch (indexing.batch_size's default)
 SESSIONS = 20

@@ -9,8 +9,8 @@ process has) replays the stream into a new generation and switches to it,
 and for ``--after-s`` more. Before issue 32's fix this measured one error at
 the switch (2,243 answers, 0 empty, 1 error in the issue).
 
-    PYTHONPATH=<shim> .venv/bin/python tests/bench/rebuild_blip.py --events 1000 --every-ms 50
-    PYTHONPATH=<shim> .venv/bin/python tests/bench/rebuild_blip.py --backend weaviate
+    PYTHONPATH=<shim> .venv/bin/python tests/run_bench.py rebuild_blip --events 1000 --every-ms 50
+    PYTHONPATH=<shim> .venv/bin/python tests/run_bench.py rebuild_blip --backend weaviate
 """
 
 from __future__ import annotations
@@ -18,27 +18,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: helpers, services
+from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
+from services import NatsServer, Weaviate
 
-from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for  # noqa: E402
-from services import NatsServer, Weaviate  # noqa: E402
-
-from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.contracts.schemas import Event, Message, TextPart  # noqa: E402
-from memq.workers.index.backends import open_backend  # noqa: E402
-from memq.workers.index.embedders.local import LocalEmbedder  # noqa: E402
-from memq.workers.indexing.indexer import make_indexer  # noqa: E402
-from memq.workers.indexing.rebuild import rebuild  # noqa: E402
-from memq.workers.indexing.worker import IndexingWorker  # noqa: E402
-from memq.workers.settings import LocalEmbedderSettings  # noqa: E402
-from memq.workers.sql.engine import create_engine  # noqa: E402
+from memq.contracts.client import MemoryClient
+from memq.contracts.schemas import Event, Message, TextPart
+from memq.workers.index.backends import open_backend
+from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.indexing.indexer import make_indexer
+from memq.workers.indexing.rebuild import rebuild
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.settings import LocalEmbedderSettings
+from memq.workers.sql.engine import create_engine
 
 APP = "blip"
 USERS = ("alice", "bob", "carol")

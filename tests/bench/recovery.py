@@ -11,7 +11,7 @@ its ack, and how long after the repair appends still waited over 1 s. A run
 whose test failed is still counted (its figures are what is measured); the
 failure is reported beside it.
 
-    PYTHONPATH=<shim> .venv/bin/python tests/bench/recovery.py --runs 3 --busy 0 2 \\
+    PYTHONPATH=<shim> .venv/bin/python tests/run_bench.py recovery --runs 3 --busy 0 2 \\
         --json docs/benchmarks/results/recovery.json
 """
 
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchlib import machine_info, status
+from bench.benchlib import machine_info, status
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTS = {

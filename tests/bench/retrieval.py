@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/retrieval.py --data ../shared/data/locomo/locomo-dev4.json [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py retrieval --data ../shared/data/locomo/locomo-dev4.json [--quick] [--json PATH]
 
 For each index backend (embedded, Weaviate), on servers this script starts
 and stops itself (a fresh nats-server and SQLite file per backend; Weaviate
@@ -56,22 +56,20 @@ from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import helpers
+import services
+from rich.table import Table
 
-import helpers  # noqa: E402
-import locomo  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, git_revision, machine_info, status, warn_if_busy  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.contracts import queries as qs  # noqa: E402
-from memq.contracts.client import MemoryClient  # noqa: E402
-from memq.workers.index.backends.embedded import EmbeddedIndex  # noqa: E402
-from memq.workers.index.embedders.local import LocalEmbedder  # noqa: E402
-from memq.workers.indexing.worker import IndexingWorker  # noqa: E402
-from memq.workers.memory.recall import Doc, SearchQuery, Turn, search_text  # noqa: E402
-from memq.workers.query.search import Searcher  # noqa: E402
-from memq.workers.settings import LocalEmbedderSettings, RecallSettings, Settings  # noqa: E402
+from bench import locomo
+from bench.benchlib import console, git_revision, machine_info, status, warn_if_busy
+from memq.contracts import queries as qs
+from memq.contracts.client import MemoryClient
+from memq.workers.index.backends.embedded import EmbeddedIndex
+from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.memory.recall import Doc, SearchQuery, Turn, search_text
+from memq.workers.query.search import Searcher
+from memq.workers.settings import LocalEmbedderSettings, RecallSettings, Settings
 
 MODES = ("keyword", "vector", "hybrid")
 ONE_SEARCH = "hybrid, one search"  # recall.speaker_aware off: the ranking before issue 14

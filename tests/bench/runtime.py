@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/runtime.py [--quick] [--runs N] [--json PATH]
+    .venv/bin/python tests/run_bench.py runtime [--quick] [--runs N] [--json PATH]
 
 The worker process is a FastStream app (``memq.workers.runtime.app``), but three hot
 paths stay on nats-py inside it, on the broker's connection, for reasons
@@ -52,16 +52,14 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services
+import nats
+import orjson
+import services
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
+from rich.table import Table
 
-import nats  # noqa: E402
-import orjson  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, machine_info, percentile, process_cpu, status, warn_if_busy  # noqa: E402
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.workers.runtime.consumer import BatchConsumer  # noqa: E402
+from bench.benchlib import console, machine_info, percentile, process_cpu, status, warn_if_busy
+from memq.workers.runtime.consumer import BatchConsumer
 
 STREAM = "BENCH_RUNTIME"
 SUBJECT = "bench.rt.events"

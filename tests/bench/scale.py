@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/scale.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py scale [--quick] [--json PATH]
 
 Everything runs on loopback, on servers this script starts and stops itself
 (``tests/services.py``): a 3-node NATS JetStream cluster (streams R3,
@@ -82,31 +82,29 @@ from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services, helpers
+import helpers
+import nats
+import orjson
+import services
+from nats.js.api import DeliverPolicy
+from rich.table import Table
+from sqlalchemy import select
 
-import fleet as fleetlib  # noqa: E402
-import helpers  # noqa: E402
-import nats  # noqa: E402
-import orjson  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
-from ingest import CommitWatch  # noqa: E402
-from nats.js.api import DeliverPolicy  # noqa: E402
-from query import make_events  # noqa: E402
-from rich.table import Table  # noqa: E402
-from scale_checks import Check, Snapshot, check_all  # noqa: E402
-from sqlalchemy import select  # noqa: E402
-
-from memq.contracts.client import MemoryClient, build_request, encode_request  # noqa: E402
-from memq.contracts.codec import decode_from_subject  # noqa: E402
-from memq.contracts.errors import PublishFailed  # noqa: E402
-from memq.contracts.schemas import Event  # noqa: E402
-from memq.contracts.subjects import EVENTS_STREAM, EVENTS_WILDCARD, request_subject  # noqa: E402
-from memq.workers.index.backends import open_backend  # noqa: E402
-from memq.workers.memory.recall import doc_for  # noqa: E402
-from memq.workers.runtime import bus  # noqa: E402
-from memq.workers.settings import Settings, StreamSettings  # noqa: E402
-from memq.workers.sql import models  # noqa: E402
+from bench import fleet as fleetlib
+from bench.benchlib import console, machine_info, percentile, status, warn_if_busy
+from bench.ingest import CommitWatch
+from bench.query import make_events
+from bench.scale_checks import Check, Snapshot, check_all
+from memq.contracts.client import MemoryClient, build_request, encode_request
+from memq.contracts.codec import decode_from_subject
+from memq.contracts.errors import PublishFailed
+from memq.contracts.schemas import Event
+from memq.contracts.subjects import EVENTS_STREAM, EVENTS_WILDCARD, request_subject
+from memq.workers.index.backends import open_backend
+from memq.workers.memory.recall import doc_for
+from memq.workers.runtime import bus
+from memq.workers.settings import Settings, StreamSettings
+from memq.workers.sql import models
 
 APP = "bench"
 USERS = 10

@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/bench/weaviate_scoping.py [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py weaviate_scoping [--quick | --smoke] [--json PATH]
 
 One Weaviate server (``tests/services.py``, the pinned build from
 ``infra/scripts/install-weaviate.sh``) on loopback, and two index generations
@@ -43,16 +43,14 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: services
+import numpy as np
+import services
+from rich.table import Table
 
-import numpy as np  # noqa: E402
-import services  # noqa: E402
-from benchlib import console, machine_info, percentile, status, warn_if_busy  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from memq.workers.index.backends.weaviate import WeaviateIndex  # noqa: E402
-from memq.workers.memory.recall import Doc, SearchQuery, search_text  # noqa: E402
-from memq.workers.settings import WeaviateSettings  # noqa: E402
+from bench.benchlib import console, machine_info, percentile, status, warn_if_busy
+from memq.workers.index.backends.weaviate import WeaviateIndex
+from memq.workers.memory.recall import Doc, SearchQuery, search_text
+from memq.workers.settings import WeaviateSettings
 
 MODES = ("filter", "tenant")
 DIM = 384
@@ -70,6 +68,7 @@ class Config:
 
 FULL = Config(users=200, docs=200, queries=300, deletes=20)
 QUICK = Config(users=50, docs=100, queries=100, deletes=5)
+SMOKE = Config(users=4, docs=10, queries=5, deletes=2)  # the test suite's run: it works, no figures
 
 
 def make_docs(cfg: Config, rng: random.Random) -> tuple[list[Doc], list[str], np.ndarray]:
@@ -220,10 +219,10 @@ def print_table(cfg: Config, result: dict) -> None:
     console.print(table)
 
 
-async def main(quick: bool, json_path: Path | None) -> int:
-    cfg = QUICK if quick else FULL
+async def main(mode: str, json_path: Path | None) -> int:
+    cfg = {"full": FULL, "quick": QUICK, "smoke": SMOKE}[mode]
     machine = machine_info()
-    status(f"[bold]memq Weaviate scoping benchmark[/] — {'quick' if quick else 'full'} run")
+    status(f"[bold]memq Weaviate scoping benchmark[/] — {mode} run")
     warn_if_busy(machine)
     rng = random.Random(42)
     with tempfile.TemporaryDirectory(prefix="memq-bench-weaviate-") as tmp:
@@ -237,7 +236,7 @@ async def main(quick: bool, json_path: Path | None) -> int:
     if json_path:
         data = {
             "benchmark": "weaviate_scoping",
-            "mode": "quick" if quick else "full",
+            "mode": mode,
             "machine": machine,
             "config": {**asdict(cfg), "dim": DIM, "batch": BATCH, "k": 10, "alpha": 0.5},
             "results": result,
@@ -251,10 +250,11 @@ async def main(quick: bool, json_path: Path | None) -> int:
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    parser.add_argument("--smoke", action="store_true", help="a tiny run that only checks it works")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
     return parser.parse_args()
 
 
 if __name__ == "__main__":
     args = parse_args()
-    sys.exit(asyncio.run(main(args.quick, args.json)))
+    sys.exit(asyncio.run(main("smoke" if args.smoke else "quick" if args.quick else "full", args.json)))

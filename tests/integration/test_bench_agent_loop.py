@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from bench_runs import bench_command
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "agent_loop.py"
+BENCH = bench_command("agent_loop")
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -20,7 +19,7 @@ pytestmark = pytest.mark.timeout(240)
 def test_the_agent_loop_benchmark_runs_and_every_turn_reads_its_own_write(tmp_path):
     out = tmp_path / "agent_loop.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--agents", "1,4", "--seconds", "0.5", "--rounds", "1", "--json", str(out)],
+        [*BENCH, "--agents", "1,4", "--seconds", "0.5", "--rounds", "1", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=200,
@@ -40,8 +39,7 @@ def test_the_agent_loop_benchmark_runs_and_every_turn_reads_its_own_write(tmp_pa
 def test_the_search_loops_run_and_every_waiting_search_finds_its_append(tmp_path):
     out = tmp_path / "agent_loop_search.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--search", "--agents", "1", "--seconds", "0.5", "--rounds", "1"]
-        + ["--json", str(out)],
+        [*BENCH, "--search", "--agents", "1", "--seconds", "0.5", "--rounds", "1"] + ["--json", str(out)],
         capture_output=True,
         text=True,
         timeout=200,

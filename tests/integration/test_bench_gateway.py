@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from bench_runs import bench_command
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gateway.py"
+BENCH = bench_command("gateway")
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.timeout(240)
 def test_the_gateway_benchmark_runs_and_reports_http_beside_nats(tmp_path):
     out = tmp_path / "gateway.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--seconds", "0.3", "--concurrency", "4", "--json", str(out)],
+        [*BENCH, "--quick", "--seconds", "0.3", "--concurrency", "4", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=200,

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from bench_runs import bench_command
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "ingest.py"
+BENCH = bench_command("ingest")
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -22,7 +21,7 @@ def test_the_ingest_benchmark_commits_every_event_once(tmp_path, backlog):
     out = tmp_path / "ingest.json"
     args = ["--quick", "--databases", "postgresql", "--replicas", "1,2", "--events", "400", "--sessions", "8"]
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), *args, *(["--backlog"] if backlog else []), "--json", str(out)],
+        [*BENCH, *args, *(["--backlog"] if backlog else []), "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=280,

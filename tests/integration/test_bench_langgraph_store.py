@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from bench_runs import bench_command
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "langgraph_store.py"
+BENCH = bench_command("langgraph_store")
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.timeout(240)
 def test_the_store_benchmark_runs_and_reports_each_op(tmp_path):
     out = tmp_path / "store.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--items", "5", "--rounds", "3", "--json", str(out)],
+        [*BENCH, "--items", "5", "--rounds", "3", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=200,

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from bench_runs import bench_command
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "runtime.py"
+BENCH = bench_command("runtime")
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -18,7 +17,7 @@ pytestmark = pytest.mark.timeout(240)
 def test_the_runtime_benchmark_runs_and_the_owned_consumer_loses_nothing(tmp_path):
     out = tmp_path / "runtime.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--runs", "1", "--json", str(out)],
+        [*BENCH, "--smoke", "--runs", "1", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=200,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -109,14 +110,15 @@ def test_sqlite_url_points_into_tmp_path(sqlite_url, tmp_path):
 def test_servers_die_with_the_test_process(tmp_path):
     # A child Python starts Redis, then dies by SIGKILL: no atexit, no cleanup.
     script = textwrap.dedent(f"""
-        import os, signal, sys
-        sys.path.insert(0, {str(Path(__file__).parents[1])!r})
+        import os, signal
         from services import Redis
         r = Redis(workdir={str(tmp_path)!r}).start()
         print(r.pid, r.port, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    tests = str(Path(__file__).parents[1])  # where `services` is, as pytest's pythonpath has it
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30, env=env)
     pid, port = map(int, out.stdout.split())
 
     deadline = time.monotonic() + 5

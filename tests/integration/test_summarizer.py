@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 import random
 import socket
-import sys
 import threading
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
+from bench import locomo
 from helpers import WorkerProcess, make_settings, running, running_query, running_worker, wait_for
 from sqlalchemy import select
 
@@ -24,9 +24,6 @@ from memq.workers.sql.engine import create_engine
 from memq.workers.summarizer.base import SummarizerError
 from memq.workers.summarizer.summarizers import ExtractiveSummarizer
 from memq.workers.summarizer.worker import SummarizerWorker, checkpoint_id
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import locomo  # noqa: E402
 
 APP = "sum-app"
 LOCOMO = ("shared", "data", "locomo", "locomo-dev4.json")

@@ -10,15 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import docsnippets as ds
+import memq_refs
 import pytest
 
 ROOT = Path(__file__).parents[2]
 DOCS = ROOT / "docs"
 README = (ROOT / "README.md").read_text()
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-sys.path.insert(0, str(DOCS / "_ext"))
-import memq_refs  # noqa: E402
 
 
 def test_readme_names_the_two_commands():
@@ -158,9 +157,6 @@ def test_compose_replica_defaults_are_quoted_right():
 
 
 # --- commands a reader pastes into a fresh shell ----------------------------------
-
-sys.path.insert(0, str(ROOT / "tests"))
-import docsnippets as ds  # noqa: E402
 
 SHELL = ds.shell_snippets()
 VENV_BIN = Path(sys.prefix) / "bin"  # what `bash infra/dev.sh setup` makes .venv/bin

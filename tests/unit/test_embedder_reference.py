@@ -8,14 +8,11 @@ with CI=true, where it fails: CI must never pass by skipping.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
+from bench import embedder_reference as ref
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "embedder_reference.py"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 # Used when the LoCoMo file is absent.
@@ -39,16 +36,7 @@ SENTENCES = [
 ]
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("embedder_reference", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_int8_matches_fp32_reference():
-    ref = load_script()
     if not ref.DEFAULT_WHEEL.is_file():
         message = f"no reference wheel at {ref.DEFAULT_WHEEL} (infra/dev.sh setup downloads it)"
         if IN_CI:

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import datetime
 import enum
-import sys
-from pathlib import Path
 
 import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field, field_serializer
+from test_jsonschema import REPLIES
 
 from memq.contracts import queries as q
 from memq.contracts import replies
 from memq.contracts.replies import ok_body, parse_reply
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_jsonschema import REPLIES  # noqa: E402
 
 
 def pydantic_body(result: BaseModel) -> bytes:

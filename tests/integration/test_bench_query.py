@@ -1,0 +1,34 @@
+"""tests/bench/query.py runs at its smallest sizes against real worker
+processes (PostgreSQL, Redis) and reports every row: each op, session and
+cache state, none with an error, the seeded sessions as the replies say."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from bench_runs import run_bench
+
+pytestmark = pytest.mark.timeout(400)
+
+EVENTS, SESSIONS, USERS = 60, 110, 8  # the smallest the benchmark accepts: 110 sessions, 8 users
+
+
+def test_the_query_benchmark_answers_every_row_without_an_error(tmp_path):
+    args = ["--quick", "--replicas", "1", "--events", str(EVENTS), "--sessions", str(SESSIONS), "--users", str(USERS)]
+    result = run_bench("query", *args, out=tmp_path / "query.json", timeout=360)
+
+    assert result["config"]["large_events"] == EVENTS and result["config"]["replicas"] == [1]
+    assert result["sanity"]["history/s10"]["events"] == 10
+    assert result["sanity"]["history/s10k"]["summary"] is True  # the large session starts at its checkpoint
+    rows = {(r["op"], r["session"], r["cache"]): r for r in result["rows"]}
+    assert set(rows) == set(itertools.product(("history", "context"), ("10", str(EVENTS)), ("hit", "miss")))
+    for key, r in rows.items():
+        for load in ("c64", "c1"):
+            m = r[load]
+            assert m["requests"] > 0 and m["errors"] == 0, (key, load, m["first_error"])
+            assert 0 < m["p50_ms"] <= m["p99_ms"], (key, load)
+    assert {s["app_sessions"] for s in result["sessions_list"]} == {10, SESSIONS}
+    assert all(s["rows"] == 10 for s in result["sessions_list"])  # a full page each
+    for r in result["ratios"]:  # a target is met when the ratio is at most it; a comparison has none
+        assert r["value"] > 0 and r["met"] == (None if r["target"] is None else r["value"] <= r["target"]), r
