@@ -293,6 +293,9 @@ class IndexingSettings(BaseModel):
     retry_delays_s: list[float] = Field(
         default=[0.5, 1, 2, 5, 10, 30], description="nak delays while the index is down"
     )
+    rebuild_lease_ttl_s: float = Field(
+        default=30.0, gt=0, description="one rebuild at a time: a killed rebuild's lease is free after this"
+    )
     embedded_path: Path | None = Field(default=None, description="the embedded index file; default <data_dir>/index.db")
     local: LocalEmbedderSettings = LocalEmbedderSettings()
     openai: OpenAIEmbedderSettings = OpenAIEmbedderSettings()

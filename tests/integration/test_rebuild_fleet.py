@@ -28,10 +28,12 @@ from memq.workers.indexing.rebuild import rebuild
 from memq.workers.indexing.rebuild_job import JobStore
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.runtime import bus
+from memq.workers.runtime.lease import BUCKET as LEASES
 from memq.workers.settings import LocalEmbedderSettings
 
 APP = "fleet-app"
 pytestmark = pytest.mark.timeout(400)
+LEASE_TTL_S = 5.0
 BACKENDS = ["embedded", pytest.param("weaviate", marks=pytest.mark.services)]
 
 
@@ -71,6 +73,7 @@ def settings(nats_url, sqlite_url, tmp_path, request):
             "batch_wait_s": 0.05,
             "ack_wait_s": 3.0,  # a killed replica's batch comes back soon
             "retry_delays_s": [0.2, 0.5],
+            "rebuild_lease_ttl_s": LEASE_TTL_S,  # a killed CLI's lease is free soon, not after 30 s
             **extra,
         }
     )
@@ -86,6 +89,7 @@ def env_for(s) -> dict[str, str]:
         "MEMQ_INDEXING__CONTEXT_TURNS": "0",
         "MEMQ_INDEXING__BATCH_SIZE": str(i.batch_size),
         "MEMQ_INDEXING__ACK_WAIT_S": str(i.ack_wait_s),
+        "MEMQ_INDEXING__REBUILD_LEASE_TTL_S": str(i.rebuild_lease_ttl_s),
         "MEMQ_LOG_LEVEL": "INFO",
     }
     if i.backend == "weaviate":
@@ -215,6 +219,8 @@ async def test_a_killed_cli_is_resumed_by_the_next_rebuild(settings, embedder, t
         assert done_before < n, "the rebuild finished before the kill: nothing was tested"
         rows = await list_generations(indexer.backend, nc.jetstream(), settings)
         assert [(r.generation, r.state) for r in rows] == [(job.generation, "rebuilding")]
+        # The CLI took the lease with the setting's TTL: the resume below waits that long, not 30 s.
+        assert (await (await nc.jetstream().key_value(LEASES)).status()).ttl == LEASE_TTL_S
         notices: list[str] = []
         result = await rebuild(settings, nc, indexer, notice=notices.append)
         assert result.resumed and result.generation == job.generation

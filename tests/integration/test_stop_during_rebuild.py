@@ -21,13 +21,17 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.index.backends.embedded import EmbeddedIndex
 from memq.workers.index.embedders.local import DIM, MODEL
+from memq.workers.indexing.rebuild import FETCH
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.runtime import bus
 from memq.workers.settings import Settings
 
 MEMQ = str(Path(sys.prefix) / "bin" / "memq")
 APP = "rebuild-stop"
-EVENTS = 800  # a rebuild of these takes half a minute or more on two cores
+# Three replay batches (rebuild.FETCH each): Ctrl-C comes once the first is
+# indexed, so a full batch is in flight and a third is still to come. More
+# events (there were 800) test nothing more and take longer to embed.
+EVENTS = 2 * FETCH + FETCH // 4
 STOP_WITHIN_S = 10.0
 
 pytestmark = pytest.mark.timeout(600)

@@ -60,11 +60,12 @@ async def drop_generations(
     """Drop the named generations (None: every one that is not live). The
     live one cannot be; dropping the rebuilding one ends its job. Refused
     (ValueError) while a rebuild runs: it holds the rebuild lease."""
-    lease = Lease(js, REBUILD_LEASE, replicas=settings.streams.replicas)
+    ttl_s = settings.indexing.rebuild_lease_ttl_s
+    lease = Lease(js, REBUILD_LEASE, ttl_s=ttl_s, replicas=settings.streams.replicas)
     if not await lease.acquire():
         raise ValueError(
             "a rebuild is running (it holds the index-rebuild lease): wait for it, or stop it first "
-            "(a killed one's lease expires within 30s)"
+            f"(a killed one's lease expires within {ttl_s:g}s)"
         )
     try:
         rows = {r.generation: r for r in await list_generations(backend, js, settings)}

@@ -188,7 +188,9 @@ async def rebuild(
     args = (settings, nc, indexer, source, app, user, engine, progress, restart, work, conflict, say)
     if not lease:
         return await _rebuild(*args)
-    async with Lease(nc.jetstream(), REBUILD_LEASE, replicas=settings.streams.replicas):
+    async with Lease(
+        nc.jetstream(), REBUILD_LEASE, ttl_s=settings.indexing.rebuild_lease_ttl_s, replicas=settings.streams.replicas
+    ):
         return await _rebuild(*args)
 
 

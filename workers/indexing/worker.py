@@ -272,7 +272,12 @@ class IndexingWorker:
         # Everything up to here is replayed by the rebuild below.
         events = self.settings.streams.events
         replayed_to = (await patiently("reading the stream", lambda: self.js.stream_info(events))).state.last_seq
-        async with Lease(self.js, REBUILD_LEASE, replicas=self.settings.streams.replicas):
+        async with Lease(
+            self.js,
+            REBUILD_LEASE,
+            ttl_s=self.settings.indexing.rebuild_lease_ttl_s,
+            replicas=self.settings.streams.replicas,
+        ):
             live = await self.backend.live()  # another replica may have rebuilt meanwhile
             if not self._matches(live):
                 if live is None:

@@ -5,6 +5,11 @@ write. :meth:`Lease.acquire` creates the key only if it does not exist; the
 holder re-writes it every ``ttl_s / 3`` (compare-and-set on its revision, so
 a lease that expired and was taken by another replica is noticed, not
 stolen back); a crashed holder stops writing and the key expires.
+
+Leases of different TTLs share one bucket, whose TTL is set by whoever
+created it: a holder renews at a third of the shorter of its own TTL and the
+bucket's, so a lease never expires under a live holder whatever TTL came
+first (a dead holder's lease then frees after the bucket's TTL).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class Lease:
         self.js, self.key, self.ttl_s, self.bucket, self.replicas = js, key, ttl_s, bucket, replicas
         self.owner = f"{socket.gethostname()}:{os.getpid()}".encode()
         self.revision: int | None = None
+        self.renew_s = ttl_s / 3  # or sooner: acquire() reads the bucket's TTL
         self.lost = asyncio.Event()  # set if another holder took over
         self._kv: KeyValue | None = None
         self._keeper: asyncio.Task | None = None
@@ -56,6 +62,8 @@ class Lease:
     async def acquire(self) -> bool:
         """Take the lease if free; True if we hold it now."""
         self._kv = await lease_bucket(self.js, self.ttl_s, self.bucket, self.replicas)
+        bucket_ttl = (await self._kv.status()).ttl  # None or 0: entries never expire
+        self.renew_s = min(self.ttl_s, bucket_ttl or self.ttl_s) / 3
         try:
             self.revision = await self._kv.create(self.key, self.owner)
         except KeyWrongLastSequenceError:
@@ -74,7 +82,7 @@ class Lease:
         kv = self._kv
         assert kv is not None, "started by acquire()"
         while True:
-            await asyncio.sleep(self.ttl_s / 3)
+            await asyncio.sleep(self.renew_s)
             try:
                 self.revision = await kv.update(self.key, self.owner, last=self.revision)
             except KeyWrongLastSequenceError:
