@@ -83,6 +83,26 @@ async def test_every_kind_runs_on_the_one_connection_of_its_process(fresh_nats, 
     assert process.broker._connection is None
 
 
+async def test_the_query_worker_searches_on_the_processs_one_index_and_embedder(nats_url, sqlite_url, tmp_path):
+    """`memq up` loads one embedder, not a second one for search (each kind
+    declares what it needs; the process makes one of each)."""
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    settings.indexing.embedder = "none"  # no model to load: the identity is the point
+    process = assemble(settings, ["indexing", "query"])
+    await process.start()
+    try:
+        indexing, query = process.component("indexing"), process.component("query")
+        await asyncio.wait_for(indexing.ready.wait(), 60)
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.search("ada", "hello")
+        assert query.searcher.backend is indexing.live.backend is process.resources.index
+        assert query.searcher.embedder is indexing.live.embedder
+    finally:
+        await process.stop()
+    # Closed once, by the process (the searcher only borrowed them).
+    assert process.resources._embedder is None and process.resources._index is None
+
+
 async def test_notices_are_typed_on_both_sides(nats_url, sqlite_url, tmp_path):
     """What persistence publishes parses as a CommitNotice, with the same
     JSON fields as before the types (nothing on the wire changed)."""
