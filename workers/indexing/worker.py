@@ -118,11 +118,13 @@ class IndexingWorker(Component[IndexingLive]):
 
     @property
     def backend(self) -> IndexBackend:
-        return self.live.backend
+        given = self._given[0]  # usable before open() (a test of one batch)
+        return given if given is not None else self.live.backend
 
     @property
     def embedder(self) -> Embedder:
-        return self.live.embedder
+        given = self._given[1]
+        return given if given is not None else self.live.embedder
 
     @property
     def indexer(self) -> Indexer:
