@@ -167,7 +167,7 @@ async def test_filters_are_part_of_the_cache_key_and_the_wire_format(nats_url, s
                 assert await ask("session.get", after=NOW - 3600) == ids(6, 7)
                 assert await ask("session.get", events=True) == IDS
                 assert await ask("session.get", roles=["tool"]) == ids(4)
-            assert query.cache.hits >= 8
+            assert query.live.cache.hits >= 8
             bad = {"v": 1, "app": APP, "user": USER, "session": SESSION, "after": "yesterday"}
             reply = orjson.loads(
                 (await nc.request(request_subject(APP, "history"), orjson.dumps(bad), timeout=10)).data

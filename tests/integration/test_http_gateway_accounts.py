@@ -109,7 +109,7 @@ async def test_each_apps_requests_reach_nats_as_that_apps_own_user(secured_gatew
     assert users[f"{prefix}-http-{B}"] == security.app_user_name(B)
     assert security.app_user_name(B) != B  # the escaped name, read from the secrets file
     # the process's own connection (the workers' identity) serves no app's request
-    clients = g.gateway.clients
+    clients = g.gateway.live.clients
     assert clients is not None and g.gateway.nc is not None
     assert all(clients.get(app).nc is not g.gateway.nc for app in (A, B))
     assert clients.get(A).nc is not clients.get(B).nc
@@ -144,7 +144,7 @@ async def test_as_connection_is_refused_bs_subjects_by_nats(secured_gateway):
 
     # The gateway's connection for A, used for B's subjects: NATS refuses it,
     # so even a gateway bug that picked the wrong client could not leak or write.
-    clients = g.gateway.clients
+    clients = g.gateway.live.clients
     assert clients is not None
     as_b_on_a = MemoryClient(clients.get(A).nc, B, timeout=1.0, consistent=False, wait_ms=0)
     with pytest.raises(Forbidden, match=VIOLATION) as read:
@@ -198,7 +198,7 @@ async def test_a_password_in_the_apps_settings_picks_its_user_too(secured_gatewa
         {"apps": {A: {"api_key": KEYS[A], "nats_password": password}, B: {"api_key": KEYS[B]}}},
     )
     async with running(HttpGateway(s)) as gateway, httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
-        clients = gateway.clients
+        clients = gateway.live.clients
         assert clients is not None
         a_nc, b_nc = clients.get(A).nc, clients.get(B).nc
         assert a_nc is not gateway.nc and b_nc is gateway.nc

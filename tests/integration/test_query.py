@@ -99,7 +99,7 @@ async def test_cache_never_serves_a_stale_read_and_survives_redis_dying(nats_url
                     redis_server.kill()
                 if i == 30:
                     redis_server.restart()
-            assert query.cache.hits > 0 and query.cache.errors > 0
+            assert query.live.cache.hits > 0 and query.live.cache.errors > 0
 
 
 async def test_cache_is_invalidated_by_commits_without_min_seq(nats_url, sqlite_url, tmp_path):
@@ -108,9 +108,9 @@ async def test_cache_is_invalidated_by_commits_without_min_seq(nats_url, sqlite_
             seq = await client.create_session("u", "s", state={"k": 1})
             first = await ask(nc, "state.get", session="s", min_seq=seq.seq)
             assert first["result"]["state"] == {"k": 1}
-            hits = query.cache.hits
+            hits = query.live.cache.hits
             assert (await ask(nc, "state.get", session="s")) == first
-            assert query.cache.hits == hits + 1  # the answer is cached now
+            assert query.live.cache.hits == hits + 1  # the answer is cached now
             await client.set_state("u", {"app:model": "m2"})  # app state: another scope
             deadline = time.monotonic() + 10
             while (await ask(nc, "state.get", session="s"))["result"]["state"] != {"k": 1, "app:model": "m2"}:

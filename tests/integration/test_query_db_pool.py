@@ -28,7 +28,7 @@ async def test_a_burst_of_misses_opens_no_more_connections_than_the_pool(nats_ur
             nonlocal connects
             connects += 1
 
-        event.listen(query.engine.sync_engine, "connect", counted)
+        event.listen(query.live.engine.sync_engine, "connect", counted)
         async with await MemoryClient.connect(nats_url, app=APP, timeout=30) as client:
             seqs = [await client.append_text("u", f"s{i}", "user", f"hello {i}") for i in range(READERS)]
             # Every session is a miss, all asked at once, all woken by the same commits.

@@ -83,6 +83,26 @@ async def test_every_kind_runs_on_the_one_connection_of_its_process(fresh_nats, 
     assert process.broker._connection is None
 
 
+async def test_the_query_worker_searches_on_the_processs_one_index_and_embedder(nats_url, sqlite_url, tmp_path):
+    """`memq up` loads one embedder, not a second one for search (each kind
+    declares what it needs; the process makes one of each)."""
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    settings.indexing.embedder = "none"  # no model to load: the identity is the point
+    process = assemble(settings, ["indexing", "query"])
+    await process.start()
+    try:
+        indexing, query = process.component("indexing"), process.component("query")
+        await asyncio.wait_for(indexing.ready.wait(), 60)
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.search("ada", "hello")
+        assert query.searcher.backend is indexing.live.backend is process.resources.index
+        assert query.searcher.embedder is indexing.live.embedder
+    finally:
+        await process.stop()
+    # Closed once, by the process (the searcher only borrowed them).
+    assert process.resources._embedder is None and process.resources._index is None
+
+
 async def test_notices_are_typed_on_both_sides(nats_url, sqlite_url, tmp_path):
     """What persistence publishes parses as a CommitNotice, with the same
     JSON fields as before the types (nothing on the wire changed)."""
@@ -139,13 +159,13 @@ async def test_a_bad_commit_notice_is_logged_and_the_next_one_still_works(nats_u
     await process.start()
     query = process.component("query")
     dropped: list[dict] = []
-    real = query.cache.invalidate_local
+    real = query.live.cache.invalidate_local
 
     async def spy(**scope) -> None:
         dropped.append(scope)
         await real(**scope)
 
-    query.cache.invalidate_local = spy
+    query.live.cache.invalidate_local = spy
     publisher = await nats.connect(nats_url)
     try:
         with caplog.at_level(logging.WARNING):
@@ -158,7 +178,7 @@ async def test_a_bad_commit_notice_is_logged_and_the_next_one_still_works(nats_u
             await publisher.publish(subject, CommittedRanges.of([1, 2, 3], [good]).encode())
             await publisher.flush()
             # It drops the stale answers first, then moves the commit floor.
-            await wait_for(lambda: _true(query.floor.value == 3), timeout=10, what="the good notice")
+            await wait_for(lambda: _true(query.live.floor.value == 3), timeout=10, what="the good notice")
         assert dropped == [
             {"app": APP, "user": "ada", "session": "s1", "app_state": False, "user_state": False, "listing": True}
         ]

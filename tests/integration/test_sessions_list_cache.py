@@ -60,10 +60,10 @@ async def test_a_repeated_page_is_a_hit_until_a_session_of_its_scope_changes(nat
                 # commits above may still arrive and drop them once: ask again.)
                 deadline = time.monotonic() + 10
                 while True:
-                    hits = query.cache.hits
+                    hits = query.live.cache.hits
                     assert await page(nc, "u") == first
                     assert await page(nc, None) == everyone
-                    if query.cache.hits == hits + 2:
+                    if query.live.cache.hits == hits + 2:
                         break
                     assert time.monotonic() < deadline, "a repeated page is never a cache hit"
                     await asyncio.sleep(0.05)
@@ -76,11 +76,11 @@ async def test_a_repeated_page_is_a_hit_until_a_session_of_its_scope_changes(nat
 
                 # Another user's commit leaves u's cached page as it is.
                 again = await page(nc, "u")
-                hits = query.cache.hits
+                hits = query.live.cache.hits
                 await client.append("w", "other", text("hi"))
                 await until(nc, None, lambda r: r[0][:2] == ("w", "other"), "append to w's session")
                 assert await page(nc, "u") == again
-                assert query.cache.hits > hits
+                assert query.live.cache.hits > hits
 
                 # A deleted session leaves the page.
                 await client.delete_session("u", "s2")

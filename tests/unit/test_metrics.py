@@ -14,7 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
 from memq.workers import metrics
-from memq.workers.runtime.health import HealthState, HttpServer, Monitor, checks_for, durable_of, make_app
+from memq.workers.runtime.health import HealthState, HttpServer, Monitor, durable_of, make_app
+from memq.workers.runtime.kinds import KINDS
 from memq.workers.settings import Settings
 
 
@@ -183,7 +184,8 @@ async def test_monitor_without_a_port_serves_nothing():
 
 
 def test_checks_and_durables_per_worker_kind():
-    names = {kind: sorted(checks_for(kind, object())) for kind in ("persistence", "indexing", "summarizer", "query")}
+    s = Settings(database={"url": "inmemory"})
+    names = {kind: sorted(KINDS[kind].make(s).checks()) for kind in ("persistence", "indexing", "summarizer", "query")}
     assert names == {
         "persistence": ["consumer", "database", "nats"],
         "indexing": ["consumer", "index", "nats"],

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from memq.contracts import queries as q
 from memq.workers.query.cache import MemoryBackend, QueryCache
-from memq.workers.query.service import QueryWorker
+from memq.workers.query.service import QueryLive, QueryWorker
 from memq.workers.settings import Settings
 
 
@@ -73,10 +73,15 @@ async def reply(worker: QueryWorker, req: q._Request, key: str) -> bytes:
     return request.replies[0]
 
 
+def live(cache: QueryCache) -> QueryLive:
+    """Running parts with no connection: the requests here need none."""
+    floor = Floor()
+    return QueryLive(None, None, None, None, cache, floor, floor, None)  # type: ignore[arg-type]
+
+
 def worker_with(shared: MemoryBackend, tmp_path) -> QueryWorker:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
-    worker.cache = QueryCache(local=None, shared=shared, ttl_s=60)
-    worker.floor = Floor()  # type: ignore[assignment]
+    worker._live = live(QueryCache(local=None, shared=shared, ttl_s=60))
 
     async def run(op: str, req: q._Request, **extra) -> q.StateView:
         return q.StateView(state={"k": 1})
@@ -96,19 +101,19 @@ async def test_a_miss_is_answered_before_the_slow_store_and_stored_after(tmp_pat
     assert not responding.done()
     shared.release.set()
     await asyncio.wait_for(responding, 5)
-    _, entry = await worker.cache.get("a", "u", "s", "key")
+    _, entry = await worker.live.cache.get("a", "u", "s", "key")
     assert entry is not None and entry.as_of == 7 and entry.body == request.replies[0]
 
 
 async def test_a_read_that_waits_for_a_commit_uses_this_replicas_tier_alone(tmp_path):
     shared = CountingBackend()
     worker = worker_with(shared, tmp_path)
-    worker.cache = QueryCache(local=MemoryBackend(), shared=shared, ttl_s=60)
+    worker._live = live(QueryCache(local=MemoryBackend(), shared=shared, ttl_s=60))
     # min_seq 9 is above the floor (7): the read waits, then neither looks
     # the shared tier up nor stores its answer there; the local tier has it.
     waited = await reply(worker, q.StateGet(app="a", user="u", session="s", min_seq=9), "k1")
     assert shared.calls == []
-    assert worker.cache.get_local("a", "u", "s", "k1").body == waited
+    assert worker.live.cache.get_local("a", "u", "s", "k1").body == waited
     # At or below the floor: both tiers, as any read.
     await reply(worker, q.StateGet(app="a", user="u", session="s", min_seq=9), "k2")
     await reply(worker, q.StateGet(app="a", user="u", session="s"), "k3")

@@ -7,7 +7,7 @@ import orjson
 from sqlalchemy import exc as sa_exc
 
 from memq.contracts import queries as q
-from memq.workers.query.service import QueryWorker
+from memq.workers.query.service import QueryLive, QueryWorker
 from memq.workers.settings import Settings
 
 
@@ -23,7 +23,8 @@ class FailingFloor:
 
 async def answer_with(exc: Exception, tmp_path) -> dict:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
-    worker.floor = FailingFloor(exc)
+    floor = FailingFloor(exc)
+    worker._live = QueryLive(None, None, None, None, None, floor, floor, None)  # type: ignore[arg-type]
     req = q.HistoryGet(app="a", user="u", session="s", min_seq=5)
     body, _ = await worker._answer("history", req, None)
     return orjson.loads(body)["error"]

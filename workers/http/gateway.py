@@ -23,25 +23,23 @@ import contextlib
 import logging
 import socket
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import uvicorn
-from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
-from nats.micro import add_service
 
-from memq.workers import VERSION
 from memq.workers.http.api import build_api
 from memq.workers.http.clients import AppClients
 from memq.workers.http.keys import Keyring, check_open_is_local
 from memq.workers.redact import Redactor
-from memq.workers.runtime.opened import opened
+from memq.workers.runtime import readiness
+from memq.workers.runtime.component import Component, Live
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
-    from nats.micro.service import Service
-
     from memq.workers.runtime.app import Resources
+    from memq.workers.runtime.readiness import Check
 
 log = logging.getLogger("memq.http")
 
@@ -87,37 +85,46 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class HttpGateway:
+@dataclass
+class GatewayLive(Live):
+    """What a running gateway uses: a client per app (:mod:`.clients`)."""
+
+    clients: AppClients
+
+
+class HttpGateway(Component[GatewayLive]):
     """The http component of a worker process (:mod:`memq.workers.runtime.app`)."""
 
     KIND = "http"
+    DESCRIPTION = "memq: the HTTP gateway"
 
     def __init__(self, settings: Settings):
-        self.settings = settings
+        super().__init__(settings)
         self.keyring = Keyring.from_settings(settings.http)
         check_open_is_local(self.keyring, settings.http.host)  # before anything starts
-        self.nc: NATS | None = None
-        self.clients: AppClients | None = None
         self.url: str | None = None  # once serving
         self._server: _Server | None = None
         self._serving: asyncio.Task | None = None
-        self.service: Service | None = None
 
-    def router(self) -> NatsRouter:
-        """No subscribers: the gateway only sends (requests and publishes)."""
-        return NatsRouter()
+    # No router of its own: the gateway only sends (requests and publishes).
 
-    async def open(self, nc: NATS, resources: Resources) -> None:
-        self.nc = nc
-        self.clients = AppClients(self.settings, nc)
-        await self.clients.open()
+    async def build(self, nc: NATS, resources: Resources) -> GatewayLive:
+        clients = AppClients(self.settings, nc)
+        await clients.open()
+        return GatewayLive(nc, nc.jetstream(), clients)
 
-    async def start(self) -> None:
-        clients = opened(self.clients, "the gateway's clients")
+    def checks(self) -> dict[str, Check]:
+        return {**super().checks(), "http": readiness.present(lambda: self.url, "the HTTP gateway is not serving")}
+
+    def service_options(self) -> dict:
+        # `memq status` shows where the gateway serves.
+        return {"metadata": {"url": self.url or ""}}
+
+    async def run(self) -> None:
         http = self.settings.http
         api = build_api(
             self.keyring,
-            clients.get,
+            self.live.clients.get,
             max_body_bytes=http.max_body_bytes,
             redact=Redactor.for_settings(self.settings),
         )
@@ -142,12 +149,6 @@ class HttpGateway:
         host, port = sock.getsockname()[:2]
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
         self._write_url_file()
-        # No endpoints: registering makes the gateway visible to `memq status`
-        # (NATS micro ping/info/stats), with its URL, as the other kinds are.
-        nc = opened(self.nc, "the gateway's connection")
-        self.service = await add_service(
-            nc, name="memq-http", version=VERSION, description="memq: the HTTP gateway", metadata={"url": self.url}
-        )
         log.info("HTTP gateway on %s (%s)", self.url, "open: no API keys" if self.keyring.open else "API keys")
 
     def _write_url_file(self) -> None:
@@ -156,10 +157,7 @@ class HttpGateway:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "http.url").write_text(self.url or "")
 
-    async def stop(self) -> None:
-        if self.service is not None:
-            await self.service.stop()
-            self.service = None
+    async def halt(self) -> None:
         if self._server is not None and self._serving is not None:
             self._server.should_exit = True
             try:
@@ -169,6 +167,5 @@ class HttpGateway:
             with contextlib.suppress(OSError):
                 (self.settings.run_dir / "http.url").unlink()
         self._server = self._serving = None
-        if self.clients is not None:
-            await self.clients.close()
-            self.clients = None
+        if self._live is not None:
+            await self._live.clients.close()

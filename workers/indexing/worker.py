@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -46,19 +46,18 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
-from nats.micro import add_service
 from sqlalchemy import exc as sa_exc
 
 from memq.contracts.notices import CommittedRanges
 from memq.contracts.subjects import EVENTS_WILDCARD, committed_subject
-from memq.workers import VERSION, metrics
+from memq.workers import metrics
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
-from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders.base import Embedder, EmbedderError
 from memq.workers.indexing.indexer import Indexer, make_indexer
 from memq.workers.indexing.rebuild import REBUILD_LEASE, Progress, rebuild
 from memq.workers.indexing.rebuild_job import JobStore
 from memq.workers.indexing.replica import RebuildFollower
+from memq.workers.runtime import readiness
 from memq.workers.runtime.batch_policy import (
     AdjustRetry,
     BackOff,
@@ -72,15 +71,14 @@ from memq.workers.runtime.batch_policy import (
 )
 from memq.workers.runtime.bus import patiently
 from memq.workers.runtime.commit_floor import announce_finished
+from memq.workers.runtime.component import Component, Live, NotOpened
 from memq.workers.runtime.consumer import BatchConsumer
 from memq.workers.runtime.lease import Lease
-from memq.workers.runtime.opened import opened
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
-    from nats.micro.service import Service
-
     from memq.workers.runtime.app import Resources
+    from memq.workers.runtime.readiness import Check
 
 SQL_RETRY_DELAYS_S = [0.2, 0.5, 1.0]  # a database outage: reconnecting is cheap, the batch is small
 log = logging.getLogger("memq.indexing")
@@ -89,31 +87,34 @@ WORKER = "indexing"
 PROGRESS_EVERY_S = 10.0  # how often a startup rebuild logs how far it is
 
 
-class IndexingWorker:
+@dataclass
+class IndexingLive(Live):
+    """What a running indexing worker uses: the index, the embedder and the indexer over them."""
+
+    backend: IndexBackend
+    embedder: Embedder
+    indexer: Indexer
+
+
+class IndexingWorker(Component[IndexingLive]):
     """The indexing component of a worker process (:mod:`memq.workers.runtime.app`).
 
     :param settings: everything; ``settings.indexing`` above all.
-    :param backend: the index (default: the process's, which it closes).
-    :param embedder: the embedder (default: the one the settings name, opened here).
+    :param backend: the index (default: the process's); one given here is closed here.
+    :param embedder: the embedder (default: the process's); one given here is closed here.
     """
 
     KIND = "indexing"
+    DESCRIPTION = "memq: embeds the event log into the index"
+    NEEDS = frozenset({"index", "embedder"})
+    PREPARES = True  # ready once the index is usable and the consumer runs
     stop_grace_s = 5.0  # how long stop() lets the batch in hand finish before cutting it short
 
     def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
-        self.settings = settings
-        # Set by open() unless given here, or by preparing the index, and read
-        # through the properties below.
-        self._backend = backend
-        self._own_backend = backend is not None  # given here: closed here
-        self._embedder = embedder
-        self._indexer: Indexer | None = None
-        self._generation: IndexMeta | None = None  # where live writes go
-        self._js: JetStreamContext | None = None
-        self.nc: NATS | None = None  # None until open(): health and readiness checks test it
+        super().__init__(settings)
+        self._given = (backend, embedder)  # used instead of the process's, and closed here
+        self._generation: IndexMeta | None = None  # where live writes go; set by preparing the index
         self.consumer: BatchConsumer | None = None
-        self.service: Service | None = None
-        self.ready = asyncio.Event()  # the index is usable and the consumer runs
         self._main: asyncio.Task | None = None
         self.follower: RebuildFollower | None = None  # this replica's part in rebuilds; set once ready
         self._following: asyncio.Task | None = None
@@ -121,28 +122,34 @@ class IndexingWorker:
 
     @property
     def indexed(self) -> int:
-        return self._indexer.totals.docs if self._indexer else 0
+        return self._live.indexer.totals.docs if self._live is not None else 0
+
+    # The batch handling's names for the running parts.
 
     @property
     def backend(self) -> IndexBackend:
-        return opened(self._backend, "IndexingWorker.backend")
+        given = self._given[0]  # usable before open() (a test of one batch)
+        return given if given is not None else self.live.backend
 
     @property
     def embedder(self) -> Embedder:
-        return opened(self._embedder, "IndexingWorker.embedder")
+        given = self._given[1]
+        return given if given is not None else self.live.embedder
 
     @property
     def indexer(self) -> Indexer:
-        return opened(self._indexer, "IndexingWorker.indexer")
+        return self.live.indexer
 
     @property
     def js(self) -> JetStreamContext:
-        return opened(self._js, "IndexingWorker.js")
+        return self.live.js
 
     @property
     def generation(self) -> IndexMeta:
         """The live generation, which writes go to; known once the index is prepared."""
-        return opened(self._generation, "IndexingWorker.generation", by="the index is prepared")
+        if self._generation is None:
+            raise NotOpened("the indexing worker's generation is used before the index is prepared")
+        return self._generation
 
     # --- lifecycle (driven by the process's FastStream hooks) ----------------------
 
@@ -174,34 +181,31 @@ class IndexingWorker:
         )
         return router
 
-    async def open(self, nc: NATS, resources: Resources) -> None:
-        self.nc = nc
-        self._js = nc.jetstream()
-        if self._backend is None:
-            self._backend = resources.index
-        if self._embedder is None:
-            self._embedder = await open_embedder(self.settings.indexing)
-        self._indexer = make_indexer(self.settings, self._backend, self._embedder, self._js)
+    async def build(self, nc: NATS, resources: Resources) -> IndexingLive:
+        js = nc.jetstream()
+        backend, embedder = self._given
+        backend = backend or resources.index
+        embedder = embedder or await resources.embedder()
+        return IndexingLive(nc, js, backend, embedder, make_indexer(self.settings, backend, embedder, js))
 
-    async def start(self) -> None:
+    def checks(self) -> dict[str, Check]:
+        return {
+            **super().checks(),
+            "index": readiness.index(self.ready, lambda: self.live.backend),
+            "consumer": readiness.consumer(lambda: self.consumer),
+        }
+
+    async def run(self) -> None:
         """Prepare the index and consume in the background: an index server
         that is down at start delays indexing, not the worker."""
-        self.service = await add_service(
-            opened(self.nc, "IndexingWorker.nc"),
-            name="memq-indexing",
-            version=VERSION,
-            description="memq: embeds the event log into the index",
-        )
         self._main = asyncio.create_task(self._prepare_and_consume(), name="indexing main")
 
-    async def stop(self) -> None:
+    async def halt(self) -> None:
         self._stopping.set()
         for task in (self._main, self._following):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-        if self.service is not None:
-            await self.service.stop()
         if self.consumer is not None:
             try:
                 # Embedding a batch can take many seconds on a busy machine:
@@ -210,12 +214,13 @@ class IndexingWorker:
             except TimeoutError:
                 log.warning("stopping: the batch in hand took over %.0fs; it is redelivered", self.stop_grace_s)
             self.consumer = None
-        if self._backend is not None and self._own_backend:
-            await self._backend.close()
-        if self._indexer is not None and self._indexer.previous is not None:
-            await self._indexer.previous.engine.dispose()
-        if self._embedder is not None:
-            await self._embedder.close()
+        if self._live is not None and self._live.indexer.previous is not None:
+            await self._live.indexer.previous.engine.dispose()
+        backend, embedder = self._given  # the process's are closed by the process
+        if backend is not None:
+            await backend.close()
+        if embedder is not None:
+            await embedder.close()
 
     async def _prepare_and_consume(self) -> None:
         delays = self.settings.indexing.retry_delays_s
@@ -232,7 +237,7 @@ class IndexingWorker:
                 await asyncio.sleep(delay)
         s = self.settings.indexing
         self.consumer = BatchConsumer(
-            opened(self.nc, "IndexingWorker.nc"),
+            self.live.nc,
             stream=self.settings.streams.events,
             subject=EVENTS_WILDCARD,
             config=self.consumer_config(start_seq),
@@ -242,7 +247,7 @@ class IndexingWorker:
         )
         await self.consumer.start()
         self.follower = RebuildFollower(
-            opened(self.nc, "IndexingWorker.nc"),
+            self.live.nc,
             self.settings,
             self.indexer,
             JobStore(self.js, replicas=self.settings.streams.replicas),
@@ -292,7 +297,7 @@ class IndexingWorker:
                     )
                 result = await rebuild(
                     self.settings,
-                    opened(self.nc, "IndexingWorker.nc"),
+                    self.live.nc,
                     self.indexer,
                     progress=self._progress(),
                     lease=False,
@@ -369,7 +374,7 @@ class IndexingWorker:
                 await msg.ack()
                 acked.append(msg.metadata.sequence.stream)
         finally:  # what was acked is done, even if the connection failed part way
-            await announce_finished(opened(self.nc, "IndexingWorker.nc"), self.settings.indexing.durable, acked)
+            await announce_finished(self.live.nc, self.settings.indexing.durable, acked)
 
     async def _follow_generation(self, retry: Retry) -> Retry:
         """A switch to another generation also fails writes: follow it at once

@@ -36,7 +36,6 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BucketNotFoundError, NotFoundError
-from nats.micro import add_service
 from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 
@@ -53,11 +52,12 @@ from memq.contracts.subjects import (
     events_subject,
     user_events_filter,
 )
-from memq.workers import VERSION, metrics
+from memq.workers import metrics
 from memq.workers.memory.commit_plan import Incoming, event_keys, reused_event_ids
 from memq.workers.memory.tokens import encoding_for
 from memq.workers.persistence.expiry import SessionSweeper
 from memq.workers.persistence.store import CommitResult, SqlStore
+from memq.workers.runtime import readiness
 from memq.workers.runtime.batch_policy import (
     BackOff,
     BatchPolicy,
@@ -68,17 +68,17 @@ from memq.workers.runtime.batch_policy import (
     Poison,
 )
 from memq.workers.runtime.commit_floor import announce_finished
+from memq.workers.runtime.component import Component, Live
 from memq.workers.runtime.consumer import BatchConsumer
 from memq.workers.runtime.dlq import DeadLetters
-from memq.workers.runtime.opened import opened
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
     from faststream.nats.publisher.usecase import LogicPublisher
-    from nats.micro.service import Service
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from memq.workers.runtime.app import Resources
+    from memq.workers.runtime.readiness import Check
 
 log = logging.getLogger("memq.persistence")
 
@@ -86,23 +86,27 @@ WORKER = "persistence"
 MAX_CONFLICT_RETRIES = 5
 
 
-class PersistenceWorker:
+@dataclass
+class PersistenceLive(Live):
+    """What a running persistence worker uses: the process's engine and what is made from it."""
+
+    engine: AsyncEngine
+    store: SqlStore
+    dlq: DeadLetters
+
+
+class PersistenceWorker(Component[PersistenceLive]):
     """The persistence component of a worker process (:mod:`memq.workers.runtime.app`):
     the batch consumer on the process's connection and the handling of one
     batch; see the module doc. The process hands it the SQL engine."""
 
     KIND = "persistence"
+    DESCRIPTION = "memq: commits the event log to SQL"
+    NEEDS = frozenset({"sql"})
 
     def __init__(self, settings: Settings):
-        self.settings = settings
-        self.nc: NATS | None = None  # None until open(): health and readiness checks test it
+        super().__init__(settings)
         self.consumer: BatchConsumer | None = None
-        self.service: Service | None = None
-        # Set by open(), read through the properties below.
-        self._engine: AsyncEngine | None = None  # the process's
-        self._store: SqlStore | None = None
-        self._js: JetStreamContext | None = None
-        self._dlq: DeadLetters | None = None
         # The commit-notice publisher, declared by router() for the AsyncAPI
         # document; _announce publishes on the connection itself.
         self.notices: LogicPublisher | None = None
@@ -110,25 +114,27 @@ class PersistenceWorker:
         self.committed = 0  # messages committed by this process (for status and tests)
         self.sweeper: SessionSweeper | None = None  # session expiry, when configured
 
+    # The batch handling's names for the running parts.
+
     @property
     def engine(self) -> AsyncEngine:
-        return opened(self._engine, "PersistenceWorker.engine")
+        return self.live.engine
 
     @property
     def store(self) -> SqlStore:
-        return opened(self._store, "PersistenceWorker.store")
+        return self.live.store
 
     @property
     def js(self) -> JetStreamContext:
-        return opened(self._js, "PersistenceWorker.js")
+        return self.live.js
 
     @property
     def dlq(self) -> DeadLetters:
-        return opened(self._dlq, "PersistenceWorker.dlq")
+        return self.live.dlq
 
     @property
     def _nats(self) -> NATS:
-        return opened(self.nc, "PersistenceWorker.nc")
+        return self.live.nc
 
     # --- lifecycle (driven by the process's FastStream hooks) ------------------
 
@@ -163,14 +169,19 @@ class PersistenceWorker:
         )
         return router
 
-    async def open(self, nc: NATS, resources: Resources) -> None:
-        self._engine = resources.engine
-        self._store = SqlStore(self._engine)
-        self.nc = nc
-        self._js = nc.jetstream()
-        self._dlq = DeadLetters(self._js, WORKER)
+    async def build(self, nc: NATS, resources: Resources) -> PersistenceLive:
+        js = nc.jetstream()
+        engine = resources.engine
+        return PersistenceLive(nc, js, engine, SqlStore(engine), DeadLetters(js, WORKER))
 
-    async def start(self) -> None:
+    def checks(self) -> dict[str, Check]:
+        return {
+            **super().checks(),
+            "consumer": readiness.consumer(lambda: self.consumer),
+            "database": readiness.database(lambda: self.live.engine),
+        }
+
+    async def run(self) -> None:
         s = self.settings
         # Every event's tokens are counted at commit, and loading the encoding
         # takes ~0.2 s: not in the first batch's commit.
@@ -186,25 +197,17 @@ class PersistenceWorker:
             concurrency=1 if self.engine.dialect.name == "sqlite" else s.persistence.concurrency,
         )
         await self.consumer.start()
-        # No endpoints: registering makes the replica visible to `memq status`
-        # (NATS micro ping/info/stats).
-        self.service = await add_service(
-            self._nats, name="memq-persistence", version=VERSION, description="memq: commits the event log to SQL"
-        )
         if s.expiry.enabled:  # why here and not in another kind: see expiry.py
             self.sweeper = SessionSweeper(s, self._nats, self.engine)
             self.sweeper.start()
         log.info("persistence worker started (durable %s)", s.persistence.durable)
 
-    async def stop(self) -> None:
+    async def halt(self) -> None:
         """Finish and ack the batch in hand; the process then drains the
         connection (acks and notices go out) and disposes of the engine."""
         if self.sweeper is not None:
             await self.sweeper.stop()
             self.sweeper = None
-        if self.service is not None:
-            await self.service.stop()
-            self.service = None
         if self.consumer is not None:
             await self.consumer.stop()  # the batch in hand finishes and is acked
             self.consumer = None

@@ -1,7 +1,9 @@
 """Long-term memory for the query worker: the ``search`` op and recall.
 
 The index backend and the embedder (to embed query texts) open on first use,
-so a query worker that never searches pays nothing. A query is embedded by
+so a query worker that never searches pays nothing; in a worker process they
+are the process's (:meth:`Searcher.share`): `memq up` loads one model, not
+one for indexing and another for search. A query is embedded by
 the same model as the index's live generation; if they differ (a rebuild for
 a new model is under way), vector and hybrid searches are answered by
 keyword, and the reply says so: vectors of two models are never compared.
@@ -15,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import replace
 
@@ -59,6 +62,8 @@ class Searcher:
         self.backend = backend
         self.embedder = embedder
         self._opened = backend is not None and embedder is not None
+        self._shared: tuple[Callable[[], IndexBackend], Callable[[], Awaitable[Embedder]]] | None = None
+        self._lent: list[object] = []  # what share() lent: its owner closes it
         self._opening: asyncio.Task | None = None
         self._live: IndexMeta | None = None
         self._live_at = 0.0
@@ -68,6 +73,11 @@ class Searcher:
         self._vectors: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
         self._skips = _Throttled("recall skipped")
         self._failures = _Throttled("search failed")
+
+    def share(self, index: Callable[[], IndexBackend], embedder: Callable[[], Awaitable[Embedder]]) -> None:
+        """Search on these (the process's, closed by it) instead of opening
+        an index and an embedder of its own; each is asked for on first use."""
+        self._shared = (index, embedder)
 
     async def _open(self) -> None:
         if self._opened:
@@ -90,11 +100,15 @@ class Searcher:
 
     async def _open_now(self) -> None:
         if self.backend is None:
-            backend = open_backend(self.settings)
-            await backend.open()
+            backend = self._shared[0]() if self._shared else open_backend(self.settings)
+            await backend.open()  # idempotent: a shared one may be open already
             self.backend = backend  # only once open
+            if self._shared:
+                self._lent.append(backend)
         if self.embedder is None:
-            self.embedder = await open_embedder(self.settings.indexing)
+            self.embedder = await (self._shared[1]() if self._shared else open_embedder(self.settings.indexing))
+            if self._shared:
+                self._lent.append(self.embedder)
         self._opened = True
 
     def _index(self) -> tuple[IndexBackend, Embedder]:
@@ -107,9 +121,9 @@ class Searcher:
         if self._opening is not None and not self._opening.done():
             self._opening.cancel()
             await asyncio.gather(self._opening, return_exceptions=True)
-        if self.backend is not None:
+        if self.backend is not None and not any(self.backend is lent for lent in self._lent):
             await self.backend.close()
-        if self.embedder is not None:
+        if self.embedder is not None and not any(self.embedder is lent for lent in self._lent):
             await self.embedder.close()
 
     async def live(self, *, fresh: bool = False) -> IndexMeta | None:

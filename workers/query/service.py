@@ -66,6 +66,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -74,8 +75,6 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
-from nats.js import JetStreamContext
-from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
 from pydantic import ValidationError
@@ -95,7 +94,7 @@ from memq.contracts.ids import decode_token
 from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.replies import error_body, ok_body
 from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX, committed_subject
-from memq.workers import VERSION, metrics
+from memq.workers import metrics
 from memq.workers.memory.tail import MustWait
 from memq.workers.query import paging
 from memq.workers.query.cache import Entry, QueryCache, build_cache, cache_backend
@@ -107,10 +106,10 @@ from memq.workers.query.search import Searcher, recall_skipped
 from memq.workers.query.tail import StreamTail, Tail
 from memq.workers.query.windows import WindowCache
 from memq.workers.redact import Redactor
-from memq.workers.runtime import bus
+from memq.workers.runtime import bus, readiness
 from memq.workers.runtime.bus import malformed_notice
 from memq.workers.runtime.commit_floor import CommitFloor
-from memq.workers.runtime.opened import opened
+from memq.workers.runtime.component import Component, Live
 from memq.workers.settings import Settings
 from memq.workers.sql.engine import is_disconnect, reader
 
@@ -118,6 +117,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from memq.workers.runtime.app import Resources
+    from memq.workers.runtime.readiness import Check
 
 log = logging.getLogger("memq.query")
 
@@ -125,27 +125,31 @@ SERVICE_NAME = "memq-query"
 # Fields that change when an answer may be served, not what the answer is.
 
 
-class QueryWorker:
+@dataclass
+class QueryLive(Live):
+    """What a running query worker reads with: the process's engine, its cache and the floors."""
+
+    engine: AsyncEngine
+    reads: AsyncEngine  # the same pool, without a transaction per read (sql.engine.reader)
+    cache: QueryCache  # this kind's alone: the query worker is its only user
+    floor: CommitFloor  # what persistence committed: reads wait on it
+    index_floor: CommitFloor  # what indexing indexed: searches wait on it
+    tails: StreamTail | None  # the events stream's uncommitted tail, with query.read_tail
+
+
+class QueryWorker(Component[QueryLive]):
     """The query component of a worker process (:mod:`memq.workers.runtime.app`); see
-    the module doc. The process hands it the SQL engine and the cache."""
+    the module doc. The process hands it the SQL engine, the index and the embedder."""
 
     KIND = "query"
+    DESCRIPTION = "memq sessions, history, context and search"
+    NEEDS = frozenset({"sql", "index", "embedder"})
 
     def __init__(self, settings: Settings):
-        self.settings = settings
-        # None until open(); read through `opened` (a clear error if too early).
-        self.engine: AsyncEngine | None = None  # the process's
-        self._reads: AsyncEngine | None = None  # the same pool, for reads (sql.engine.reader)
-        self.cache: QueryCache | None = None  # the process's
-        self.searcher = Searcher(settings)
+        super().__init__(settings)
+        self.searcher = Searcher(settings)  # opens on the first search, on the process's index and embedder
         self.redact = Redactor.for_settings(settings)  # of every error message a reply carries
         self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
-        self.nc: NATS | None = None
-        self.js: JetStreamContext | None = None  # made once in open(), not per read
-        self.service: Service | None = None
-        self.floor: CommitFloor | None = None
-        self.index_floor: CommitFloor | None = None
-        self.tails: StreamTail | None = None  # set by open() when query.read_tail is on
         self._slots = asyncio.Semaphore(settings.query.max_inflight)
         self.replies = ReplyFence(trusted_prefixes(settings.query.trusted_inboxes, settings.nats.inbox_prefix))
         self._tasks: set[asyncio.Task] = set()
@@ -181,83 +185,83 @@ class QueryWorker:
             )(self.invalidate_shared)
         return router
 
-    async def open(self, nc: NATS, resources: Resources) -> None:
+    async def build(self, nc: NATS, resources: Resources) -> QueryLive:
         s = self.settings
-        self.engine = resources.engine
-        self.cache = build_cache(s)  # this kind's alone: the query worker is its only user
-        self.nc = nc
-        self.js = js = nc.jetstream()
+        self.searcher.share(lambda: resources.index, resources.embedder)
+        js = nc.jetstream()  # made once here, not per read
         # With commit notices (router()) the ack floor is only the fallback,
         # read at start and every 50 ms while a read waits; without, it is polled.
         poll_from_s = 0.05 if s.query.commit_notices else 0.001
-        self.floor = CommitFloor(
+        floor = CommitFloor(
             js, s.streams.events, s.persistence.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s
         )
-        try:  # a head start only: a read that needs the floor reads it then
-            await self.floor.refresh()
-        except (NatsError, TimeoutError) as exc:  # JetStream electing a leader (a cluster starting)
-            log.warning("the commit floor could not be read yet (%s); reads will read it", type(exc).__name__)
+        # search's min_seq waits for the indexing worker instead, moved by its
+        # notices (start()) with the same fallback
+        index_floor = CommitFloor(
+            js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s, done="indexed"
+        )
+        for which, f in (("commit", floor), ("indexing", index_floor)):
+            try:  # a head start only: a read that needs the floor reads it then
+                await f.refresh()
+            except (NatsError, TimeoutError) as exc:  # JetStream electing a leader (a cluster starting)
+                log.warning("the %s floor could not be read yet (%s); reads will read it", which, type(exc).__name__)
+        tails = None
         if s.query.read_tail:
-            floor = self.floor
-            self.tails = StreamTail(
+            tails = StreamTail(
                 js,
                 s.streams.events,
                 lambda: floor.value,
                 max_messages=s.query.tail_max_messages,
                 max_bytes=s.streams.max_message_bytes,
             )
-        # search's min_seq waits for the indexing worker instead, moved by its
-        # notices (start()) with the same fallback
-        self.index_floor = CommitFloor(
-            js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s, done="indexed"
-        )
-        try:
-            await self.index_floor.refresh()
-        except (NatsError, TimeoutError) as exc:
-            log.warning("the indexing floor could not be read yet (%s); searches will read it", type(exc).__name__)
+        engine = resources.engine
+        return QueryLive(nc, js, engine, reader(engine), build_cache(s), floor, index_floor, tails)
 
-    async def start(self) -> None:
-        """Register the endpoints (after the invalidation subscribers run, so
-        no answer is cached that a notice should have dropped)."""
-        nc = opened(self.nc, "the query worker's NATS connection")
+    def checks(self) -> dict[str, Check]:
+        return {
+            **super().checks(),
+            "service": readiness.present(lambda: self.service, "the query service is not registered"),
+            "database": readiness.database(lambda: self.live.engine),
+        }
+
+    def service_options(self) -> dict:
+        return {"queue_group": self.settings.query.queue_group}
+
+    async def run(self) -> None:
+        """Hear the notices and the tail before the endpoints register (after
+        the invalidation subscribers run, so no answer is cached that a notice
+        should have dropped)."""
+        live = self.live
         if self.settings.query.commit_notices:
             # No queue group: every replica keeps its own commit floor.
-            self._notices = await nc.subscribe(
+            self._notices = await live.nc.subscribe(
                 committed_subject(self.settings.persistence.durable), cb=self._on_committed
             )
-            self._index_notices = await nc.subscribe(
+            self._index_notices = await live.nc.subscribe(
                 committed_subject(self.settings.indexing.durable), cb=self._on_indexed
             )
-        if self.tails is not None:
-            await bus.patiently("the events stream's tail", self.tails.start)
+        if live.tails is not None:
+            await bus.patiently("the events stream's tail", live.tails.start)
         # Pages of session.get, history and context fit this server's max_payload.
-        floor = opened(self.floor, "the commit floor")
+        floor = live.floor
         self.ctx = dataclasses.replace(
             self.ctx,
-            reply_bytes=paging.reply_bytes(nc.max_payload),
+            reply_bytes=paging.reply_bytes(live.nc.max_payload),
             windows=WindowCache(lambda: floor.value, self.settings.query.window_cache),
         )
-        self.service = await add_service(
-            opened(self.nc, "the query worker's NATS connection"),
-            name=SERVICE_NAME,
-            version=VERSION,
-            description="memq sessions, history, context and search",
-            queue_group=self.settings.query.queue_group,
-        )
+
+    async def serve(self, service: Service) -> None:
         for op in q.OPS:
-            await self.service.add_endpoint(
+            await service.add_endpoint(
                 name=op.replace(".", "-"), subject=f"{PREFIX}.q.*.{op}", handler=self._handler(op)
             )
         # The server registers subscriptions as it reads them: a request sent
         # right after "ready" could otherwise find no responder.
-        await opened(self.nc, "the query worker's NATS connection").flush()
-        tiers = " + ".join(type(t).__name__ for t in opened(self.cache, "the query cache").tiers) or "none"
+        await self.live.nc.flush()
+        tiers = " + ".join(type(t).__name__ for t in self.live.cache.tiers) or "none"
         log.info("query worker started (%d ops, cache: %s)", len(q.OPS), tiers)
 
-    async def stop(self) -> None:
-        if self.service is not None:
-            await self.service.stop()
-            self.service = None
+    async def halt(self) -> None:
         if self._tasks:  # reads waiting on the floor still hear the notices
             await asyncio.gather(*self._tasks, return_exceptions=True)
         for sub in (self._notices, self._index_notices):
@@ -265,24 +269,23 @@ class QueryWorker:
                 with contextlib.suppress(NatsError):  # the connection is already gone
                     await sub.unsubscribe()
         self._notices = self._index_notices = None
-        if self.tails is not None:
-            await self.tails.stop()
         await self.searcher.close()
-        cache, self.cache = self.cache, None
-        if cache is not None:
-            await cache.close()
+        if self._live is not None:
+            if self._live.tails is not None:
+                await self._live.tails.stop()
+            await self._live.cache.close()
 
     async def reconnected(self) -> None:
         """Notices may have been lost while disconnected: forget the local tier."""
-        if self.cache is not None:
-            self.cache.clear_local()
+        if self._live is not None:
+            self._live.cache.clear_local()
 
     # --- requests ---------------------------------------------------------------
 
     def _handler(self, op: str):
         cached = HANDLERS[op].cached  # a missing handler fails the start, not a request
         # Asked once: the cache and its tiers are fixed from open() on.
-        keyed = cached and opened(self.cache, "the query cache").enabled
+        keyed = cached and self.live.cache.enabled
 
         async def handle(request: Request) -> None:
             # First: a reply the requester could not receive itself is a
@@ -379,7 +382,7 @@ class QueryWorker:
                         metrics.QUERY_TAIL_WAIT.inc()
                     finally:
                         tail.close()
-                floor = opened(self.index_floor if q.OPS[op].waits_for == "indexing" else self.floor, "the floor")
+                floor = self.live.index_floor if q.OPS[op].waits_for == "indexing" else self.live.floor
                 # A read that waits for a commit is answered right after it:
                 # another replica is unlikely to have stored its answer in the
                 # shared tier yet, and the writer's next append makes it
@@ -408,8 +411,7 @@ class QueryWorker:
     async def _with_every_writer(self, req: q._Request) -> q._Request:
         """``req`` waiting also for the newest write any client had
         acknowledged in its scope (:mod:`memq.workers.query.consistency`)."""
-        js = opened(self.js, "the query worker's JetStream context")
-        newest = await last_acknowledged(js, self.settings.streams.events, read_scope(req))
+        newest = await last_acknowledged(self.live.js, self.settings.streams.events, read_scope(req))
         if newest <= (req.min_seq or 0):
             return req
         return req.model_copy(update={"min_seq": newest})
@@ -421,16 +423,16 @@ class QueryWorker:
         from the stream (:mod:`memq.workers.query.tail`, ``query.read_tail``)."""
         if req.min_seq is None or not reads_tail(op, req):
             return None
-        floor = opened(self.floor, "the commit floor").value
+        floor = self.live.floor.value
         if req.min_seq <= floor:
             return None
         session: str = req.session  # type: ignore[attr-defined]  # reads_tail: a history or context
         carried: q.Carried | None = getattr(req, "carried", None)
         if carried is not None and req.consistency != "any":  # it holds the caller's writes, not others'
             return CarriedTail(req, carried, floor, req.min_seq)  # type: ignore[arg-type]
-        if self.tails is None:
+        if (tails := self.live.tails) is None:
             return None
-        return self.tails.reader(req.app, req.user, session, after=floor, upto=req.min_seq)
+        return tails.reader(req.app, req.user, session, after=floor, upto=req.min_seq)
 
     def _parse(self, op: str, subject: str, data: bytes) -> q._Request:
         try:
@@ -454,28 +456,25 @@ class QueryWorker:
         handler = HANDLERS[op]
         if not handler.sql:
             return await handler.run(None, req, self.ctx)
-        if self._reads is None:  # the process's engine, without a transaction per read
-            self._reads = reader(opened(self.engine, "the SQL engine"))
+        reads = self.live.reads
         async with self._sql_slots:
             try:
-                async with self._reads.connect() as conn:
+                async with reads.connect() as conn:
                     return await handler.run(conn, req, self.ctx, **extra)
             except sa_exc.DBAPIError as exc:
                 if not is_disconnect(exc):
                     raise
             # A pooled connection had died (the database restarted): the pool is
             # recycled now, so once more reaches the database if it is up.
-            async with self._reads.connect() as conn:
+            async with reads.connect() as conn:
                 return await handler.run(conn, req, self.ctx, **extra)
 
     def _local_hit(self, req: q._Request, key: str) -> bytes | None:
         """The answer if this replica's own tier has it, fresh enough for the
         request's min_seq by what is already known of the commit floor; else
         None, and the request takes the full path."""
-        cache = opened(self.cache, "the query cache")
-        if cache.local is None or (
-            req.min_seq is not None and req.min_seq > opened(self.floor, "the commit floor").value
-        ):
+        cache = self.live.cache
+        if cache.local is None or (req.min_seq is not None and req.min_seq > self.live.floor.value):
             return None
         entry = cache.get_local(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
         if entry is None or (req.min_seq is not None and entry.as_of < req.min_seq):
@@ -485,13 +484,13 @@ class QueryWorker:
     async def _cached(
         self, op: str, req: q._Request, key: str, *, shared: bool = True
     ) -> tuple[bytes, Awaitable[None] | None]:
-        cache = opened(self.cache, "the query cache")
+        cache = self.live.cache
         session = getattr(req, "session", None)
         ticket, entry = await cache.get(req.app, req.user, session, key, listing=_lists(req), shared=shared)
         if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
             return entry.body, None
         # read before SQL: the answer holds at least this
-        as_of = await opened(self.floor, "the commit floor").current()
+        as_of = await self.live.floor.current()
         skipped = recall_skipped.set(False)
         try:
             body = ok_body(await self._run(op, req))
@@ -512,23 +511,23 @@ class QueryWorker:
 
     async def _on_indexed(self, msg: Msg) -> None:
         if (notice := _notice(msg)) is not None:
-            opened(self.index_floor, "the indexing floor").finished(notice.ranges)
+            self.live.index_floor.finished(notice.ranges)
 
     async def committed(self, notice: CommittedRanges) -> None:
-        cache = opened(self.cache, "the query cache")
+        cache = self.live.cache
         for changed in notice.changed:  # first: a read the floor wakes must not see a stale entry
             await cache.invalidate_local(**_scope(changed))
-        opened(self.floor, "the commit floor").finished(notice.ranges)
+        self.live.floor.finished(notice.ranges)
 
     # The FastStream handlers use the worker's own cache, not a
     # Context("cache") argument: FastDepends solves such a field in a
     # thread per message (anyio.to_thread).
 
     async def invalidate_local(self, notice: CommitNotice) -> None:
-        await opened(self.cache, "the query cache").invalidate_local(**_scope(notice))
+        await self.live.cache.invalidate_local(**_scope(notice))
 
     async def invalidate_shared(self, notice: CommitNotice) -> None:
-        await opened(self.cache, "the query cache").invalidate_shared(**_scope(notice))
+        await self.live.cache.invalidate_shared(**_scope(notice))
 
 
 def _notice(msg: Msg) -> CommittedRanges | None:

@@ -1,4 +1,4 @@
-"""How a worker process is assembled: one FastStream app, one NATS connection.
+r"""How a worker process is assembled: one FastStream app, one NATS connection.
 
 :func:`assemble` builds, without connecting to anything:
 
@@ -11,8 +11,9 @@
   publishers (commit notices, summarizer triggers, status events, typed by
   :mod:`memq.contracts.notices`), included in the broker;
 - the process's shared dependencies (:class:`Resources`): the settings,
-  one SQL engine and the index, handed to each component
-  when it opens;
+  one SQL engine, one index and one embedder, made as the components
+  declare them (``Component.NEEDS``) and handed to each component when it
+  opens (the components are :class:`~memq.workers.runtime.component.Component`\ s);
 - the FastStream app, whose hooks run the lifecycle:
 
   1. ``on_startup``: migrate the database (once per process, if a kind uses
@@ -36,8 +37,10 @@ around the app.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +52,7 @@ from nats.errors import Error as NatsError
 from pydantic import ValidationError
 
 from memq.workers.runtime import bus
+from memq.workers.runtime.component import Component, Live, Need
 from memq.workers.runtime.kinds import KINDS, Kind, kind_of
 from memq.workers.settings import Settings
 
@@ -56,6 +60,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from memq.workers.index.backends.base import IndexBackend
+    from memq.workers.index.embedders.base import Embedder
 
 log = logging.getLogger("memq.app")
 
@@ -127,24 +132,33 @@ class MemqBroker(NatsBroker):
 
 
 class Resources:
-    """The dependencies a process's components share, each made on first use
-    and closed once when the process stops: one SQL engine (its pool sized
-    for every SQL kind of the process) and one index."""
+    """The dependencies a process's components share, made by what the
+    components declare (``Component.NEEDS``), each on first use, and closed
+    once when the process stops: one SQL engine (its pool sized for every
+    component that needs SQL), one index and one embedder. Asking for one
+    that no component declared is a bug, and says so."""
 
-    def __init__(self, settings: Settings, sql_kinds: int = 1):
+    def __init__(self, settings: Settings, needs: Counter[Need] | None = None):
         self.settings = settings
-        self.sql_kinds = max(1, sql_kinds)
+        self.needs: Counter[Need] = needs if needs is not None else Counter(("sql", "index", "embedder"))
         self._engine: AsyncEngine | None = None
         self._index: IndexBackend | None = None
+        self._embedder: Embedder | None = None
+        self._embedding = asyncio.Lock()  # the model loads once, however many ask at once
+
+    def _declared(self, need: Need) -> None:
+        if not self.needs[need]:
+            raise RuntimeError(f"no component of this process declared that it needs {need!r} (Component.NEEDS)")
 
     @property
     def engine(self) -> AsyncEngine:
         if self._engine is None:
+            self._declared("sql")
             from memq.workers.sql.engine import create_engine
 
             db = self.settings.database
             self._engine = create_engine(
-                self.settings.database_url(), pool_size=db.pool_size * self.sql_kinds, echo=db.echo
+                self.settings.database_url(), pool_size=db.pool_size * self.needs["sql"], echo=db.echo
             )
         return self._engine
 
@@ -152,15 +166,27 @@ class Resources:
     def index(self) -> IndexBackend:
         """The index backend, not opened yet (opening is idempotent: its user opens it)."""
         if self._index is None:
+            self._declared("index")
             from memq.workers.index.backends import open_backend
 
             self._index = open_backend(self.settings)
         return self._index
 
+    async def embedder(self) -> Embedder:
+        """The embedder the settings name, loaded on first call."""
+        async with self._embedding:
+            if self._embedder is None:
+                self._declared("embedder")
+                from memq.workers.index.embedders import open_embedder
+
+                self._embedder = await open_embedder(self.settings.indexing)
+            return self._embedder
+
     async def close(self) -> None:
-        index, engine = self._index, self._engine
-        self._index = self._engine = None
+        embedder, index, engine = self._embedder, self._index, self._engine
+        self._embedder = self._index = self._engine = None
         closers: list[tuple[str, Callable[[], Awaitable[None]] | None]] = [
+            ("embedder", embedder.close if embedder is not None else None),
             ("index", index.close if index is not None else None),
             ("engine", engine.dispose if engine is not None else None),
         ]
@@ -181,7 +207,7 @@ class Process:
     def __init__(
         self,
         settings: Settings,
-        components: Sequence[Any],
+        components: Sequence[Component[Live]],
         *,
         on_starting: Callable[[str], None] | None = None,
     ):
@@ -189,7 +215,7 @@ class Process:
         self.components = list(components)
         self.kinds: list[Kind] = [kind_of(c) for c in self.components]
         self.on_starting = on_starting
-        self.resources = Resources(settings, sql_kinds=sum(k.uses_sql for k in self.kinds))
+        self.resources = Resources(settings, Counter(need for c in self.components for need in c.NEEDS))
         name = self.kinds[0].name if len(self.kinds) == 1 else "workers"
         self.broker = MemqBroker(settings, name, on_reconnected=self._reconnected)
         for component in self.components:
@@ -202,14 +228,14 @@ class Process:
             on_shutdown=[self._stop_components],
             after_shutdown=[self.resources.close],
         )
-        self._opened: list[Any] = []
+        self._opened: list[Component[Live]] = []
 
     @property
     def connection(self) -> NATS:
         """The process's one NATS connection (once started)."""
         return self.broker.connection
 
-    def component(self, kind: str) -> Any:
+    def component(self, kind: str) -> Component[Live]:
         return next(c for c, k in zip(self.components, self.kinds, strict=True) if k.name == kind)
 
     # --- lifecycle ------------------------------------------------------------
@@ -225,7 +251,7 @@ class Process:
 
     async def _open(self) -> None:
         s = self.settings
-        if s.database.migrate_on_start and any(k.uses_sql for k in self.kinds):
+        if s.database.migrate_on_start and self.resources.needs["sql"]:
             from memq.workers.sql.engine import migrate
 
             await migrate(self.resources.engine)
@@ -251,12 +277,10 @@ class Process:
 
     async def _reconnected(self) -> None:
         for component in self.components:
-            hook = getattr(component, "reconnected", None)
-            if hook is not None:
-                await hook()
+            await component.reconnected()
 
 
-def make_components(settings: Settings, kinds: Iterable[str]) -> list[Any]:
+def make_components(settings: Settings, kinds: Iterable[str]) -> list[Component[Live]]:
     return [KINDS[k].make(settings) for k in kinds]
 
 

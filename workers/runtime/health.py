@@ -11,15 +11,15 @@ replicas on one host do not clash by default.
 - ``/readyz`` (readiness): 200 when every worker kind of the process has
   started and each of its checks passes; else 503 with a JSON body naming the
   failed checks. Checks, run by the loop every ``metrics.refresh_s`` (each
-  bounded by ``metrics.check_timeout_s``), are those the registry of worker
-  kinds names (:mod:`memq.workers.runtime.kinds`; the checks themselves are in
-  :mod:`memq.workers.runtime.readiness`):
+  bounded by ``metrics.check_timeout_s``), are those each component declares
+  (``Component.checks()``, built from :mod:`memq.workers.runtime.readiness`):
 
   ============ ===========================================================
   persistence  ``nats`` connected, ``consumer`` fetching, ``database`` answers ``SELECT 1``
   indexing     ``nats`` connected, ``index`` prepared and answering, ``consumer`` fetching
   summarizer   ``nats`` connected, ``database`` answers ``SELECT 1``
   query        ``nats`` connected, ``service`` registered, ``database`` answers ``SELECT 1``
+  http         ``nats`` connected, ``http`` serving
   ============ ===========================================================
 
   The Redis cache is not a readiness check: without it, queries are answered
@@ -55,6 +55,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from memq.contracts.subjects import dlq_subject
 from memq.workers import metrics
+from memq.workers.runtime.component import Component, Live
 from memq.workers.runtime.kinds import KINDS
 from memq.workers.runtime.readiness import Check, NotReady
 from memq.workers.settings import MetricsSettings, Settings
@@ -157,11 +158,6 @@ class HttpServer:
 # --- readiness checks and durables, from the registry of kinds ----------------
 
 
-def checks_for(kind: str, worker) -> dict[str, Check]:
-    """The readiness checks of one started worker (see the module doc)."""
-    return KINDS[kind].readiness(worker)
-
-
 def durable_of(kind: str, settings: Settings) -> str | None:
     """The durable consumer a worker kind reads the stream with, if any."""
     return KINDS[kind].durable(settings)
@@ -191,7 +187,7 @@ class Monitor:
         self.config: MetricsSettings = settings.metrics
         self.state = HealthState(self.config.liveness_timeout_s)
         self.server: HttpServer | None = None
-        self.workers: list[tuple[str, Any]] = []
+        self.workers: list[tuple[str, Component[Live]]] = []
         self._tasks: list[asyncio.Task] = []
         self._refresher: asyncio.Task | None = None
         self._wake = asyncio.Event()
@@ -216,7 +212,7 @@ class Monitor:
         self._tasks = [asyncio.create_task(self._beat_forever(), name="memq health heartbeat"), self._refresher]
         log.info("metrics and health on %s (/metrics, /healthz, /readyz)", self.url)
 
-    def watch(self, kind: str, worker: Any) -> None:
+    def watch(self, kind: str, worker: Component[Live]) -> None:
         """Check ``worker`` (started) from now on, and refresh at once."""
         if not self.enabled:
             return
@@ -261,7 +257,7 @@ class Monitor:
 
     async def refresh(self) -> None:
         """Run every check and re-read the JetStream gauges, once."""
-        named = [(f"{kind}.{name}", check) for kind, w in self.workers for name, check in checks_for(kind, w).items()]
+        named = [(f"{kind}.{name}", check) for kind, w in self.workers for name, check in w.checks().items()]
         outcomes = await asyncio.gather(*(self._run(check) for _, check in named))
         results = dict(zip((name for name, _ in named), outcomes, strict=True))
         for name, why in results.items():
@@ -283,14 +279,14 @@ class Monitor:
 
     async def _refresh_gauges(self) -> None:
         streams = self.settings.streams
-        connected = [(k, w) for k, w in self.workers if w.nc is not None and w.nc.is_connected]
-        for kind, worker in connected:
+        connected = [(k, w.nc) for k, w in self.workers if w.nc is not None and w.nc.is_connected]
+        for kind, nc in connected:
             durable = durable_of(kind, self.settings)
             if durable is None:
                 continue
             try:
                 info = await asyncio.wait_for(
-                    worker.nc.jetstream().consumer_info(streams.events, durable), self.config.check_timeout_s
+                    nc.jetstream().consumer_info(streams.events, durable), self.config.check_timeout_s
                 )
             except NotFoundError:  # not created yet (indexing prepares its index first)
                 continue
@@ -305,7 +301,7 @@ class Monitor:
                 info.ack_floor.stream_seq if info.ack_floor else 0,
             )
         if connected:  # any connection will do: the DLQ is one stream
-            js = connected[0][1].nc.jetstream()
+            js = connected[0][1].jetstream()
             try:
                 info = js.stream_info(streams.dlq, subjects_filter=">")
                 dlq = await asyncio.wait_for(info, self.config.check_timeout_s)

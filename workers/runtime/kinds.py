@@ -1,10 +1,11 @@
 """The worker kinds, in one registry: what a process can run.
 
-Everything that differs by kind is here: the component that does the work
-(imported only when the kind runs: the indexing kind loads an ML stack), the
-readiness checks ``/readyz`` runs against it (by name, from
-:mod:`memq.workers.runtime.readiness`), and the durable consumer it reads the event
-log with, if any (for the consumer gauges). The process runtime
+Here: each kind's name, the component that does the work (a
+:class:`~memq.workers.runtime.component.Component`, imported only when the
+kind runs: the indexing kind loads an ML stack) and the durable consumer it
+reads the event log with, if any (for the consumer gauges). What a kind needs
+(SQL, the index, the embedder) and its readiness checks are the component's
+own. The process runtime
 (:mod:`memq.workers.runtime.app`), the health monitor and the CLI take them from
 here; none of them names a kind.
 
@@ -18,10 +19,10 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # `memq --help` lists the kinds: neither SQLAlchemy nor the settings
-    from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.component import Component, Live
     from memq.workers.settings import Settings
 
 
@@ -33,23 +34,16 @@ def _no_durable(settings: Settings) -> str | None:
 class Kind:
     name: str
     description: str
-    component: str  # "module:Class"; the class takes (settings) and builds its router
-    checks: tuple[str, ...]
+    component: str  # "module:Class", a Component subclass taking (settings)
     durable: Callable[[Settings], str | None] = field(default=_no_durable)
-    uses_sql: bool = False  # needs the migrated database (migrations run once per process)
 
-    def component_class(self) -> type:
+    def component_class(self) -> type[Component[Live]]:
         module, _, name = self.component.partition(":")
-        return getattr(importlib.import_module(module), name)
+        cls: type[Component[Live]] = getattr(importlib.import_module(module), name)
+        return cls
 
-    def make(self, settings: Settings) -> Any:
+    def make(self, settings: Settings) -> Component[Live]:
         return self.component_class()(settings)
-
-    def readiness(self, worker: Any) -> dict[str, Check]:
-        """The named checks of one started component of this kind."""
-        from memq.workers.runtime import readiness
-
-        return {name: readiness.CHECKS[name](worker) for name in self.checks}
 
 
 KINDS: dict[str, Kind] = {
@@ -59,41 +53,33 @@ KINDS: dict[str, Kind] = {
             "persistence",
             "commits the event log to SQL, the source of truth",
             "memq.workers.persistence.worker:PersistenceWorker",
-            checks=("nats", "consumer", "database"),
             durable=lambda s: s.persistence.durable,
-            uses_sql=True,
         ),
         Kind(
             "indexing",
             "embeds the event log into the long-term memory index",
             "memq.workers.indexing.worker:IndexingWorker",
-            checks=("nats", "index", "consumer"),
             durable=lambda s: s.indexing.durable,
         ),
         Kind(
             "summarizer",
             "checkpoint summaries that keep long sessions within budget",
             "memq.workers.summarizer.worker:SummarizerWorker",
-            checks=("nats", "database"),
-            uses_sql=True,
         ),
         Kind(
             "query",
             "sessions, history, context and search over request/reply",
             "memq.workers.query.service:QueryWorker",
-            checks=("nats", "service", "database"),
-            uses_sql=True,
         ),
         Kind(
             "http",
             "REST over the query service and the event log, an API key per app",
             "memq.workers.http.gateway:HttpGateway",
-            checks=("nats", "http"),
         ),
     )
 }
 
 
-def kind_of(worker: Any) -> Kind:
+def kind_of(component: Component[Live]) -> Kind:
     """The kind a component belongs to (its class's ``KIND``)."""
-    return KINDS[worker.KIND]
+    return KINDS[component.KIND]

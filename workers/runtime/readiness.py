@@ -1,16 +1,24 @@
-"""Readiness checks a worker kind can name (:mod:`memq.workers.runtime.kinds`).
+"""The readiness checks a component declares (:meth:`memq.workers.runtime.component.Component.checks`).
 
-Each builder takes a started component and returns an async check that
-returns when the component is ready in that respect and raises
-:class:`NotReady` (or the failing call's own error) when it is not.
+Each builder takes what to check, as a getter read when the check runs (a
+component's running parts exist only once it opened), and returns an async
+check that returns when ready in that respect and raises :class:`NotReady`
+(or the failing call's own error) when not.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
+from nats.aio.client import Client as NATS
 from sqlalchemy import text
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from memq.workers.index.backends.base import IndexBackend
 
 Check = Callable[[], Awaitable[None]]
 
@@ -19,9 +27,14 @@ class NotReady(Exception):
     """A readiness check failed; the message says why."""
 
 
-def nats(worker: Any) -> Check:
+class _Running(Protocol):
+    @property
+    def running(self) -> bool: ...
+
+
+def nats(connection: Callable[[], NATS | None]) -> Check:
     async def check() -> None:
-        nc = getattr(worker, "nc", None)
+        nc = connection()
         if nc is None or not nc.is_connected:
             reconnecting = nc is not None and nc.is_reconnecting
             raise NotReady("not connected to NATS" + (" (reconnecting)" if reconnecting else ""))
@@ -29,53 +42,37 @@ def nats(worker: Any) -> Check:
     return check
 
 
-def database(worker: Any) -> Check:
+def database(engine: Callable[[], AsyncEngine]) -> Check:
     async def check() -> None:
-        async with worker.engine.connect() as conn:
+        async with engine().connect() as conn:
             await conn.execute(text("SELECT 1"))
 
     return check
 
 
-def consumer(worker: Any) -> Check:
+def consumer(batch_consumer: Callable[[], _Running | None]) -> Check:
     async def check() -> None:
-        batch_consumer = getattr(worker, "consumer", None)
-        if batch_consumer is None or not batch_consumer.running:
+        running = batch_consumer()
+        if running is None or not running.running:
             raise NotReady("the consumer is not fetching")
 
     return check
 
 
-def index(worker: Any) -> Check:
+def index(ready: asyncio.Event, backend: Callable[[], IndexBackend]) -> Check:
     async def check() -> None:
-        if not worker.ready.is_set():
+        if not ready.is_set():
             raise NotReady("preparing the index (rebuilding, or the index is unreachable)")
-        await worker.backend.live()  # one cheap read: the index answers
+        await backend().live()  # one cheap read: the index answers
 
     return check
 
 
-def service(worker: Any) -> Check:
+def present(value: Callable[[], object | None], missing: str) -> Check:
+    """Ready once ``value()`` is set (a registered service, a serving URL)."""
+
     async def check() -> None:
-        if getattr(worker, "service", None) is None:
-            raise NotReady("the query service is not registered")
+        if value() is None:
+            raise NotReady(missing)
 
     return check
-
-
-def http(worker: Any) -> Check:
-    async def check() -> None:
-        if getattr(worker, "url", None) is None:
-            raise NotReady("the HTTP gateway is not serving")
-
-    return check
-
-
-CHECKS: dict[str, Callable[[Any], Check]] = {
-    "nats": nats,
-    "database": database,
-    "consumer": consumer,
-    "index": index,
-    "service": service,
-    "http": http,
-}

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING
 
 from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
-from nats.micro import add_service
 
 from memq.contracts.codec import encode, msg_id, subject_for
 from memq.contracts.errors import NotCommitted
@@ -43,13 +42,14 @@ from memq.contracts.ids import scope_key
 from memq.contracts.notices import CommitNotice, StatusEvent
 from memq.contracts.schemas import CheckpointSaved
 from memq.contracts.subjects import CHANGED_WILDCARD, status_subject
-from memq.workers import VERSION, metrics
+from memq.workers import metrics
 from memq.workers.memory.extractive import Turn
 from memq.workers.memory.strategies import Strategy, fold, strategy_for
 from memq.workers.memory.tokens import count_text, event_text
+from memq.workers.runtime import readiness
 from memq.workers.runtime.commit_floor import CommitFloor
+from memq.workers.runtime.component import Component, Live, NotOpened
 from memq.workers.runtime.lease import Lease
-from memq.workers.runtime.opened import opened
 from memq.workers.settings import Settings
 from memq.workers.sql import reads
 from memq.workers.sql.window import load_window
@@ -60,11 +60,11 @@ if TYPE_CHECKING:
     from faststream.nats.publisher.usecase import LogicPublisher
     from nats.js import JetStreamContext
     from nats.js.api import PubAck
-    from nats.micro.service import Service
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from memq.workers.memory.strategies import Fold
     from memq.workers.runtime.app import Resources
+    from memq.workers.runtime.readiness import Check
 
 log = logging.getLogger("memq.summarizer")
 
@@ -105,23 +105,28 @@ class Stats:
     skipped_busy: int = 0  # another replica held the session's lease
 
 
-class SummarizerWorker:
+@dataclass
+class SummarizerLive(Live):
+    """What a running summarizer uses."""
+
+    engine: AsyncEngine
+    summarizer: Summarizer
+    floor: CommitFloor  # a checkpoint's commit is waited for on it
+
+
+class SummarizerWorker(Component[SummarizerLive]):
     """The summarizer component of a worker process (:mod:`memq.workers.runtime.app`);
     see the module doc. The process hands it the SQL engine."""
 
     KIND = "summarizer"
+    DESCRIPTION = "memq: checkpoint summaries"
+    NEEDS = frozenset({"sql"})
 
     def __init__(self, settings: Settings, *, summarizer: Summarizer | None = None):
-        self.settings = settings
-        self.nc: NATS | None = None  # None until open(): health and readiness checks test it
-        self.service: Service | None = None
-        # Set by open() (the summarizer there unless given here) and router(),
-        # read through the properties below.
-        self._engine: AsyncEngine | None = None  # the process's
-        self._summarizer = summarizer
-        self._js: JetStreamContext | None = None
-        self._floor: CommitFloor | None = None
-        self._status_publisher: LogicPublisher | None = None
+        super().__init__(settings)
+        self._given = summarizer  # used instead of the one the settings name
+        self._engine: AsyncEngine | None = None  # a test's, for a worker it does not open
+        self._status_publisher: LogicPublisher | None = None  # declared by router()
         self.stats = Stats()
         self._slots = asyncio.Semaphore(settings.summarizer.max_concurrent)
         self._pending: set[tuple[str, str, str]] = set()  # sessions queued or in progress here
@@ -133,9 +138,11 @@ class SummarizerWorker:
         self._sweeper: asyncio.Task | None = None
         self._triggered = False  # open: notices may schedule work
 
+    # The summarizing's names for the running parts.
+
     @property
     def engine(self) -> AsyncEngine:
-        return opened(self._engine, "SummarizerWorker.engine")
+        return self._engine if self._engine is not None else self.live.engine
 
     @engine.setter
     def engine(self, engine: AsyncEngine) -> None:  # a test may hand one to a worker it does not open
@@ -143,20 +150,22 @@ class SummarizerWorker:
 
     @property
     def summarizer(self) -> Summarizer:
-        return opened(self._summarizer, "SummarizerWorker.summarizer")
+        return self.live.summarizer
 
     @property
     def js(self) -> JetStreamContext:
-        return opened(self._js, "SummarizerWorker.js")
+        return self.live.js
 
     @property
     def floor(self) -> CommitFloor:
-        return opened(self._floor, "SummarizerWorker.floor")
+        return self.live.floor
 
     @property
     def status(self) -> LogicPublisher:
         """The status-event publisher."""
-        return opened(self._status_publisher, "SummarizerWorker.status", by="router()")
+        if self._status_publisher is None:
+            raise NotOpened("the summarizer's status publisher is used before router()")
+        return self._status_publisher
 
     # --- lifecycle (driven by the process's FastStream hooks) ----------------------
 
@@ -179,38 +188,35 @@ class SummarizerWorker:
         )
         return router
 
-    async def open(self, nc: NATS, resources: Resources) -> None:
+    async def build(self, nc: NATS, resources: Resources) -> SummarizerLive:
         s = self.settings
-        self._engine = resources.engine
-        if self._summarizer is None:
-            self._summarizer = open_summarizer(s.summarizer)
-        self.nc = nc
-        self._js = nc.jetstream()
-        self._floor = CommitFloor(self._js, s.streams.events, s.persistence.durable)
-        self._triggered = True
-
-    async def start(self) -> None:
-        self._sweeper = asyncio.create_task(self._sweep_forever(), name="summarizer sweep")
-        self.service = await add_service(
-            opened(self.nc, "SummarizerWorker.nc"),
-            name="memq-summarizer",
-            version=VERSION,
-            description="memq: checkpoint summaries",
+        js = nc.jetstream()
+        summarizer = self._given or open_summarizer(s.summarizer)
+        live = SummarizerLive(
+            nc, js, resources.engine, summarizer, CommitFloor(js, s.streams.events, s.persistence.durable)
         )
+        self._triggered = True
+        return live
+
+    def checks(self) -> dict[str, Check]:
+        return {**super().checks(), "database": readiness.database(lambda: self.engine)}
+
+    async def run(self) -> None:
+        self._sweeper = asyncio.create_task(self._sweep_forever(), name="summarizer sweep")
         log.info("summarizer worker started (%s)", self.settings.summarizer.kind)
 
-    async def stop(self) -> None:
+    async def halt(self) -> None:
         self._triggered = False
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
-        if self.service is not None:
-            await self.service.stop()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._summarizer is not None:
-            await self._summarizer.close()
+        if self._live is not None:
+            await self._live.summarizer.close()
+        elif self._given is not None:
+            await self._given.close()
 
     # --- triggers -------------------------------------------------------------------
 
