@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/run_bench.py query [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py query [--quick | --smoke] [--json PATH]
         [--replicas 1,2] [--events 10000] [--sessions 100000] [--users 1000]
 
 Everything runs on loopback, on servers this script starts and stops itself
@@ -35,7 +35,9 @@ driven by the same load generator with the same request body as the cached
 **Rows.** For N in (1, 2) query worker processes, op in (history, context)
 × session in (10-event, 10,000-event) × cache in (hit, miss): requests/s and
 p50/p99 with 64 concurrent requesters for a fixed time (``--quick`` 2 s, full
-5 s), then p50/p99 with one requester (``--quick`` 0.4 s, full 2 s). Requests
+5 s), then p50/p99 with one requester (``--quick`` 0.4 s, full 2 s; ``--smoke``,
+the smoke test's size, 0.3 s and 0.1 s with a few samples elsewhere: its
+figures say only that every path answers). Requests
 are raw ``nc.request`` calls with the exact body ``MemoryClient`` sends
 (``build_request`` + ``encode_request``), strategy ``summary_buffer`` with
 budget 8000, so the 10,000-event session starts at its checkpoint.
@@ -162,6 +164,20 @@ QUICK = Config(
     paired_hits=400,
     paired_misses=120,
 )
+SMOKE = Config(  # tests/integration/test_bench_query.py: every path once, no figure worth reading
+    seconds=0.3,
+    seconds_c1=0.1,
+    list_sessions=PAGE * 11,
+    list_samples=5,
+    client_samples=5,
+    warmup=0.1,
+    paired_hits=5,
+    paired_misses=5,
+    large_events=KEEP_AFTER_CHECKPOINT + 40,
+    replicas=(1,),
+    list_users=8,
+)
+MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
 
 @dataclass
@@ -1052,10 +1068,10 @@ def ratios(results: Results) -> list[dict]:
     return out
 
 
-def print_results(machine: dict, cfg: Config, quick: bool, results: Results) -> None:
+def print_results(machine: dict, cfg: Config, mode: str, results: Results) -> None:
     console.print()
     console.print(
-        f"[bold]memq query benchmark[/] ({'quick' if quick else 'full'}) — {machine['date']}, memq {machine['git']}\n"
+        f"[bold]memq query benchmark[/] ({mode}) — {machine['date']}, memq {machine['git']}\n"
         f"{machine['nproc']} cores, {machine['cpu']}, Python {machine['python']}, {machine['nats_server']}, "
         f"PostgreSQL {machine.get('postgres', '?')}, Redis {machine.get('redis', '?')}, "
         f"CPU {machine['cpu_busy_at_start']:.0%} busy before the run"
@@ -1213,10 +1229,10 @@ def print_results(machine: dict, cfg: Config, quick: bool, results: Results) -> 
     )
 
 
-def write_json(path: Path, machine: dict, cfg: Config, quick: bool, results: Results) -> None:
+def write_json(path: Path, machine: dict, cfg: Config, mode: str, results: Results) -> None:
     data = {
         "benchmark": "query",
-        "mode": "quick" if quick else "full",
+        "mode": mode,
         "machine": machine,
         "config": {
             **asdict(cfg),
@@ -1243,20 +1259,20 @@ def write_json(path: Path, machine: dict, cfg: Config, quick: bool, results: Res
 # --- main -----------------------------------------------------------------------------------
 
 
-async def main(quick: bool, json_path: Path | None, **sizes) -> int:
+async def main(mode: str, json_path: Path | None, **sizes) -> int:
     """``sizes``: Config fields given on the command line (None: the mode's default)."""
-    cfg = replace(QUICK if quick else FULL, **{k: v for k, v in sizes.items() if v is not None})
+    cfg = replace(MODES[mode], **{k: v for k, v in sizes.items() if v is not None})
     machine = machine_info()
     started = now()
-    status(f"[bold]memq query benchmark[/] — {'quick' if quick else 'full'} run")
+    status(f"[bold]memq query benchmark[/] — {mode} run")
     warn_if_busy(machine)
     with tempfile.TemporaryDirectory(prefix="memq-bench-query-") as tmp:
         results = await run(cfg, machine, Path(tmp))
-    print_results(machine, cfg, quick, results)
+    print_results(machine, cfg, mode, results)
     machine["wall_s"] = round(now() - started, 1)
     status(f"total {machine['wall_s']:.0f} s")
     if json_path:
-        write_json(json_path, machine, cfg, quick, results)
+        write_json(json_path, machine, cfg, mode, results)
     errors = sum(r.c64.errors + r.c1.errors for r in results.rows)
     return 0 if errors == 0 else 1
 
@@ -1280,7 +1296,11 @@ def at_least(low: int):
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    sized = parser.add_mutually_exclusive_group()
+    sized.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    sized.add_argument(
+        "--smoke", action="store_true", help="the smallest run, one worker (the smoke test's; its figures mean nothing)"
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
     parser.add_argument(
         "--replicas",
@@ -1321,4 +1341,5 @@ if __name__ == "__main__":
         list_sessions=args.list_sessions,
         list_users=args.list_users,
     )
-    sys.exit(asyncio.run(main(args.quick, args.json, **sizes)))
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    sys.exit(asyncio.run(main(mode, args.json, **sizes)))

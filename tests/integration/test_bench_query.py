@@ -1,4 +1,4 @@
-"""tests/bench/query.py runs at its smallest sizes against real worker
+"""tests/bench/query.py runs at its --smoke size against real worker
 processes (PostgreSQL, Redis) and reports every row: each op, session and
 cache state, none with an error, the seeded sessions as the replies say."""
 
@@ -7,18 +7,20 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from bench import query
 from bench_runs import run_bench
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = pytest.mark.timeout(240)
 
-EVENTS, SESSIONS, USERS = 60, 110, 8  # the smallest the benchmark accepts: 110 sessions, 8 users
+EVENTS, SESSIONS = query.SMOKE.large_events, query.SMOKE.list_sessions
 
 
 def test_the_query_benchmark_answers_every_row_without_an_error(tmp_path):
-    args = ["--quick", "--replicas", "1", "--events", str(EVENTS), "--sessions", str(SESSIONS), "--users", str(USERS)]
-    result = run_bench("query", *args, out=tmp_path / "query.json", timeout=360)
+    result = run_bench("query", "--smoke", out=tmp_path / "query.json")
 
-    assert result["config"]["large_events"] == EVENTS and result["config"]["replicas"] == [1]
+    assert (
+        result["mode"] == "smoke" and result["config"]["large_events"] == EVENTS and result["config"]["replicas"] == [1]
+    )
     assert result["sanity"]["history/s10"]["events"] == 10
     assert result["sanity"]["history/s10k"]["summary"] is True  # the large session starts at its checkpoint
     rows = {(r["op"], r["session"], r["cache"]): r for r in result["rows"]}

@@ -8,11 +8,11 @@ import pytest
 from bench import locomo
 from bench_runs import run_bench, tiny_locomo
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = pytest.mark.timeout(180)
 
 
 def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tmp_path):
-    data = tiny_locomo(tmp_path / "locomo.json")
+    data = tiny_locomo(tmp_path / "locomo.json", sessions=1)  # 12 turns, a question of each category
     (conv,) = locomo.load(data)
     result = run_bench("retrieval", "--data", str(data), "--quick", "--backends", "embedded", out=tmp_path / "r.json")
 
