@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from memq.workers.memory.dates import named_periods
 from memq.workers.memory.recall import (
     Doc,
     Hit,
@@ -143,3 +147,13 @@ def test_by_default_a_named_author_keeps_one_match_of_the_others():
     general += [hit("m0", 0.5, "Melanie"), hit("m1", 0.45, "Melanie")]
     top = rank(general, named=("Caroline",), k=4, ranking=ranking)
     assert [h.doc.id for h in top] == ["c0", "c1", "c2", "m0"]
+
+
+def test_a_doc_written_in_a_period_the_query_names_is_lifted():
+    may_9 = datetime(2023, 5, 9, 14, tzinfo=UTC).timestamp()
+    general = [hit("plain", 0.6), replace(hit("dated", 0.5), doc=replace(hit("dated", 0.5).doc, timestamp=may_9))]
+    periods = named_periods("What did Caroline paint on 9 May, 2023?")
+    assert [h.doc.id for h in rank(general, periods=periods, k=2)] == ["dated", "plain"]
+    assert rank(general, periods=periods, k=2)[0].score == 0.5 + Ranking().date_boost
+    assert [h.doc.id for h in rank(general, periods=named_periods("in June 2023"), k=2)] == ["plain", "dated"]
+    assert [h.doc.id for h in rank(general, k=2)] == ["plain", "dated"]

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from memq.contracts.ids import scope_key
 from memq.workers.memory import tokens as tk
+from memq.workers.memory.dates import Period, within
 
 StorageScope = Literal["all", "conversational", "summaries_only"]
 STORAGE_SCOPES: tuple[str, ...] = ("all", "conversational", "summaries_only")
@@ -295,6 +296,7 @@ class Ranking:
     time_boost: float = 0.3  # added for a time-stating doc when the query asks "when"
     speaker_weight: float = 1.2  # scales the named-author search's scores
     others_kept: int = 0  # the general search's best hits by other authors, kept in the top k
+    date_boost: float = 0.3  # added for a doc dated in a period the query names ("on 9 May, 2023")
 
 
 def named_authors(text: str, authors: Iterable[str]) -> tuple[str, ...]:
@@ -330,6 +332,7 @@ def rank(
     *,
     named: Sequence[str] = (),
     when: bool = False,
+    periods: Sequence[Period] = (),
     k: int,
     ranking: Ranking = Ranking(),
     normalise: bool = False,
@@ -339,7 +342,9 @@ def rank(
     A doc's score is its search score (min-max normalised per search when
     ``normalise``: raw BM25 and cosine are not on the 0–1 scale of a hybrid
     score), plus ``author_boost`` if a ``named`` author wrote it, plus
-    ``time_boost`` if ``when`` and its text states a time; ``by_author``
+    ``time_boost`` if ``when`` and its text states a time, plus
+    ``date_boost`` if it was written in one of the ``periods`` the query
+    names (:func:`memq.workers.memory.dates.named_periods`); ``by_author``
     scores are then scaled by ``speaker_weight``. A doc found by both keeps
     its better score. Ties by :func:`order_key`, so the order is deterministic.
     """
@@ -357,6 +362,8 @@ def rank(
                 score += ranking.author_boost
             if when and states_time(h.doc.text):
                 score += ranking.time_boost
+            if periods and within(h.doc.timestamp, tuple(periods)):
+                score += ranking.date_boost
             score *= weight
             if key not in best or score > best[key][0]:
                 best[key] = (score, h)
