@@ -16,6 +16,7 @@ from memq.workers.memory.recall import (
     asks_when,
     in_order,
     named_authors,
+    question_share,
     rank,
     relates,
     states_time,
@@ -157,3 +158,18 @@ def test_a_doc_written_in_a_period_the_query_names_is_lifted():
     assert rank(general, periods=periods, k=2)[0].score == 0.5 + Ranking().date_boost
     assert [h.doc.id for h in rank(general, periods=named_periods("in June 2023"), k=2)] == ["plain", "dated"]
     assert [h.doc.id for h in rank(general, k=2)] == ["plain", "dated"]
+
+
+def test_the_share_of_a_turns_words_in_questions():
+    assert question_share("What's your favourite game?") == 1.0
+    assert question_share("I won the tournament yesterday. Did you watch?") == 3 / 8
+    assert question_share("I won the tournament yesterday!") == 0.0
+    assert question_share("你好吗？我很好。") == 0.5  # full-width marks end sentences too
+    assert question_share("") == 0.0
+
+
+def test_a_turn_that_only_asks_yields_to_one_that_states():
+    general = [hit("asks", 0.7, text="Which game do you like best?"), hit("states", 0.6, text="I love Xenoblade.")]
+    assert [h.doc.id for h in rank(general, k=2)] == ["states", "asks"]
+    assert rank(general, k=2)[1].score == 0.7 - Ranking().question_penalty
+    assert [h.doc.id for h in rank(general, k=2, ranking=Ranking(question_penalty=0.0))] == ["asks", "states"]

@@ -297,6 +297,7 @@ class Ranking:
     speaker_weight: float = 1.2  # scales the named-author search's scores
     others_kept: int = 0  # the general search's best hits by other authors, kept in the top k
     date_boost: float = 0.3  # added for a doc dated in a period the query names ("on 9 May, 2023")
+    question_penalty: float = 0.3  # times the share of a doc's words in questions, subtracted
 
 
 def named_authors(text: str, authors: Iterable[str]) -> tuple[str, ...]:
@@ -316,6 +317,23 @@ def without_names(text: str, names: Iterable[str]) -> str:
     for name in names:
         text = re.sub(rf"(?<!\w){re.escape(name)}(['’]s)?(?!\w)", " ", text, flags=re.IGNORECASE)
     return " ".join(text.split())
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s*")
+
+
+def question_share(text: str) -> float:
+    """The share of ``text``'s words that are in questions (sentences ending
+    with a question mark, full-width included). A turn that only asks ("What's
+    your favourite game?") states nothing that answers a query, yet it shares
+    the query's words and, being a question too, its embedding's form."""
+    asked = total = 0
+    for sentence in _SENTENCE_END.split(text):
+        words = len(sentence.split())
+        total += words
+        if sentence.rstrip().endswith(("?", "？")):
+            asked += words
+    return asked / total if total else 0.0
 
 
 def asks_when(text: str) -> bool:
@@ -344,7 +362,8 @@ def rank(
     score), plus ``author_boost`` if a ``named`` author wrote it, plus
     ``time_boost`` if ``when`` and its text states a time, plus
     ``date_boost`` if it was written in one of the ``periods`` the query
-    names (:func:`memq.workers.memory.dates.named_periods`); ``by_author``
+    names (:func:`memq.workers.memory.dates.named_periods`), minus
+    ``question_penalty`` times its :func:`question_share`; ``by_author``
     scores are then scaled by ``speaker_weight``. A doc found by both keeps
     its better score. Ties by :func:`order_key`, so the order is deterministic.
     """
@@ -364,6 +383,8 @@ def rank(
                 score += ranking.time_boost
             if periods and within(h.doc.timestamp, tuple(periods)):
                 score += ranking.date_boost
+            if ranking.question_penalty:
+                score -= ranking.question_penalty * question_share(h.doc.text)
             score *= weight
             if key not in best or score > best[key][0]:
                 best[key] = (score, h)

@@ -214,7 +214,14 @@ class Searcher:
         # its name (a memory's searchable text starts with its author), and
         # the text without the name is a weaker query than the one asked.
         by_author = await search(replace(query, text=content, authors=named), pool, floor=False) if content else []
-        ranking = Ranking(r.author_boost, r.time_boost, r.speaker_weight, r.others_kept, date_boost=r.date_boost)
+        ranking = Ranking(
+            r.author_boost,
+            r.time_boost,
+            r.speaker_weight,
+            r.others_kept,
+            date_boost=r.date_boost,
+            question_penalty=r.question_penalty,
+        )
         return rank(
             general,
             by_author,
