@@ -314,6 +314,17 @@ class RecallSettings(BaseModel):
     time_boost: float = Field(
         default=0.3, ge=0, description="a 'when' question: added to memories that state a time (English)"
     )
+    date_boost: float = Field(
+        default=0.3,
+        ge=0,
+        description="added to memories written on a date the query names ('on 9 May, 2023', 'in May 2023'; English)",
+    )
+    question_penalty: float = Field(
+        default=0.3,
+        ge=0,
+        description="subtracted from a memory's score, times the share of its words in questions: a turn that "
+        "only asks ('What's your favourite game?') states nothing that answers a query",
+    )
     speaker_weight: float = Field(default=1.2, gt=0, description="scales the named-author search's scores")
     others_kept: int = Field(
         default=1,

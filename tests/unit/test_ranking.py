@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from datetime import UTC, datetime
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from memq.workers.memory.dates import named_periods
 from memq.workers.memory.recall import (
     Doc,
     Hit,
@@ -12,6 +16,7 @@ from memq.workers.memory.recall import (
     asks_when,
     in_order,
     named_authors,
+    question_share,
     rank,
     relates,
     states_time,
@@ -143,3 +148,28 @@ def test_by_default_a_named_author_keeps_one_match_of_the_others():
     general += [hit("m0", 0.5, "Melanie"), hit("m1", 0.45, "Melanie")]
     top = rank(general, named=("Caroline",), k=4, ranking=ranking)
     assert [h.doc.id for h in top] == ["c0", "c1", "c2", "m0"]
+
+
+def test_a_doc_written_in_a_period_the_query_names_is_lifted():
+    may_9 = datetime(2023, 5, 9, 14, tzinfo=UTC).timestamp()
+    general = [hit("plain", 0.6), replace(hit("dated", 0.5), doc=replace(hit("dated", 0.5).doc, timestamp=may_9))]
+    periods = named_periods("What did Caroline paint on 9 May, 2023?")
+    assert [h.doc.id for h in rank(general, periods=periods, k=2)] == ["dated", "plain"]
+    assert rank(general, periods=periods, k=2)[0].score == 0.5 + Ranking().date_boost
+    assert [h.doc.id for h in rank(general, periods=named_periods("in June 2023"), k=2)] == ["plain", "dated"]
+    assert [h.doc.id for h in rank(general, k=2)] == ["plain", "dated"]
+
+
+def test_the_share_of_a_turns_words_in_questions():
+    assert question_share("What's your favourite game?") == 1.0
+    assert question_share("I won the tournament yesterday. Did you watch?") == 3 / 8
+    assert question_share("I won the tournament yesterday!") == 0.0
+    assert question_share("你好吗？我很好。") == 0.5  # full-width marks end sentences too
+    assert question_share("") == 0.0
+
+
+def test_a_turn_that_only_asks_yields_to_one_that_states():
+    general = [hit("asks", 0.7, text="Which game do you like best?"), hit("states", 0.6, text="I love Xenoblade.")]
+    assert [h.doc.id for h in rank(general, k=2)] == ["states", "asks"]
+    assert rank(general, k=2)[1].score == 0.7 - Ranking().question_penalty
+    assert [h.doc.id for h in rank(general, k=2, ranking=Ranking(question_penalty=0.0))] == ["asks", "states"]

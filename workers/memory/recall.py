@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from memq.contracts.ids import scope_key
 from memq.workers.memory import tokens as tk
+from memq.workers.memory.dates import Period, within
 
 StorageScope = Literal["all", "conversational", "summaries_only"]
 STORAGE_SCOPES: tuple[str, ...] = ("all", "conversational", "summaries_only")
@@ -295,6 +296,8 @@ class Ranking:
     time_boost: float = 0.3  # added for a time-stating doc when the query asks "when"
     speaker_weight: float = 1.2  # scales the named-author search's scores
     others_kept: int = 0  # the general search's best hits by other authors, kept in the top k
+    date_boost: float = 0.3  # added for a doc dated in a period the query names ("on 9 May, 2023")
+    question_penalty: float = 0.3  # times the share of a doc's words in questions, subtracted
 
 
 def named_authors(text: str, authors: Iterable[str]) -> tuple[str, ...]:
@@ -316,6 +319,23 @@ def without_names(text: str, names: Iterable[str]) -> str:
     return " ".join(text.split())
 
 
+_SENTENCE_END = re.compile(r"(?<=[.!?。！？])\s*")
+
+
+def question_share(text: str) -> float:
+    """The share of ``text``'s words that are in questions (sentences ending
+    with a question mark, full-width included). A turn that only asks ("What's
+    your favourite game?") states nothing that answers a query, yet it shares
+    the query's words and, being a question too, its embedding's form."""
+    asked = total = 0
+    for sentence in _SENTENCE_END.split(text):
+        words = len(sentence.split())
+        total += words
+        if sentence.rstrip().endswith(("?", "？")):
+            asked += words
+    return asked / total if total else 0.0
+
+
 def asks_when(text: str) -> bool:
     return _WHEN.search(text) is not None
 
@@ -330,6 +350,7 @@ def rank(
     *,
     named: Sequence[str] = (),
     when: bool = False,
+    periods: Sequence[Period] = (),
     k: int,
     ranking: Ranking = Ranking(),
     normalise: bool = False,
@@ -339,7 +360,10 @@ def rank(
     A doc's score is its search score (min-max normalised per search when
     ``normalise``: raw BM25 and cosine are not on the 0–1 scale of a hybrid
     score), plus ``author_boost`` if a ``named`` author wrote it, plus
-    ``time_boost`` if ``when`` and its text states a time; ``by_author``
+    ``time_boost`` if ``when`` and its text states a time, plus
+    ``date_boost`` if it was written in one of the ``periods`` the query
+    names (:func:`memq.workers.memory.dates.named_periods`), minus
+    ``question_penalty`` times its :func:`question_share`; ``by_author``
     scores are then scaled by ``speaker_weight``. A doc found by both keeps
     its better score. Ties by :func:`order_key`, so the order is deterministic.
     """
@@ -357,6 +381,10 @@ def rank(
                 score += ranking.author_boost
             if when and states_time(h.doc.text):
                 score += ranking.time_boost
+            if periods and within(h.doc.timestamp, tuple(periods)):
+                score += ranking.date_boost
+            if ranking.question_penalty:
+                score -= ranking.question_penalty * question_share(h.doc.text)
             score *= weight
             if key not in best or score > best[key][0]:
                 best[key] = (score, h)

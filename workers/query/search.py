@@ -28,6 +28,7 @@ from memq.workers.index.backends import open_backend
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable, UnknownGeneration
 from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders.base import Embedder, EmbedderError
+from memq.workers.memory.dates import named_periods
 from memq.workers.memory.recall import (
     Hit,
     Ranking,
@@ -227,12 +228,20 @@ class Searcher:
         # its name (a memory's searchable text starts with its author), and
         # the text without the name is a weaker query than the one asked.
         by_author = await search(replace(query, text=content, authors=named), pool, floor=False) if content else []
-        ranking = Ranking(r.author_boost, r.time_boost, r.speaker_weight, r.others_kept)
+        ranking = Ranking(
+            r.author_boost,
+            r.time_boost,
+            r.speaker_weight,
+            r.others_kept,
+            date_boost=r.date_boost,
+            question_penalty=r.question_penalty,
+        )
         return rank(
             general,
             by_author,
             named=named,
             when=asks_when(query.text),
+            periods=named_periods(query.text),
             k=query.k,
             ranking=ranking,
             normalise=query.mode != "hybrid",
