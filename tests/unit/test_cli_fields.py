@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from memq.contracts.queries import OPS, StrategySpec
 from memq.workers.cli import app
+from memq.workers.cli.reads import RoleOpt
 from memq.workers.http.params import bounds
 
 # memq's read commands and the op each sends.
@@ -121,3 +122,19 @@ def test_an_out_of_range_value_is_a_usage_error_before_anything_is_sent(tmp_path
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
         assert says in result.output, (args, result.output)
+
+
+def test_a_repeated_choice_option_reaches_the_command_as_its_choices():
+    """--role goes through the bounds' callback (at most N times); typer
+    converts the callback's result again, which turned each role into None
+    (the CLI then failed on every --role)."""
+    got: list[Any] = []
+    probe = typer.Typer()
+
+    @probe.command()
+    def show(roles: RoleOpt = None) -> None:
+        got.append(roles)
+
+    result = CliRunner().invoke(probe, ["--role", "user", "--role", "assistant"])
+    assert result.exit_code == 0, result.output
+    assert [r.value for r in got[0]] == ["user", "assistant"]

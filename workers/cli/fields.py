@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from enum import Enum
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -104,6 +105,10 @@ def _limits(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[[Any], Any
             raise typer.BadParameter(f"{len(value)} characters: at least {rules['minLength']}.")
         elif len(value) > rules.get("maxLength", len(value)):
             raise typer.BadParameter(f"{len(value)} characters: at most {rules['maxLength']}.")
+        # typer converts a callback's result again: an Enum member handed back
+        # would become None (typer 0.27), so choices go back as their values.
+        if isinstance(value, list | tuple):
+            return [v.value if isinstance(v, Enum) else v for v in value]
         return value
 
     return {}, check, note
