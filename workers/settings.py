@@ -326,12 +326,19 @@ class RecallSettings(BaseModel):
         "only asks ('What's your favourite game?') states nothing that answers a query",
     )
     speaker_weight: float = Field(default=1.2, gt=0, description="scales the named-author search's scores")
+    neighbour_weight: float = Field(
+        default=0.2,
+        ge=0,
+        description="a memory gains this times the best score of the turn just before or after it in its session "
+        "(among the candidates): evidence often sits next to the turn that shares the question's words, and a "
+        "trap question's answer next to the named speaker's turn; 0: off",
+    )
     others_kept: int = Field(
-        default=1,
+        default=0,
         ge=0,
         description="a query naming an author keeps the best matches of the other authors in its top k "
-        "(a question may attribute one speaker's words to another); 1 keeps LoCoMo's trap questions "
-        "above the plain baseline and costs the others less than 2",
+        "(a question may attribute one speaker's words to another); 0 since neighbour_weight: the neighbours "
+        "keep LoCoMo's trap questions above the plain baseline, and a kept match cost the named author's evidence",
     )
     min_similarity: float = Field(
         default=0.36,

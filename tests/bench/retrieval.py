@@ -34,6 +34,10 @@ date as the timestamp, a minute apart), published with
   (``recall.min_similarity`` -1, in-process), and how many results, and how
   many evidence turns, the floor removed from hybrid's top 10 of the scored
   questions with evidence. Skipped when run against a memq without the floor.
+- **Before neighbour propagation** (issue 29's third round): a "hybrid, no
+  neighbours" row (``recall.neighbour_weight`` 0, in-process) beside a
+  "hybrid, in-process" row (the defaults), so recall and search p50 before
+  and after come from the same run, index and path.
 - **Index size** on disk once everything is indexed (the embedded file with
   its WAL; Weaviate's data folder).
 
@@ -75,6 +79,10 @@ MODES = ("keyword", "vector", "hybrid")
 ONE_SEARCH = "hybrid, one search"  # recall.speaker_aware off: the ranking before issue 14
 NO_FLOOR = "hybrid, no floor"  # recall.min_similarity -1: what the relevance floor removes (issue 29)
 HAS_FLOOR = "min_similarity" in RecallSettings.model_fields  # False when run against memq before issue 29
+# recall.neighbour_weight 0: the ranking before neighbour propagation, for its recall and p50 in the same run
+NO_NEIGHBOURS = "hybrid, no neighbours"
+IN_PROCESS = "hybrid, in-process"  # the defaults, in-process: the p50 to set beside NO_NEIGHBOURS's
+HAS_NEIGHBOURS = "neighbour_weight" in RecallSettings.model_fields
 BASELINE = "plain baseline"  # speaker: text, BM25 + MiniLM relative-score fusion
 KS = (5, 10)
 CONCURRENCY = 4
@@ -278,6 +286,11 @@ async def run_backend(backend: str, conversations, work: Path, weaviate=None) ->
                 in_process[NO_FLOOR] = Searcher(
                     settings.model_copy(update={"recall": RecallSettings(min_similarity=-1.0)})
                 )
+            if HAS_NEIGHBOURS:
+                in_process[NO_NEIGHBOURS] = Searcher(
+                    settings.model_copy(update={"recall": RecallSettings(neighbour_weight=0.0)})
+                )
+                in_process[IN_PROCESS] = Searcher(settings)
             try:
                 await score(client, conversations, result, in_process)
             finally:
@@ -313,7 +326,11 @@ def print_results(results: list[BackendResult], raw_rate: float, machine: dict, 
                 justify="right",
             )
         table.add_column("search p50", justify="right")
-        for mode in (*MODES, *(m for m in (ONE_SEARCH, NO_FLOOR) if m in r.recall), BASELINE):
+        for mode in (
+            *MODES,
+            *(m for m in (ONE_SEARCH, NO_FLOOR, NO_NEIGHBOURS, IN_PROCESS) if m in r.recall),
+            BASELINE,
+        ):
             recall = baseline if mode == BASELINE else r.recall[mode]
             cells = []
             for cat in cats:

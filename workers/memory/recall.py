@@ -134,6 +134,17 @@ def search_text(author: str, text: str, timestamp: float | None, previous: Turn 
     return f"{own}\n(after {previous.author}: {previous.text[:PREVIOUS_CHARS]})"
 
 
+def previous_turn(text: str) -> Turn | None:
+    """The previous turn :func:`search_text` put into a doc's searchable text
+    (its first PREVIOUS_CHARS characters), or None: the first turn of a
+    session, or a doc indexed without context."""
+    at = text.rfind("\n(after ")
+    if at < 0 or not text.endswith(")"):
+        return None
+    author, sep, said = text[at + len("\n(after ") : -1].partition(": ")
+    return Turn(author, said) if sep else None
+
+
 def doc_for(seq: int, message: Any, scope: StorageScope, previous: Turn | None = None) -> Doc | None:
     """The doc a stream message contributes under ``scope``, or None.
 
@@ -298,6 +309,7 @@ class Ranking:
     others_kept: int = 0  # the general search's best hits by other authors, kept in the top k
     date_boost: float = 0.3  # added for a doc dated in a period the query names ("on 9 May, 2023")
     question_penalty: float = 0.3  # times the share of a doc's words in questions, subtracted
+    neighbour_weight: float = 0.0  # times the best score of a doc's neighbours in the pool, added
 
 
 def named_authors(text: str, authors: Iterable[str]) -> tuple[str, ...]:
@@ -388,6 +400,9 @@ def rank(
             score *= weight
             if key not in best or score > best[key][0]:
                 best[key] = (score, h)
+    if ranking.neighbour_weight:
+        gained = neighbour_scores({key: (score, h.doc) for key, (score, h) in best.items()})
+        best = {key: (score + ranking.neighbour_weight * gained.get(key, 0.0), h) for key, (score, h) in best.items()}
     ordered = sorted(best.items(), key=lambda kv: order_key(kv[1][0], kv[1][1].doc))
     top = ordered[:k]
     if named and ranking.others_kept:
@@ -401,3 +416,25 @@ def rank(
             top = sorted(kept + missing, key=lambda kv: order_key(kv[1][0], kv[1][1].doc))
     ordered = top
     return [replace(hit, score=score, scores={**hit.scores, "ranked": score}) for _, (score, hit) in ordered]
+
+
+def neighbour_scores(pool: Mapping[Any, tuple[float, Doc]]) -> dict[Any, float]:
+    """For each doc of ``pool`` (key -> (score, doc)), the best positive score
+    of its neighbours in the pool: the turn just before it in its session and
+    the turn just after it. Evidence often sits next to the turn that shares
+    the question's words ("What did you paint?" / "A sunset, last May").
+    Neighbours are found by the previous turn each doc's searchable text
+    carries (:func:`previous_turn`), so the pool alone says who is next to whom."""
+    by_turn = {(d.session, d.author, d.text[:PREVIOUS_CHARS]): key for key, (_, d) in pool.items()}
+    best: dict[Any, float] = {}
+    for key, (score, doc) in pool.items():
+        previous = previous_turn(doc.search_text)
+        if previous is None or doc.role == SUMMARY_ROLE:
+            continue
+        before = by_turn.get((doc.session, previous.author, previous.text))
+        if before is None or before == key:
+            continue
+        # each gains from the other: the turn before from the one after, and back
+        best[before] = max(best.get(before, 0.0), score)
+        best[key] = max(best.get(key, 0.0), pool[before][0])
+    return best

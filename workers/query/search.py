@@ -235,6 +235,7 @@ class Searcher:
             r.others_kept,
             date_boost=r.date_boost,
             question_penalty=r.question_penalty,
+            neighbour_weight=r.neighbour_weight,
         )
         return rank(
             general,
