@@ -34,8 +34,9 @@ date as the timestamp, a minute apart), published with
   (``recall.min_similarity`` -1, in-process), and how many results, and how
   many evidence turns, the floor removed from hybrid's top 10 of the scored
   questions with evidence. Skipped when run against a memq without the floor.
-- **Before neighbour propagation** (issue 29's third round): a "hybrid, no
-  neighbours" row (``recall.neighbour_weight`` 0, in-process) beside a
+- **Before neighbour propagation** (issue 29's third round): a "hybrid,
+  before neighbours" row (``recall.neighbour_weight`` 0 and ``others_kept``
+  1, the previous defaults, in-process) beside a
   "hybrid, in-process" row (the defaults), so recall and search p50 before
   and after come from the same run, index and path.
 - **Index size** on disk once everything is indexed (the embedded file with
@@ -79,8 +80,9 @@ MODES = ("keyword", "vector", "hybrid")
 ONE_SEARCH = "hybrid, one search"  # recall.speaker_aware off: the ranking before issue 14
 NO_FLOOR = "hybrid, no floor"  # recall.min_similarity -1: what the relevance floor removes (issue 29)
 HAS_FLOOR = "min_similarity" in RecallSettings.model_fields  # False when run against memq before issue 29
-# recall.neighbour_weight 0: the ranking before neighbour propagation, for its recall and p50 in the same run
-NO_NEIGHBOURS = "hybrid, no neighbours"
+# recall.neighbour_weight 0 and others_kept 1: the ranking before neighbour propagation, for its recall and
+# p50 in the same run
+NO_NEIGHBOURS = "hybrid, before neighbours"
 IN_PROCESS = "hybrid, in-process"  # the defaults, in-process: the p50 to set beside NO_NEIGHBOURS's
 HAS_NEIGHBOURS = "neighbour_weight" in RecallSettings.model_fields
 BASELINE = "plain baseline"  # speaker: text, BM25 + MiniLM relative-score fusion
@@ -288,7 +290,7 @@ async def run_backend(backend: str, conversations, work: Path, weaviate=None) ->
                 )
             if HAS_NEIGHBOURS:
                 in_process[NO_NEIGHBOURS] = Searcher(
-                    settings.model_copy(update={"recall": RecallSettings(neighbour_weight=0.0)})
+                    settings.model_copy(update={"recall": RecallSettings(neighbour_weight=0.0, others_kept=1)})
                 )
                 in_process[IN_PROCESS] = Searcher(settings)
             try:
