@@ -5,7 +5,8 @@
 #                                   go-install the pinned Weaviate (cached in ~/.cache/memq-tools)
 #   infra/dev.sh install            all that `test` needs: setup, services, the reference weights and
 #                                   the deployment schemas, side by side (each output line prefixed)
-#   infra/dev.sh test [pytest args] install, then pytest (default: the whole suite, -q)
+#   infra/dev.sh test [pytest args] install, then pytest (default: the whole suite, -q), in parallel
+#                                   (MEMQ_TEST_WORKERS, default one per core up to 4; 0: one process)
 #   infra/dev.sh up [args]          setup, then `memq up`
 #   infra/dev.sh check              setup, then ruff, mypy and the import layering (infra/scripts/check.sh)
 set -euo pipefail
@@ -107,7 +108,13 @@ case $cmd in
   test)
     install_all
     [[ $# -gt 0 ]] || set -- -q
-    exec "$PY" -m pytest "$@"
+    # The suite mostly waits on servers and timeouts (one process keeps about
+    # half a core busy), so it runs in parallel: one pytest-xdist worker per
+    # core, at most 4 (each worker starts its own session servers). A test
+    # file stays on one worker (--dist loadfile): the adapter tests share one
+    # memq stack per file. MEMQ_TEST_WORKERS=0 runs in this process.
+    workers=${MEMQ_TEST_WORKERS:-$(n=$(nproc); echo $((n < 4 ? n : 4)))}
+    exec "$PY" -m pytest -n "$workers" --dist loadfile "$@"
     ;;
   check)
     setup

@@ -69,6 +69,28 @@ class ServiceError(RuntimeError):
 
 _handed_out: set[int] = set()
 _handed_out_lock = threading.Lock()
+# Ports handed out by any test process on this machine (pytest-xdist workers,
+# the benchmarks they start): one empty file per port, created exclusively.
+PORT_CLAIMS = Path(tempfile.gettempdir()) / f"memq-test-ports-{os.getuid()}"
+CLAIM_TTL_S = 3600.0  # past this a claim is stale: its port is free again unless bound
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` for this process, machine-wide; False if another process
+    (or this one) holds a live claim. Pure file-system atomics (O_EXCL), so it
+    needs no server and works across unrelated processes."""
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    claim = PORT_CLAIMS / str(port)
+    try:
+        if time.time() - claim.stat().st_mtime > CLAIM_TTL_S:
+            claim.unlink(missing_ok=True)  # two processes may both unlink: O_EXCL below picks one
+    except FileNotFoundError:
+        pass
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
 
 
 def free_port() -> int:
@@ -76,14 +98,17 @@ def free_port() -> int:
 
     The kernel may hand the same ephemeral port to two binds in a row once the
     first socket is closed, so a server asking for two ports (NATS: client and
-    monitor) could get one port twice and die on "address already in use".
-    Ports this process already handed out are never handed out again."""
+    monitor) could get one port twice and die on "address already in use"; and
+    with several test processes (pytest-xdist workers, benchmarks they start)
+    one process could be given a port another has handed out but not bound yet.
+    So every port handed out is claimed machine-wide (``PORT_CLAIMS``) and never
+    handed out again while its claim lives."""
     with _handed_out_lock:
         while True:
             with socket.socket() as s:
                 s.bind((HOST, 0))
                 port = s.getsockname()[1]
-            if port not in _handed_out:
+            if port not in _handed_out and _claim(port):
                 _handed_out.add(port)
                 return port
 

@@ -653,6 +653,7 @@ OTHER_ENV = frozenset(
         "MEMQ_DEV_DIR",
         "MEMQ_TOOLS",
         "MEMQ_WEAVIATE_BIN",
+        "MEMQ_TEST_WORKERS",  # infra/dev.sh test: pytest-xdist workers
     }
 )
 OTHER_ENV_PREFIXES = ("MEMQ_NATS_PASSWORD_",)

@@ -236,6 +236,21 @@ async def test_upsert_is_idempotent_and_overwrites(index):
     assert await ids(index, q("quarterly")) == []
 
 
+async def test_a_rewrite_writes_each_doc_from_scratch(index):
+    """A redelivered batch is written with ``rewrite``: its docs may be half
+    there (Weaviate killed mid-batch keeps objects whose keyword entries it
+    lost, and an unchanged put re-indexes nothing; infra/scripts/weaviate_halfwrite.py
+    shows it), so each is deleted and put again: the index still holds each
+    doc once, each findable by keyword and by vector."""
+    await index.upsert(CORPUS)
+    await index.upsert(CORPUS, rewrite=True)
+    await index.upsert(CORPUS[:3], rewrite=True)
+    assert await index.count() == len(CORPUS)
+    for d in CORPUS:
+        assert d.id in await ids(index, q(d.text.split()[-1], k=len(CORPUS)))
+        assert d.id in await ids(index, q(mode="vector", vector=d.vector, k=len(CORPUS)))
+
+
 async def test_same_event_id_in_two_sessions_are_two_docs(index):
     a = doc("alpha note", unit(1), seq=1, session="s1", id="same-id")
     b = doc("beta note", unit(0, 1), seq=2, session="s2", id="same-id")

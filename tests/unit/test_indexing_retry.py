@@ -53,3 +53,25 @@ async def test_a_batch_goes_back_once_the_index_answers():
     assert index.checks >= 4  # asked until it answered
     assert [m.naks for m in msgs] == [[0.0], [0.0]]  # redelivered at once
     assert took < DELAY_S / 2, f"held the batch {took:.1f}s"
+
+
+def test_a_batch_holding_a_message_delivered_before_is_rewritten():
+    from memq.workers.indexing.indexer import redelivered
+
+    first, again = Msg(), Msg()
+    again.metadata.num_delivered = 2
+    assert not redelivered([first])
+    assert redelivered([first, again])
+
+
+def test_the_clients_own_batch_retries_are_counted():
+    # weaviate-client resends an UNAVAILABLE batch by itself and only logs it;
+    # the backend must know, since the first send may have been half-applied.
+    import logging
+
+    from memq.workers.index.backends import weaviate
+
+    before = weaviate._BatchRetries.count
+    logging.getLogger("weaviate-client").info("Batch objects received exception: <AioRpcError>. Retrying")
+    logging.getLogger("weaviate-client").info("Searching in collection C received exception: <AioRpcError>")
+    assert weaviate._BatchRetries.count == before + 1

@@ -38,6 +38,12 @@ class Applied:
     last_seq: int = 0
 
 
+def redelivered(msgs: Sequence[Msg]) -> bool:
+    """Whether a batch holds a message delivered before: its earlier try
+    failed or timed out, maybe after writing part of it."""
+    return any(m.metadata.num_delivered > 1 for m in msgs)
+
+
 @dataclass
 class Indexer:
     backend: IndexBackend
@@ -66,10 +72,14 @@ class Indexer:
                 self.totals.skipped += 1
         return out
 
-    async def apply(self, items: Sequence[tuple[int, StreamMessage]], *, generation: str | None = None) -> Applied:
+    async def apply(
+        self, items: Sequence[tuple[int, StreamMessage]], *, generation: str | None = None, rewrite: bool = False
+    ) -> Applied:
         """Apply decoded ``(seq, message)`` pairs in order. Deletes cut the
         batch: docs before a delete are written first, so the delete (bounded
-        by its own seq) removes them and spares anything newer."""
+        by its own seq) removes them and spares anything newer. ``rewrite``:
+        an earlier try of these messages failed, maybe half-applied (see
+        :meth:`IndexBackend.upsert`)."""
         done = Applied()
         pending: list[Doc] = []
         last = await self._previous_turns(items)
@@ -80,12 +90,12 @@ class Indexer:
                 owners[key] = (message.app, message.user)
             if isinstance(message, EventForgotten):
                 if message.seq < seq:  # as the persistence worker: a forget names an earlier message
-                    await self._write(pending, generation, done)  # the event may be in this batch
+                    await self._write(pending, generation, done, rewrite)  # the event may be in this batch
                     pending = []
                     await self._forget(seq, message, last, generation)
                     done.deletes += 1
             elif isinstance(message, (SessionDeleted, UserDeleted)):
-                await self._write(pending, generation, done)
+                await self._write(pending, generation, done, rewrite)
                 pending = []
                 # a session recreated after its delete starts without context
                 if isinstance(message, SessionDeleted):
@@ -105,7 +115,7 @@ class Indexer:
                 if self.previous is not None and doc.role != SUMMARY_ROLE:
                     last[key] = turn_of(doc)
             done.last_seq = max(done.last_seq, seq)
-        await self._write(pending, generation, done)
+        await self._write(pending, generation, done, rewrite)
         for name in ("docs", "deletes", "embed_s", "upsert_s"):
             setattr(self.totals, name, getattr(self.totals, name) + getattr(done, name))
         self.totals.last_seq = max(self.totals.last_seq, done.last_seq)
@@ -144,7 +154,7 @@ class Indexer:
                 firsts.setdefault(scope_key(message.app, message.user, message.session), (seq, message))
         return await self.previous.before(firsts)
 
-    async def _write(self, docs: list[Doc], generation: str | None, done: Applied) -> None:
+    async def _write(self, docs: list[Doc], generation: str | None, done: Applied, rewrite: bool = False) -> None:
         if not docs:
             return
         t0 = time.perf_counter()
@@ -153,7 +163,7 @@ class Indexer:
             docs = [d.with_vector(v) for d, v in zip(docs, vectors, strict=True)]  # one vector per text, or fail
         # else a keyword-only index (dim 0): docs go in without vectors
         t1 = time.perf_counter()
-        await self.backend.upsert(docs, generation=generation)
+        await self.backend.upsert(docs, generation=generation, rewrite=rewrite)
         done.embed_s += t1 - t0
         done.upsert_s += time.perf_counter() - t1
         done.docs += len(docs)

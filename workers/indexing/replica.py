@@ -24,7 +24,7 @@ from memq.contracts.subjects import EVENTS_WILDCARD
 from memq.workers import metrics
 from memq.workers.index.backends.base import IndexUnavailable
 from memq.workers.index.embedders.base import EmbedderError
-from memq.workers.indexing.indexer import Applied, Indexer
+from memq.workers.indexing.indexer import Applied, Indexer, redelivered
 from memq.workers.indexing.rebuild_job import JobStore, RebuildJob, ReplicaShare, consumer_config, replica_id
 from memq.workers.runtime.batch_policy import BackOff, BatchPolicy, Classify, NakOnCancel, Transient
 from memq.workers.runtime.consumer import BatchConsumer
@@ -95,8 +95,13 @@ class RebuildReplica:
             if seq > job.copied_upto or job.in_scope(m.app, m.user)  # the copy holds the rest
         ]
 
+        tries = 0
+
         async def index(_: list[Msg]) -> Applied:
-            return await self.indexer.apply(items, generation=job.generation)
+            nonlocal tries
+            tries += 1
+            rewrite = tries > 1 or redelivered(msgs)  # an earlier try may have written part of it
+            return await self.indexer.apply(items, generation=job.generation, rewrite=rewrite)
 
         await self.POLICY.run(msgs, index, self._ack)
 

@@ -53,7 +53,7 @@ from memq.contracts.subjects import EVENTS_WILDCARD, committed_subject
 from memq.workers import metrics
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable
 from memq.workers.index.embedders.base import Embedder, EmbedderError
-from memq.workers.indexing.indexer import Indexer, make_indexer
+from memq.workers.indexing.indexer import Indexer, make_indexer, redelivered
 from memq.workers.indexing.rebuild import REBUILD_LEASE, Progress, rebuild
 from memq.workers.indexing.rebuild_job import JobStore
 from memq.workers.indexing.replica import RebuildFollower
@@ -361,9 +361,13 @@ class IndexingWorker(Component[IndexingLive]):
     async def handle(self, msgs: list[Msg]) -> None:
         metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
         items = self.indexer.decode(msgs)
+        tries = 0
 
         async def index(_: list[Msg]) -> None:
-            await self.indexer.apply(items, generation=self.generation.generation)
+            nonlocal tries
+            tries += 1
+            rewrite = tries > 1 or redelivered(msgs)  # an earlier try may have written part of it
+            await self.indexer.apply(items, generation=self.generation.generation, rewrite=rewrite)
 
         await self._policy.run(msgs, index, self._ack)
 

@@ -68,10 +68,12 @@ class IndexBackend(Protocol):
 
     # --- writes (generation None: the live one) -----------------------------
 
-    async def upsert(self, docs: Sequence[Doc], *, generation: str | None = None) -> None:
+    async def upsert(self, docs: Sequence[Doc], *, generation: str | None = None, rewrite: bool = False) -> None:
         """Insert or overwrite ``docs`` (each has a vector). All or nothing
         is not required, but a failure raises :class:`IndexUnavailable` and a
-        retry of the same docs must converge."""
+        retry of the same docs with ``rewrite`` must converge. ``rewrite``:
+        an earlier write of these docs failed and may have been applied in
+        part (a redelivered or retried batch), so write them from scratch."""
 
     async def delete_session(
         self,

@@ -562,11 +562,12 @@ class EmbeddedIndex:
 
     # --- writes ---------------------------------------------------------------------
 
-    async def upsert(self, docs: Sequence[Doc], *, generation: str | None = None) -> None:
+    async def upsert(self, docs: Sequence[Doc], *, generation: str | None = None, rewrite: bool = False) -> None:
         """Insert or overwrite ``docs`` by uuid, in transactions of at most
         ``WRITE_CHUNK`` docs. A doc without a vector (in a generation with
         vectors), or with one of another dimension than the generation's,
-        raises ValueError; a keyword-only generation takes docs without one."""
+        raises ValueError; a keyword-only generation takes docs without one.
+        ``rewrite`` changes nothing here: a transaction is never half-applied."""
         for i in range(0, len(docs), WRITE_CHUNK):
             await self._run(self._upsert, docs[i : i + WRITE_CHUNK], generation)
 

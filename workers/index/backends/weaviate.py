@@ -92,7 +92,19 @@ RECONNECT_DELAYS_S = (0.2, 0.5, 1.0)  # refused at once while the server is down
 Scoping = str  # "tenant" | "filter"
 
 
+class _BatchRetries:
+    """How many batch requests the client has sent again by itself (it
+    retries an UNAVAILABLE one, saying so only in its log): such a batch may
+    have been half-applied by a server that died under it. Seen only while
+    that logger's INFO is on (memq's default); a redelivered batch is
+    rewritten whatever the log level."""
+
+    count = 0
+
+
 def _drop_batch_error_dumps(record: logging.LogRecord) -> bool:
+    if isinstance(record.msg, str) and record.msg.startswith("Batch objects received exception"):
+        _BatchRetries.count += 1
     # insert_many logs every failed object (texts and vectors) at ERROR; we
     # raise IndexUnavailable with the messages instead.
     return not (isinstance(record.msg, dict) and "errors" in record.msg)
@@ -515,9 +527,19 @@ class WeaviateIndex:
 
     # --- writes -----------------------------------------------------------------
 
-    async def upsert(self, docs: Sequence[Doc], *, generation: str | None = None) -> None:
+    async def upsert(self, docs: Sequence[Doc], *, generation: str | None = None, rewrite: bool = False) -> None:
         """Insert or overwrite ``docs`` (object uuid = ``Doc.uuid``). Raises
-        :class:`IndexUnavailable` naming the first errors if any doc failed."""
+        :class:`IndexUnavailable` naming the first errors if any doc failed.
+
+        A server killed mid-batch can keep an object whose keyword (and
+        vector) index entries it lost, and putting the same object again does
+        not repair it: the server re-indexes only what changed. Measured on
+        1.38.8 (SIGKILL during a 3,000-object batch, five runs): 3 to 16
+        stored objects not found by BM25, up to 7 still not after an
+        identical put, up to 2 after a delete_many by ids and a put, none
+        after deleting each by id and putting it. So a
+        ``rewrite``, or a chunk the client had to send again, is deleted
+        object by object first and then put (a rare path: redeliveries)."""
         if not docs:
             return
         groups: dict[str | None, list[DataObject[dict[str, Any], None]]] = {}  # properties, no references
@@ -543,9 +565,25 @@ class WeaviateIndex:
 
             async def send(tenant: str | None, chunk: list[DataObject[dict[str, Any], None]]) -> None:
                 coll = self.client.collections.use(target.name)
+                coll = coll.with_tenant(tenant) if tenant else coll
+
+                async def delete_each() -> None:
+                    # By id, one request each: a half-written object may have
+                    # lost its id filter entry too, so a delete_many by ids
+                    # misses it (infra/scripts/weaviate_halfwrite.py).
+                    for o in chunk:
+                        if o.uuid is not None:
+                            await coll.data.delete_by_id(o.uuid)
+
                 async with limit:
                     try:
-                        res = await (coll.with_tenant(tenant) if tenant else coll).data.insert_many(chunk)
+                        retries = _BatchRetries.count
+                        if rewrite:
+                            await delete_each()
+                        res = await coll.data.insert_many(chunk)
+                        if _BatchRetries.count != retries and not res.errors:  # maybe a retry (ours or another's)
+                            await delete_each()
+                            res = await coll.data.insert_many(chunk)
                     except WeaviateInsertManyAllFailedError as exc:
                         errors.append(str(exc))
                         return
@@ -563,7 +601,7 @@ class WeaviateIndex:
             raise await self._failed(exc, generation) from None
         self._succeeded()  # the server answered, even if it refused some docs
         if errors:
-            # A retry sends the same uuids again, so it converges.
+            # A retry (with rewrite) sends the same uuids again, so it converges.
             raise IndexUnavailable(f"{len(errors)} of {len(docs)} docs not indexed: {'; '.join(errors[:3])}")
 
     async def _delete_many(self, name: str, tenant: str | None, where: Any) -> int:
