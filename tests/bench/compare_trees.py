@@ -165,10 +165,11 @@ def run_once(tree: Tree, bench: str, tmp: Path, data: Path, extra: list[str], ti
             env=env,
             stdout=sink,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C reaches this script alone, which passes one on (stop)
         )
         try:
             code = proc.wait(timeout=timeout)
-        except BaseException:  # Ctrl-C reached it too: let it stop what it started
+        except BaseException:  # Ctrl-C, a kill or the timeout: let it stop what it started
             stop(proc)
             raise
     seconds = time.perf_counter() - started
@@ -294,9 +295,15 @@ def main(args: argparse.Namespace) -> int:
     return 1 if disagree or failed else 0
 
 
+def interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, interrupted)  # a kill cleans up as Ctrl-C does
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # also when started in the background
     try:
         sys.exit(main(parse_args()))
     except KeyboardInterrupt:
-        status("[yellow]interrupted: the old tree's worktree is removed[/]")
+        status("[yellow]interrupted: the benchmark running was stopped and the old tree's worktree removed[/]")
         sys.exit(130)
