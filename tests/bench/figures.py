@@ -37,7 +37,8 @@ def headline(key: str) -> bool:
 
 
 def timed(path: str) -> bool:
-    return bool(TIMED.search(path.rsplit("/", 1)[-1]))
+    """A timed figure: its key or the table it is in (``ms_per_text/<how>``) says so."""
+    return any(TIMED.search(key) for key in path.split("/")[-2:])
 
 
 def item_label(item: Any, index: int) -> str:
@@ -49,16 +50,19 @@ def item_label(item: Any, index: int) -> str:
     return ",".join(parts)
 
 
-def figures(data: Any, path: str = "") -> Iterator[tuple[str, float]]:
-    """Every headline figure of a benchmark's JSON, by key path."""
+def figures(data: Any, path: str = "", table: bool = False) -> Iterator[tuple[str, float]]:
+    """Every headline figure of a benchmark's JSON, by key path; ``table``: a
+    mapping whose key names it (``steps_p50_ms``), so each of its numbers is one."""
     if isinstance(data, Mapping):
         for key, value in data.items():
             if key in NOT_FIGURES:
                 continue
             sub = f"{path}/{key}" if path else str(key)
             if isinstance(value, bool | int | float):
-                if headline(str(key)) and not (isinstance(value, float) and value != value):  # NaN: not measured
+                if (table or headline(str(key))) and not (isinstance(value, float) and value != value):  # NaN
                     yield sub, float(value)
+            elif isinstance(value, Mapping):
+                yield from figures(value, sub, headline(str(key)))
             else:
                 yield from figures(value, sub)
     elif isinstance(data, Sequence) and not isinstance(data, str):

@@ -74,3 +74,9 @@ def test_compare_keeps_the_figures_every_run_of_both_trees_reports_and_lists_the
     summary = by["rows[SQLite,replicas=1]/p50_ms"].summary()
     assert summary["old"] == {"median": 64, "min": 60, "max": 68, "runs": [60, 68]}
     assert summary["kind"] == "spread" and summary["within"]
+
+
+def test_every_number_of_a_table_its_key_names_is_a_timed_figure():
+    data = {"ms_per_text": {"int8, one at a time": 9.5}, "steps_p50_ms": {"append user": 1.4}, "notes": {"x": 1}}
+    assert dict(figures(data)) == {"ms_per_text/int8, one at a time": 9.5, "steps_p50_ms/append user": 1.4}
+    assert not Row("ms_per_text/int8, one at a time", [9.5, 9.5], [9.6]).exact
