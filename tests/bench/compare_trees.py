@@ -96,9 +96,7 @@ def choose(old: Tree, new: Tree, only: list[str] | None, data: Path) -> tuple[li
 
     names = sorted(set(benchmarks()) - {"compare_trees"})
     compared, skipped = [], {}
-    for name in names:
-        if only and name not in only:
-            continue
+    for name in [n for n in only if n in names] if only else names:  # in --only's order
         if not (old.root / "tests" / "bench" / f"{name}.py").is_file():
             skipped[name] = "not in the old tree"
         elif not (new.has_quick(name) and old.has_quick(name)):
@@ -114,6 +112,9 @@ def choose(old: Tree, new: Tree, only: list[str] | None, data: Path) -> tuple[li
     for name in only or ():
         if name not in names:
             skipped[name] = "no such benchmark in the new tree"
+    for name in names:
+        if only and name not in only:
+            skipped[name] = "not in --only"
     return compared, skipped
 
 
@@ -246,13 +247,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def write_json(path: Path, machine: dict, args: argparse.Namespace, skipped: dict, results: list) -> None:
+    """Everything measured so far: written after each benchmark, so a run cut
+    short keeps what it finished."""
+    body = {
+        "benchmark": "compare_trees",
+        "machine": machine,
+        "load_after": os.getloadavg(),
+        "config": {"old": args.old, "runs": args.runs, "only": args.only, "bench_args": args.bench_args},
+        "compared": [r.bench for r, _ in results],
+        "skipped": skipped,
+        "results": {runs.bench: summary(runs, rows) for runs, rows in results},
+        "outside_spread": [f"{r.bench} {row.figure}" for r, rows in results for row in rows if not row.within],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(body, indent=2) + "\n")
+
+
+def summary(runs: Runs, rows: list[Row]) -> dict[str, Any]:
+    old_only, new_only = only_one(runs)
+    return {
+        "seconds": runs.seconds,
+        "failures": runs.failures,
+        "figures": [r.summary() for r in rows],
+        "only_old": old_only,
+        "only_new": new_only,
+    }
+
+
+def only_one(runs: Runs) -> tuple[list[str], list[str]]:
+    return compare(runs.old, runs.new)[1:] if runs.old and runs.new else ([], [])
+
+
 def main(args: argparse.Namespace) -> int:
     machine = machine_info()
     status(f"[bold]old tree {args.old} vs new tree {machine['git']}[/]: --quick, {args.runs} runs each, alternating")
     warn_if_busy(machine)
-    load_before = os.getloadavg()
+    machine["load_at_start"] = os.getloadavg()
     results: list[tuple[Runs, list[Row]]] = []
-    report: dict[str, Any] = {}
     with trees(args.old) as (old, new):
         compared, skipped = choose(old, new, args.only, args.data)
         status(f"compared: {' '.join(compared) or '(none)'}")
@@ -260,37 +292,18 @@ def main(args: argparse.Namespace) -> int:
             status(f"skipped {name}: {why}")
         for bench in compared:
             runs = measure(old, new, bench, args.runs, args.data, shlex.split(args.bench_args), args.timeout)
-            rows, old_only, new_only = compare(runs.old, runs.new) if runs.old and runs.new else ([], [], [])
-            results.append((runs, rows))
-            report[bench] = {
-                "seconds": runs.seconds,
-                "failures": runs.failures,
-                "figures": [r.summary() for r in rows],
-                "only_old": old_only,
-                "only_new": new_only,
-            }
+            results.append((runs, compare(runs.old, runs.new)[0] if runs.old and runs.new else []))
+            if args.json:
+                write_json(args.json, machine, args, skipped, results)
     print_table(results)
     disagree = [(r.bench, row.figure) for r, rows in results for row in rows if not row.within]
     failed = [r.bench for r, _ in results if r.failures or not r.old or not r.new]
     for runs, _ in results:
-        extra = report[runs.bench]
-        if extra["only_old"] or extra["only_new"]:
-            status(f"{runs.bench}: {len(extra['only_old'])} figures only old, {len(extra['only_new'])} only new")
+        old_only, new_only = only_one(runs)
+        if old_only or new_only:
+            status(f"{runs.bench}: {len(old_only)} figures only the old tree reports, {len(new_only)} only the new")
     status(f"{len(disagree)} figures outside the spread; failed runs in: {' '.join(failed) or 'none'}")
     if args.json:
-        body = {
-            "benchmark": "compare_trees",
-            "machine": machine,
-            "load_before": load_before,
-            "load_after": os.getloadavg(),
-            "config": {"old": args.old, "runs": args.runs, "only": args.only, "bench_args": args.bench_args},
-            "compared": [r.bench for r, _ in results],
-            "skipped": skipped,
-            "results": report,
-            "outside_spread": [f"{b} {f}" for b, f in disagree],
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(body, indent=2) + "\n")
         status(f"results written to {args.json}")
     return 1 if disagree or failed else 0
 
