@@ -91,31 +91,34 @@ def bench_args(bench: str, out: Path, data: Path) -> list[str]:
 
 
 def choose(old: Tree, new: Tree, only: list[str] | None, data: Path) -> tuple[list[str], dict[str, str]]:
-    """The benchmarks to compare, and why each of the others is not."""
+    """The benchmarks to compare (in --only's order), and why each of the others is not."""
     from run_bench import benchmarks
 
     names = sorted(set(benchmarks()) - {"compare_trees"})
-    compared, skipped = [], {}
-    for name in [n for n in only if n in names] if only else names:  # in --only's order
-        if not (old.root / "tests" / "bench" / f"{name}.py").is_file():
-            skipped[name] = "not in the old tree"
-        elif not (new.has_quick(name) and old.has_quick(name)):
-            skipped[name] = "no --quick in " + ("either tree" if not new.has_quick(name) else "the old tree")
-        elif name in NOT_COMPARED:
-            skipped[name] = NOT_COMPARED[name]
-        elif name in NEEDS_DATA and not data.is_file():
-            skipped[name] = f"no LoCoMo file at {data}"
-        elif name == "embedder_reference" and not WHEEL.is_file():
-            skipped[name] = f"no reference wheel at {WHEEL}"
-        else:
-            compared.append(name)
+    skipped = {name: why for name in names if (why := not_comparable(old, new, name, data))}
+    for name in names:
+        if only and name not in only and name not in skipped:
+            skipped[name] = "not in --only"
     for name in only or ():
         if name not in names:
             skipped[name] = "no such benchmark in the new tree"
-    for name in names:
-        if only and name not in only:
-            skipped[name] = "not in --only"
-    return compared, skipped
+    return [n for n in only or names if n in names and n not in skipped], skipped
+
+
+def not_comparable(old: Tree, new: Tree, name: str, data: Path) -> str | None:
+    """Why the benchmark cannot be compared, if it cannot."""
+    if not (old.root / "tests" / "bench" / f"{name}.py").is_file():
+        return "not in the old tree"
+    lacking = [tree.name for tree in (old, new) if not tree.has_quick(name)]
+    if lacking:
+        return "no --quick in " + (f"the {lacking[0]} tree" if len(lacking) == 1 else "either tree")
+    if name in NOT_COMPARED:
+        return NOT_COMPARED[name]
+    if name in NEEDS_DATA and not data.is_file():
+        return f"no LoCoMo file at {data}"
+    if name == "embedder_reference" and not WHEEL.is_file():
+        return f"no reference wheel at {WHEEL}"
+    return None
 
 
 @contextmanager
