@@ -263,8 +263,79 @@ def write_json(path: Path, machine: dict, args: argparse.Namespace, skipped: dic
         "results": {runs.bench: summary(runs, rows) for runs, rows in results},
         "outside_spread": [f"{r.bench} {row.figure}" for r, rows in results for row in rows if not row.within],
     }
+    body |= page(body)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(body, indent=2) + "\n")
+
+
+def page(body: dict[str, Any]) -> dict[str, Any]:
+    """The keys the docs build renders a result file by (docs/_ext/memq_refs.py):
+    one row per benchmark, and every figure outside the spread. The
+    figure-by-figure comparison stays in ``results``."""
+    m = body["machine"]
+    load = m.get("load_at_start")
+    per_bench = []
+    for bench, r in body["results"].items():
+        figures = r["figures"]
+        exact = [f for f in figures if f["kind"] == "exact"]
+        per_bench.append(
+            {
+                "bench": bench,
+                "figures": len(figures),
+                "within": sum(f["within"] for f in figures),
+                "exact": f"{sum(f['within'] for f in exact)} of {len(exact)}",
+                "seconds": " / ".join(f"{min(s):.0f}–{max(s):.0f}" if s else "failed" for s in r["seconds"].values()),
+            }
+        )
+    outside = [
+        {
+            "bench": bench,
+            "figure": f["figure"],
+            "old": f"{fmt(f['old']['median'])} [{fmt(f['old']['min'])}–{fmt(f['old']['max'])}]",
+            "new": f"{fmt(f['new']['median'])} [{fmt(f['new']['min'])}–{fmt(f['new']['max'])}]",
+            "kind": f["kind"],
+        }
+        for bench, r in body["results"].items()
+        for f in r["figures"]
+        if not f["within"]
+    ]
+    text = [{"key": k, "name": n} for k, n in (("bench", "benchmark"), ("figure", "figure"))]
+    return {
+        "script": "tests/bench/compare_trees.py",
+        "measured": {
+            "date": m["date"][:10],
+            "commit": m["git"],
+            "machine": f"{m['nproc']} cores, {m['cpu']}",
+            "conditions": f"old tree {body['config']['old']}, {body['config']['runs']} --quick runs in each tree, "
+            f"alternating; load average {load[0]:.1f} at the start, CPU {m['cpu_busy_at_start']:.0%} busy"
+            if load
+            else f"old tree {body['config']['old']}, {body['config']['runs']} --quick runs in each tree, alternating",
+        },
+        "tables": [
+            {
+                "title": "per benchmark: figures within the old tree's spread; exact ones (the same in every "
+                "old run) identical; seconds per run, old / new",
+                "columns": [
+                    text[0],
+                    {"key": "figures", "name": "figures"},
+                    {"key": "within", "name": "within spread"},
+                    {"key": "exact", "name": "exact, identical"},
+                    {"key": "seconds", "name": "s per run (old / new)"},
+                ],
+                "rows": per_bench,
+            },
+            {
+                "title": "figures outside the spread: median [min–max]",
+                "columns": [
+                    *text,
+                    {"key": "old", "name": "old tree"},
+                    {"key": "new", "name": "new tree"},
+                    {"key": "kind", "name": "kind"},
+                ],
+                "rows": outside or [{"bench": "–", "figure": "none", "old": "", "new": "", "kind": ""}],
+            },
+        ],
+    }
 
 
 def summary(runs: Runs, rows: list[Row]) -> dict[str, Any]:

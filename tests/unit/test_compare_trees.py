@@ -1,11 +1,14 @@
 """Which benchmarks compare_trees.py compares in both trees, and why it
-leaves each of the others out."""
+leaves each of the others out, and its result file on the benchmarks page."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from bench.compare_trees import Tree, bench_args, choose
+import memq_refs
+from bench.compare_trees import Runs, Tree, bench_args, choose, page
+from bench.figures import compare
 
 QUICK = 'parser.add_argument("--quick", action="store_true")\n'
 
@@ -50,3 +53,22 @@ def test_each_tree_runs_a_benchmark_its_own_way(tmp_path):
     assert args == ["--quick", "--json", str(tmp_path / "r.json"), "--data", str(tmp_path / "locomo.json")]
     assert old.command("retrieval", args)[1:] == [str(tmp_path / "o" / "tests" / "bench" / "retrieval.py"), *args]
     assert new.command("retrieval", args)[1:] == [str(tmp_path / "n" / "tests" / "run_bench.py"), "retrieval", *args]
+
+
+def test_the_result_file_renders_on_the_benchmarks_page(tmp_path, monkeypatch):
+    old = [{"p50_ms": 2.0, "errors": 0}, {"p50_ms": 3.0, "errors": 0}]
+    new = [{"p50_ms": 3.5, "errors": 1}, {"p50_ms": 4.0, "errors": 0}]
+    runs = Runs("gateway", old, new, {"old": [20.0, 22.0], "new": [21.0, 23.0]})
+    rows = compare(runs.old, runs.new)[0]
+    machine = {"date": "2026-11-27T23:00:00+00:00", "git": "abc1234", "nproc": 2, "cpu": "EPYC"}
+    machine |= {"cpu_busy_at_start": 0.5, "load_at_start": (4.0, 3.0, 2.0)}
+    body = {"machine": machine, "config": {"old": "966ac2d", "runs": 2}}
+    body["results"] = {"gateway": {"figures": [r.summary() for r in rows], "seconds": runs.seconds}}
+    (tmp_path / "compare_trees.json").write_text(json.dumps(body | page(body)))
+    monkeypatch.setattr(memq_refs, "RESULTS", tmp_path)
+
+    text = memq_refs.benchmark_markdown("compare_trees")
+    assert "at commit `abc1234`, 2026-11-27, on 2 cores, EPYC; old tree 966ac2d, 2 --quick runs" in text
+    assert "| gateway | 2 | 0 | 0 of 1 | 20–22 / 21–23 |" in text
+    assert "| gateway | p50_ms | 2.5 [2–3] | 3.75 [3.5–4] | spread |" in text
+    assert "| gateway | errors | 0 [0–0] | 0.5 [0–1] | exact |" in text
