@@ -68,7 +68,7 @@ class Tree:
     name: str
     root: Path
     shim: Path
-    scripts: bool  # benchmarks as scripts (tests/bench/NAME.py), not through tests/run_bench.py
+    scripts: bool  # benchmarks as scripts (tests/bench/NAME.py), not through tests/run_bench.py (966ac2d's way)
 
     def has_quick(self, bench: str) -> bool:
         path = self.root / "tests" / "bench" / f"{bench}.py"
@@ -135,7 +135,8 @@ def trees(rev: str) -> Iterator[tuple[Tree, Tree]]:
             shim = tmp / f"shim-{name}"
             shim.mkdir()
             (shim / "memq").symlink_to(root, target_is_directory=True)
-            made.append(Tree(name, root, shim, scripts=name == "old"))
+            # before the bench package, benchmarks were scripts that put tests/ on sys.path themselves
+            made.append(Tree(name, root, shim, scripts=not (root / "tests" / "run_bench.py").is_file()))
         yield made[0], made[1]
     finally:
         if worktree.exists():
