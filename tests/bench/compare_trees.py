@@ -3,17 +3,19 @@
 
 Usage::
 
-    .venv/bin/python tests/run_bench.py compare_trees [--old REV] [--runs N]
+    .venv/bin/python tests/run_bench.py compare_trees [--old REV] [--new REV] [--runs N]
         [--only NAME ...] [--json PATH] [--data PATH] [--bench-args ARGS]
 
 The old tree is ``--old`` (default 966ac2d, before issue 31's refactor) checked
 out as a detached ``git worktree`` in a temporary folder, removed at the end
-(Ctrl-C too). Each tree gets a shim folder whose ``memq`` links to it, so
+(Ctrl-C too); the new tree is this checkout as it is, or ``--new`` checked out
+the same way. Each tree gets a shim folder whose ``memq`` links to it, so
 ``PYTHONPATH=shim`` makes ``import memq`` (and the ``memq worker`` processes
 the benchmarks start, which inherit it) load that tree's code with this same
 ``.venv`` Python; the venv's installed memq points elsewhere and is never used.
-The old tree's benchmarks are scripts, run as ``python tests/bench/NAME.py``
-from its root; the new tree's run as ``python tests/run_bench.py NAME``.
+A tree from before the bench package (no tests/run_bench.py, as 966ac2d) runs
+its benchmarks as scripts, ``python tests/bench/NAME.py`` from its root; a
+later one as ``python tests/run_bench.py NAME``.
 
 Every benchmark that takes ``--quick`` in both trees runs ``--runs`` times in
 each, alternating old, new, old, new, ... so both see the same machine load,
@@ -122,16 +124,21 @@ def not_comparable(old: Tree, new: Tree, name: str, data: Path) -> str | None:
 
 
 @contextmanager
-def trees(rev: str) -> Iterator[tuple[Tree, Tree]]:
-    """The old tree as a detached worktree of ``rev``, this checkout as the new
-    one, each with its shim; the worktree is removed however this ends."""
+def trees(old_rev: str, new_rev: str | None = None) -> Iterator[tuple[Tree, Tree]]:
+    """The old tree as a detached worktree of ``old_rev``, the new one this
+    checkout (or a worktree of ``new_rev``), each with its shim; the worktrees
+    are removed however this ends."""
     tmp = Path(tempfile.mkdtemp(prefix="memq-compare-trees-"))
-    worktree = tmp / "old"
+    git = ["git", "-C", str(ROOT)]
+    worktrees = []
     try:
-        git = ["git", "-C", str(ROOT)]
-        subprocess.run([*git, "worktree", "add", "--detach", "--quiet", str(worktree), rev], check=True)
         made = []
-        for name, root in (("old", worktree), ("new", ROOT)):
+        for name, rev in (("old", old_rev), ("new", new_rev)):
+            root = ROOT
+            if rev is not None:
+                root = tmp / name
+                worktrees.append(root)
+                subprocess.run([*git, "worktree", "add", "--detach", "--quiet", str(root), rev], check=True)
             shim = tmp / f"shim-{name}"
             shim.mkdir()
             (shim / "memq").symlink_to(root, target_is_directory=True)
@@ -139,7 +146,7 @@ def trees(rev: str) -> Iterator[tuple[Tree, Tree]]:
             made.append(Tree(name, root, shim, scripts=not (root / "tests" / "run_bench.py").is_file()))
         yield made[0], made[1]
     finally:
-        if worktree.exists():
+        for worktree in worktrees:
             subprocess.run([*git, "worktree", "remove", "--force", str(worktree)], capture_output=True)
         subprocess.run([*git, "worktree", "prune"], capture_output=True)
         subprocess.run(["rm", "-rf", str(tmp)])
@@ -238,6 +245,7 @@ def print_table(results: list[tuple[Runs, list[Row]]]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old", default="966ac2d", help="the old tree's revision (default 966ac2d)")
+    parser.add_argument("--new", metavar="REV", help="the new tree's revision (default: this checkout as it is)")
     parser.add_argument("--runs", type=int, default=3, help="runs of each benchmark in each tree (default 3)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these benchmarks only")
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
@@ -258,7 +266,13 @@ def write_json(path: Path, machine: dict, args: argparse.Namespace, skipped: dic
         "benchmark": "compare_trees",
         "machine": machine,
         "load_after": os.getloadavg(),
-        "config": {"old": args.old, "runs": args.runs, "only": args.only, "bench_args": args.bench_args},
+        "config": {
+            "old": args.old,
+            "new": args.new or machine["git"],
+            "runs": args.runs,
+            "only": args.only,
+            "bench_args": args.bench_args,
+        },
         "compared": [r.bench for r, _ in results],
         "skipped": skipped,
         "results": {runs.bench: summary(runs, rows) for runs, rows in results},
@@ -305,7 +319,7 @@ def page(body: dict[str, Any]) -> dict[str, Any]:
         "script": "tests/bench/compare_trees.py",
         "measured": {
             "date": m["date"][:10],
-            "commit": m["git"],
+            "commit": body["config"].get("new") or m["git"],
             "machine": f"{m['nproc']} cores, {m['cpu']}",
             "conditions": f"old tree {body['config']['old']}, {body['config']['runs']} --quick runs in each tree, "
             f"alternating; load average {load[0]:.1f} at the start, CPU {m['cpu_busy_at_start']:.0%} busy"
@@ -356,11 +370,13 @@ def only_one(runs: Runs) -> tuple[list[str], list[str]]:
 
 def main(args: argparse.Namespace) -> int:
     machine = machine_info()
-    status(f"[bold]old tree {args.old} vs new tree {machine['git']}[/]: --quick, {args.runs} runs each, alternating")
+    status(
+        f"[bold]old tree {args.old} vs new tree {args.new or machine['git']}[/]: --quick, {args.runs} runs each, alternating"
+    )
     warn_if_busy(machine)
     machine["load_at_start"] = os.getloadavg()
     results: list[tuple[Runs, list[Row]]] = []
-    with trees(args.old) as (old, new):
+    with trees(args.old, args.new) as (old, new):
         compared, skipped = choose(old, new, args.only, args.data)
         status(f"compared: {' '.join(compared) or '(none)'}")
         for name, why in skipped.items():
