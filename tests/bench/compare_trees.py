@@ -386,6 +386,8 @@ def main(args: argparse.Namespace) -> int:
             results.append((runs, compare(runs.old, runs.new)[0] if runs.old and runs.new else []))
             if args.json:
                 write_json(args.json, machine, args, skipped, results)
+    if args.json:
+        write_json(args.json, machine, args, skipped, results)  # also when nothing was compared
     print_table(results)
     disagree = [(r.bench, row.figure) for r, rows in results for row in rows if not row.within]
     failed = [r.bench for r, _ in results if r.failures or not r.old or not r.new]
