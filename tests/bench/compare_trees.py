@@ -4,7 +4,7 @@
 Usage::
 
     .venv/bin/python tests/run_bench.py compare_trees [--old REV] [--new REV] [--runs N]
-        [--only NAME ...] [--json PATH] [--data PATH] [--bench-args ARGS]
+        [--only NAME ...] [--json PATH] [--keep DIR] [--data PATH] [--bench-args ARGS]
 
 The old tree is ``--old`` (default 966ac2d, before issue 31's refactor) checked
 out as a detached ``git worktree`` in a temporary folder, removed at the end
@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,21 +203,30 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def measure(old: Tree, new: Tree, bench: str, runs: int, data: Path, extra: list[str], timeout: float) -> Runs:
-    """``runs`` runs in each tree, old and new alternating."""
+def measure(
+    old: Tree, new: Tree, bench: str, runs: int, data: Path, extra: list[str], timeout: float, keep: Path | None = None
+) -> Runs:
+    """``runs`` runs in each tree, old and new alternating; ``keep``: a folder
+    to copy each run's JSON and output to (to read them, or compare again)."""
     result = Runs(bench)
     with tempfile.TemporaryDirectory(prefix=f"memq-compare-{bench}-") as tmp:
-        for i in range(runs):
-            for tree in (old, new):
-                status(f"{bench}: {tree.name} tree, run {i + 1} of {runs}")
-                try:
-                    body, seconds = run_once(tree, bench, Path(tmp), data, extra, timeout)
-                except (RuntimeError, subprocess.TimeoutExpired) as e:
-                    status(f"[red]{bench} failed[/]: {escape(str(e))}")
-                    result.failures.append(str(e))
-                    continue
-                getattr(result, tree.name).append(body)
-                result.seconds[tree.name].append(round(seconds, 1))
+        try:
+            for i in range(runs):
+                for tree in (old, new):
+                    status(f"{bench}: {tree.name} tree, run {i + 1} of {runs}")
+                    try:
+                        body, seconds = run_once(tree, bench, Path(tmp), data, extra, timeout)
+                    except (RuntimeError, subprocess.TimeoutExpired) as e:
+                        status(f"[red]{bench} failed[/]: {escape(str(e))}")
+                        result.failures.append(str(e))
+                        continue
+                    getattr(result, tree.name).append(body)
+                    result.seconds[tree.name].append(round(seconds, 1))
+        finally:
+            if keep is not None:
+                keep.mkdir(parents=True, exist_ok=True)
+                for f in Path(tmp).iterdir():
+                    shutil.copy2(f, keep / f.name)
     return result
 
 
@@ -255,6 +265,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--bench-args", default="", help="more arguments for every run in both trees (the smoke test's small sizes)"
     )
+    parser.add_argument("--keep", type=Path, metavar="DIR", help="copy each run's JSON and output here")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take (default 900)")
     return parser.parse_args(argv)
 
@@ -382,7 +393,7 @@ def main(args: argparse.Namespace) -> int:
         for name, why in skipped.items():
             status(f"skipped {name}: {why}")
         for bench in compared:
-            runs = measure(old, new, bench, args.runs, args.data, shlex.split(args.bench_args), args.timeout)
+            runs = measure(old, new, bench, args.runs, args.data, shlex.split(args.bench_args), args.timeout, args.keep)
             results.append((runs, compare(runs.old, runs.new)[0] if runs.old and runs.new else []))
             if args.json:
                 write_json(args.json, machine, args, skipped, results)

@@ -52,7 +52,8 @@ def item_label(item: Any, index: int) -> str:
 
 def figures(data: Any, path: str = "", table: bool = False) -> Iterator[tuple[str, float]]:
     """Every headline figure of a benchmark's JSON, by key path; ``table``: a
-    mapping whose key names it (``steps_p50_ms``), so each of its numbers is one."""
+    mapping whose key (or an enclosing one) names it (``steps_p50_ms``,
+    ``recall``), so each of its numbers is one."""
     if isinstance(data, Mapping):
         for key, value in data.items():
             if key in NOT_FIGURES:
@@ -61,8 +62,8 @@ def figures(data: Any, path: str = "", table: bool = False) -> Iterator[tuple[st
             if isinstance(value, bool | int | float):
                 if (table or headline(str(key))) and not (isinstance(value, float) and value != value):  # NaN
                     yield sub, float(value)
-            elif isinstance(value, Mapping):
-                yield from figures(value, sub, headline(str(key)))
+            elif isinstance(value, Mapping):  # a table's sub-tables too (recall/hybrid/overall/10)
+                yield from figures(value, sub, table or headline(str(key)))
             else:
                 yield from figures(value, sub)
     elif isinstance(data, Sequence) and not isinstance(data, str):

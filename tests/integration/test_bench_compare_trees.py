@@ -30,7 +30,7 @@ def test_compare_trees_runs_a_benchmark_in_both_trees_and_removes_the_old_one(tm
     done = subprocess.run(
         [
             *bench_command("compare_trees"),
-            *("--old", OLD, "--only", "gateway", "--runs", "1", "--json", str(out)),
+            *("--old", OLD, "--only", "gateway", "--runs", "1", "--json", str(out), "--keep", str(tmp_path / "runs")),
             *("--bench-args", "--seconds 0.3 --concurrency 4"),
         ],
         capture_output=True,
@@ -54,4 +54,6 @@ def test_compare_trees_runs_a_benchmark_in_both_trees_and_removes_the_old_one(tm
             assert errors["kind"] == "exact" and errors["within"]  # no errors in either tree
     outside = {f"gateway {name}" for name, f in figures.items() if not f["within"]}
     assert set(result["outside_spread"]) == outside
+    kept = sorted(p.name.split("-")[1] for p in (tmp_path / "runs").glob("gateway-*.json"))
+    assert kept == ["new", "old"]  # --keep: each run's own JSON
     assert worktrees() == before

@@ -80,3 +80,9 @@ def test_every_number_of_a_table_its_key_names_is_a_timed_figure():
     data = {"ms_per_text": {"int8, one at a time": 9.5}, "steps_p50_ms": {"append user": 1.4}, "notes": {"x": 1}}
     assert dict(figures(data)) == {"ms_per_text/int8, one at a time": 9.5, "steps_p50_ms/append user": 1.4}
     assert not Row("ms_per_text/int8, one at a time", [9.5, 9.5], [9.6]).exact
+
+
+def test_a_table_of_tables_is_figures_all_the_way_down():
+    data = {"results": [{"backend": "embedded", "recall": {"hybrid": {"overall": {"10": 0.81}}}, "index_s": 24.0}]}
+    assert dict(figures(data)) == {"results[embedded]/recall/hybrid/overall/10": 0.81}
+    assert Row("results[embedded]/recall/hybrid/overall/10", [0.81, 0.81], [0.8]).exact
