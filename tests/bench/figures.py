@@ -45,7 +45,7 @@ def item_label(item: Any, index: int) -> str:
     """What names one result of a list: its text fields and configuration sizes."""
     if not isinstance(item, Mapping):
         return str(index)
-    parts = [str(v) for k, v in item.items() if isinstance(v, str) and k not in NOT_FIGURES]
+    parts = [v for v in item.values() if isinstance(v, str)]  # a "config" name too: it names the row
     parts += [f"{k}={v}" for k, v in item.items() if k in ID_KEYS and isinstance(v, int) and not isinstance(v, bool)]
     return ",".join(parts)
 

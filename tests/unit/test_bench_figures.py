@@ -86,3 +86,8 @@ def test_a_table_of_tables_is_figures_all_the_way_down():
     data = {"results": [{"backend": "embedded", "recall": {"hybrid": {"overall": {"10": 0.81}}}, "index_s": 24.0}]}
     assert dict(figures(data)) == {"results[embedded]/recall/hybrid/overall/10": 0.81}
     assert Row("results[embedded]/recall/hybrid/overall/10", [0.81, 0.81], [0.8]).exact
+
+
+def test_a_row_named_by_its_config_is_keyed_by_it():
+    data = {"results": [{"config": "token_window", "evidence": 0.5}, {"config": "buffer_window", "evidence": 0.4}]}
+    assert dict(figures(data)) == {"results[token_window]/evidence": 0.5, "results[buffer_window]/evidence": 0.4}
