@@ -294,6 +294,10 @@ def write_json(path: Path, machine: dict, args: argparse.Namespace, skipped: dic
     path.write_text(json.dumps(body, indent=2) + "\n")
 
 
+def runs_text(runs: int) -> str:
+    return f"{runs} --quick run{'s' if runs != 1 else ''}"
+
+
 def page(body: dict[str, Any]) -> dict[str, Any]:
     """The keys the docs build renders a result file by (docs/_ext/memq_refs.py):
     one row per benchmark, and every figure outside the spread. The
@@ -332,10 +336,10 @@ def page(body: dict[str, Any]) -> dict[str, Any]:
             "date": m["date"][:10],
             "commit": body["config"].get("new") or m["git"],
             "machine": f"{m['nproc']} cores, {m['cpu']}",
-            "conditions": f"old tree {body['config']['old']}, {body['config']['runs']} --quick runs in each tree, "
+            "conditions": f"old tree {body['config']['old']}, {runs_text(body['config']['runs'])} in each tree, "
             f"alternating; load average {load[0]:.1f} at the start, CPU {m['cpu_busy_at_start']:.0%} busy"
             if load
-            else f"old tree {body['config']['old']}, {body['config']['runs']} --quick runs in each tree, alternating",
+            else f"old tree {body['config']['old']}, {runs_text(body['config']['runs'])} in each tree, alternating",
         },
         "tables": [
             {
