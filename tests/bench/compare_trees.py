@@ -150,7 +150,7 @@ def trees(old_rev: str, new_rev: str | None = None) -> Iterator[tuple[Tree, Tree
         for worktree in worktrees:
             subprocess.run([*git, "worktree", "remove", "--force", str(worktree)], capture_output=True)
         subprocess.run([*git, "worktree", "prune"], capture_output=True)
-        subprocess.run(["rm", "-rf", str(tmp)])
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @dataclass

@@ -239,7 +239,7 @@ async def test_upsert_is_idempotent_and_overwrites(index):
 async def test_a_rewrite_writes_each_doc_from_scratch(index):
     """A redelivered batch is written with ``rewrite``: its docs may be half
     there (Weaviate killed mid-batch keeps objects whose keyword entries it
-    lost, and an unchanged put re-indexes nothing; infra/scripts/weaviate_halfwrite.py
+    lost, and an unchanged put re-indexes nothing; tests/bench/weaviate_halfwrite.py
     shows it), so each is deleted and put again: the index still holds each
     doc once, each findable by keyword and by vector."""
     await index.upsert(CORPUS)

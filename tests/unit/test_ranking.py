@@ -27,6 +27,7 @@ from memq.workers.memory.recall import (
     states_time,
     without_names,
 )
+from memq.workers.query.search import ranking_of
 from memq.workers.settings import RecallSettings
 
 
@@ -149,16 +150,7 @@ def test_by_default_neighbours_not_kept_matches_lift_the_other_speakers_turns():
     # propagation), not her best match elsewhere (others_kept 0): on LoCoMo
     # dev that kept adversarial recall above the plain baseline and lost less
     # of the named speaker's own evidence (docs/benchmarks/index.md).
-    r = RecallSettings()
-    ranking = Ranking(
-        r.author_boost,
-        r.time_boost,
-        r.speaker_weight,
-        r.others_kept,
-        date_boost=r.date_boost,
-        question_penalty=r.question_penalty,
-        neighbour_weight=r.neighbour_weight,
-    )
+    ranking = ranking_of(RecallSettings())
     c0 = turn("c0", 0.6, "I painted the lake.", None)
     general = [
         c0,

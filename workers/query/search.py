@@ -19,7 +19,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from memq.contracts import queries as q
 from memq.contracts.errors import Unavailable
@@ -41,7 +41,7 @@ from memq.workers.memory.recall import (
     relates,
     without_names,
 )
-from memq.workers.settings import Settings
+from memq.workers.settings import RecallSettings, Settings
 
 log = logging.getLogger("memq.query")
 
@@ -55,6 +55,12 @@ SWITCHES_FOLLOWED = 3
 # not cache that answer, so the next read recalls again instead of being
 # served the context without memories until the session's next commit.
 recall_skipped: ContextVar[bool] = ContextVar("recall_skipped", default=False)
+
+
+def ranking_of(recall: RecallSettings) -> Ranking:
+    """The ranking the recall settings ask for: each field of :class:`Ranking`
+    from the setting of its name, so the settings hold the only defaults."""
+    return Ranking(**{f.name: getattr(recall, f.name) for f in fields(Ranking)})
 
 
 class Searcher:
@@ -228,15 +234,6 @@ class Searcher:
         # its name (a memory's searchable text starts with its author), and
         # the text without the name is a weaker query than the one asked.
         by_author = await search(replace(query, text=content, authors=named), pool, floor=False) if content else []
-        ranking = Ranking(
-            r.author_boost,
-            r.time_boost,
-            r.speaker_weight,
-            r.others_kept,
-            date_boost=r.date_boost,
-            question_penalty=r.question_penalty,
-            neighbour_weight=r.neighbour_weight,
-        )
         return rank(
             general,
             by_author,
@@ -244,7 +241,7 @@ class Searcher:
             when=asks_when(query.text),
             periods=named_periods(query.text),
             k=query.k,
-            ranking=ranking,
+            ranking=ranking_of(r),
             normalise=query.mode != "hybrid",
         )
 

@@ -570,7 +570,7 @@ class WeaviateIndex:
                 async def delete_each() -> None:
                     # By id, one request each: a half-written object may have
                     # lost its id filter entry too, so a delete_many by ids
-                    # misses it (infra/scripts/weaviate_halfwrite.py).
+                    # misses it (tests/bench/weaviate_halfwrite.py).
                     for o in chunk:
                         if o.uuid is not None:
                             await coll.data.delete_by_id(o.uuid)

@@ -5,7 +5,7 @@ then put those objects again unchanged, then delete them with one
 delete_many by their ids and put them, and finally delete each by id and
 put it.
 
-    .venv/bin/python infra/scripts/weaviate_halfwrite.py [--kill-after 0.4] [--tries 5]
+    .venv/bin/python tests/run_bench.py weaviate_halfwrite [--kill-after 0.4] [--tries 5]
 
 Whether a kill lands mid-write is timing: it tries up to ``--tries`` times
 with kill delays around ``--kill-after``. Measured on 1.38.8 (2-core VM,
@@ -19,19 +19,15 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))  # services.py starts the server
-
-import weaviate  # noqa: E402
-from services import Weaviate  # noqa: E402
-from weaviate.classes.config import Configure, DataType, Property  # noqa: E402
-from weaviate.classes.data import DataObject  # noqa: E402
-from weaviate.classes.query import Filter  # noqa: E402
+import weaviate
+from services import Weaviate
+from weaviate.classes.config import Configure, DataType, Property
+from weaviate.classes.data import DataObject
+from weaviate.classes.query import Filter
 
 BATCH = 3000
 
