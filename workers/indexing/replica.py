@@ -95,12 +95,9 @@ class RebuildReplica:
             if seq > job.copied_upto or job.in_scope(m.app, m.user)  # the copy holds the rest
         ]
 
-        tries = 0
+        rewrite = redelivered(msgs)  # an earlier try may have written part of it
 
         async def index(_: list[Msg]) -> Applied:
-            nonlocal tries
-            tries += 1
-            rewrite = tries > 1 or redelivered(msgs)  # an earlier try may have written part of it
             return await self.indexer.apply(items, generation=job.generation, rewrite=rewrite)
 
         await self.POLICY.run(msgs, index, self._ack)

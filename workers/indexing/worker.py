@@ -361,12 +361,9 @@ class IndexingWorker(Component[IndexingLive]):
     async def handle(self, msgs: list[Msg]) -> None:
         metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
         items = self.indexer.decode(msgs)
-        tries = 0
+        rewrite = redelivered(msgs)  # an earlier try may have written part of it
 
         async def index(_: list[Msg]) -> None:
-            nonlocal tries
-            tries += 1
-            rewrite = tries > 1 or redelivered(msgs)  # an earlier try may have written part of it
             await self.indexer.apply(items, generation=self.generation.generation, rewrite=rewrite)
 
         await self._policy.run(msgs, index, self._ack)
