@@ -361,6 +361,7 @@ def worker_env(nats_url: str, db_url: str, redis_url: str, work: Path) -> dict[s
 # with n bytes instead (a reply as large as a cached answer).
 ECHO_CODE = """
 import asyncio, sys, nats
+from memq.workers.runtime.bus import settle
 async def main():
     nc = await nats.connect(sys.argv[1], name="bench-echo")
     blobs = {}
@@ -371,7 +372,7 @@ async def main():
         await msg.respond(blobs.get(n) or blobs.setdefault(n, b"x" * n))
     await nc.subscribe(sys.argv[2], queue="bench-echo", cb=echo)
     await nc.subscribe(sys.argv[2] + ".blob.*", queue="bench-echo", cb=blob)
-    await nc.flush()
+    await settle(nc)
     await asyncio.Event().wait()
 asyncio.run(main())
 """

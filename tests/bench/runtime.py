@@ -251,6 +251,7 @@ async def consume_once(url: str, impl, size: Size) -> ConsumeRun:
 
 SERVE_MICRO = """
 import asyncio, sys, orjson, nats
+from memq.workers.runtime.bus import settle
 from nats.micro import add_service
 async def main():
     nc = await nats.connect(sys.argv[1])
@@ -259,7 +260,7 @@ async def main():
         body = orjson.loads(req.data)
         await req.respond(orjson.dumps({"ok": True, "result": body}))
     await svc.add_endpoint(name="echo", subject="bench.rr.micro", handler=echo)
-    await nc.flush()  # the server has the subscription before we say so
+    await settle(nc)  # the server has the subscription before we say so
     print("ready", flush=True)
     await asyncio.Event().wait()
 asyncio.run(main())
@@ -268,13 +269,14 @@ asyncio.run(main())
 SERVE_FASTSTREAM = """
 import asyncio, sys
 from faststream.nats import NatsBroker
+from memq.workers.runtime.bus import settle
 async def main():
     broker = NatsBroker(sys.argv[1], log_level=10)
     @broker.subscriber("bench.rr.faststream", queue="bench")
     async def echo(body: dict) -> dict:
         return {"ok": True, "result": body}
     await broker.start()
-    await broker.connection.flush()
+    await settle(broker.connection)
     print("ready", flush=True)
     await asyncio.Event().wait()
 asyncio.run(main())
@@ -325,6 +327,7 @@ async def request_once(url: str, server: str, subject: str, size: Size) -> Reply
 # Each prints "done" once it has handled argv[2] notices.
 HEAR_NATS_PY = """
 import asyncio, sys, nats
+from memq.workers.runtime.bus import settle
 from memq.contracts.notices import CommittedRanges
 async def main():
     nc = await nats.connect(sys.argv[1])
@@ -335,7 +338,7 @@ async def main():
         if len(heard) == want:
             done.set()
     await nc.subscribe("bench.notice.nats-py", cb=on)
-    await nc.flush()
+    await settle(nc)
     print("ready", flush=True)
     await done.wait()
     print("done", flush=True)
@@ -346,6 +349,7 @@ asyncio.run(main())
 HEAR_FASTSTREAM = """
 import asyncio, logging, sys
 from faststream.nats import NatsBroker
+from memq.workers.runtime.bus import settle
 from memq.contracts.notices import CommittedRanges
 async def main():
     broker = NatsBroker(sys.argv[1], logger=logging.getLogger("quiet"))
@@ -357,7 +361,7 @@ async def main():
         if len(heard) == want:
             done.set()
     await broker.start()
-    await broker.connection.flush()
+    await settle(broker.connection)
     print("ready", flush=True)
     await done.wait()
     print("done", flush=True)

@@ -68,6 +68,7 @@ from memq.contracts.ids import scope_key
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.runtime import bus
 from memq.workers.settings import LocalEmbedderSettings
 from memq.workers.sql import models, reads
 
@@ -599,7 +600,7 @@ async def watched_client(nats_url):
         seen.append(msg.subject)
 
     await watcher.subscribe(">", cb=record)
-    await watcher.flush()
+    await bus.settle(watcher)
     client = await MemoryClient.connect(nats_url, app="fuzz-client", inline_artifact_limit=1024)
     yield client, watcher, seen
     await client.close()

@@ -206,3 +206,30 @@ async def test_a_dead_nats_fails_the_start_fast_and_stop_still_works(tmp_path, s
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_settle_sends_its_last_ping_behind_every_subscription(nats_url):
+    """The server reads one connection in order, so a PING behind the SUBs
+    proves, when its PONG comes back, that the server holds them. nats-py's
+    flush writes its PING ahead of SUBs still queued (the CI failure this
+    guards against); the wire order is read off the client's transport."""
+    nc = await nats.connect(nats_url)
+    try:
+        wire: list[bytes] = []
+        transport = nc._transport  # private: the order bytes go to the socket is the point
+        write, writelines = transport.write, transport.writelines
+        transport.write = lambda data: (wire.append(bytes(data)), write(data))[1]
+        transport.writelines = lambda chunks: (wire.extend(map(bytes, chunks)), writelines(chunks))[1]
+
+        async def ignore(msg) -> None:
+            pass
+
+        for k in range(3):
+            await nc.subscribe(f"settle.{k}", cb=ignore)
+        await bus.settle(nc)
+
+        kinds = [chunk.split(b" ", 1)[0].strip() for chunk in wire]
+        assert kinds.count(b"SUB") == 3
+        assert kinds[-1] == b"PING", kinds  # after the last SUB
+    finally:
+        await nc.close()

@@ -17,6 +17,7 @@ from helpers import make_settings, running_query, stays_false, wait_for
 from memq.contracts.client import app_inbox_prefix, build_request, encode_request
 from memq.contracts.subjects import dlq_subject, events_subject, request_subject
 from memq.workers import metrics
+from memq.workers.runtime import bus
 from memq.workers.runtime.lease import BUCKET
 
 pytestmark = pytest.mark.timeout(60)
@@ -49,7 +50,7 @@ async def answered(nats_url: str, replies: list[str], expected: set[str]) -> Non
     try:
         for reply in replies:
             await nc.subscribe(reply, cb=got)
-        await nc.flush()
+        await bus.settle(nc)
         body = encode_request(build_request(A, "sessions.list", user="alice"))
         for reply in replies:
             await nc.publish(request_subject(A, "sessions.list"), body, reply=reply)

@@ -21,6 +21,7 @@ from memq.contracts.client import MemoryClient, app_inbox_prefix, build_request,
 from memq.contracts.ids import scope_key
 from memq.contracts.schemas import Event
 from memq.contracts.subjects import dlq_subject, events_subject, request_subject
+from memq.workers.runtime import bus
 from memq.workers.runtime.lease import BUCKET, lease_bucket
 
 from .conftest import A, B, Tenants
@@ -72,7 +73,7 @@ async def test_a_reply_into_bs_inbox_never_reaches_b(tenants):
 
     try:
         await b.subscribe(inbox, cb=got)
-        await b.flush()
+        await bus.settle(b)
         await attack(tenants, inbox)
 
         async def reached() -> bool:
@@ -127,7 +128,7 @@ async def test_a_publish_with_a_foreign_reply_acks_only_to_a(tenants, target):
     inbox = f"{app_inbox_prefix(B)}.pub-ack"
     foreign = events_subject(B, "bob", "acked") if target == "B's event subject" else inbox
     await b.subscribe(inbox, cb=got)
-    await b.flush()
+    await bus.settle(b)
     a = await tenants.app(A)
     try:
         client = MemoryClient(a, A)

@@ -31,7 +31,7 @@ from memq.contracts.errors import (
 )
 from memq.contracts.queries import ContextView, HistoryView, SessionsPage, SessionView, StrategySpec
 from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, request_subject
-from memq.workers.runtime.bus import ensure_streams
+from memq.workers.runtime.bus import ensure_streams, settle
 from memq.workers.settings import StreamSettings
 
 APP = "agent.one"  # a dot: the subject must carry the encoded token
@@ -161,7 +161,7 @@ class StandIn:
 
     async def start(self) -> StandIn:
         self.sub = await self.nc.subscribe(request_subject(APP, ">"), cb=self._answer)
-        await self.nc.flush()
+        await settle(self.nc)
         return self
 
     async def _answer(self, msg) -> None:

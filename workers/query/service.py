@@ -255,9 +255,6 @@ class QueryWorker(Component[QueryLive]):
             await service.add_endpoint(
                 name=op.replace(".", "-"), subject=f"{PREFIX}.q.*.{op}", handler=self._handler(op)
             )
-        # The server registers subscriptions as it reads them: a request sent
-        # right after "ready" could otherwise find no responder.
-        await self.live.nc.flush()
         tiers = " + ".join(type(t).__name__ for t in self.live.cache.tiers) or "none"
         log.info("query worker started (%d ops, cache: %s)", len(q.OPS), tiers)
 

@@ -218,6 +218,21 @@ async def patiently(what: str, call: Callable[[], Awaitable[T]], patience_s: flo
             delay = min(delay * 2, 5.0)
 
 
+async def settle(nc: NATS) -> None:
+    """Return once the server has read every subscription ``nc`` has made, so
+    a request from another connection finds its responder.
+
+    One ``nc.flush()`` does not promise it (nats-py 2.16): it writes its PING
+    to the socket at once, ahead of the SUBs still queued for the client's
+    flusher task, and the PONG can come back before the server read them (a
+    CI run under load got "no responders" from a worker that said it was
+    ready). That flush wakes the flusher, which writes the queue while we
+    wait for the PONG, so the second PING follows the SUBs.
+    """
+    await nc.flush()
+    await nc.flush()
+
+
 async def ensure_streams(js: JetStreamContext, s: StreamSettings, patience_s: float = 60.0) -> dict[str, str]:
     """Idempotent setup of the event log, the DLQ and the artifact bucket,
     retried for up to ``patience_s`` while JetStream is transiently unavailable."""

@@ -11,7 +11,8 @@ A kind is a :class:`Component` subclass. The process calls, in order:
 3. ``start()`` after the FastStream subscribers run: :meth:`Component.run`
    starts the kind's hot path, then the component registers as a NATS micro
    service (``memq-<kind>``: ping, info and stats for ``memq status``) and
-   :meth:`Component.serve` adds its endpoints, if any;
+   :meth:`Component.serve` adds its endpoints, if any; it is ready once the
+   server holds its subscriptions (:func:`memq.workers.runtime.bus.settle`);
 4. ``stop()``: the service goes first (no new requests), then
    :meth:`Component.halt`;
 5. ``reconnected()`` after NATS came back (default: nothing).
@@ -34,7 +35,7 @@ from nats.micro import add_service
 from nats.micro.service import Service
 
 from memq.workers import VERSION
-from memq.workers.runtime import readiness
+from memq.workers.runtime import bus, readiness
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -128,6 +129,7 @@ class Component(ABC, Generic[L]):
             **self.service_options(),
         )
         await self.serve(self.service)
+        await bus.settle(self.live.nc)  # "ready" means a request finds the endpoints
         if not self.PREPARES:
             self.ready.set()
 
