@@ -1,8 +1,10 @@
-"""What every benchmark here shares: the machine header, percentiles, status lines."""
+"""What every benchmark here shares: the machine header, percentiles, status
+lines, the ``--json PATH`` result file."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import sqlite3
@@ -143,6 +145,17 @@ def percentile(values: list[float], q: float) -> float:
 
 def status(text: str) -> None:
     console.print(text, highlight=False)
+
+
+def write_json(path: Path | None, benchmark: str, machine: dict, **results: object) -> None:
+    """Write a benchmark's results to ``path``, its ``--json PATH``, under its
+    name and the machine it ran on; nothing when None. ``--json`` has no
+    default, so a quick or smoke run never overwrites a published
+    ``docs/benchmarks/results/<name>.json`` unless asked to."""
+    if path is None:
+        return
+    path.write_text(json.dumps({"benchmark": benchmark, "machine": machine, **results}, indent=2) + "\n")
+    status(f"results written to {path}")
 
 
 def warn_if_busy(machine: dict) -> None:
