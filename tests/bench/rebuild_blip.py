@@ -7,9 +7,10 @@ few users, then a client searches every ``--every-ms`` while ``rebuild``
 (the API ``memq index rebuild`` uses, on a backend of its own as that
 process has) replays the stream into a new generation and switches to it,
 and for ``--after-s`` more. Before issue 32's fix this measured one error at
-the switch (2,243 answers, 0 empty, 1 error in the issue).
+the switch (2,243 answers, 0 empty, 1 error in the issue). It prints a
+table and, with ``--json PATH``, writes the same figures there.
 
-    PYTHONPATH=<shim> .venv/bin/python tests/run_bench.py rebuild_blip --events 1000 --every-ms 50
+    PYTHONPATH=<shim> .venv/bin/python tests/run_bench.py rebuild_blip --events 1000 --every-ms 50 --json blip.json
     PYTHONPATH=<shim> .venv/bin/python tests/run_bench.py rebuild_blip --backend weaviate
 """
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import tempfile
 import time
 import uuid
@@ -25,8 +25,11 @@ from collections import Counter
 from pathlib import Path
 
 from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
+from rich.markup import escape
+from rich.table import Table
 from services import NatsServer, Weaviate
 
+from bench.benchlib import console, machine_info, status, warn_if_busy, write_json
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.index.backends import open_backend
@@ -124,20 +127,41 @@ async def _indexed_to(worker: IndexingWorker, seq: int) -> bool:
     return info.ack_floor.stream_seq >= seq
 
 
+def print_figures(figures: dict) -> None:
+    table = Table(title=f"searches every {figures['every_ms']:g} ms while the index is rebuilt and switched")
+    for column in ("backend", "events", "rebuild s", "generation", "answers", "empty", "errors"):
+        table.add_column(column, justify="left" if column in ("backend", "generation") else "right")
+    table.add_row(
+        figures["backend"],
+        f"{figures['events']:,}",
+        f"{figures['rebuild_s']:.1f}",
+        figures["switched"],
+        *(str(figures[k]) for k in ("answers", "empty", "errors")),
+    )
+    console.print(table)
+    for error in figures["first_errors"]:
+        status(f"[red]{escape(error)}[/]")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", choices=["embedded", "weaviate"], default="embedded")
     p.add_argument("--events", type=int, default=1000)
     p.add_argument("--every-ms", type=float, default=50.0)
     p.add_argument("--after-s", type=float, default=3.0, help="searches go on this long after the switch")
+    p.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
     args = p.parse_args()
+    machine = machine_info()
+    warn_if_busy(machine)
     with tempfile.TemporaryDirectory() as tmp, NatsServer() as nats:
         if args.backend == "weaviate":
             with Weaviate() as weaviate:
                 figures = asyncio.run(measure(args, nats.url, Path(tmp), weaviate))
         else:
             figures = asyncio.run(measure(args, nats.url, Path(tmp), None))
-    print(json.dumps(figures, indent=2))
+    print_figures(figures)
+    config = {"backend": args.backend, "events": args.events, "every_ms": args.every_ms, "after_s": args.after_s}
+    write_json(args.json, "rebuild_blip", machine, config=config, results=figures)
 
 
 if __name__ == "__main__":
