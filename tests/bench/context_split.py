@@ -9,7 +9,8 @@ Usage::
         --budget 2000 --out /tmp/split.pkl
     # then sweep the split offline (about a minute), as a curve and by
     # leave-one-conversation-out
-    .venv/bin/python tests/run_bench.py context_split sweep --inputs /tmp/split.pkl --tolerance 0.02
+    .venv/bin/python tests/run_bench.py context_split sweep --inputs /tmp/split.pkl --tolerance 0.02 \\
+        --json context_split.json
 
 ``capture`` asks every question with ``recall_limit`` = ``--candidates`` so
 that the recorded recall candidates cover every split the sweep tries; the
@@ -22,7 +23,9 @@ Leave-one-conversation-out picks, on the other conversations, the least
 recall (smallest share, then fewest memories) whose evidence is within
 ``--tolerance`` of the best there, and scores it on the one left out: the
 benchmark only asks about the past, so the largest share always looks best
-on it, while an agent's own conversation needs the room too.
+on it, while an agent's own conversation needs the room too. ``sweep`` prints
+the curve as a table and, with ``--json PATH``, writes every policy's
+evidence and each fold's pick there.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from rich.table import Table
 
 from bench import context as context_bench
 from bench import locomo
-from bench.benchlib import console, status
+from bench.benchlib import console, machine_info, status, write_json
 from memq.workers.memory import context as ctxmod
 from memq.workers.query import ops
 
@@ -138,6 +141,7 @@ def score_policy(cases: list[Case], policy: dict[str, Any], budget: int) -> dict
 
 
 def sweep(args) -> int:
+    machine = machine_info()
     data = pickle.loads(args.inputs.read_bytes())
     cases: list[Case] = data["cases"]
     budget = data["budget"]
@@ -188,11 +192,32 @@ def sweep(args) -> int:
         score = sums[conv][best] / len(by_conv[conv])
         held_out.append((conv, policies[best], score, len(by_conv[conv])))
         console.print(f"held out {conv}: picked {policies[best]} on the others -> {score:.3f} on it")
-    if held_out:
-        loco = sum(s * n for _, _, s, n in held_out) / n_total
+    loco = sum(s * n for _, _, s, n in held_out) / n_total if held_out else None
+    if loco is not None:
         console.print(f"leave-one-conversation-out evidence: {loco:.3f}")
     if any(over):
         console.print(f"[red]over budget in {sum(1 for o in over if o)} policies[/]")
+    write_json(
+        args.json,
+        "context_split",
+        machine,
+        config={"budget": budget, "questions": n_total, "conversations": len(convs), "tolerance": args.tolerance},
+        rows=[
+            {
+                "policy": f"share={s},limit={n}",
+                "recall_share": s,
+                "recall_limit": n,
+                "evidence": r["overall"],
+                "over_budget": r["over"],
+            }
+            for (s, n), r in results.items()
+        ],
+        held_out=[
+            {"conversation": conv, "picked": policy, "evidence": score, "questions": asked}
+            for conv, policy, score, asked in held_out
+        ],
+        leave_one_out_evidence=loco,
+    )
     return 0
 
 
@@ -215,6 +240,7 @@ def parse_args() -> argparse.Namespace:
         default=0.0,
         help="pick the least recall whose training evidence is within this of the best (default 0)",
     )
+    sw.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
     return parser.parse_args()
 
 

@@ -45,10 +45,14 @@ def test_the_split_benchmark_captures_every_question_and_sweeps_within_the_budge
     run_bench_output(
         "context_split", "capture", "--data", str(data), "--quick", "--budget", str(BUDGET), "--out", str(inputs)
     )
-    printed = run_bench_output(
-        "context_split", "sweep", "--inputs", str(inputs), "--shares", "0.2", "0.5", "--limits", "5", "10"
-    )
+    sweep = ["sweep", "--inputs", str(inputs), "--shares", "0.2", "0.5", "--limits", "5", "10"]
+    result = run_bench("context_split", *sweep, out=tmp_path / "context_split.json")
     # capture pickles its cases as the program's own classes: the sweep, not a test, reads them
     scored = [q for q in conv.questions if q.category in locomo.SCORED]
-    assert f"{len(scored)} questions, 1 conversations, budget {BUDGET}" in printed
-    assert "over budget" not in printed
+    assert result["config"] == {"budget": BUDGET, "questions": len(scored), "conversations": 1, "tolerance": 0.0}
+    policies = [(r["recall_share"], r["recall_limit"]) for r in result["rows"]]
+    assert policies == [(0.2, 5), (0.2, 10), (0.5, 5), (0.5, 10)]
+    for r in result["rows"]:
+        assert isinstance(r["evidence"], float) and 0 <= r["evidence"] <= 1 and r["over_budget"] == 0, r
+    # one conversation: no fold to leave out
+    assert result["held_out"] == [] and result["leave_one_out_evidence"] is None
