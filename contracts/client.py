@@ -68,7 +68,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import Any
 
 import nats
 import nats.errors
@@ -105,8 +105,10 @@ from memq.contracts.queries import (
     ContextFormat,
     ContextView,
     HistoryView,
+    Role,
     SearchMode,
     SearchResults,
+    SearchRole,
     SessionInfo,
     SessionsPage,
     SessionView,
@@ -152,7 +154,6 @@ PUBLISH_DEADLINE = 30.0  # seconds to settle a publish; well inside the default 
 RETRY_DELAYS = (0.05, 1.0)  # backoff between tries of one publish: first, most (doubling, jittered)
 WRONG_LAST_SEQUENCE = 10071  # JetStream err_code: "wrong last sequence: N" (an expect_seq refused)
 EXPECT_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
-Role = Literal["user", "assistant", "system", "tool"]
 After = float | datetime | timedelta | None
 Strategy = StrategySpec | dict[str, Any] | None
 ModelFn = Callable[[list[dict[str, Any]]], Any]  # messages -> str | obj with .content (or an awaitable of it)
@@ -964,7 +965,7 @@ class MemoryClient:
         mode: SearchMode = "hybrid",
         k: int = 10,
         authors: Sequence[str] = (),
-        roles: Sequence[str] = (),
+        roles: Sequence[SearchRole] = (),
         since: float | None = None,
         until: float | None = None,
         alpha: float | None = None,

@@ -10,6 +10,11 @@ from __future__ import annotations
 class MemqError(Exception):
     """Base of every memq error. ``code`` is stable and machine-readable.
 
+    No error is also a ``ValueError``: the id types raise :class:`InvalidId`
+    in pydantic validators, which would turn a ``ValueError`` into a
+    ``ValidationError`` (a decoded message's bad id would become
+    ``invalid_message``, a model's a ``ValidationError``).
+
     ``http_status`` is what the HTTP gateway answers with it, and
     ``retry_later`` whether the same request may succeed later (the gateway
     then sends ``Retry-After``): said here, with the code, so that a new

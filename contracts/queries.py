@@ -48,6 +48,7 @@ from memq.contracts.vocabulary import (  # noqa: F401
     ContextFormat,
     Role,
     SearchMode,
+    SearchRole,
     StrategyKind,
     StrategyName,
 )
@@ -219,7 +220,7 @@ class Search(_Request):
     mode: SearchMode = "hybrid"
     k: int = Field(default=10, ge=1, le=MAX_K)
     authors: list[str] = Field(default_factory=list, max_length=50)
-    roles: list[Literal["user", "assistant", "system", "tool", "summary"]] = Field(default_factory=list, max_length=5)
+    roles: list[SearchRole] = Field(default_factory=list, max_length=5)
     since: float | None = Field(default=None, description="timestamp >= since (unix seconds)")
     until: float | None = Field(default=None, description="timestamp < until (unix seconds)")
     alpha: float | None = Field(default=None, ge=0, le=1, description="hybrid: weight of the vector side")

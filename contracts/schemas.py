@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from memq.contracts.errors import InvalidId
 from memq.contracts.ids import validate_id
+from memq.contracts.vocabulary import Role
 
 SCHEMA_VERSION: Final = 1  # Final: its type is Literal[1], the field type of `v`
 SUPPORTED_VERSIONS = frozenset({SCHEMA_VERSION})
@@ -138,7 +139,7 @@ Part = Annotated[
 
 
 class Message(_Model):
-    role: Literal["user", "assistant", "system", "tool"]
+    role: Role
     parts: list[Part] = Field(default_factory=list)
 
     @property

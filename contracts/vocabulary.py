@@ -1,5 +1,5 @@
 """The vocabularies a request names, defined here once: the requests
-(:mod:`memq.contracts.queries`), the workers' settings and the CLI's choices
+(:mod:`memq.contracts.queries`), the events' messages, the workers' settings and the CLI's choices
 derive from these. Plain types, no models: the ``memq`` command reads them
 without building the query models (and ``memq --help`` stays quick).
 """
@@ -21,7 +21,9 @@ CONTEXT_FORMATS: tuple[ContextFormat, ...] = get_args(ContextFormat)
 # write any client had acknowledged before the read, in the read's scope.
 Consistency = Literal["own", "any"]
 CONSISTENCIES: tuple[Consistency, ...] = get_args(Consistency)
-Role = Literal["user", "assistant", "system", "tool"]
+Role = Literal["user", "assistant", "system", "tool"]  # a message's
+# What a search may keep: a message's role, or a summary's (a checkpoint is indexed too).
+SearchRole = Literal[Role, "summary"]
 
 
 def normalize_kind(kind: Any) -> Any:

@@ -222,6 +222,9 @@ async def test_bad_input_is_a_clear_error(nats_url, sqlite_url, tmp_path):
             (http.get(f"{a}/sessions/s/history", params={"strategy": "everything"}, headers=h), "strategy"),
             (http.get(f"{a}/sessions/s/context", params={"recall_limit": 101}, headers=h), "recall_limit"),
             (http.get(f"{a}/search", headers=h), "q"),
+            # The contract's roles, named in the error (a typo would otherwise match nothing).
+            (http.get(f"{a}/search", params={"q": "x", "roles": "asistant"}, headers=h), "'tool' or 'summary'"),
+            (http.get(f"{a}/sessions/s/history", params={"roles": "summary"}, headers=h), "'system' or 'tool'"),
             (http.patch(f"{a}/sessions/s/state", json={}, headers=h), "nothing to change"),
             (
                 http.patch(f"{a}/sessions/s/state", json={"set": {"k": 1}, "delete": ["k"]}, headers=h),

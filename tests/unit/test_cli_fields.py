@@ -5,7 +5,7 @@ exposed, or a bound that differs, fails here."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, get_args, get_origin
 
 import pytest
 import typer
@@ -118,6 +118,10 @@ def test_an_out_of_range_value_is_a_usage_error_before_anything_is_sent(tmp_path
         (["history", "s", "-u", "u", "--window", "100001"], "1<=x<=100000"),
         (["history", "s", "-u", "u", "--threshold", "0"], "0<x<=1"),
         (["search", "", "-u", "u"], "at least 1"),
+        # A typo in a choice is refused, with the choices, rather than matching nothing.
+        (["search", "q", "-u", "u", "--role", "asistant"], "'asistant' is not one of 'user', 'assistant', "),
+        (["history", "s", "-u", "u", "--role", "user", "--role", "summary"], "'summary' is not one of"),
+        (["sessions", "show", "s", "-u", "u", "--role", "robot"], "'robot' is not one of"),
     ):
         result = runner.invoke(app, args)
         assert result.exit_code == 2, (args, result.output)
@@ -137,4 +141,27 @@ def test_a_repeated_choice_option_reaches_the_command_as_its_choices():
 
     result = CliRunner().invoke(probe, ["--role", "user", "--role", "assistant"])
     assert result.exit_code == 0, result.output
-    assert [r.value for r in got[0]] == ["user", "assistant"]
+    assert got[0] == ["user", "assistant"]
+
+
+def literal_values(annotation: Any) -> set[Any]:
+    """The values of the Literals in a field's type (``list[Role] | None``: Role's)."""
+    if get_origin(annotation) is Literal:
+        return set(get_args(annotation))
+    return set().union(*(literal_values(a) for a in get_args(annotation)))
+
+
+CHOICES = [c for c in CASES if literal_values(c[2].model_fields[c[3]].annotation)]
+
+
+@pytest.mark.parametrize(("path", "field", "model", "name"), CHOICES, ids=[f"{c[0]}: {c[1]}" for c in CHOICES])
+def test_an_option_of_a_literal_field_takes_the_contracts_values_and_no_other(path, field, model, name):
+    """Each value the contract's model takes, and nothing else: a value the
+    model refuses would fail after connecting (exit 1), or not at all."""
+    cmd = command(path)
+    param = {p.name: p for p in cmd.params}[PARAMETER.get(field, name)]
+    values = literal_values(model.model_fields[name].annotation)
+    multiple = getattr(param, "multiple", False)
+    for value in (*sorted(values), "x" + min(values)):
+        ok = _accepts(cmd, param, (value,) if multiple else value)
+        assert ok is (value in values), f"`memq {path}` --{param.name} {value!r}: {sorted(values)}"

@@ -77,6 +77,10 @@ def test_bad_app_ids_are_refused(tmp_path):
     result = memq_accounts(tmp_path, "--app", "a", "--app", "a")
     assert result.returncode == 2 and "twice" in result.stderr
     assert not (tmp_path / "accounts.conf").exists()
+    # An id the contract refuses (InvalidId, no ValueError): one line, not a traceback.
+    empty = memq_accounts(tmp_path, "--app", "")
+    assert empty.returncode == 2 and "app must not be empty" in empty.stderr and "Traceback" not in empty.stderr
+    assert not (tmp_path / "accounts.conf").exists()
 
 
 @pytest.mark.parametrize("node", [1, 2, 3])

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from memq.contracts.errors import InvalidId
 from memq.workers.cli.common import app, console, err
 
 nats_app = typer.Typer(no_args_is_help=True, help="NATS server configuration for memq.")
@@ -57,7 +58,7 @@ def nats_accounts(
         plain, hashed = plain | new_plain, hashed | new_hashed
         stored = {n: "$" + security.env_var(n) for n in names} if env_passwords else hashed
         memq_users, system_users = security.build_users(apps, stored, admin=admin)
-    except (ValueError, OSError) as exc:  # InvalidId is one too; OSError: --reuse unreadable
+    except (InvalidId, ValueError, OSError) as exc:  # InvalidId: an --app no id can be; OSError: --reuse unreadable
         err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
     targets = [Path(out), Path(secrets_path or f"{out}.secrets.json")]

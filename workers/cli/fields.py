@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from enum import Enum
 from functools import cache
 from importlib.resources import files
 from typing import Any
@@ -105,10 +104,6 @@ def _limits(schema: dict[str, Any]) -> tuple[dict[str, Any], Callable[[Any], Any
             raise typer.BadParameter(f"{len(value)} characters: at least {rules['minLength']}.")
         elif len(value) > rules.get("maxLength", len(value)):
             raise typer.BadParameter(f"{len(value)} characters: at most {rules['maxLength']}.")
-        # typer converts a callback's result again: an Enum member handed back
-        # would become None (typer 0.27), so choices go back as their values.
-        if isinstance(value, list | tuple):
-            return [v.value if isinstance(v, Enum) else v for v in value]
         return value
 
     return {}, check, note
@@ -118,14 +113,41 @@ def _help(text: str | None, note: str) -> str | None:
     return f"{text}  [{note}]" if text and note else text
 
 
+def choices(schema: dict[str, Any]) -> tuple[str, ...]:
+    """The values a field may take (a Literal's ``enum``), or of each of its
+    items (a list of a Literal); ``()``: any."""
+    return tuple(schema.get("enum") or schema.get("items", {}).get("enum") or ())
+
+
+def _choosing(values: tuple[str, ...], check: Callable[[Any], Any] | None) -> dict[str, Any]:
+    """An option's keywords that hold it to ``values``: click's usage error
+    (exit 2) for any other, the choices in ``--help`` and shell completion.
+    A callback, not an Enum type: typer takes no list of a Literal, and an
+    Enum would restate the contract's values."""
+
+    def pick(value: Any) -> Any:
+        for v in value if isinstance(value, list | tuple) else () if value is None else (value,):
+            if v not in values:
+                raise typer.BadParameter(f"{v!r} is not one of {', '.join(map(repr, values))}.")
+        return check(value) if check else value
+
+    def complete(incomplete: str) -> list[str]:
+        return [v for v in values if v.startswith(incomplete)]
+
+    return {"callback": pick, "autocompletion": complete, "metavar": f"<{'|'.join(values)}>"}
+
+
 def option(op: str, name: str, *decls: str, help: str | None = None, **extra: Any) -> Any:
     """A ``typer.Option`` for field ``name`` of ``op``'s request: its bounds
-    (a usage error, exit 2, before anything is sent) and, without ``help``,
-    its description. The command's parameter is named as the field."""
+    and its choices (a usage error, exit 2, before anything is sent) and,
+    without ``help``, its description. The command's parameter is named as
+    the field."""
     schema = field_schema(op, name)
     closed, check, note = _limits(schema)
     text = _help(help or _sentence(schema.get("description")), note)
-    return _OPTION(*decls, help=text, callback=check, **closed, **extra)
+    values = choices(schema)
+    held = _choosing(values, check) if values else {"callback": check}
+    return _OPTION(*decls, help=text, **held, **closed, **extra)
 
 
 def argument(op: str, name: str, *, help: str | None = None) -> Any:

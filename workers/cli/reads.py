@@ -7,8 +7,7 @@ import json
 import re
 import time
 from datetime import datetime
-from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.json import JSON
@@ -18,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from memq.contracts.errors import NotFound
-from memq.contracts.vocabulary import ContextFormat, Role, SearchMode, StrategyName
+from memq.contracts.vocabulary import ContextFormat, Role, SearchMode, SearchRole, StrategyName
 from memq.workers.cli.common import _short, _with_client, app, console, err
 from memq.workers.cli.fields import argument, option
 
@@ -46,24 +45,16 @@ def parse_after(text: str) -> float:
         raise typer.BadParameter(f"{text!r}: use a span like 30m, 24h, 7d or an ISO datetime") from None
 
 
-class MessageRole(str, Enum):
-    """--role's choices: the contract's :data:`Role` (typer takes no list of a Literal)."""
-
-    user = "user"
-    assistant = "assistant"
-    system = "system"
-    tool = "tool"
-
-
 AfterOpt = Annotated[
     float | None,
     typer.Option(
         parser=parse_after, metavar="SPAN|DATETIME", help="Only events after: 24h, 30m, 7d or an ISO datetime."
     ),
 ]
-# The same field of a session.get and a history request (_EventFilters).
+# The same field of a session.get and a history request (_EventFilters); its
+# callback holds it to the contract's Role (typer takes no list of a Literal).
 RoleOpt = Annotated[
-    list[MessageRole] | None, option("history", "roles", "--role", help="Only events with this role (repeatable).")
+    list[str] | None, option("history", "roles", "--role", help="Only events with this role (repeatable).")
 ]
 # Every read's --min-seq (its bounds are the same in each request: _Request's).
 MinSeqOpt = Annotated[
@@ -230,7 +221,7 @@ def sessions_show(
 ) -> None:
     """Show a session: its ids, times and merged state (app: and user: keys prefixed).
     With --after, --after-seq or --role, also the events that pass them (the last N with --events)."""
-    picked: list[Role] = [r.value for r in roles or ()]
+    picked = cast("list[Role]", roles or [])  # RoleOpt held them to Role
     view = _with_client(
         app_id,
         lambda c: c.get_session(
@@ -329,7 +320,7 @@ def history(
         min_recent=min_recent,
         recall_share=recall_share,
     )
-    picked: list[Role] = [r.value for r in roles or ()]
+    picked = cast("list[Role]", roles or [])  # RoleOpt held them to Role
     view = _with_client(
         app_id,
         lambda c: c.history(user, session, strategy=spec, model=model, after=after, roles=picked, min_seq=min_seq),
@@ -440,7 +431,7 @@ def search(
     ] = None,
     roles: Annotated[
         list[str] | None, option("search", "roles", "--role", help="Only these roles (repeatable).")
-    ] = None,
+    ] = None,  # held to the contract's SearchRole by the option's callback
     since: Annotated[
         float | None,
         option(
@@ -479,7 +470,7 @@ def search(
             mode=mode,
             k=k,
             authors=authors or (),
-            roles=roles or (),
+            roles=cast("list[SearchRole]", roles or []),
             since=since,
             until=until,
             alpha=alpha,

@@ -9,7 +9,7 @@ router is a module-level :class:`~fastapi.APIRouter`.
 # No `from __future__ import annotations`: FastAPI reads the annotations at run time.
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.security import HTTPAuthorizationCredentials
@@ -18,6 +18,7 @@ from pydantic import BaseModel
 from memq.contracts.client import MemoryClient
 from memq.contracts.queries import ContextGet, SessionsList, StrategyName, StrategySpec
 from memq.contracts.schemas import Timestamp
+from memq.contracts.vocabulary import Role
 from memq.workers.http.door import API_KEY_HEADER, BEARER
 from memq.workers.http.keys import Keyring
 from memq.workers.http.params import query
@@ -65,7 +66,6 @@ def client(
 
 Client = Annotated[MemoryClient, Depends(client)]
 
-Role = Literal["user", "assistant", "system", "tool"]
 MinSeq = Annotated[
     int | None,
     query(ContextGet, "min_seq", "answer once this stream sequence (a write's `seq`) is committed: read-your-writes"),

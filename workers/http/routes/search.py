@@ -1,13 +1,14 @@
 """Search a user's long-term memory."""
 
 # No `from __future__ import annotations`: FastAPI reads the annotations at run time.
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
 from memq.contracts.queries import Search, SearchMode, SearchResults
+from memq.contracts.vocabulary import SearchRole
 from memq.workers.http.params import query
-from memq.workers.http.routes.common import BASE, Client, Role, User, as_json
+from memq.workers.http.routes.common import BASE, Client, User, as_json
 
 search_router = APIRouter(tags=["memory"])
 
@@ -21,7 +22,7 @@ async def search(
     mode: Annotated[SearchMode, Query()] = "hybrid",
     k: Annotated[int, query(Search, "k")] = 10,
     authors: Annotated[list[str], Query(description="only these authors")] = [],  # noqa: B006
-    roles: Annotated[list[Literal[Role, "summary"]], Query()] = [],  # noqa: B006
+    roles: Annotated[list[SearchRole], Query()] = [],  # noqa: B006
     since: Annotated[float | None, Query(description="timestamp >= since")] = None,
     until: Annotated[float | None, Query(description="timestamp < until")] = None,
     alpha: Annotated[float | None, query(Search, "alpha")] = None,
