@@ -863,16 +863,20 @@ async def sanity_check(nc, results: Results) -> None:
         assert out[f"context/{session}"]["tokens"]["recalled"] > 0, out[f"context/{session}"]
 
 
-async def fill_cache(nc, subject: str, body: bytes, ports: list[int], tries: int = 50) -> None:
-    """Send ``body`` until a worker counts it as a cache hit: a miss is stored
-    after its reply is sent, so the first requests of a hit row could still miss."""
+async def fill_cache(nc, subject: str, body: bytes, ports: list[int], tries: int = 200) -> None:
+    """Send ``body`` until every worker has counted it as a cache hit. One
+    request is not enough: a miss is stored after its reply is sent, and a
+    replica whose own tier still holds the answer from before the row (Redis
+    is flushed, its tier is not) hits without storing it in Redis, so the
+    other replica's first concurrent requests would all miss."""
+    start = [await read_counters([port]) for port in ports]
     for _ in range(tries):
-        before = await read_counters(ports)
         await nc.request(subject, body, timeout=10)
-        if (await read_counters(ports) - before).hits:
+        now_ = [await read_counters([port]) for port in ports]
+        if all((n - s).hits for n, s in zip(now_, start, strict=True)):
             return
-        await asyncio.sleep(0.02)
-    raise NotMeasured(f"{subject}: still not a cache hit after {tries} requests (is its answer kept?)")
+        await asyncio.sleep(0.01)
+    raise NotMeasured(f"{subject}: not a cache hit on every worker after {tries} requests (is its answer kept?)")
 
 
 async def measure_ops(

@@ -18,15 +18,18 @@ EVENTS, SESSIONS = query.SMOKE.large_events, query.SMOKE.list_sessions
 
 
 def test_the_query_benchmark_answers_every_row_without_an_error(tmp_path):
-    result = run_bench("query", "--smoke", out=tmp_path / "query.json")
+    # Two workers as well: a hit row must be hits on each (the fill reaches both).
+    result = run_bench("query", "--smoke", "--replicas", "1,2", out=tmp_path / "query.json")
 
     assert (
-        result["mode"] == "smoke" and result["config"]["large_events"] == EVENTS and result["config"]["replicas"] == [1]
+        result["mode"] == "smoke"
+        and result["config"]["large_events"] == EVENTS
+        and result["config"]["replicas"] == [1, 2]
     )
     assert result["sanity"]["history/s10"]["events"] == 10
     assert result["sanity"]["history/s10k"]["summary"] is True  # the large session starts at its checkpoint
-    rows = {(r["op"], r["session"], r["cache"]): r for r in result["rows"]}
-    assert set(rows) == set(itertools.product(("history", "context"), ("10", str(EVENTS)), ("hit", "miss")))
+    rows = {(r["replicas"], r["op"], r["session"], r["cache"]): r for r in result["rows"]}
+    assert set(rows) == set(itertools.product((1, 2), ("history", "context"), ("10", str(EVENTS)), ("hit", "miss")))
     for key, r in rows.items():
         for load in ("c64", "c1"):
             m = r[load]
