@@ -7,10 +7,21 @@ Usage::
 
 Everything runs on loopback, on servers this script starts and stops itself
 (``tests/services.py``): one nats-server, one PostgreSQL and one Redis, one
-``memq worker persistence`` process, and 1 then 2 ``memq worker query``
-processes (``MEMQ_CACHE__BACKEND=redis``; ``--replicas`` gives other counts,
-e.g. ``1,4,8`` on a many-core machine). No Weaviate and no embedder: the
-workers use the embedded index, and search is not measured here.
+``memq worker persistence`` and one ``memq worker indexing`` process, and 1
+then 2 ``memq worker query`` processes (``MEMQ_CACHE__BACKEND=redis``;
+``--replicas`` gives other counts, e.g. ``1,4,8`` on a many-core machine).
+The index is the embedded one, keyword-only (``MEMQ_INDEXING__EMBEDDER=none``:
+no Weaviate, no model), holding the seeded events, so a context's recall runs
+(a BM25 search of the user's memories with the last user message) and finds
+memories. It must: a context whose recall was skipped (no index, or too slow)
+is never cached, so without one every "hit" would be a miss.
+
+**Guard.** Each query worker serves ``/metrics`` (``MEMQ_METRICS__PORT``);
+the cache lookups it counted (``memq_cache_requests_total`` by result) and
+the recalls it skipped (``memq_recall_skipped_total``) are read before and
+after each row. The run fails (``NotMeasured``) unless every request of a
+"hit" row was a cache hit, every request of a "miss" row a miss, and no
+context skipped its recall; the counts are in the JSON (``rows[].counted``).
 
 **Sizes** (options): ``--events`` the large session's events (default
 10,000; "10,000" below stands for it), ``--sessions`` the big
@@ -41,11 +52,12 @@ figures say only that every path answers). Requests
 are raw ``nc.request`` calls with the exact body ``MemoryClient`` sends
 (``build_request`` + ``encode_request``), strategy ``summary_buffer`` with
 budget 8000, so the 10,000-event session starts at its checkpoint.
-*hit*: one request repeated (a first one fills the cache). *miss*: every
-request distinct — ``strategy.budget`` is 8000 + i with i unique in the whole
+*hit*: one request repeated (a first one fills the cache: it is sent
+again until a worker counts a hit, as a miss is stored after its reply).
+*miss*: every request distinct — ``strategy.budget`` is 8000 + i with i unique in the whole
 run, which changes the cache key but not the work (both sessions fit far
 inside any such budget); so a miss takes the full path: Redis lookup, commit
-floor, SQL, strategy, Redis store. Redis is flushed before each row. Every
+floor, SQL, strategy (a context also recalls), Redis store. Redis is flushed before each row. Every
 reply is checked (``{"ok":true`` …); errors are counted and shown. With 64
 requesters p50 is mostly queueing (about 64 ÷ requests/s); one requester
 shows the latency of a single request.
@@ -92,6 +104,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -103,6 +116,7 @@ import orjson
 import redis.asyncio as aioredis
 import services
 from nats.js.errors import NotFoundError
+from prometheus_client.parser import text_string_to_metric_families
 from rich.table import Table
 
 from bench.benchlib import console, machine_info, percentile, status, warn_if_busy
@@ -119,6 +133,7 @@ LIST_APPS = ("bench-list10", "bench-list100k")
 USER = "u1"
 SMALL, LARGE = "s10", "s10k"
 DURABLE = "memq-persistence"
+INDEXING_DURABLE = "memq-indexing"
 ECHO_SUBJECT = "bench.echo"
 CONCURRENCY = 64
 BUDGET = 8000
@@ -209,6 +224,74 @@ class Row:
     cache: str  # hit | miss
     c64: Load | None = None
     c1: Load | None = None
+    counted: dict | None = None  # the workers' own count of the row's requests (Counters)
+
+
+@dataclass(frozen=True)
+class Counters:
+    """What the query workers counted (their /metrics, summed over the
+    workers): cache lookups that hit and that missed, and recalls skipped."""
+
+    hits: float = 0.0
+    misses: float = 0.0
+    recall_skipped: float = 0.0
+
+    def __sub__(self, before: Counters) -> Counters:
+        return Counters(*(getattr(self, f) - getattr(before, f) for f in ("hits", "misses", "recall_skipped")))
+
+
+def parse_counters(text: str) -> Counters:
+    """The counters in one worker's Prometheus exposition."""
+    hits = misses = skipped = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "memq_cache_requests_total":
+                if sample.labels.get("result") == "hit":
+                    hits += sample.value
+                elif sample.labels.get("result") == "miss":
+                    misses += sample.value
+            elif sample.name == "memq_recall_skipped_total":
+                skipped += sample.value
+    return Counters(hits, misses, skipped)
+
+
+async def read_counters(ports: list[int]) -> Counters:
+    def scrape(port: int) -> Counters:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            return parse_counters(reply.read().decode())
+
+    total = Counters()
+    for counted in await asyncio.gather(*(asyncio.to_thread(scrape, port) for port in ports)):
+        total = Counters(
+            total.hits + counted.hits, total.misses + counted.misses, total.recall_skipped + counted.recall_skipped
+        )
+    return total
+
+
+class NotMeasured(RuntimeError):
+    """A row's requests did not take the path its name says (the workers' counters show it)."""
+
+
+def check_counted(row: Row, counted: Counters) -> None:
+    """Fail loudly unless the workers served the row as it is labelled: a
+    "hit" row from the cache (no lookup missed), a "miss" row by a miss each,
+    and a context with its recall (a skipped recall leaves a context out of
+    the cache: its "hit" row would time misses)."""
+    assert row.c64 is not None and row.c1 is not None
+    answered = row.c64.requests + row.c1.requests  # the timed ones; errors fail the run anyway
+    wrong = []
+    if row.op == "context" and counted.recall_skipped:
+        wrong.append("recalls were skipped (is the index up?)")
+    if row.cache == "hit" and (counted.misses or counted.hits < answered):
+        wrong.append("not all served from the cache")
+    if row.cache == "miss" and (counted.hits or counted.misses < answered):
+        wrong.append("not all cache misses")
+    if wrong:
+        raise NotMeasured(
+            f"{row.op} {row.session}-event {row.cache} ({row.replicas} worker(s)): {answered} requests answered; "
+            f"the workers counted {counted.hits:.0f} cache hits, {counted.misses:.0f} misses and "
+            f"{counted.recall_skipped:.0f} skipped recalls: " + "; ".join(wrong)
+        )
 
 
 @dataclass
@@ -353,6 +436,12 @@ def worker_env(nats_url: str, db_url: str, redis_url: str, work: Path) -> dict[s
         MEMQ_DATABASE__MIGRATE_ON_START="false",  # migrated once, before the workers start
         MEMQ_CACHE__BACKEND="redis",
         MEMQ_CACHE__REDIS_URL=redis_url,
+        # A keyword-only (BM25) embedded index, filled by `memq worker
+        # indexing`: a context's recall runs (no model to load). Without an
+        # index every recall is skipped, and a context without its recall is
+        # never cached, so a "hit" row would be all misses.
+        MEMQ_INDEXING__BACKEND="embedded",
+        MEMQ_INDEXING__EMBEDDER="none",
     )
     return env
 
@@ -599,23 +688,31 @@ async def seed_sessions(nats_url: str, js, cfg: Config, results: Results) -> Non
                 results.seed["checkpoint_up_to_seq"] = seqs[cut]
                 results.seed["summary_chars"] = len(checkpoint.summary)
     published = now()
-    deadline = now() + 180
-    while True:
-        try:
-            floor = (await js.consumer_info(EVENTS_STREAM, DURABLE)).ack_floor.stream_seq
-        except NotFoundError:
-            floor = 0
-        if floor >= last:
-            break
-        if now() > deadline:
-            raise TimeoutError(f"ack floor {floor} below {last} after 180 s")
-        await asyncio.sleep(0.05)
+    await wait_for_ack_floor(js, DURABLE, last)
+    committed = now()
+    await wait_for_ack_floor(js, INDEXING_DURABLE, last)  # the memories a context recalls
     results.seed.update(
         events=cfg.small_events + cfg.large_events,
         last_seq=last,
         publish_s=round(published - t0, 2),
-        committed_s=round(now() - t0, 2),
+        committed_s=round(committed - t0, 2),
+        indexed_s=round(now() - t0, 2),
     )
+
+
+async def wait_for_ack_floor(js, durable: str, last: int, timeout: float = 180) -> None:
+    """Until ``durable``'s ack floor has passed ``last`` (it has handled every seeded event)."""
+    deadline = now() + timeout
+    while True:
+        try:
+            floor = (await js.consumer_info(EVENTS_STREAM, durable)).ack_floor.stream_seq
+        except NotFoundError:
+            floor = 0
+        if floor >= last:
+            return
+        if now() > deadline:
+            raise TimeoutError(f"{durable}: ack floor {floor} below {last} after {timeout:.0f} s")
+        await asyncio.sleep(0.05)
 
 
 async def seed_list_sessions(dsn: str, cfg: Config) -> dict:
@@ -762,9 +859,30 @@ async def sanity_check(nc, results: Results) -> None:
     assert h10["events"] == 10 and h10["checkpoint_seq"] is None, h10
     assert h10k["events"] == KEEP_AFTER_CHECKPOINT, h10k
     assert h10k["checkpoint_seq"] == results.seed["checkpoint_up_to_seq"] and h10k["summary"], h10k
+    for session in (SMALL, LARGE):  # the recall ran and found memories (of the user's other session, too)
+        assert out[f"context/{session}"]["tokens"]["recalled"] > 0, out[f"context/{session}"]
 
 
-async def measure_ops(nc, rds, cfg: Config, replicas: int, workers: list[Proc], bodies: Bodies, results: Results):
+async def fill_cache(nc, subject: str, body: bytes, ports: list[int], tries: int = 200) -> None:
+    """Send ``body`` until every worker has counted it as a cache hit. One
+    request is not enough: a miss is stored after its reply is sent, and a
+    replica whose own tier still holds the answer from before the row (Redis
+    is flushed, its tier is not) hits without storing it in Redis, so the
+    other replica's first concurrent requests would all miss."""
+    start = [await read_counters([port]) for port in ports]
+    for _ in range(tries):
+        await nc.request(subject, body, timeout=10)
+        now_ = [await read_counters([port]) for port in ports]
+        if all((n - s).hits for n, s in zip(now_, start, strict=True)):
+            return
+        await asyncio.sleep(0.01)
+    raise NotMeasured(f"{subject}: not a cache hit on every worker after {tries} requests (is its answer kept?)")
+
+
+async def measure_ops(
+    nc, rds, cfg: Config, replicas: int, workers: list[Proc], ports: list[int], bodies: Bodies, results: Results
+):
+    """The rows; each checked against the workers' counters (``ports``: their /metrics)."""
     pids = [w.pid for w in workers]
     # Warm-up: open every worker's SQL pool and Redis connections (not measured).
     await rds.flushdb()
@@ -777,13 +895,17 @@ async def measure_ops(nc, rds, cfg: Config, replicas: int, workers: list[Proc], 
                 row = Row(replicas=replicas, op=op, session=label, cache=cache)
                 if cache == "hit":
                     source = bodies.hit(op, session)
-                    await nc.request(subject, source(), timeout=10)  # fills the cache
+                    await fill_cache(nc, subject, source(), ports)
                 else:
                     source = bodies.miss(op, session)
+                before = await read_counters(ports)
                 row.c64 = await run_load(nc, subject, source, CONCURRENCY, cfg.seconds, pids)
                 row.c1 = await run_load(nc, subject, source, 1, cfg.seconds_c1, pids)
                 for w in workers:
                     w.check_alive()
+                counted = await read_counters(ports) - before
+                row.counted = asdict(counted)
+                check_counted(row, counted)
                 results.rows.append(row)
                 errors = row.c64.errors + row.c1.errors
                 status(
@@ -913,8 +1035,8 @@ async def run(cfg: Config, machine: dict, work: Path) -> Results:
 
         stack.push_async_callback(stop_all)
 
-        def launch(cmd: list[str], name: str) -> Proc:
-            p = Proc(cmd, env, work / f"{name}.log").start()
+        def launch(cmd: list[str], name: str, **extra_env: str) -> Proc:
+            p = Proc(cmd, {**env, **extra_env}, work / f"{name}.log").start()
             procs.append(p)
             return p
 
@@ -925,6 +1047,7 @@ async def run(cfg: Config, machine: dict, work: Path) -> Results:
         stack.push_async_callback(rds.aclose)
         try:
             persistence = launch([str(MEMQ), "worker", "persistence"], "persistence")
+            launch([str(MEMQ), "worker", "indexing"], "indexing")
             status(f"seeding sessions.list apps: 10 and {cfg.list_sessions:,} sessions with COPY …")
             results.seed["list"] = await seed_list_sessions(pg.dsn("bench_query"), cfg)
             status(f"seeding through MemoryClient: {cfg.small_events} + {cfg.large_events:,} events and a checkpoint …")
@@ -942,9 +1065,13 @@ async def run(cfg: Config, machine: dict, work: Path) -> Results:
             status(f"  published in {results.seed['publish_s']} s, committed after {results.seed['committed_s']} s")
 
             query: list[Proc] = []
+            metric_ports: dict[int, int] = {}
             for replicas in cfg.replicas:
                 while len(query) < replicas:
-                    query.append(launch([str(MEMQ), "worker", "query"], f"query{len(query)}"))
+                    port = services.free_port()  # its /metrics: the cache counters the hit rows are checked by
+                    worker = launch([str(MEMQ), "worker", "query"], f"query{len(query)}", MEMQ_METRICS__PORT=str(port))
+                    metric_ports[worker.pid] = port
+                    query.append(worker)
                 await wait_for_query_workers(nc, query)
                 first = replicas == cfg.replicas[0]
                 if first:
@@ -962,7 +1089,7 @@ async def run(cfg: Config, machine: dict, work: Path) -> Results:
                     await measure_echo(nc, cfg, echo, bodies, results)  # it stays up, idle, for the paired runs
                     await measure_redis(redis_server.url, cfg, results)
                 status(f"[bold]{replicas} query worker{'s' if replicas > 1 else ''}[/] (Redis cache)")
-                await measure_ops(nc, rds, cfg, replicas, query, bodies, results)
+                await measure_ops(nc, rds, cfg, replicas, query, [metric_ports[w.pid] for w in query], bodies, results)
                 await measure_paired(nc, rds, cfg, replicas, bodies, results)
                 if first:
                     status(f"[bold]sessions.list[/] ({replicas} query worker(s), one requester, page size 10)")
