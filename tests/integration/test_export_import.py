@@ -202,6 +202,8 @@ async def test_export_scopes_and_bad_lines(nats_url, sqlite_url, tmp_path):
         apps = await run_memq(settings, "export", "--app", OTHER)
         assert {orjson.loads(line)["message"]["app"] for line in apps.stdout.splitlines()[1:-1]} == {OTHER}
         assert (await run_memq(settings, "export", "--user", "bob")).returncode == 2  # --user needs --app
+        empty = await run_memq(settings, "export", "--app", "")  # an id no event has: refused, not an empty export
+        assert (empty.returncode, empty.stderr.strip(), empty.stdout) == (2, "app must not be empty", "")
 
         good = lines[0:3]
         bad = tmp_path / "bad.jsonl"

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.markup import escape
 
+from memq.contracts.errors import InvalidId
 from memq.workers.cli.common import _settings, _short, _with_nats, app, console, err
 
 if TYPE_CHECKING:
@@ -48,12 +49,14 @@ def index_rebuild(
     from memq.workers.index.backends import open_backend
     from memq.workers.index.embedders import open_embedder
     from memq.workers.indexing.indexer import make_indexer
-    from memq.workers.indexing.rebuild import rebuild
+    from memq.workers.indexing.rebuild import rebuild, scope_filter
     from memq.workers.sql.engine import create_engine
 
-    if user is not None and app_id is None:
-        err.print("[red]--user needs --app[/]")
-        raise typer.Exit(2)
+    try:
+        scope_filter(app_id, user)  # --user needs --app; an id no event can have
+    except (InvalidId, ValueError) as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
     settings = _settings()
 
     async def work(nc: NATS):

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, BinaryIO
 import typer
 from rich.markup import escape
 
+from memq.contracts.errors import InvalidId
 from memq.workers.cli.common import _settings, _with_nats, app, err
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def export_command(
 
     try:
         scope = Scope(app_id, user, session)
-    except ValueError as exc:
+    except (InvalidId, ValueError) as exc:
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
     settings = _settings()

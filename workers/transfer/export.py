@@ -20,7 +20,7 @@ from sqlalchemy import func, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from memq.contracts import codec
-from memq.contracts.ids import scope_key
+from memq.contracts.ids import scope_key, validate_id
 from memq.contracts.schemas import (
     SCHEMA_VERSION,
     ArtifactSaved,
@@ -61,6 +61,9 @@ class Scope:
             raise ValueError("--user needs --app")
         if self.session is not None and self.user is None:
             raise ValueError("--session needs --app and --user")
+        for what, value in self.as_dict().items():  # an id no event can have matches nothing, silently
+            if value is not None:
+                validate_id(value, what)
 
     def as_dict(self) -> dict[str, str | None]:
         return {"app": self.app, "user": self.user, "session": self.session}
