@@ -65,9 +65,10 @@ async def test_batches_fill_up_while_messages_keep_coming(nats_url):
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     sizes: list[int] = []
-    release = asyncio.Event()
+    holding, release = asyncio.Event(), asyncio.Event()
 
     async def handler(msgs: list[Msg]) -> None:
+        holding.set()
         await release.wait()  # a slow commit: the burst piles up behind it
         for msg in msgs:
             await msg.ack()
@@ -76,7 +77,7 @@ async def test_batches_fill_up_while_messages_keep_coming(nats_url):
     consumer = await _consumer(nc, handler, batch_size=100, batch_wait_s=0.5)
     try:
         await js.publish("batching.first", b"first")
-        await asyncio.sleep(0.2)  # the first batch is in the handler
+        await asyncio.wait_for(holding.wait(), 30)  # the first batch is in the handler, alone
         # publish_async hands back a future of the PubAck: the burst is
         # stored before the handler lets go.
         acks = await asyncio.gather(*(js.publish_async(f"batching.burst.{i % 7}", b"x") for i in range(250)))
