@@ -9,6 +9,7 @@ import time
 
 import nats
 import pytest
+from helpers import wait_for
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -109,8 +110,8 @@ async def test_with_concurrency_the_next_batch_is_handled_while_one_waits_and_st
     consumer = await _consumer(nc, handler, batch_size=100, batch_wait_s=0.05, concurrency=2)
     try:
         await js.publish("batching.a", b"a")
-        await asyncio.sleep(0.3)
-        await js.publish("batching.b", b"b")
+        await wait_for(lambda: _true(started == [b"a"]), 30, "the first batch in its handler")
+        await js.publish("batching.b", b"b")  # not in a's batch: that one is taken
         deadline = time.monotonic() + 5
         while len(started) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -237,3 +238,7 @@ async def test_an_expired_pull_request_is_renewed(nats_url):
     finally:
         await consumer.stop()
         await nc.close()
+
+
+async def _true(value: bool) -> bool:
+    return value
