@@ -157,9 +157,18 @@ async def test_counters_and_histograms_move_by_what_was_done(nats_url, sqlite_ur
             assert (await probe(base, "/healthz"))[0] == 200
             before = await scrape(base)
 
+            heard: set[int] = set()  # the sequences whose commit notice the query worker has handled
+            handle_notice = q.committed
+
+            async def committed(notice) -> None:
+                await handle_notice(notice)
+                heard.update(seq for first, last in notice.ranges for seq in range(first, last + 1))
+
+            q.committed = committed
             async with await MemoryClient.connect(nats_url, app=APP) as client:
-                await client.append_many(USER, SESSION, [said(i) for i in range(20)])
-                await js.publish(events_subject(APP, USER, SESSION), b"not json")  # dead-lettered
+                written = set(await client.append_many(USER, SESSION, [said(i) for i in range(20)]))
+                dead = await js.publish(events_subject(APP, USER, SESSION), b"not json")  # dead-lettered
+                written.add(dead.seq)
                 total = (await js.stream_info(s.streams.events)).state.last_seq
                 good = total - 1
                 await wait_for(lambda: _true(p.committed == good), what="every good message committed")
@@ -186,7 +195,10 @@ async def test_counters_and_histograms_move_by_what_was_done(nats_url, sqlite_ur
 
                 # Queries: the same request three times is one miss, then two hits.
                 await client.get_session(USER, SESSION)
-                await asyncio.sleep(0.3)  # let the last commit notices reach the cache first
+                # A read may be answered once the consumer's ack floor passed
+                # its sequence, before the commit notice came: a notice handled
+                # later drops the cached answer (and a sleep did not wait for it).
+                await wait_for(lambda: _true(heard >= written), what="the query worker handling every commit notice")
                 before = await scrape(base)
                 answers = [await client.history(USER, SESSION) for _ in range(3)]
                 assert len({len(a.events) for a in answers}) == 1
