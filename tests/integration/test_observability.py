@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from helpers import make_settings, running, running_query, running_worker, wait_for
+from helpers import NoticesHandled, make_settings, running, running_query, running_worker, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from services import free_port
 
@@ -157,14 +157,7 @@ async def test_counters_and_histograms_move_by_what_was_done(nats_url, sqlite_ur
             assert (await probe(base, "/healthz"))[0] == 200
             before = await scrape(base)
 
-            heard: set[int] = set()  # the sequences whose commit notice the query worker has handled
-            handle_notice = q.committed
-
-            async def committed(notice) -> None:
-                await handle_notice(notice)
-                heard.update(seq for first, last in notice.ranges for seq in range(first, last + 1))
-
-            q.committed = committed
+            notices = NoticesHandled(q)
             async with await MemoryClient.connect(nats_url, app=APP) as client:
                 written = set(await client.append_many(USER, SESSION, [said(i) for i in range(20)]))
                 dead = await js.publish(events_subject(APP, USER, SESSION), b"not json")  # dead-lettered
@@ -195,10 +188,7 @@ async def test_counters_and_histograms_move_by_what_was_done(nats_url, sqlite_ur
 
                 # Queries: the same request three times is one miss, then two hits.
                 await client.get_session(USER, SESSION)
-                # A read may be answered once the consumer's ack floor passed
-                # its sequence, before the commit notice came: a notice handled
-                # later drops the cached answer (and a sleep did not wait for it).
-                await wait_for(lambda: _true(heard >= written), what="the query worker handling every commit notice")
+                await notices.wait(written)  # none left to drop the answers counted below
                 before = await scrape(base)
                 answers = [await client.history(USER, SESSION) for _ in range(3)]
                 assert len({len(a.events) for a in answers}) == 1
