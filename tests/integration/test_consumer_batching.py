@@ -149,7 +149,9 @@ async def test_stop_hands_back_at_once_what_was_delivered_ahead(nats_url):
             await asyncio.sleep(0.02)
         for i in range(5):  # delivered ahead, held: the only slot is busy
             await js.publish("batching.ahead", f"{i}".encode())
-        await asyncio.sleep(0.3)
+        feed = consumer._feed
+        assert feed is not None
+        await wait_for(lambda: _true(len(feed._held) == 5), 30, "the five delivered ahead")
         release.set()
         await consumer.stop()
         assert first == [b"busy"]
