@@ -9,7 +9,7 @@ import time
 
 import nats
 import pytest
-from helpers import wait_for
+from helpers import stays_false, wait_for
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -117,8 +117,13 @@ async def test_with_concurrency_the_next_batch_is_handled_while_one_waits_and_st
             await asyncio.sleep(0.02)
         assert started == [b"a", b"b"], "the second batch waited for the first one's handler"
         await js.publish("batching.c", b"c")
-        await asyncio.sleep(0.3)
-        assert started == [b"a", b"b"], "more batches at once than the concurrency allows"
+        feed = consumer._feed
+        assert feed is not None
+        # c is delivered (held, or taken by a slot that should not be free)
+        await wait_for(lambda: _true(len(feed._held) + len(started) == 3), 30, "c delivered")
+        await stays_false(
+            lambda: _true(started != [b"a", b"b"]), 0.3, "more batches at once than the concurrency allows"
+        )
     finally:
         release.set()
         await consumer.stop()  # the batches in hand finish and are acked
