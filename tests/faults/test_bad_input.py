@@ -615,7 +615,10 @@ async def test_the_client_refuses_bad_ids_and_values_before_sending(watched_clie
     with pytest.raises((InvalidId, InvalidMessage, InvalidRequest, Oversize)) as raised:
         await getattr(client, method)(*args, **kwargs)
     assert raised.value.message.strip()
-    await client.nc.flush()
+    # settle, not flush: nats-py's flush writes its PING ahead of a publish
+    # still queued, so a message sent by mistake could reach the server after
+    # the PONG and the watcher after the check
+    await bus.settle(client.nc)
     await watcher.flush()
     assert not seen, f"{method}{args!r:.200} sent {seen} before failing"
     assert client.last_seq is None
