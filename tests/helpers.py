@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -163,6 +163,32 @@ async def stays_false(check: Callable[[], Awaitable[bool]], within: float = 1.0,
             raise AssertionError(f"{what} happened")
         await asyncio.sleep(0.05)
     assert not await check(), f"{what} happened"
+
+
+class NoticesHandled:
+    """The stream sequences whose commit notice ``query`` (a QueryWorker)
+    has handled, by a spy on its ``committed``. A read may be answered once
+    the persistence consumer's ack floor passed its sequence (the floor's
+    poll), before the notice came: the notice, handled later, drops that
+    cached answer. A test that counts cache hits waits for the notices."""
+
+    def __init__(self, query) -> None:
+        self.seqs: set[int] = set()
+        handle = query.committed
+
+        async def committed(notice) -> None:
+            await handle(notice)
+            self.seqs.update(seq for first, last in notice.ranges for seq in range(first, last + 1))
+
+        query.committed = committed
+
+    async def wait(self, seqs: Iterable[int], timeout: float = 60.0) -> None:
+        want = set(seqs)
+
+        async def handled() -> bool:
+            return want <= self.seqs
+
+        await wait_for(handled, timeout, "the query worker handling the commit notices")
 
 
 async def event_counts(engine) -> tuple[int, int]:

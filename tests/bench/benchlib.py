@@ -19,6 +19,7 @@ import orjson
 from rich.console import Console
 
 from memq.contracts.subjects import committed_subject
+from memq.workers.runtime.bus import settle
 
 # Wide enough for the result tables when the output goes to a file.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -183,6 +184,7 @@ class CommitClock:
                     self.at.setdefault(seq, t)
 
         await nc.subscribe(committed_subject(self.durable), cb=heard)
+        await settle(nc)  # the workers publish on connections of their own: no notice missed
 
     def reset(self) -> None:
         self.at.clear()

@@ -401,7 +401,10 @@ async def query_stack(nats_url, pg_url, tmp_path, embedder):
 
 async def ask(nc, case: RequestCase):
     try:
-        return await nc.request(case.subject, case.body, timeout=10)
+        # A liveness bound, not a latency one: a batch of up to 40 requests
+        # (searches embed on the CPU) shares this process's loop with the
+        # workers, and on a loaded CI machine one took over 10 s.
+        return await nc.request(case.subject, case.body, timeout=60)
     except (nats.errors.NoRespondersError, nats.errors.TimeoutError, nats.errors.MaxPayloadError) as exc:
         return exc
 
@@ -615,7 +618,10 @@ async def test_the_client_refuses_bad_ids_and_values_before_sending(watched_clie
     with pytest.raises((InvalidId, InvalidMessage, InvalidRequest, Oversize)) as raised:
         await getattr(client, method)(*args, **kwargs)
     assert raised.value.message.strip()
-    await client.nc.flush()
+    # settle, not flush: nats-py's flush writes its PING ahead of a publish
+    # still queued, so a message sent by mistake could reach the server after
+    # the PONG and the watcher after the check
+    await bus.settle(client.nc)
     await watcher.flush()
     assert not seen, f"{method}{args!r:.200} sent {seen} before failing"
     assert client.last_seq is None

@@ -9,6 +9,7 @@ import time
 
 import nats
 import pytest
+from helpers import stays_false, wait_for
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig
 
@@ -45,15 +46,17 @@ async def test_a_lone_message_is_handed_over_without_waiting_for_the_batch_windo
             await msg.ack()
         handed.put_nowait((time.monotonic(), len(msgs)))
 
-    consumer = await _consumer(nc, handler, batch_size=100, batch_wait_s=0.5)
+    # A window far above a loaded machine's delivery time, so the bound
+    # below tells holding from not holding (0.5 s against 0.25 s did not).
+    consumer = await _consumer(nc, handler, batch_size=100, batch_wait_s=5.0)
     try:
         for i in range(3):  # each one alone, as an idle agent appends
             sent = time.monotonic()
             await js.publish("batching.one", f"{i}".encode())
-            at, size = await asyncio.wait_for(handed.get(), 5)
+            at, size = await asyncio.wait_for(handed.get(), 30)
             assert size == 1
-            # The old loop topped the batch up for the whole 0.5 s window.
-            assert at - sent < 0.25, f"a lone message waited {at - sent:.3f}s for a batch to fill"
+            # The old loop topped the batch up for the whole window.
+            assert at - sent < 2.5, f"a lone message waited {at - sent:.3f}s for a batch to fill"
     finally:
         await consumer.stop()
         await nc.close()
@@ -63,9 +66,10 @@ async def test_batches_fill_up_while_messages_keep_coming(nats_url):
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     sizes: list[int] = []
-    release = asyncio.Event()
+    holding, release = asyncio.Event(), asyncio.Event()
 
     async def handler(msgs: list[Msg]) -> None:
+        holding.set()
         await release.wait()  # a slow commit: the burst piles up behind it
         for msg in msgs:
             await msg.ack()
@@ -74,7 +78,7 @@ async def test_batches_fill_up_while_messages_keep_coming(nats_url):
     consumer = await _consumer(nc, handler, batch_size=100, batch_wait_s=0.5)
     try:
         await js.publish("batching.first", b"first")
-        await asyncio.sleep(0.2)  # the first batch is in the handler
+        await asyncio.wait_for(holding.wait(), 30)  # the first batch is in the handler, alone
         # publish_async hands back a future of the PubAck: the burst is
         # stored before the handler lets go.
         acks = await asyncio.gather(*(js.publish_async(f"batching.burst.{i % 7}", b"x") for i in range(250)))
@@ -106,15 +110,20 @@ async def test_with_concurrency_the_next_batch_is_handled_while_one_waits_and_st
     consumer = await _consumer(nc, handler, batch_size=100, batch_wait_s=0.05, concurrency=2)
     try:
         await js.publish("batching.a", b"a")
-        await asyncio.sleep(0.3)
-        await js.publish("batching.b", b"b")
+        await wait_for(lambda: _true(started == [b"a"]), 30, "the first batch in its handler")
+        await js.publish("batching.b", b"b")  # not in a's batch: that one is taken
         deadline = time.monotonic() + 5
         while len(started) < 2 and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
         assert started == [b"a", b"b"], "the second batch waited for the first one's handler"
         await js.publish("batching.c", b"c")
-        await asyncio.sleep(0.3)
-        assert started == [b"a", b"b"], "more batches at once than the concurrency allows"
+        feed = consumer._feed
+        assert feed is not None
+        # c is delivered (held, or taken by a slot that should not be free)
+        await wait_for(lambda: _true(len(feed._held) + len(started) == 3), 30, "c delivered")
+        await stays_false(
+            lambda: _true(started != [b"a", b"b"]), 0.3, "more batches at once than the concurrency allows"
+        )
     finally:
         release.set()
         await consumer.stop()  # the batches in hand finish and are acked
@@ -145,7 +154,9 @@ async def test_stop_hands_back_at_once_what_was_delivered_ahead(nats_url):
             await asyncio.sleep(0.02)
         for i in range(5):  # delivered ahead, held: the only slot is busy
             await js.publish("batching.ahead", f"{i}".encode())
-        await asyncio.sleep(0.3)
+        feed = consumer._feed
+        assert feed is not None
+        await wait_for(lambda: _true(len(feed._held) == 5), 30, "the five delivered ahead")
         release.set()
         await consumer.stop()
         assert first == [b"busy"]
@@ -234,3 +245,7 @@ async def test_an_expired_pull_request_is_renewed(nats_url):
     finally:
         await consumer.stop()
         await nc.close()
+
+
+async def _true(value: bool) -> bool:
+    return value

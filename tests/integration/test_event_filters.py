@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import nats
 import orjson
 import pytest
-from helpers import make_settings, run_memq, running_query, running_worker
+from helpers import NoticesHandled, make_settings, run_memq, running_query, running_worker
 from sqlalchemy import inspect as sa_inspect
 
 from memq.contracts.client import MemoryClient
@@ -62,9 +62,9 @@ def ids(*indexes: int) -> list[str]:
     return [IDS[i] for i in indexes]
 
 
-async def publish(client: MemoryClient) -> None:
-    await client.create_session(USER, SESSION)
-    await client.append_many(USER, SESSION, CONVERSATION)
+async def publish(client: MemoryClient) -> list[int]:
+    ref = await client.create_session(USER, SESSION)
+    return [ref.seq, *await client.append_many(USER, SESSION, CONVERSATION)]
 
 
 @pytest.mark.parametrize("db", ["sqlite_url", "pg_url", "mariadb_url"])
@@ -141,9 +141,9 @@ async def test_session_and_history_filtered_by_time_and_role(request, db, nats_u
 async def test_filters_are_part_of_the_cache_key_and_the_wire_format(nats_url, sqlite_url, tmp_path):
     settings = make_settings(nats_url, sqlite_url, tmp_path)
     async with running_worker(settings), running_query(settings) as query:
+        notices = NoticesHandled(query)
         async with await MemoryClient.connect(nats_url, app=APP) as client:
-            await publish(client)
-            await client.get_session(USER, SESSION)  # committed
+            await notices.wait(await publish(client))  # committed, and no notice left to drop a cached answer
         nc = await nats.connect(nats_url)
         try:
 

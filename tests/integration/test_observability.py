@@ -21,7 +21,7 @@ from pathlib import Path
 
 import nats
 import pytest
-from helpers import make_settings, running, running_query, running_worker, wait_for
+from helpers import NoticesHandled, make_settings, running, running_query, running_worker, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 from services import free_port
 
@@ -157,9 +157,11 @@ async def test_counters_and_histograms_move_by_what_was_done(nats_url, sqlite_ur
             assert (await probe(base, "/healthz"))[0] == 200
             before = await scrape(base)
 
+            notices = NoticesHandled(q)
             async with await MemoryClient.connect(nats_url, app=APP) as client:
-                await client.append_many(USER, SESSION, [said(i) for i in range(20)])
-                await js.publish(events_subject(APP, USER, SESSION), b"not json")  # dead-lettered
+                written = set(await client.append_many(USER, SESSION, [said(i) for i in range(20)]))
+                dead = await js.publish(events_subject(APP, USER, SESSION), b"not json")  # dead-lettered
+                written.add(dead.seq)
                 total = (await js.stream_info(s.streams.events)).state.last_seq
                 good = total - 1
                 await wait_for(lambda: _true(p.committed == good), what="every good message committed")
@@ -186,7 +188,7 @@ async def test_counters_and_histograms_move_by_what_was_done(nats_url, sqlite_ur
 
                 # Queries: the same request three times is one miss, then two hits.
                 await client.get_session(USER, SESSION)
-                await asyncio.sleep(0.3)  # let the last commit notices reach the cache first
+                await notices.wait(written)  # none left to drop the answers counted below
                 before = await scrape(base)
                 answers = [await client.history(USER, SESSION) for _ in range(3)]
                 assert len({len(a.events) for a in answers}) == 1
@@ -258,11 +260,11 @@ async def test_liveness_fails_while_the_event_loop_is_blocked(tmp_path):
 
         prober = threading.Thread(target=probe_during_the_block)
         prober.start()
-        time.sleep(1.6)  # blocks the event loop, as a CPU-bound bug would
+        # Blocks the event loop, as a CPU-bound bug would, until the probe is
+        # answered (a fixed block let a loaded machine probe after it ended).
         prober.join()
         assert seen["status"] == 503 and json.loads(seen["body"])["status"] == "stalled"
-        await asyncio.sleep(0.3)
-        assert (await probe(monitor.url, "/healthz"))[0] == 200  # the loop runs again
+        await until(monitor.url, "/healthz", 200)  # the loop runs again
     finally:
         await monitor.stop()
 

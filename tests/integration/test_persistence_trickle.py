@@ -16,6 +16,7 @@ from helpers import make_settings, running
 from memq.contracts.client import MemoryClient
 from memq.contracts.subjects import committed_subject
 from memq.workers.persistence.worker import PersistenceWorker
+from memq.workers.runtime import bus
 
 APP = "trickle-app"
 
@@ -32,6 +33,7 @@ async def test_two_replicas_commit_a_trickle_without_holding_appends(nats_url, p
                 finished_at.setdefault(seq, at)
 
     await listener.subscribe(committed_subject(settings.persistence.durable), cb=heard)
+    await bus.settle(listener)  # the workers publish on connections of their own
     sent_at: dict[int, float] = {}
     async with AsyncExitStack() as stack:
         for _ in range(2):

@@ -114,6 +114,7 @@ async def test_notices_are_typed_on_both_sides(nats_url, sqlite_url, tmp_path):
         seen.append(msg.data)
 
     await listener.subscribe(CHANGED_WILDCARD, cb=heard)
+    await bus.settle(listener)  # the worker publishes on a connection of its own
     process = assemble(settings, ["persistence"])
     await process.start()
     try:

@@ -32,6 +32,7 @@ from memq.workers import security
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.persistence.worker import PersistenceWorker
 from memq.workers.query.service import QueryWorker
+from memq.workers.runtime import bus
 from memq.workers.status import collect_status
 from memq.workers.summarizer.worker import SummarizerWorker
 
@@ -144,7 +145,8 @@ async def test_an_app_works_end_to_end_with_its_own_credentials(secured):
                 return
 
         watcher = asyncio.create_task(watch())
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the watcher has subscribed on a's connection...
+        await bus.settle(a.nc)  # ...and the server holds it before another connection publishes
         workers = await connect_as(secured, "workers")
         await workers.publish(status_subject(A, "alice", "s1"), orjson.dumps({"state": "summarizing"}))
         await asyncio.wait_for(watcher, 5)
@@ -304,7 +306,7 @@ async def test_large_artifacts_go_through_trusted_connections_and_die_with_their
 async def test_operators_see_status_and_workers_never_hit_a_wall(secured):
     b_nc = await connect_as(secured, security.app_user_name(B), inbox_prefix=app_inbox_prefix(B))
     await b_nc.publish(events_subject(A, "x", "y"), b"{}")  # one violation the log must show
-    await b_nc.flush()
+    await bus.settle(b_nc)  # the server has read the publish (a flush's PING may pass it)
     await b_nc.close()
     admin = await connect_as(secured, "admin")
     try:

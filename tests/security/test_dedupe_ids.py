@@ -21,6 +21,7 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.ids import scope_key
 from memq.contracts.schemas import CheckpointSaved, Event, EventAppended, Message, TextPart
 from memq.contracts.subjects import DLQ_STREAM, dedupe_id, events_subject, status_subject
+from memq.workers.runtime import bus
 from memq.workers.runtime.dlq import DeadLetterFilter, iter_dead_letters
 from memq.workers.sql import reads
 from memq.workers.summarizer.worker import SummarizerWorker, checkpoint_id
@@ -186,6 +187,7 @@ async def test_a_predicted_checkpoint_id_does_not_suppress_summaries(nats_url, s
                 for header in (predicted, dedupe_id(b_subject, predicted)):
                     await nc.jetstream().publish(a_subject, tiny, headers={"Nats-Msg-Id": header})
             await nc.subscribe(status_subject(B, "bob", "bsess"), cb=looks.heard)
+            await bus.settle(nc)  # every look is counted: the summarizer publishes on its own connection
             async with running(SummarizerWorker(s)) as summarizer:
                 summarizer.schedule(B, "bob", "bsess")
                 await wait_for(lambda: _summarized(worker.engine, b_key), timeout=60, what="B's checkpoint in SQL")
@@ -220,6 +222,7 @@ async def test_a_checkpoint_that_does_not_take_is_retried_later_not_at_once(nats
                 last = max([await b._publish(m) for m in forged])
             await wait_committed(nats_url, last)
             await nc.subscribe(status_subject(B, "bob", "bsess"), cb=looks.heard)
+            await bus.settle(nc)  # every look is counted: the summarizer publishes on its own connection
             async with running(SummarizerWorker(s)) as summarizer:
                 summarizer.schedule(B, "bob", "bsess")
                 await wait_for(lambda: _true(summarizer.stats.failures >= 1), timeout=30, what="a failed look")
