@@ -66,6 +66,7 @@ def ranking_of(recall: RecallSettings) -> Ranking:
 class Searcher:
     def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
         self.settings = settings
+        self.ranking = ranking_of(settings.recall)  # settings do not change while it runs
         self.backend = backend
         self.embedder = embedder
         self._opened = backend is not None and embedder is not None
@@ -241,7 +242,7 @@ class Searcher:
             when=asks_when(query.text),
             periods=named_periods(query.text),
             k=query.k,
-            ranking=ranking_of(r),
+            ranking=self.ranking,
             normalise=query.mode != "hybrid",
         )
 
