@@ -236,8 +236,13 @@ class Counters:
     misses: float = 0.0
     recall_skipped: float = 0.0
 
+    def __add__(self, other: Counters) -> Counters:
+        return Counters(self.hits + other.hits, self.misses + other.misses, self.recall_skipped + other.recall_skipped)
+
     def __sub__(self, before: Counters) -> Counters:
-        return Counters(*(getattr(self, f) - getattr(before, f) for f in ("hits", "misses", "recall_skipped")))
+        return Counters(
+            self.hits - before.hits, self.misses - before.misses, self.recall_skipped - before.recall_skipped
+        )
 
 
 def parse_counters(text: str) -> Counters:
@@ -260,12 +265,7 @@ async def read_counters(ports: list[int]) -> Counters:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
             return parse_counters(reply.read().decode())
 
-    total = Counters()
-    for counted in await asyncio.gather(*(asyncio.to_thread(scrape, port) for port in ports)):
-        total = Counters(
-            total.hits + counted.hits, total.misses + counted.misses, total.recall_skipped + counted.recall_skipped
-        )
-    return total
+    return sum(await asyncio.gather(*(asyncio.to_thread(scrape, port) for port in ports)), Counters())
 
 
 class NotMeasured(RuntimeError):
