@@ -18,13 +18,15 @@ import time
 import uuid
 from contextlib import AsyncExitStack
 
+import nats
 import pytest
-from helpers import Letters, make_settings, running, running_query, running_worker, wait_for
+from helpers import Letters, make_settings, run_memq, running, running_query, running_worker, wait_for
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotCommitted
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.status import backlog_text, collect_status
 
 A, B = "backlog-a", "backlog-b"
 A_EVENTS = 3000
@@ -131,6 +133,20 @@ async def test_backlog_of_one_app_does_not_stall_another_apps_search(settings):
         # A, whose own backlog it is, gets an error that says so.
         with pytest.raises(NotCommitted, match=r"of them are this user's own.*min-seq 0"):
             await a.search("ann", "chatter", min_seq=a_last)
+
+        # The CLI searches what is indexed now (--min-seq 0: no wait); base refused 0.
+        shown = await run_memq(settings, "search", "chatter", "--user", "ann", "--app", A, "--min-seq", "0", "--json")
+        assert shown.returncode == 0, shown.stderr
+        assert "chatter" in shown.stdout
+        # `memq status` shows the indexing backlog and when it should be done.
+        nc = await nats.connect(settings.nats.url)
+        try:
+            status = await collect_status(nc, settings.streams, wait_s=2.0)
+        finally:
+            await nc.close()
+        behind = next(c for c in status.consumers if c.name == settings.indexing.durable)
+        assert behind.backlog > 500 and behind.rate > 0 and behind.eta_s is not None, behind
+        assert f"{settings.indexing.durable} {behind.backlog} waiting, about" in backlog_text(status.consumers)
 
         slow.delay_s = 0  # let the indexer catch up
         floor = query.live.index_floor

@@ -41,6 +41,7 @@ from memq.workers.memory.recall import Doc, StorageScope
 from memq.workers.memory.tail import MustWait
 from memq.workers.memory.unindexed import tail_docs
 from memq.workers.runtime.commit_floor import CommitFloor
+from memq.workers.status import duration
 
 log = logging.getLogger("memq.query")
 
@@ -163,16 +164,8 @@ def index_behind(floor: CommitFloor, seq: int, waited_s: float, own: int | None,
     caller's messages waiting, when known), and what to do."""
     ahead = seq - floor.value
     rate = floor.rate()
-    eta = f", about {_duration(ahead / rate)} at {rate:.0f}/s" if rate > 0 else ", and it has not moved lately"
+    eta = f", about {duration(ahead / rate)} at {rate:.0f}/s" if rate > 0 else ", and it has not moved lately"
     text = f"sequence {seq} is not indexed yet after {waited_s:.1f}s: the index is at {floor.value}, {ahead} messages behind{eta}"
     if own is not None:
         text += f"; {own} of them are this user's own, more than a search adds without the index (query.search_tail = {limit})"
     return text + "; retry later, or search what is indexed now without min_seq (min_seq=0; `memq search --min-seq 0`)"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{max(1, round(seconds))}s"
-    if seconds < 90 * 60:
-        return f"{round(seconds / 60)} min"
-    return f"{seconds / 3600:.1f} h"
