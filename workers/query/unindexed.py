@@ -25,6 +25,7 @@ import contextlib
 import logging
 import time
 
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js import JetStreamContext
@@ -34,7 +35,7 @@ from memq.contracts import queries as q
 from memq.contracts.codec import decode_from_subject
 from memq.contracts.errors import MemqError, NotCommitted
 from memq.contracts.ids import scope_key
-from memq.contracts.schemas import EventAppended
+from memq.contracts.schemas import EventAppended, StreamMessage
 from memq.contracts.subjects import user_events_filter
 from memq.workers.index.previous import PreviousTurns
 from memq.workers.memory.recall import Doc, StorageScope
@@ -107,7 +108,9 @@ class Unindexed:
                 previous = await self.previous.before(firsts)
         return tail_docs(items, self.scope, previous)
 
-    async def _messages(self, app: str, user: str, after: int, upto: int, deadline: float) -> list[tuple[int, object]]:
+    async def _messages(
+        self, app: str, user: str, after: int, upto: int, deadline: float
+    ) -> list[tuple[int, StreamMessage]]:
         """The decoded messages on the user's subjects in (``after``, ``upto``]."""
         config = ConsumerConfig(
             filter_subjects=user_events_filter(app, user),
@@ -127,7 +130,7 @@ class Unindexed:
                 return []
             sub = await self.js.pull_subscribe_bind(consumer=info.name, stream=self.stream)
             try:
-                msgs = []
+                msgs: list[Msg] = []
                 while len(msgs) < waiting and (not msgs or msgs[-1].metadata.sequence.stream < upto):
                     try:
                         msgs += await sub.fetch(waiting - len(msgs), timeout=max(0.05, _left(deadline)))
@@ -139,7 +142,7 @@ class Unindexed:
         finally:
             with contextlib.suppress(NatsError, asyncio.TimeoutError):
                 await self.js.delete_consumer(self.stream, info.name)
-        items = []
+        items: list[tuple[int, StreamMessage]] = []
         for msg in msgs:
             seq = msg.metadata.sequence.stream
             if seq > upto:
