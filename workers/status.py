@@ -258,15 +258,14 @@ def render(status: Status, console: Console, now: datetime | None = None) -> Non
     else:
         consumers = _table(f"{status.stream}: last seq {status.last_seq}, {status.messages} messages")
         consumers.add_column("consumer", no_wrap=True)
-        for column in ("lag", "ack pending", "redelivered", "ack floor", "ETA"):
+        for column in ("lag", "ack pending", "redelivered", "ack floor"):
             consumers.add_column(column, justify="right", no_wrap=True)
         for c in status.consumers:
             lag = f"[yellow]{c.pending}[/]" if c.pending else "0"
-            eta = duration(c.eta_s) if c.eta_s is not None else "-" if c.backlog else ""
-            consumers.add_row(c.name, lag, str(c.ack_pending), str(c.redelivered), str(c.ack_floor), eta)
+            consumers.add_row(c.name, lag, str(c.ack_pending), str(c.redelivered), str(c.ack_floor))
         if not status.consumers:
             consumers.caption = "no durable consumer yet: no worker has started"
-        elif backlog := backlog_text(status.consumers):
+        elif backlog := backlog_text(status.consumers):  # a caption folds; an ETA column broke 80 columns
             consumers.caption = f"backlog: {escape(backlog)}"
         console.print(consumers)
 
