@@ -168,6 +168,12 @@ QUERY_TAIL = Counter(
 )
 QUERY_TAIL_READ = QUERY_TAIL.labels(outcome="tail")  # bound once: on every such read
 QUERY_TAIL_WAIT = QUERY_TAIL.labels(outcome="wait")
+SEARCH_UNINDEXED = Counter(
+    "memq_search_unindexed",
+    "Searches with min_seq above the indexing floor answered at once, from the index plus the caller's own "
+    "messages it has not reached yet (workers/query/unindexed.py)",
+    registry=REGISTRY,
+)
 
 READY = Gauge(
     "memq_ready", "1 while a readiness check passes, 0 while it fails (see /readyz)", ["check"], registry=REGISTRY

@@ -222,6 +222,14 @@ class QuerySettings(BaseModel):
         description="uncommitted stream messages a query replica holds for that; beyond, the oldest are dropped "
         "and the reads that need them wait for the commit",
     )
+    search_tail: int = Field(
+        default=64,
+        ge=0,
+        le=1024,
+        description="messages of the caller's own user a search with min_seq reads from the stream and ranks with "
+        "the index's hits while the indexer has not reached them (other apps' backlog never holds it up); more than "
+        "this, or a delete among them, and it waits for the indexer, and says whose backlog it is; 0: always wait",
+    )
     trusted_inboxes: list[str] | None = Field(
         default=None,
         description="reply-subject prefixes answered besides the requesting app's own _INBOX_<app> and a service "

@@ -283,8 +283,11 @@ async def test_search_without_an_index_is_a_typed_error(nats_url, sqlite_url, tm
 
 async def test_search_with_its_indexer_stopped_is_a_typed_error(nats_url, sqlite_url, tmp_path, embedder):
     """An index exists but nothing indexes the caller's new write: the wait
-    ends within wait_ms with a typed error that says why, no hang."""
+    ends within wait_ms with a typed error that says why, no hang. (With
+    query.search_tail, the default, the caller's few unindexed writes are
+    searched from the stream instead: test_search_backlog.py.)"""
     s = settings_for(nats_url, sqlite_url, tmp_path)
+    s.query = s.query.model_copy(update={"search_tail": 0})
     async with running_worker(s), running_query(s) as q:
         q.searcher.embedder = SharedEmbedder(embedder)
         async with await MemoryClient.connect(nats_url, app=APP, wait_ms=300) as client:
@@ -325,6 +328,7 @@ async def test_the_indexing_floor_moves_on_the_indexing_notices(nats_url, sqlite
     """With the ack-floor fallback made an hour long, a search waiting for
     a write is still answered: the indexing replicas' notices woke it."""
     s = settings_for(nats_url, sqlite_url, tmp_path)
+    s.query = s.query.model_copy(update={"search_tail": 0})  # every search waits for the index
     async with stack(s, embedder) as (_, query):
         floor = query.live.index_floor
         floor.poll_from_s = floor.poll_max_s = 3600.0

@@ -48,3 +48,19 @@ async def describe_data(settings: Settings, fresh: bool) -> str:
         finally:
             await nc.close()
     return data_line(settings.data_dir, fresh, events, since)
+
+
+async def describe_backlog(settings: Settings, wait_s: float = 1.0) -> str:
+    """What waits for each worker kind, with an ETA (:func:`memq.workers.status.backlog_text`):
+    a data dir that ``memq up`` opens with a stream full of unindexed events
+    (``memq demo --events 20000``) answers searches late, and says so here."""
+    from memq.workers.runtime import bus
+    from memq.workers.status import backlog_text, consumers_with_rates
+
+    with contextlib.suppress(Exception):  # a ready line without a backlog rather than none
+        nc = await bus.open_connection({**bus.connect_options(settings, "up"), "max_reconnect_attempts": 1})
+        try:
+            return backlog_text(await consumers_with_rates(nc.jetstream(timeout=2), settings.streams.events, wait_s))
+        finally:
+            await nc.close()
+    return ""

@@ -456,7 +456,14 @@ def search(
         float | None, option("search", "alpha", help="Hybrid: weight of the vector side (0 to 1).")
     ] = None,
     min_seq: Annotated[
-        int | None, option("search", "min_seq", help="Answer once this stream sequence is indexed.")
+        int | None,
+        # min 0, not the request's 1: 0 is the client's "do not wait" (what is indexed now)
+        typer.Option(
+            "--min-seq",
+            min=0,
+            help="Answer once this stream sequence is indexed (the user's own writes above the index are "
+            "added at once); 0: at once, from what is indexed now.",
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
 ) -> None:
@@ -475,6 +482,8 @@ def search(
             until=until,
             alpha=alpha,
             min_seq=min_seq,
+            # the CLI sees every writer's writes ("any"); 0 asks for none of them
+            consistency="own" if min_seq == 0 else None,
         ),
     )
     if as_json:

@@ -167,7 +167,7 @@ def up(
     Everything it needs is checked first (ports, data dir, packages): a
     problem stops it with one line before anything starts.
     """
-    from memq.workers.cli.datadir import describe_data, is_fresh
+    from memq.workers.cli.datadir import describe_backlog, describe_data, is_fresh
     from memq.workers.embedded import EmbeddedError, EmbeddedNats
 
     # The options go through the settings, which check the ports' range.
@@ -207,8 +207,10 @@ def up(
         http_url = settings.run_dir / "http.url"
         http = f", HTTP {http_url.read_text().strip()}" if http_url.is_file() else ""
         data = await describe_data(settings, fresh)
+        backlog = await describe_backlog(settings)
+        backlog = f", backlog: {backlog}" if backlog else ""
         console.print(
-            f"memq ready: NATS {url}{http}, data {data}, workers {', '.join(k.value for k in kinds)}"
+            f"memq ready: NATS {url}{http}, data {data}, workers {', '.join(k.value for k in kinds)}{backlog}"
             f" — try `{memq_command()} demo` in another terminal; Ctrl-C stops cleanly.",
             soft_wrap=True,
             markup=False,

@@ -23,7 +23,7 @@ from memq.workers.index.embedders.base import Embedder
 from memq.workers.memory.recall import SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
 
 if TYPE_CHECKING:
-    from memq.workers.indexing.previous import PreviousTurns
+    from memq.workers.index.previous import PreviousTurns
 
 log = logging.getLogger("memq.indexing")
 
@@ -182,7 +182,7 @@ def make_indexer(settings, backend: IndexBackend, embedder: Embedder, js, engine
     unless ``indexing.context_turns`` is 0."""
     previous = None
     if settings.indexing.context_turns:
-        from memq.workers.indexing.previous import PreviousTurns
+        from memq.workers.index.previous import PreviousTurns
         from memq.workers.runtime.commit_floor import CommitFloor
         from memq.workers.sql.engine import create_engine
 

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import fields, replace
 
@@ -26,10 +26,14 @@ from memq.contracts.errors import Unavailable
 from memq.workers import metrics
 from memq.workers.index.backends import open_backend
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable, UnknownGeneration
+from memq.workers.index.backends.embedded import STOPWORDS
 from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders.base import Embedder, EmbedderError
+from memq.workers.index.grams import query_terms
+from memq.workers.index.stems import stemmed_grams, stemmed_query_grams, stems
 from memq.workers.memory.dates import named_periods
 from memq.workers.memory.recall import (
+    Doc,
     Hit,
     Ranking,
     SearchQuery,
@@ -37,10 +41,13 @@ from memq.workers.memory.recall import (
     hit_dict,
     in_order,
     named_authors,
+    order_key,
     rank,
     relates,
+    relative_score_fusion,
     without_names,
 )
+from memq.workers.memory.unindexed import bm25, cosine
 from memq.workers.settings import RecallSettings, Settings
 
 log = logging.getLogger("memq.query")
@@ -152,8 +159,10 @@ class Searcher:
         except Exception:
             return False
 
-    async def hits(self, query: SearchQuery) -> tuple[list[Hit], str, str | None, str | None]:
+    async def hits(self, query: SearchQuery, tail: Sequence[Doc] = ()) -> tuple[list[Hit], str, str | None, str | None]:
         """``(hits, mode used, index model, note)``. Raises Unavailable.
+        ``tail``: docs the index does not hold yet, ranked with its own
+        (:mod:`memq.workers.memory.unindexed`).
 
         A search pins one generation (both of :meth:`_ranked`'s pools come
         from it, and the mode was chosen for its model). A switch drops the
@@ -174,7 +183,7 @@ class Searcher:
                 if live is None:
                     raise Unavailable("search: no index has been built yet (is `memq worker indexing` running?)")
                 try:
-                    return await self._hits_in(backend, embedder, query, live)
+                    return await self._hits_in(backend, embedder, query, live, tail)
                 except UnknownGeneration as exc:
                     log.info("search: %s; answering from the generation live now", exc)
                     pinned, live = live, await self.live(fresh=True)
@@ -188,7 +197,7 @@ class Searcher:
             raise Unavailable("search: the index is unavailable, retry later") from exc
 
     async def _hits_in(
-        self, backend: IndexBackend, embedder: Embedder, query: SearchQuery, live: IndexMeta
+        self, backend: IndexBackend, embedder: Embedder, query: SearchQuery, live: IndexMeta, tail: Sequence[Doc] = ()
     ) -> tuple[list[Hit], str, str | None, str | None]:
         """:meth:`hits` in generation ``live``."""
         mode, note = query.mode, None
@@ -206,11 +215,11 @@ class Searcher:
                 f"the index holds {live.model} vectors and this worker embeds with {embedder.model}: "
                 "answered by keyword until both use the same model"
             )
-        found = await self._ranked(backend, embedder, replace(query, mode=mode), live.generation)
+        found = await self._ranked(backend, embedder, replace(query, mode=mode), live.generation, tail)
         return found, mode, live.model, note
 
     async def _ranked(
-        self, backend: IndexBackend, embedder: Embedder, query: SearchQuery, generation: str
+        self, backend: IndexBackend, embedder: Embedder, query: SearchQuery, generation: str, tail: Sequence[Doc] = ()
     ) -> list[Hit]:
         """The query's best ``k`` after :func:`rank`: a pool of candidates;
         when the text names authors of those candidates (and the query does
@@ -220,7 +229,11 @@ class Searcher:
 
         async def search(q: SearchQuery, k: int, floor: bool = True) -> list[Hit]:
             vector = None if q.mode == "keyword" else await self._vector(embedder, q.text)
-            found = await backend.search(replace(q, vector=vector, k=k), generation=generation)
+            q = replace(q, vector=vector, k=k)
+            if tail:
+                found = await self._with_tail(backend, embedder, q, generation, tail)
+            else:
+                found = await backend.search(q, generation=generation)
             return [h for h in found if relates(h, r.min_similarity)] if floor else found
 
         # A pool deeper than k: the backend's choice among hits of equal score
@@ -246,6 +259,70 @@ class Searcher:
             normalise=query.mode != "hybrid",
         )
 
+    async def _with_tail(
+        self, backend: IndexBackend, embedder: Embedder, q: SearchQuery, generation: str, tail: Sequence[Doc]
+    ) -> list[Hit]:
+        """The index's best ``q.k`` with ``tail`` among them: each side
+        searched in the index, the tail scored on it alike, then fused as a
+        backend fuses (:func:`relative_score_fusion`, the top ``max(4k, 50)``
+        of each side). A tail doc replaces the index's doc of the same event."""
+        docs = [d for d in tail if q.matches(d)]
+        if not docs:
+            return await backend.search(q, generation=generation)
+        mode = q.mode
+        if mode == "hybrid" and q.vector is None:
+            mode = "keyword"
+        pool = (max(q.k * 4, 50) if mode == "hybrid" else q.k) + len(docs)  # room for the replaced ones
+        fresh = {(d.session, d.id) for d in docs}
+        sides: dict[str, list[tuple[Doc, float]]] = {}
+        if mode in ("keyword", "hybrid"):
+            held = await backend.search(replace(q, mode="keyword", k=pool), generation=generation)
+            kept = [h.doc for h in held if (h.doc.session, h.doc.id) not in fresh]
+            terms = [_terms(d.search_text) for d in docs]
+            total = len(docs) + await backend.count(app=q.app, user=q.user, generation=generation)
+            scores = bm25(_query_terms(q.text), terms, terms + [_terms(d.search_text) for d in kept], total)
+            found = [(h.doc, h.score) for h in held if (h.doc.session, h.doc.id) not in fresh]
+            sides["keyword"] = found + [(d, s) for d, s in zip(docs, scores, strict=True) if s > 0]
+        if mode in ("vector", "hybrid") and q.vector is not None:
+            held = await backend.search(replace(q, mode="vector", k=pool), generation=generation)
+            vectors = await self._doc_vectors(embedder, [d.search_text for d in docs])
+            found = [(h.doc, h.score) for h in held if (h.doc.session, h.doc.id) not in fresh]
+            sides["vector"] = found + [(d, cosine(q.vector, v)) for d, v in zip(docs, vectors, strict=True)]
+        if mode != "hybrid":
+            side = "keyword" if mode == "keyword" else "vector"
+            best = sorted(sides.get(side, []), key=lambda ds: order_key(ds[1], ds[0]))[: q.k]
+            return [Hit(d, s, {side: s}) for d, s in best]
+        by_key: dict[str, Doc] = {}
+        scored: dict[str, dict[str, float]] = {}
+        for side, found in sides.items():
+            top = sorted(found, key=lambda ds: order_key(ds[1], ds[0]))[:pool]
+            for d, s in top:
+                by_key[d.uuid] = d
+                scored.setdefault(d.uuid, {})[side] = s
+        keyword = [(u, s["keyword"]) for u, s in scored.items() if "keyword" in s]
+        vector = [(u, s["vector"]) for u, s in scored.items() if "vector" in s]
+        fused = relative_score_fusion(keyword, vector, q.alpha)
+        hits = [Hit(by_key[u], score, {"hybrid": score, **scored[u]}) for u, score in fused]
+        return in_order(hits)[: q.k]
+
+    async def _doc_vectors(self, embedder: Embedder, texts: list[str]) -> list[list[float]]:
+        """Vectors of tail docs' texts, by the query vectors' cache: the
+        same caller searches again with the same few unindexed memories."""
+        keep = self.settings.recall.vector_cache
+        missing = list(dict.fromkeys(t for t in texts if (embedder.model, t) not in self._vectors))
+        if missing:
+            for text, vector in zip(missing, await embedder.embed(missing), strict=True):
+                self._vectors[(embedder.model, text)] = vector
+        out = []
+        for text in texts:
+            key = (embedder.model, text)
+            vector = self._vectors[key]
+            self._vectors.move_to_end(key)
+            out.append(vector)
+        while len(self._vectors) > max(keep, len(texts)):
+            self._vectors.popitem(last=False)
+        return out
+
     async def _vector(self, embedder: Embedder, text: str) -> list[float]:
         keep = self.settings.recall.vector_cache
         key = (embedder.model, text)
@@ -259,7 +336,9 @@ class Searcher:
                 self._vectors.popitem(last=False)
         return vector
 
-    async def search(self, req: q.Search) -> q.SearchResults:
+    async def search(self, req: q.Search, tail: Sequence[Doc] = ()) -> q.SearchResults:
+        """Answer ``req`` from the index, with ``tail`` (docs of the caller's
+        scope it does not hold yet) ranked among its hits."""
         query = SearchQuery(
             app=req.app,
             user=req.user,
@@ -274,7 +353,7 @@ class Searcher:
             alpha=self.settings.recall.alpha if req.alpha is None else req.alpha,
         )
         try:
-            found, mode, model, note = await self.hits(query)
+            found, mode, model, note = await self.hits(query, tail)
         except Unavailable as exc:
             self._failures.note(_detail(exc))
             raise
@@ -331,3 +410,16 @@ class _Throttled:
 def _detail(exc: Unavailable) -> str:
     """What the client was told and, for the log only, why (the cause)."""
     return f"{exc} ({exc.__cause__})" if exc.__cause__ is not None else str(exc)
+
+
+def _terms(text: str) -> list[str]:
+    """A doc's BM25 terms as the backends index them: its Porter stems, and
+    the bigrams of unspaced scripts (:mod:`memq.workers.index.stems`)."""
+    return stems(text).split() + stemmed_grams(text).split()
+
+
+def _query_terms(text: str) -> list[str]:
+    """A query's BM25 terms: its words but the stopwords, and the bigrams of
+    unspaced ones, stemmed alike."""
+    kept = (t for t in query_terms(text) if t not in STOPWORDS)
+    return list(dict.fromkeys(s for t in kept for s in stemmed_query_grams(t).split()))

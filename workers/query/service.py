@@ -86,6 +86,7 @@ from memq.contracts.errors import (
     Internal,
     InvalidRequest,
     MemqError,
+    NotCommitted,
     Oversize,
     Unavailable,
     validation_details,
@@ -104,6 +105,7 @@ from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
 from memq.workers.query.replies import ReplyFence, trusted_prefixes
 from memq.workers.query.search import Searcher, recall_skipped
 from memq.workers.query.tail import StreamTail, Tail
+from memq.workers.query.unindexed import OwnBacklog, Unindexed, index_behind
 from memq.workers.query.windows import WindowCache
 from memq.workers.redact import Redactor
 from memq.workers.runtime import bus, readiness
@@ -135,6 +137,7 @@ class QueryLive(Live):
     floor: CommitFloor  # what persistence committed: reads wait on it
     index_floor: CommitFloor  # what indexing indexed: searches wait on it
     tails: StreamTail | None  # the events stream's uncommitted tail, with query.read_tail
+    unindexed: Unindexed  # a search's memories the index has not reached yet
 
 
 class QueryWorker(Component[QueryLive]):
@@ -215,7 +218,17 @@ class QueryWorker(Component[QueryLive]):
                 max_bytes=s.streams.max_message_bytes,
             )
         engine = resources.engine
-        return QueryLive(nc, js, engine, reader(engine), build_cache(s), floor, index_floor, tails)
+        unindexed = Unindexed(
+            js,
+            s.streams.events,
+            engine,
+            floor,
+            scope=s.indexing.storage_scope,
+            context=bool(s.indexing.context_turns),
+            limit=s.query.search_tail,
+            max_bytes=s.streams.max_message_bytes,
+        )
+        return QueryLive(nc, js, engine, reader(engine), build_cache(s), floor, index_floor, tails, unindexed)
 
     def checks(self) -> dict[str, Check]:
         return {
@@ -379,6 +392,13 @@ class QueryWorker(Component[QueryLive]):
                         metrics.QUERY_TAIL_WAIT.inc()
                     finally:
                         tail.close()
+                backlog: int | None = None  # the caller's own messages waiting to be indexed, if known
+                if q.OPS[op].waits_for == "indexing" and req.min_seq > self.live.index_floor.value:
+                    try:
+                        return ok_body(await self._search_unindexed(req)), None  # type: ignore[arg-type]
+                    except MustWait as why:  # the caller's own backlog, or a delete: the index answers it
+                        log.debug("%s waits for the index at seq %d: %s", op, req.min_seq, why)
+                        backlog = why.waiting if isinstance(why, OwnBacklog) else None
                 floor = self.live.index_floor if q.OPS[op].waits_for == "indexing" else self.live.floor
                 # A read that waits for a commit is answered right after it:
                 # another replica is unlikely to have stored its answer in the
@@ -386,7 +406,13 @@ class QueryWorker(Component[QueryLive]):
                 # stale. It uses this replica's tier alone (two Redis round
                 # trips fewer on an agent's turn).
                 shared = req.min_seq <= floor.value
-                await floor.wait_for(req.min_seq, req.wait_ms / 1000)
+                try:
+                    await floor.wait_for(req.min_seq, req.wait_ms / 1000)
+                except NotCommitted:
+                    if floor is not self.live.index_floor or floor.consumer_missing:
+                        raise
+                    limit = self.settings.query.search_tail
+                    raise NotCommitted(index_behind(floor, req.min_seq, req.wait_ms / 1000, backlog, limit)) from None
             if key is not None:
                 return await self._cached(op, req, key, shared=shared)
             return ok_body(await self._run(op, req)), None
@@ -412,6 +438,21 @@ class QueryWorker(Component[QueryLive]):
         if newest <= (req.min_seq or 0):
             return req
         return req.model_copy(update={"min_seq": newest})
+
+    async def _search_unindexed(self, req: q.Search) -> q.SearchResults:
+        """``req`` answered now from the index plus the memories of its own
+        user scope the index has not reached (:mod:`memq.workers.query.unindexed`);
+        raises MustWait when it must wait for the indexer instead."""
+        if self.searcher is None or not self.settings.query.search_tail:
+            raise MustWait("query.search_tail is 0")
+        deadline = time.monotonic() + req.wait_ms / 1000
+        try:
+            tail = await self.live.unindexed.docs(req, self.live.index_floor.value, deadline)
+        except (NatsError, TimeoutError) as exc:  # JetStream busy or away: the wait says what it can
+            raise MustWait(f"the stream could not be read ({type(exc).__name__})") from None
+        reply = await self.searcher.search(req, tail=tail)
+        metrics.SEARCH_UNINDEXED.inc()
+        return reply
 
     def _tail(self, op: str, req: q._Request) -> Tail | None:
         """The uncommitted tail this read adds instead of waiting for the

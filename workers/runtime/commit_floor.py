@@ -43,6 +43,7 @@ import itertools
 import logging
 import time
 from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Iterable
 
 from nats.aio.client import Client as NATS
@@ -55,6 +56,8 @@ from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.subjects import committed_subject
 
 log = logging.getLogger("memq.commit_floor")
+
+RATE_WINDOW_S = 30.0  # how far back CommitFloor.rate() looks
 
 
 async def announce_finished(nc: NATS, durable: str, seqs: Iterable[int], changed: Iterable[CommitNotice] = ()) -> None:
@@ -163,6 +166,7 @@ class CommitFloor:
         self._waiting = 0
         self._poller: asyncio.Task | None = None
         self._poll_error: Exception | None = None
+        self._moves: deque[tuple[float, int]] = deque()  # (time.monotonic(), floor) as it moved, for rate()
 
     @property
     def value(self) -> int:
@@ -178,6 +182,19 @@ class CommitFloor:
             moved = self._floor.add(first, last) or moved
         if moved:
             self._wake()
+
+    def rate(self, now: float | None = None) -> float:
+        """How fast the floor moved lately: sequences a second over the last
+        RATE_WINDOW_S (0 when it has not moved in that time). What an ETA
+        for a backlog is computed with."""
+        now = time.monotonic() if now is None else now
+        moves = self._moves
+        while moves and now - moves[0][0] > RATE_WINDOW_S:
+            moves.popleft()
+        if not moves:
+            return 0.0
+        first_at, first = moves[0]
+        return (self.value - first) / max(now - first_at, 1.0)
 
     async def refresh(self) -> int:
         """Re-read the ack floor; concurrent callers share one request."""
@@ -237,6 +254,12 @@ class CommitFloor:
         return self.value
 
     def _wake(self) -> None:
+        now = time.monotonic()
+        moves = self._moves
+        if not moves or now - moves[-1][0] >= 0.1:  # a sample per 100 ms is enough
+            moves.append((now, self.value))
+            while now - moves[0][0] > RATE_WINDOW_S:
+                moves.popleft()
         while self._waiters and self._waiters[0][0] <= self.value:
             _, _, waiter = heapq.heappop(self._waiters)
             if not waiter.done():

@@ -4,12 +4,15 @@ Read from SQL, the source of truth, once the persistence worker's ack floor
 has passed the batch: then every earlier event is there, so a doc's context
 is the same whichever replica indexes it, in whatever batch, and in a
 rebuild. (Tracking turns in the indexer's memory would depend on which
-replica saw what.)
+replica saw what.) The query worker reads them the same way for a search's
+memories the index has not reached yet (:mod:`memq.workers.query.unindexed`),
+so those are the docs the indexer will write.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
 
 from sqlalchemy import select
 
@@ -18,14 +21,21 @@ from memq.contracts.ids import scope_key
 from memq.contracts.schemas import Event, EventAppended, EventForgotten
 from memq.workers.index.backends.base import IndexUnavailable
 from memq.workers.memory.recall import StorageScope, Turn, doc_for, turn_of
-from memq.workers.runtime.commit_floor import CommitFloor
 from memq.workers.sql.reads import EVENTS
+
+
+class Floor(Protocol):
+    """The persistence commit floor (:class:`memq.workers.runtime.commit_floor.CommitFloor`,
+    which this shared folder may not import: the runtime imports the index)."""
+
+    async def wait_for(self, seq: int, timeout_s: float) -> int: ...
+
 
 LOOKBACK = 5  # events looked at for one with text (tool calls may come between)
 
 
 class PreviousTurns:
-    def __init__(self, engine, floor: CommitFloor, scope: StorageScope, wait_s: float = 30.0):
+    def __init__(self, engine, floor: Floor, scope: StorageScope, wait_s: float = 30.0):
         self.engine, self.floor, self.scope, self.wait_s = engine, floor, scope, wait_s
 
     async def before(self, firsts: Mapping[str, tuple[int, EventAppended | EventForgotten]]) -> dict[str, Turn]:
