@@ -76,7 +76,7 @@ async def reply(worker: QueryWorker, req: q._Request, key: str) -> bytes:
 def live(cache: QueryCache) -> QueryLive:
     """Running parts with no connection: the requests here need none."""
     floor = Floor()
-    return QueryLive(None, None, None, None, cache, floor, floor, None)  # type: ignore[arg-type]
+    return QueryLive(None, None, None, None, cache, floor, floor, None, None)  # type: ignore[arg-type]
 
 
 def worker_with(shared: MemoryBackend, tmp_path) -> QueryWorker:

@@ -24,7 +24,7 @@ class FailingFloor:
 async def answer_with(exc: Exception, tmp_path) -> dict:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
     floor = FailingFloor(exc)
-    worker._live = QueryLive(None, None, None, None, None, floor, floor, None)  # type: ignore[arg-type]
+    worker._live = QueryLive(None, None, None, None, None, floor, floor, None, None)  # type: ignore[arg-type]
     req = q.HistoryGet(app="a", user="u", session="s", min_seq=5)
     body, _ = await worker._answer("history", req, None)
     return orjson.loads(body)["error"]
