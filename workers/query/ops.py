@@ -7,7 +7,6 @@ The policy (strategies, context assembly, templates) is pure and lives in
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from memq.workers.memory.strategies import Strategy, select, strategy_for
 from memq.workers.memory.tail import MustWait
 from memq.workers.memory.template import render, rendered_size
 from memq.workers.memory.tokens import event_messages, event_text
+from memq.workers.offload import off_loop
 from memq.workers.query import paging
 from memq.workers.query.tail import Tail
 from memq.workers.query.windows import WindowCache
@@ -32,22 +32,6 @@ from memq.workers.sql import reads
 from memq.workers.sql.window import Window, with_tail
 
 RECALL_MARGIN = 10  # extra recall candidates, for those already in the window
-# Text at least this long is tokenized in a thread, not on the event loop that
-# answers every app: tiktoken releases the GIL while it encodes. Measured on
-# the 2-core dev VM, mixed-script words: 1.4 ms per 16 K characters, 100 ms
-# per 1 M (query.max_instruction_chars); a thread hop costs 0.06 ms, so the
-# short texts of nearly every request stay on the loop.
-OFF_LOOP_CHARS = 16_384
-
-R = TypeVar("R")
-
-
-async def _cpu(chars: int, fn: Callable[..., R], /, *args: Any, **kwargs: Any) -> R:
-    """``fn(*args, **kwargs)``, which tokenizes about ``chars`` characters of
-    the caller's text: in a thread when that is long enough to stall others."""
-    if chars < OFF_LOOP_CHARS:
-        return fn(*args, **kwargs)
-    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 def _stored(e: reads.StoredEvent) -> q.StoredEvent:
@@ -261,9 +245,9 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext, tail
         state = await reads.merged_state(conn, req.app, req.user, req.session)
         instruction = _instruction(req, req.instruction, state, ctx)
     if req.message is not None:
-        window = await _cpu(len(req.message), _with_pending, window, req.message, model)
+        window = await off_loop(len(req.message), _with_pending, window, req.message, model)
     recalled = await _recall(ctx, req, window)
-    built = await _cpu(
+    built = await off_loop(
         len(instruction or ""),
         assemble,
         history=window.items,
@@ -383,7 +367,7 @@ async def _next_context(
     parts, used, nxt = await paging.event_run(conn, key, cursor, room, render)
     if nxt is None and req.message is not None:
         event = _pending_event(req.message)
-        counted = await _cpu(len(req.message), item_from_event, PENDING_SEQ, event, model=model)
+        counted = await off_loop(len(req.message), item_from_event, PENDING_SEQ, event, model=model)
         pending = _window_part(PENDING_SEQ, event, counted.tokens, memq)
         if parts and used + pending[1] > room:  # on a page of its own
             nxt = paging.Cursor(snapshot=cursor.snapshot, after=cursor.snapshot)
