@@ -884,6 +884,9 @@ class MemoryClient:
         :param instruction: a system instruction template rendered from state:
             ``{key}``, ``{user:key}``, ``{key?}`` (empty if unset; without ``?``
             an unset key raises :class:`~memq.contracts.errors.TemplateKeyMissing`).
+            One that would render longer than the service's
+            ``query.max_instruction_chars`` or than one reply carries is
+            refused at once as :class:`~memq.contracts.errors.Oversize`.
             Default: none.
         :param recall_limit: long-term memories to recall, at most, 0..100;
             ``summary_buffer``'s ``recall_share`` bounds their tokens. Default 20.

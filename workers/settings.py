@@ -237,6 +237,13 @@ class QuerySettings(BaseModel):
         "Unset: nats.inbox_prefix, or _INBOX. With `memq nats accounts`' config no app can name them; in a "
         "one-account config with app users set [] (docs/operations/security.md)",
     )
+    max_instruction_chars: int = Field(
+        default=1_000_000,
+        ge=1,
+        description="the longest a context's rendered `instruction` may be, in characters: a longer one (or one "
+        "longer than a reply carries) is refused as `oversize` from the template and the sizes of the state it "
+        "substitutes, before it is built",
+    )
     apps: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="per-app working-memory overrides, e.g. {'my-agent': {'budget': 4000}}"
     )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from memq.contracts.errors import MemqError
 from memq.workers.memory.state import merge_state
-from memq.workers.memory.template import TemplateKeyError, placeholders, render
+from memq.workers.memory.template import TemplateKeyError, placeholders, render, rendered_size
 
 
 def test_hector_doc_example():
@@ -85,3 +87,75 @@ def test_escaped_text_renders_back_unchanged(text):
 @given(st.text(alphabet=st.characters(blacklist_characters="{}")))
 def test_text_without_braces_is_unchanged(text):
     assert render(text, {"x": 1}) == text
+
+
+# --- the rendered size, known before rendering (issue 38) --------------------------
+
+_PIECES = st.sampled_from(
+    [
+        "{k}", "{k?}", "{ k }", "{user:k}", "{app:n?}", "{temp:t}", "{gone?}", "{gone}", "{名前}",
+        "{artifact.f.txt}", "{artifact.nope?}", "{{", "}}", "{", "}", "{}", "{not valid}", '{"a": 1}',
+        "{1abc}", "{{k}}", "{{{k}}}", "é", "\n", "text ",
+    ]
+)  # fmt: skip
+_VALUES = st.one_of(
+    st.none(),
+    st.text(max_size=30),
+    st.integers(-(2**63), 2**63 - 1),  # orjson's range, as state (JSON) holds
+    st.booleans(),
+    st.lists(st.integers(0, 10**6), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.text(max_size=5), max_size=3),
+)
+_KEYS = st.sampled_from(["k", "user:k", "app:n", "temp:t", "名前"])
+
+
+@given(
+    st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=40).map("".join),
+    st.dictionaries(_KEYS, _VALUES),
+    st.one_of(st.none(), st.dictionaries(st.sampled_from(["f.txt", "nope"]), st.text(max_size=10))),
+)
+def test_the_rendered_size_is_the_length_of_the_rendering(template, state, artifacts):
+    try:
+        rendered = render(template, state, artifacts=artifacts)
+    except TemplateKeyError as err:
+        with pytest.raises(TemplateKeyError) as predicted:
+            rendered_size(template, state, artifacts=artifacts)
+        assert predicted.value.key == err.key  # the same first missing key
+        return
+    assert rendered_size(template, state, artifacts=artifacts) == len(rendered)
+
+
+def _one_match_at_a_time(template, state, artifacts):
+    """The renderer before issue 38 (a Python callback per match): the oracle
+    that the table-driven one renders the same."""
+    from memq.workers.memory.template import _rendered_token
+
+    return re.sub(r"\{\{|\}\}|\{[^{}]*\}", lambda m: _rendered_token(m.group(0), state, artifacts), template)
+
+
+@given(
+    st.lists(st.one_of(_PIECES, st.text(max_size=8)), max_size=40).map("".join),
+    st.dictionaries(_KEYS, _VALUES),
+)
+def test_the_renderer_renders_as_one_match_at_a_time(template, state):
+    try:
+        expected = _one_match_at_a_time(template, state, None)
+    except TemplateKeyError as err:
+        with pytest.raises(TemplateKeyError) as got:
+            render(template, state)
+        assert got.value.key == err.key
+        return
+    assert render(template, state) == expected
+
+
+def test_the_size_of_a_huge_rendering_is_known_without_building_it():
+    # 60,000 uses of a 20 KB value: 1.2 GB if rendered, counted from one lookup
+    assert rendered_size("{k}" * 60_000 + "!", {"k": "x" * 20_000}) == 60_000 * 20_000 + 1
+    assert rendered_size("{n} {{k}}" * 3, {"n": {"a": [1, 2]}}) == len('{"a":[1,2]} {k}') * 3
+
+
+def test_the_first_missing_key_is_named_by_both():
+    for fn in (render, rendered_size):
+        with pytest.raises(TemplateKeyError) as err:
+            fn("{a?} {b} {c} {b}", {})
+        assert err.value.key == "b"

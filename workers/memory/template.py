@@ -25,18 +25,27 @@ empty); anything else as compact JSON with sorted keys (``true``, ``3``,
 Literal braces: write ``{{`` and ``}}`` (as in Python's ``str.format``), so
 ``{{user:name}}`` renders ``{user:name}``. Hector has no escape (it would
 substitute ``{{user:name}}``); this is memq's one deviation.
+
+Size before work: a template repeats what it substitutes, so a few KB of
+``{k}`` with a 20 KB ``k`` render hundreds of MB. :func:`rendered_size` says
+how long :func:`render` would be from the template's distinct tokens and the
+lengths of their values, without building it, so the caller can refuse an
+answer too big to send before spending the time and memory on it. Both
+resolve each distinct token once (:func:`_table`) and walk the template in C
+(``re.findall``, ``re.split``), not in a Python callback per match.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from memq.contracts.errors import MemqError
 from memq.workers.memory.tokens import dumps
 
-_TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}")
+_TOKEN = re.compile(r"(\{\{|\}\}|\{[^{}]*\})")  # one group: split() keeps the tokens
 _NAME = re.compile(r"(?:(?:app|user|temp):)?[^\W\d]\w*")
 _ARTIFACT = "artifact."
 
@@ -73,6 +82,34 @@ def _parse(inner: str) -> tuple[str, bool] | None:
     return None
 
 
+def _rendered_token(token: str, state: Mapping[str, Any], artifacts: Mapping[str, str] | None) -> str:
+    """What one token (an escape, a placeholder, other text in braces) renders to."""
+    if token == "{{":
+        return "{"
+    if token == "}}":
+        return "}"
+    parsed = _parse(token[1:-1])
+    if parsed is None:
+        return token
+    name, optional = parsed
+    if name.startswith(_ARTIFACT):
+        source: Mapping[str, Any] = artifacts or {}
+        key = name[len(_ARTIFACT) :]
+    else:
+        source, key = state, name
+    if key in source:
+        return _render_value(source[key])
+    if optional:
+        return ""
+    raise TemplateKeyError(name)
+
+
+def _table(tokens: Mapping[str, Any], state: Mapping[str, Any], artifacts: Mapping[str, str] | None) -> dict[str, str]:
+    """Each distinct token's rendering, in first-use order: the first missing
+    key raised is the one a left-to-right render meets first."""
+    return {token: _rendered_token(token, state, artifacts) for token in tokens}
+
+
 def render(
     template: str,
     state: Mapping[str, Any],
@@ -88,40 +125,41 @@ def render(
         artifacts: artifact texts by filename for ``{artifact.name}``
             (default None: every artifact counts as missing).
 
-    Raises :class:`TemplateKeyError` for a missing key without ``?``.
+    Raises :class:`TemplateKeyError` for a missing key without ``?``. Check
+    :func:`rendered_size` first when the result may be too big to use.
     """
+    parts = _TOKEN.split(template)  # text, token, text, token, ..., text
+    tokens = parts[1::2]
+    table = _table(dict.fromkeys(tokens), state, artifacts)
+    parts[1::2] = map(table.__getitem__, tokens)
+    return "".join(parts)
 
-    def replace(match: re.Match[str]) -> str:
-        whole = match.group(0)
-        if whole == "{{":
-            return "{"
-        if whole == "}}":
-            return "}"
-        parsed = _parse(match.group(1))
-        if parsed is None:
-            return whole
-        name, optional = parsed
-        if name.startswith(_ARTIFACT):
-            source: Mapping[str, Any] = artifacts or {}
-            key = name[len(_ARTIFACT) :]
-        else:
-            source, key = state, name
-        if key in source:
-            return _render_value(source[key])
-        if optional:
-            return ""
-        raise TemplateKeyError(name)
 
-    return _TOKEN.sub(replace, template)
+def rendered_size(
+    template: str,
+    state: Mapping[str, Any],
+    *,
+    artifacts: Mapping[str, str] | None = None,
+) -> int:
+    """``len(render(template, state, artifacts=artifacts))``, without
+    rendering: the template's own length, less each token's, plus its
+    value's, counted once per distinct token. Costs the template's length
+    and each distinct value's rendering once, however often it is used.
+
+    Raises :class:`TemplateKeyError` exactly when :func:`render` does.
+    """
+    uses = Counter(_TOKEN.findall(template))
+    table = _table(uses, state, artifacts)
+    return len(template) + sum((len(table[token]) - len(token)) * n for token, n in uses.items())
 
 
 def placeholders(template: str) -> list[str]:
     """The names a template uses, in first-use order, without ``?``."""
     seen: dict[str, None] = {}
-    for match in _TOKEN.finditer(template):
-        if match.group(1) is None:
+    for token in _TOKEN.findall(template):
+        if token in ("{{", "}}"):
             continue
-        parsed = _parse(match.group(1))
+        parsed = _parse(token[1:-1])
         if parsed is not None:
             seen.setdefault(parsed[0], None)
     return list(seen)

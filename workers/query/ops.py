@@ -15,14 +15,15 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from memq.contracts import queries as q
-from memq.contracts.errors import InvalidRequest, NotFound, Unavailable
+from memq.contracts.errors import InvalidRequest, NotFound, Oversize, Unavailable
 from memq.contracts.ids import scope_key
 from memq.workers.memory.context import assemble, item_from_event
 from memq.workers.memory.recall import recalled_event
 from memq.workers.memory.strategies import Strategy, select, strategy_for
 from memq.workers.memory.tail import MustWait
-from memq.workers.memory.template import render
+from memq.workers.memory.template import render, rendered_size
 from memq.workers.memory.tokens import event_messages, event_text
+from memq.workers.offload import off_loop
 from memq.workers.query import paging
 from memq.workers.query.tail import Tail
 from memq.workers.query.windows import WindowCache
@@ -242,11 +243,13 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext, tail
     instruction = None
     if req.instruction:
         state = await reads.merged_state(conn, req.app, req.user, req.session)
-        instruction = render(req.instruction, state)
+        instruction = _instruction(req, req.instruction, state, ctx)
     if req.message is not None:
-        window = _with_pending(window, req.message, model)
+        window = await off_loop(len(req.message), _with_pending, window, req.message, model)
     recalled = await _recall(ctx, req, window)
-    built = assemble(
+    built = await off_loop(
+        len(instruction or ""),
+        assemble,
         history=window.items,
         events=window.events,
         strategy=strategy,
@@ -277,6 +280,27 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext, tail
         newest = stored[-1] if stored else 0
         nxt = paging.Cursor(snapshot=newest, after=sent[-1] if sent else (stored[0] - 1 if stored else 0))
     return _with_parts(view, parts, _encode("context", req, nxt))
+
+
+def _instruction(req: q.ContextGet, template: str, state: Mapping[str, Any], ctx: OpContext) -> str:
+    """The rendered instruction, refused before it is built when it would be
+    longer than ``query.max_instruction_chars`` or than one reply carries: a
+    few KB of ``{k}`` with a large ``k`` render hundreds of MB (issue 38)."""
+    size = rendered_size(template, state)
+    copies = 2 if req.format == "memq" else 1  # memq's format carries it in messages and in context
+    room = ctx.reply_bytes // copies  # a character is at least one byte of the reply's JSON
+    limit = min(ctx.max_instruction_chars, room)
+    if size > limit:
+        if limit == ctx.max_instruction_chars:
+            why = "query.max_instruction_chars"
+        else:
+            why = f"what one reply of {ctx.reply_bytes:,} bytes carries in {req.format} format"
+            why += ", which holds it twice" if copies == 2 else ""
+        raise Oversize(
+            f"context: the instruction would render to {size:,} characters, over the limit of {limit:,} ({why}); "
+            "substitute less state or repeat it less"
+        )
+    return render(template, state)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +367,8 @@ async def _next_context(
     parts, used, nxt = await paging.event_run(conn, key, cursor, room, render)
     if nxt is None and req.message is not None:
         event = _pending_event(req.message)
-        pending = _window_part(PENDING_SEQ, event, item_from_event(PENDING_SEQ, event, model=model).tokens, memq)
+        counted = await off_loop(len(req.message), item_from_event, PENDING_SEQ, event, model=model)
+        pending = _window_part(PENDING_SEQ, event, counted.tokens, memq)
         if parts and used + pending[1] > room:  # on a page of its own
             nxt = paging.Cursor(snapshot=cursor.snapshot, after=cursor.snapshot)
         else:
@@ -437,6 +462,7 @@ class OpContext:
     # Bytes of one reply: session.get, history and context answer in pages
     # this big (the worker sets it from its connection's max_payload).
     reply_bytes: int = paging.reply_bytes(1024 * 1024)
+    max_instruction_chars: int = 1_000_000  # query.max_instruction_chars
     searcher: Any = None  # memq.workers.query.search.Searcher: search and recall
     # The session windows this replica read last (off until the worker sets
     # it: a window is only as current as the commit floor it knows).

@@ -152,7 +152,12 @@ class QueryWorker(Component[QueryLive]):
         super().__init__(settings)
         self.searcher = Searcher(settings)  # opens on the first search, on the process's index and embedder
         self.redact = Redactor.for_settings(settings)  # of every error message a reply carries
-        self.ctx = OpContext(memory=settings.memory, apps=settings.query.apps, searcher=self.searcher)
+        self.ctx = OpContext(
+            memory=settings.memory,
+            apps=settings.query.apps,
+            searcher=self.searcher,
+            max_instruction_chars=settings.query.max_instruction_chars,
+        )
         self._slots = asyncio.Semaphore(settings.query.max_inflight)
         self.replies = ReplyFence(trusted_prefixes(settings.query.trusted_inboxes, settings.nats.inbox_prefix))
         self._tasks: set[asyncio.Task] = set()

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from memq.workers.memory.context import item_from_event
 from memq.workers.memory.strategies import Item, Strategy
+from memq.workers.offload import off_loop
 from memq.workers.sql import reads
 
 PAGE = 256  # events read per round trip when walking a session backwards
@@ -119,7 +120,8 @@ async def load_session_window(
         if newer is None:
             newer = await reads.newest_events(conn, session_key, after_seq=last.through, limit=PAGE, only=only)
         if len(newer) < PAGE:  # all of them: else reading afresh costs no more
-            window = _extended(last.window, newer, last.through, strategy, model, reserved)
+            counted = await _items(newer[::-1], model)
+            window = _extended(last.window, newer, counted, last.through, strategy, reserved)
             return SessionWindow(row, window, max(through, last.through), stored_ids if ids else None)
     return SessionWindow(row, await _walk(conn, session_key, strategy, model, reserved, only, checkpoint), through)
 
@@ -139,21 +141,22 @@ def _same_history(last: SessionWindow, row: reads.SessionRow, checkpoint: reads.
 def _extended(
     window: Window,
     newer: list[reads.StoredEvent],
+    counted: list[Item],
     through: int,
     strategy: Strategy,
-    model: str | None,
     reserved: int,
 ) -> Window:
     """``window``'s events up to ``through``, then ``newer`` (every stored
-    event after ``through``, newest first), less the oldest events that the
+    event after ``through``, newest first; ``counted``: their items, oldest
+    first), less the oldest events that the
     strategy no longer needs (the shortest suffix that is enough, as the walk
     stops at)."""
     # The likely case: no event above the floor (read while a replica
     # committed out of order) to leave out; the maps are in seq order.
     if next(reversed(window.stored), 0) <= through:
-        return _appended(window, newer, strategy, model, reserved)
+        return _appended(window, newer, counted, strategy, reserved)
     stored = [e for e in window.stored.values() if e.seq <= through] + newer[::-1]
-    items = [it for it in window.items if it.seq <= through] + [_item(e, model) for e in reversed(newer)]
+    items = [it for it in window.items if it.seq <= through] + counted
     start = strategy.needs_from(items, reserved) or 0
     stored, items = stored[start:], items[start:]
     kept = {e.seq: e for e in stored}
@@ -168,13 +171,13 @@ def _extended(
 
 
 def _appended(
-    window: Window, newer: list[reads.StoredEvent], strategy: Strategy, model: str | None, reserved: int
+    window: Window, newer: list[reads.StoredEvent], counted: list[Item], strategy: Strategy, reserved: int
 ) -> Window:
     """:func:`_extended` of a window whose events are all at or below its
     ``through``: copies of its dicts (C speed) with the new events added and
     the dropped ones deleted, rather than every dict built again in Python
     (the rebuild was 14 % of the query worker's CPU at 64 agents)."""
-    items = window.items + [_item(e, model) for e in reversed(newer)]
+    items = window.items + counted
     start = strategy.needs_from(items, reserved) or 0
     events, stored = dict(window.events), dict(window.stored)
     for e in reversed(newer):
@@ -235,7 +238,7 @@ async def _walk(
     while True:
         page = await reads.newest_events(conn, session_key, after_seq=after, before_seq=before, limit=PAGE, only=only)
         newest_first += page
-        items_newest_first += [_item(e, model) for e in page]
+        items_newest_first += await _items(page, model)
         if len(page) < PAGE or _enough(strategy, items_newest_first, reserved):
             break
         before = page[-1].seq
@@ -251,3 +254,21 @@ async def _walk(
 def _item(e: reads.StoredEvent, model: str | None) -> Item:
     # Stored counts are for cl100k_base; another model is counted here.
     return item_from_event(e.seq, e.data, model=model, tokens=e.tokens if model is None and e.tokens else None)
+
+
+# Text characters per stored token, roughly (cl100k_base, English): to tell
+# a long page from a short one without walking its events.
+CHARS_PER_TOKEN = 4
+UNCOUNTED = 1_000  # tokens assumed for an event stored without a count
+
+
+async def _items(events: list[reads.StoredEvent], model: str | None) -> list[Item]:
+    """:func:`_item` of each event, in a thread when they must be counted
+    (another model than the stored counts', or no stored count) and are long:
+    a caller naming a model makes a whole window be counted again."""
+    recount = sum(e.tokens or UNCOUNTED for e in events if model is not None or not e.tokens)
+    return await off_loop(recount * CHARS_PER_TOKEN, _counted, events, model)
+
+
+def _counted(events: list[reads.StoredEvent], model: str | None) -> list[Item]:
+    return [_item(e, model) for e in events]
