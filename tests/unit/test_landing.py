@@ -3,10 +3,13 @@ real one does: by ``Nats-Msg-Id`` across the stream, whatever the subject."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from nats.js.api import PubAck, RawStreamMsg
 from nats.js.errors import NotFoundError
 
+from memq.contracts.client import MemoryClient
 from memq.contracts.errors import PublishFailed
 from memq.contracts.landing import MSG_ID, publish_landed
 
@@ -17,7 +20,7 @@ class FakeStream:
         self.ids: dict[str, int] = {}
         self.deleted: set[int] = set()
 
-    async def publish(self, subject, data, stream=None, headers=None) -> PubAck:
+    async def publish(self, subject, data, stream=None, headers=None, timeout=None) -> PubAck:
         msg_id = (headers or {}).get(MSG_ID)
         if msg_id in self.ids:
             return PubAck(stream="S", seq=self.ids[msg_id], duplicate=True)
@@ -26,6 +29,11 @@ class FakeStream:
         if msg_id:
             self.ids[msg_id] = seq
         return PubAck(stream="S", seq=seq)
+
+    async def publish_async(self, subject, data, stream=None, headers=None) -> asyncio.Future[PubAck]:
+        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        future.set_result(await self.publish(subject, data, stream, headers))
+        return future
 
     async def get_msg(self, stream, seq) -> RawStreamMsg:
         if seq not in self.messages or seq in self.deleted:
@@ -74,3 +82,27 @@ async def test_a_fresh_id_taken_too_fails_rather_than_reporting_success():
     await js.publish("ev.a", b"x", headers={MSG_ID: "id-1.guessed"})
     with pytest.raises(PublishFailed, match="nothing was stored on ev.b"):
         await publish_landed(js, "ev.b", b"body", {MSG_ID: "id-1"}, "S", fresh="id-1.guessed")
+
+
+class FakeConnection:
+    max_payload = 1 << 20
+
+    def __init__(self, js: FakeStream) -> None:
+        self.js = js
+
+    def jetstream(self, timeout: float | None = None) -> FakeStream:
+        return self.js
+
+
+@pytest.mark.parametrize("verify", [True, False])
+async def test_the_client_verifies_duplicates_only_when_told(verify):
+    """``memq import`` (verify_duplicates) gets its message stored; an app's
+    client, which may not read the stream, takes the duplicate as its own."""
+    js = FakeStream()
+    await js.publish("ev.a", b"body", headers={MSG_ID: "id-1"})
+    client = MemoryClient(FakeConnection(js), "app", verify_duplicates=verify)
+    seqs = await client._settle([("ev.b", b"body", {MSG_ID: "id-1"}), ("ev.b", b"next", {MSG_ID: "id-2"})])
+    if verify:
+        assert seqs == [3, 2] and client.squatted == 1 and js.messages[3][:2] == ("ev.b", b"body")
+    else:
+        assert seqs == [1, 2] and client.squatted == 0 and client.duplicates == 1
