@@ -284,7 +284,7 @@ class MemoryClient:
     :param verify_duplicates: read back the message a duplicate ack points
         at, and publish again under a fresh id if it is not this one
         (:func:`~memq.contracts.landing.publish_landed`; counted in
-        :attr:`squatted`). Needs a connection that may read the stream
+        ``squatted``). Needs a connection that may read the stream
         (``memq import`` sets it, as ``admin``); an app's own user may not,
         and relies on the id's content digest. Default False.
 

@@ -78,7 +78,7 @@ async def publish_landed(
     the dedupe id; ``stream`` the one expected to capture it) and return
     where it is stored; a duplicate ack is checked in the stream that acked it
     (:func:`holds`), and a squatted id replaced by ``fresh`` (default
-    :func:`fresh_id`). Raises :class:`PublishFailed` if even that comes back
+    :func:`fresh_id`). Raises :class:`~memq.contracts.errors.PublishFailed` if even that comes back
     as another message's duplicate: the write did not land."""
     msg_id = headers[MSG_ID]
     ack = await js.publish(subject, data, stream=stream, headers=dict(headers))
