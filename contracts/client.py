@@ -97,6 +97,7 @@ from memq.contracts.errors import (
     validation_details,
 )
 from memq.contracts.ids import encode_token, validate_id
+from memq.contracts.landing import MSG_ID, fresh_id, holds
 from memq.contracts.queries import (
     OPS,
     ArtifactsView,
@@ -280,6 +281,12 @@ class MemoryClient:
         committed yet (``memq.contracts.carry``), and the service answers
         without waiting for their commit where that is exact (it waits as
         before where not). Default True.
+    :param verify_duplicates: read back the message a duplicate ack points
+        at, and publish again under a fresh id if it is not this one
+        (:func:`~memq.contracts.landing.publish_landed`; counted in
+        ``squatted``). Needs a connection that may read the stream
+        (``memq import`` sets it, as ``admin``); an app's own user may not,
+        and relies on the id's content digest. Default False.
 
     :attr:`last_seq` is the stream sequence of this client's latest publish
     (``None`` before the first).
@@ -299,6 +306,7 @@ class MemoryClient:
         wait_ms: int = 2000,
         consistency: Consistency = "own",
         carry_writes: bool = True,
+        verify_duplicates: bool = False,
     ):
         self.app = validate_id(app, "app")
         self.nc = nc
@@ -315,6 +323,9 @@ class MemoryClient:
         # Publishes JetStream answered as duplicates: retries of a message it
         # already had (same subject, id and bytes), each a success.
         self.duplicates = 0
+        self.verify_duplicates = verify_duplicates
+        # Duplicate acks that were another message's (verify_duplicates), each published again
+        self.squatted = 0
         self._js = nc.jetstream(timeout=timeout)
         self._objects: ObjectStore | None = None
         self._owns_connection = False
@@ -1259,6 +1270,8 @@ class MemoryClient:
                 # than resend the same messages every `timeout` and load it more.
                 left = started + self.publish_deadline - time.monotonic()
                 wait = max(self.timeout, min(2 * wait, left))
+        if self.verify_duplicates:
+            await self._verify(messages, acks)
         seqs = [ack.seq for ack in acks if ack is not None]
         # The dedupe id holds the subject and a digest of the bytes: a
         # duplicate is this very message, stored before (an earlier try, or the
@@ -1266,6 +1279,26 @@ class MemoryClient:
         self.duplicates += sum(1 for ack in acks if ack is not None and ack.duplicate)
         self._published(max(seqs))
         return seqs
+
+    async def _verify(self, messages: list[_Prepared], acks: list[PubAck | None]) -> None:
+        """Each duplicate ack that is not this very message (an id someone
+        predicted and published first) is replaced by the ack of the message
+        published again under a fresh id (its other headers as they were)."""
+        for i, ack in enumerate(acks):
+            if ack is None or not ack.duplicate:
+                continue
+            subject, data, headers = messages[i]
+            if await holds(self._js, ack.stream, ack.seq, subject, data):
+                continue
+            new_id = fresh_id(headers[MSG_ID])
+            try:
+                acks[i] = await self._js.publish(subject, data, stream=self.stream, headers={**headers, MSG_ID: new_id})
+            except (nats.errors.Error, TimeoutError) as exc:
+                raise PublishFailed(
+                    f"Nats-Msg-Id {headers[MSG_ID]!r} was another message's (seq {ack.seq}), and publishing "
+                    f"again as {new_id!r} failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            self.squatted += 1
 
     async def _try(
         self, messages: list[_Prepared], todo: list[int], acks: list[PubAck | None], wait: float

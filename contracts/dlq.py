@@ -16,7 +16,11 @@ these headers, and goes on:
   the same message twice (redelivered before its ack) stores it once.
 
 A replayed message carries ``Memq-Replayed-From: <DLQ seq>`` and the msg id
-``dedupe_id(<original subject>, "memq-replay:<DLQ stream>:<DLQ seq>")``.
+``dedupe_id(<original subject>, "memq-replay:<DLQ stream>:<DLQ seq>", <body>)``:
+the digest of the body makes a rerun of the same replay one message, and the
+replay checks a duplicate ack against the stream
+(:func:`memq.contracts.landing.publish_landed`): the DLQ's sequences are small
+and predictable, so an app can publish such an id first on its own subject.
 
 Writers (the workers) and readers (``memq dlq``, operators' own tools) build
 and read the headers only through this module.
@@ -98,11 +102,11 @@ class DeadLetterHeaders:
         )
 
 
-def replay_headers(dlq_stream: str, dlq_seq: int, subject: str) -> dict[str, str]:
-    """Headers of a replayed message, published on ``subject``: running the
-    same replay twice within the duplicate window (a crash between publish and
-    delete) appends it once. The id is scoped to the subject
-    (:func:`~memq.contracts.subjects.dedupe_id`): an app that published the
-    id first on its own subject cannot make the stream drop the replay."""
+def replay_headers(dlq_stream: str, dlq_seq: int, subject: str, data: bytes) -> dict[str, str]:
+    """Headers of a replayed message, ``data`` published on ``subject``:
+    running the same replay twice within the duplicate window (a crash between
+    publish and delete) appends it once. The id holds the subject and a digest
+    of ``data`` (:func:`~memq.contracts.subjects.dedupe_id`), but it is
+    predictable: the replay still checks what a duplicate ack points at."""
     replay_id = f"{REPLAY_ID_PREFIX}:{dlq_stream}:{dlq_seq}"
-    return {MSG_ID: dedupe_id(subject, replay_id), REPLAYED_FROM: str(dlq_seq)}
+    return {MSG_ID: dedupe_id(subject, replay_id, data), REPLAYED_FROM: str(dlq_seq)}

@@ -70,6 +70,14 @@ DEAD_LETTERED = Counter(
     registry=REGISTRY,
 )
 
+SQUATTED_IDS = Counter(
+    "memq_squatted_ids",
+    "Internal publishes whose Nats-Msg-Id another message held first (JetStream answered a duplicate "
+    "that was not this message): published again under a fresh id",
+    ["publisher"],
+    registry=REGISTRY,
+)
+
 CONSUMER_LAG = Gauge(
     "memq_consumer_lag",
     "Messages in the stream not yet delivered to the durable consumer (num_pending)",

@@ -27,6 +27,12 @@ How items map onto memq (docs/guide/adapters.md has the table):
 - ``index=False`` (or nothing to index): the event holds the value and no
   message, so nothing is indexed.
 
+Labels are matched as LangGraph's own stores match them: a search's
+``namespace_prefix`` literally (``("*", "memories")`` is the user named
+``*``, never every user: an app that builds namespaces from end users' ids
+must not let one read the others'), ``list_namespaces``' conditions with
+``*`` as a wildcard for any one label.
+
 A put replaces the item: the old session is deleted and the new one written
 (two publishes), so the old text is not found any more; ``created_at`` is
 the time of the latest put, as in LangGraph's ``InMemoryStore``. Every read
@@ -130,8 +136,11 @@ def item_of(session: str) -> tuple[tuple[str, ...], str] | None:
     return tuple(parts[:n]), ".".join(parts[n:])
 
 
-def matches(namespace: tuple[str, ...], condition: MatchCondition) -> bool:
-    """LangGraph's prefix/suffix match, ``*`` matching any one label."""
+def matches(namespace: tuple[str, ...], condition: MatchCondition, wildcard: bool = True) -> bool:
+    """LangGraph's prefix/suffix match; with ``wildcard`` (``list_namespaces``'
+    match conditions) ``*`` matches any one label, without it (``search``'s
+    ``namespace_prefix``) ``*`` is a label like any other, as in LangGraph's
+    own stores."""
     path = tuple(condition.path)
     if len(namespace) < len(path):
         return False
@@ -141,7 +150,7 @@ def matches(namespace: tuple[str, ...], condition: MatchCondition) -> bool:
         labels = namespace[len(namespace) - len(path) :]
     else:
         raise ValueError(f"unsupported match type {condition.match_type!r}")
-    return all(p == "*" or p == label for p, label in zip(path, labels, strict=True))
+    return all((wildcard and p == "*") or p == label for p, label in zip(path, labels, strict=True))
 
 
 def filter_matches(value: Mapping[str, Any], filter: Mapping[str, Any] | None) -> bool:
@@ -348,12 +357,14 @@ class MemqStore(BaseStore):
             )
         return namespace[self.user_label]
 
-    def _pinned_user(self, path: Sequence[str]) -> str | None:
+    def _pinned_user(self, path: Sequence[str], wildcard: bool) -> str | None:
         """The one memq user every namespace starting with ``path`` belongs
-        to; None when the path leaves it open (then the whole app is read)."""
+        to; None when the path leaves it open (then the whole app is read).
+        Only with ``wildcard`` does a ``*`` leave it open: in a search it is
+        the user named ``*``, who must not read everyone's items."""
         if self.user is not None:
             return self.user
-        if len(path) > self.user_label and path[self.user_label] != "*":
+        if len(path) > self.user_label and not (wildcard and path[self.user_label] == "*"):
             return path[self.user_label]
         return None
 
@@ -474,16 +485,16 @@ class MemqStore(BaseStore):
 
         return list(await asyncio.gather(*(one(r) for r in refs)))
 
-    async def _items(self, path: Sequence[str]) -> list[ItemRef]:
-        """The items in namespaces whose first labels match ``path`` (``*``
-        any one label), most recently put first: one listing of the pinned
-        user's sessions, or of the whole app's."""
-        user = self._pinned_user(path)
+    async def _items(self, path: Sequence[str], wildcard: bool) -> list[ItemRef]:
+        """The items in namespaces whose first labels match ``path`` (with
+        ``wildcard``, ``*`` any one label; else literally), most recently put
+        first: one listing of the pinned user's sessions, or of the whole app's."""
+        user = self._pinned_user(path, wildcard)
         condition = MatchCondition("prefix", tuple(path))
         found = []
         async for info in self.client.iter_sessions(user, PAGE, consistency=self.consistency):
             item = item_of(info.session)
-            if item is None or not matches(item[0], condition):
+            if item is None or not matches(item[0], condition, wildcard):
                 continue
             if self.user is None and (len(item[0]) <= self.user_label or item[0][self.user_label] != info.user):
                 continue  # not where this store would put it (another user_label's item)
@@ -493,7 +504,7 @@ class MemqStore(BaseStore):
     async def _search(self, op: SearchOp) -> list[SearchItem]:
         if op.query:
             return await self._query(op)
-        refs = await self._items(op.namespace_prefix)
+        refs = await self._items(op.namespace_prefix, wildcard=False)
         found = await self._matching(refs, op.filter, op.offset + op.limit)
         return [SearchItem(i.namespace, i.key, i.value, i.created_at, i.updated_at) for _, i in found[op.offset :]]
 
@@ -502,8 +513,8 @@ class MemqStore(BaseStore):
         what clears memq's relevance floor, the filter applied after."""
         assert op.query
         prefix = tuple(op.namespace_prefix)
-        user = self._pinned_user(prefix)
-        users = [user] if user is not None else sorted({r.user for r in await self._items(prefix)})
+        user = self._pinned_user(prefix, wildcard=False)
+        users = [user] if user is not None else sorted({r.user for r in await self._items(prefix, wildcard=False)})
         answers = await asyncio.gather(
             *(
                 self.client.search(u, op.query, k=SEARCH_K, authors=[AUTHOR], consistency=self.consistency)
@@ -542,7 +553,7 @@ class MemqStore(BaseStore):
     async def _list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         conditions = op.match_conditions or ()
         prefixes = [c.path for c in conditions if c.match_type == "prefix"]
-        refs = await self._items(prefixes[0] if prefixes else ())
+        refs = await self._items(prefixes[0] if prefixes else (), wildcard=True)
         namespaces = {r.namespace for r in refs if all(matches(r.namespace, c) for c in conditions)}
         if op.max_depth is not None:
             namespaces = {ns[: op.max_depth] for ns in namespaces}

@@ -19,6 +19,7 @@ from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.prebuilt import create_react_agent as _create_react_agent
 from langgraph.store.base import GetOp, InvalidNamespaceError, PutOp, SearchOp
+from langgraph.store.memory import InMemoryStore
 from langgraph.warnings import LangGraphDeprecatedSinceV10
 
 from memq.contracts.adapters.langgraph import MemqStore
@@ -93,6 +94,40 @@ async def test_concurrent_puts_of_one_item_leave_one_version(memq_url, store, me
     assert history.events[0].event["message"]["parts"][0]["text"] == kept
     found = {i.value["text"] for w in words for i in await store.asearch(("alice",), query=w)}
     assert found == {kept}
+
+
+async def test_a_user_named_star_reads_only_its_own_items(memq, store):
+    """``*`` in a search prefix is a label like any other, as in LangGraph's
+    own stores: an app that builds namespaces from an end user's id must not
+    let a user named ``*`` read everyone's items (issue 38, item 9). In
+    ``list_namespaces``, LangGraph's stores take ``*`` as a wildcard, and so
+    does this one."""
+    items = [
+        (("alice", "memories"), "food", {"text": "Alice likes pizza"}),
+        (("bob", "memories"), "food", {"text": "Bob likes pizza too"}),
+        (("*", "memories"), "food", {"text": "star likes pizza as well"}),
+        (("carol", "*"), "note", {"text": "carol's pizza note"}),
+    ]
+    theirs = InMemoryStore()
+    for namespace, key, value in items[:2]:
+        await store.aput(namespace, key, value)
+        await theirs.aput(namespace, key, value)
+    for prefix in [("*", "memories"), ("*",), ("alice", "*")]:
+        assert await theirs.asearch(prefix) == []  # LangGraph's own: nothing
+        assert await store.asearch(prefix) == []
+        assert await store.asearch(prefix, query="pizza") == []
+    for namespace, key, value in items[2:]:
+        await store.aput(namespace, key, value)
+        await theirs.aput(namespace, key, value)
+    for prefix, want in [(("*", "memories"), {"star likes pizza as well"}), (("carol", "*"), {"carol's pizza note"})]:
+        assert {i.value["text"] for i in await theirs.asearch(prefix)} == want
+        assert {i.value["text"] for i in await store.asearch(prefix)} == want
+        assert {i.value["text"] for i in await store.asearch(prefix, query="pizza")} == want
+    assert await store.asearch(("*",), query="pizza", filter={"text": "Alice likes pizza"}) == []
+    # list_namespaces: `*` matches any one label, in LangGraph's store and here.
+    listed = [("*", "memories"), ("alice", "memories"), ("bob", "memories")]
+    assert await theirs.alist_namespaces(prefix=("*", "memories")) == listed
+    assert await store.alist_namespaces(prefix=("*", "memories")) == listed
 
 
 async def test_search_with_a_query_is_memqs_search_behind_its_relevance_floor(store):

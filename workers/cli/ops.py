@@ -279,6 +279,11 @@ def dlq_replay(
             nc.jetstream(), settings.streams.dlq, settings.streams.events, where, keep=keep, on_replayed=replayed
         )
     )
+    for seq in result.squatted:
+        err.print(
+            f"[yellow]dead letter {seq}:[/] its replay id was taken by another message (see "
+            "memq_squatted_ids_total); sent again under a fresh id"
+        )
     for seq, why in result.skipped:
         err.print(f"[yellow]skipped dead letter {seq}:[/] {escape(why)}")
     missing = sorted(set(seqs or ()) - set(result.replayed) - {seq for seq, _ in result.skipped})

@@ -12,6 +12,13 @@ it publishes the same :class:`~memq.contracts.schemas.SessionDeleted` that
 ``MemoryClient.delete_session`` publishes, so the delete takes its place in
 stream order and every worker's delete path applies (SQL rows and tombstone,
 the stream purged, the index, caches, artifact objects).
+
+A delete is the same bytes from every sweep that finds the session unchanged
+(:func:`expiry_message`), so its dedupe id (the subject, the id and a digest
+of the bytes) makes a rerun, or two replicas overlapping at a lease handover,
+one delete. The id can be predicted, and JetStream dedupes across the whole
+stream: a duplicate ack is therefore checked against the stream
+(:mod:`memq.contracts.landing`) before the delete counts as done.
 """
 
 from __future__ import annotations
@@ -20,14 +27,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from nats.aio.client import Client as NATS
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from memq.contracts.codec import encode, subject_for
+from memq.contracts.landing import MSG_ID, publish_landed
 from memq.contracts.schemas import SessionDeleted
 from memq.contracts.subjects import dedupe_id
+from memq.workers import metrics
 from memq.workers.runtime.lease import Lease
 from memq.workers.settings import ExpirySettings, Settings
 from memq.workers.sql.models import SESSIONS, USERS
@@ -35,15 +45,40 @@ from memq.workers.sql.models import SESSIONS, USERS
 log = logging.getLogger("memq.expiry")
 
 LEASE_KEY = "session-expiry"
+REMEMBERED = 10_000  # squatted ids whose fresh replacement a replica keeps (see SessionSweeper._fresh)
 
 
-async def idle_sessions(
-    engine: AsyncEngine, expiry: ExpirySettings, now: float, limit: int
-) -> list[tuple[str, str, str, str, int]]:
-    """(app, user, session, key, last_seq) of visible sessions whose last
-    write is older than their app's TTL, at most ``limit``, oldest first per
-    app. Per app, a range of the (app, updated_at, key) index."""
-    found: list[tuple[str, str, str, str, int]] = []
+class Idle(NamedTuple):
+    """A session found idle: where it is, and its last write (seq, time)."""
+
+    app: str
+    user: str
+    session: str
+    key: str
+    last_seq: int
+    updated_at: float
+
+
+def expiry_message(idle: Idle, ttl: float) -> SessionDeleted:
+    """The delete the sweep publishes for ``idle``: the same bytes from
+    every sweep that finds the session as it is (its id names the session's
+    last write; its timestamp is the moment it expired, not the sweep's
+    clock), so a rerun or another replica publishes the very same message and
+    JetStream, deduplicating on a digest of those bytes, stores it once."""
+    return SessionDeleted(
+        app=idle.app,
+        user=idle.user,
+        session=idle.session,
+        id=f"expired:{idle.key}:{idle.last_seq}",
+        timestamp=idle.updated_at + ttl,
+    )
+
+
+async def idle_sessions(engine: AsyncEngine, expiry: ExpirySettings, now: float, limit: int) -> list[Idle]:
+    """The visible sessions whose last write is older than their app's TTL,
+    at most ``limit``, oldest first per app. Per app, a range of the (app,
+    updated_at, key) index."""
+    found: list[Idle] = []
     s = SESSIONS.c
     async with engine.connect() as conn:
         apps: Iterable[str] = expiry.apps if expiry.session_ttl_s is None else await _apps(conn)
@@ -52,12 +87,12 @@ async def idle_sessions(
             if ttl is None or len(found) >= limit:
                 continue
             q = (
-                select(s.app, s.user_id, s.session_id, s.key, s.last_seq)
+                select(s.app, s.user_id, s.session_id, s.key, s.last_seq, s.updated_at)
                 .where(s.app == app, s.updated_at < now - ttl, s.last_seq > s.deleted_seq)
                 .order_by(s.updated_at, s.key)
                 .limit(limit - len(found))
             )
-            found.extend(tuple(row) for row in (await conn.execute(q)).all())
+            found.extend(Idle(*row) for row in (await conn.execute(q)).all())
     return found
 
 
@@ -75,6 +110,11 @@ class SessionSweeper:
         self.js, self.engine = nc.jetstream(), engine
         self.lease = Lease(nc.jetstream(), LEASE_KEY, ttl_s=self.expiry.lease_ttl_s, replicas=settings.streams.replicas)
         self.expired = 0  # sessions this replica deleted (for tests and logs)
+        self.squatted = 0  # deletes whose id another message held: published again under a fresh id
+        # Squatted id -> the fresh id it went out under: a rerun of this
+        # replica (the delete not yet committed) sends the same fresh id, and
+        # so is the duplicate of its own first try, not a second delete.
+        self._fresh: dict[str, str] = {}
         self._holding = False
         self._task: asyncio.Task | None = None
 
@@ -106,28 +146,52 @@ class SessionSweeper:
             await asyncio.sleep(self.expiry.sweep_interval_s)
 
     async def sweep(self, now: float | None = None) -> int:
-        """Delete the idle sessions found now (up to ``max_per_sweep``)."""
+        """Delete the idle sessions found now (up to ``max_per_sweep``);
+        the number of deletes that landed (not those already stored)."""
         now = time.time() if now is None else now
         idle = await idle_sessions(self.engine, self.expiry, now, self.expiry.max_per_sweep)
-        for app, user, session, key, last_seq in idle:
-            # The id names the session and its last write: a sweep that runs
-            # again before the delete is committed publishes the same delete
-            # (with another timestamp), which JetStream drops as a duplicate:
-            # so the dedupe id is the id alone, scoped to the session's
-            # subject. Only the session's own app can publish there, and all
-            # it could do is put off its own session's expiry, as any write to
-            # it does. (A write that lands between the read and this publish
-            # is deleted with the session: idle for a whole TTL and written in
-            # the same instant is the rare case.)
-            message = SessionDeleted(app=app, user=user, session=session, id=f"expired:{key}:{last_seq}")
-            subject = subject_for(message)
-            await self.js.publish(
-                subject,
-                encode(message),
-                stream=self.settings.streams.events,
-                headers={"Nats-Msg-Id": dedupe_id(subject, message.id)},
+        landed = 0
+        for found in idle:
+            ttl = self.expiry.ttl_for(found.app)
+            if ttl is None:  # the settings changed under the query: not this app's any more
+                continue
+            landed += await self._delete(expiry_message(found, ttl))
+        if landed:
+            self.expired += landed
+            log.info("expired %d idle session(s)", landed)
+        return landed
+
+    async def _delete(self, message: SessionDeleted) -> bool:
+        """Publish one expiry delete; whether it landed now (False: this very
+        delete was stored before, by a rerun or another replica).
+
+        The id is the subject's, the message id and a digest of the bytes
+        (:func:`expiry_message`: the same for every rerun). Any app can
+        predict it and publish it first on its own subject, which JetStream
+        would answer as a duplicate: :func:`publish_landed` reads what the
+        ack points at and, if it is not this delete, publishes it again under
+        a fresh random id. (A write that lands between the read and this
+        publish is deleted with the session: idle for a whole TTL and written
+        in the same instant is the rare case.)"""
+        subject, data = subject_for(message), encode(message)
+        msg_id = dedupe_id(subject, message.id, data)
+        where = await publish_landed(
+            self.js, subject, data, {MSG_ID: msg_id}, self.settings.streams.events, fresh=self._fresh.get(msg_id)
+        )
+        if where.squatted is not None:
+            self.squatted += 1
+            metrics.SQUATTED_IDS.labels("expiry").inc()
+            if len(self._fresh) >= REMEMBERED:
+                self._fresh.pop(next(iter(self._fresh)))
+            self._fresh[msg_id] = where.msg_id
+            log.warning(
+                "expiry of %s/%s/%s: its Nats-Msg-Id was taken by another message (seq %d); "
+                "published again as %s at seq %d",
+                message.app,
+                message.user,
+                message.session,
+                where.squatter_seq,
+                where.msg_id,
+                where.seq,
             )
-        if idle:
-            self.expired += len(idle)
-            log.info("expired %d idle session(s)", len(idle))
-        return len(idle)
+        return not where.stored_before

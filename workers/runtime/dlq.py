@@ -7,7 +7,11 @@ the only code that writes or reads those headers, is
 :mod:`memq.contracts.dlq`.
 
 Replaying publishes the body again on its original subject, so every worker
-kind sees it anew, and then deletes the dead letter. Effects are keyed by
+kind sees it anew, and deletes the dead letter only once that publish is
+stored on that subject: a duplicate ack is read back
+(:func:`memq.contracts.landing.publish_landed`), since an app can publish the
+replay's id first on its own subject, and a replay whose id was taken goes
+again under a fresh one. Effects are keyed by
 event id, so a message that did commit elsewhere is not doubled. The replayed
 copy takes a new place at the end of the log: a replayed state change wins
 over changes made to the same key since (it is applied as of now).
@@ -21,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -31,8 +35,12 @@ from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
 from memq.contracts.dlq import ERROR, ORIGINAL_SUBJECT, DeadLetterHeaders, replay_headers
+from memq.contracts.errors import PublishFailed
+from memq.contracts.landing import publish_landed
 from memq.contracts.subjects import DLQ_WILDCARD, PREFIX, dlq_subject
 from memq.workers import metrics
+
+log = logging.getLogger("memq.dlq")
 
 
 class DeadLetters:
@@ -48,7 +56,14 @@ class DeadLetters:
         meta = msg.metadata
         letter = DeadLetterHeaders(self.worker, code, reason, msg.subject, meta.sequence.stream)
         headers = letter.to_headers(meta.stream)
-        await self.js.publish(self.subject, msg.data, headers=headers)
+        # The DLQ is the workers' own (no app may publish there), but a
+        # duplicate is still read back: one message for each dead-lettering.
+        where = await publish_landed(self.js, self.subject, msg.data, headers)
+        if where.squatted is not None:
+            metrics.SQUATTED_IDS.labels("dead-letters").inc()
+            self.log.warning(
+                "dead letter id %s was taken (seq %s): sent as %s", where.squatted, where.squatter_seq, where.msg_id
+            )
         metrics.DEAD_LETTERED.labels(self.worker, code).inc()
         self.log.warning("dead-lettered seq %s: %s: %s", meta.sequence.stream, code, headers[ERROR])
 
@@ -75,7 +90,9 @@ class DeadLetter:
 @dataclass
 class ReplayResult:
     replayed: list[int]  # DLQ seqs sent back (and deleted unless kept)
-    skipped: list[tuple[int, str]]  # DLQ seq, why
+    skipped: list[tuple[int, str]]  # DLQ seq, why (kept in the DLQ)
+    # DLQ seqs whose replay id another message held: sent again under a fresh id
+    squatted: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -152,12 +169,16 @@ async def replay_dead_letters(
     keep: bool = False,
     on_replayed: Callable[[DeadLetter], None] | None = None,
 ) -> ReplayResult:
-    """Publish each matching dead letter on its original subject, then delete
-    it from the DLQ (unless ``keep``).
+    """Publish each matching dead letter on its original subject, then, once
+    it is stored there, delete it from the DLQ (unless ``keep``).
 
-    The publish carries ``Nats-Msg-Id: dedupe_id(subject, memq-replay:<dlq seq>)``: running the
-    same replay twice within the duplicate window (e.g. after a crash between
-    publish and delete) appends it once.
+    The publish carries ``Nats-Msg-Id: dedupe_id(subject, memq-replay:<dlq
+    seq>, body)``: running the same replay twice within the duplicate window
+    (e.g. after a crash between publish and delete) appends it once. A
+    duplicate ack that is not this message on this subject (an app published
+    the id first on its own subject) does not count: the letter goes again
+    under a fresh id (``squatted``), and one that cannot be stored stays in
+    the DLQ (``skipped``).
     """
     result = ReplayResult([], [])
     letters = [letter async for letter in iter_dead_letters(js, dlq_stream, where)]
@@ -166,8 +187,24 @@ async def replay_dead_letters(
         if why:
             result.skipped.append((letter.seq, why))
             continue
-        headers = replay_headers(dlq_stream, letter.seq, letter.original_subject)
-        await js.publish(letter.original_subject, letter.data, headers=headers, stream=events_stream)
+        subject = letter.original_subject
+        headers = replay_headers(dlq_stream, letter.seq, subject, letter.data)
+        try:
+            landed = await publish_landed(js, subject, letter.data, headers, events_stream)
+        except PublishFailed as exc:
+            result.skipped.append((letter.seq, str(exc)))
+            continue
+        if landed.squatted is not None:
+            result.squatted.append(letter.seq)
+            metrics.SQUATTED_IDS.labels("dlq-replay").inc()
+            log.warning(
+                "replay of dead letter %d: its id was taken by seq %s, not on %s; sent again as %s at seq %d",
+                letter.seq,
+                landed.squatter_seq,
+                subject,
+                landed.msg_id,
+                landed.seq,
+            )
         if not keep:
             await js.delete_msg(dlq_stream, letter.seq)
         result.replayed.append(letter.seq)

@@ -39,6 +39,7 @@ from nats.aio.client import Client as NATS
 from memq.contracts.codec import encode, msg_id, subject_for
 from memq.contracts.errors import NotCommitted
 from memq.contracts.ids import scope_key
+from memq.contracts.landing import MSG_ID, publish_landed
 from memq.contracts.notices import CommitNotice, StatusEvent
 from memq.contracts.schemas import CheckpointSaved
 from memq.contracts.subjects import CHANGED_WILDCARD, status_subject
@@ -393,7 +394,19 @@ class SummarizerWorker(Component[SummarizerLive]):
             up_to_seq=up_to,
             author=f"summarizer:{self.settings.summarizer.kind}",
         )
-        ack = await self.js.publish(subject_for(message), encode(message), headers={"Nats-Msg-Id": msg_id(message)})
+        data = encode(message)
+        # The id holds a digest of the summary and timestamp, and a duplicate
+        # ack is still read back: only this very checkpoint counts as stored.
+        where = await publish_landed(self.js, subject_for(message), data, {MSG_ID: msg_id(message, data)})
+        if where.squatted is not None:
+            metrics.SQUATTED_IDS.labels("summarizer").inc()
+            log.warning(
+                "checkpoint id %s was taken by seq %s: sent again as %s",
+                where.squatted,
+                where.squatter_seq,
+                where.msg_id,
+            )
+        ack = where.ack
         log.info(
             "checkpoint of %s/%s/%s up to seq %d at seq %d%s",
             app,

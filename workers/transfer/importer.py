@@ -345,7 +345,9 @@ class Importer:
 
     def _client(self, app: str) -> MemoryClient:
         if app not in self._clients:
-            self._clients[app] = MemoryClient(self.nc, app, timeout=30.0)
+            # verify_duplicates: an export's bytes are known to whoever holds a
+            # copy, who could publish their ids first on an app of its own.
+            self._clients[app] = MemoryClient(self.nc, app, timeout=30.0, verify_duplicates=True)
         return self._clients[app]
 
     async def _queue_unless(self, s: _Session, m: StreamMessage, present: bool) -> None:
