@@ -495,6 +495,27 @@ class HttpSettings(BaseModel):
             "batch of events; raise it with them"
         ),
     )
+    max_json_elements: int = Field(
+        default=100_000,
+        gt=0,
+        description=(
+            "most JSON elements a request body may hold (each `{`, `[` and `,` outside strings), refused with 413 "
+            "as the body arrives, before it is parsed: 1,000 events of ordinary turns are ~15,000; 4 MiB of `{}` "
+            "would be 1.4 million objects"
+        ),
+    )
+    max_json_depth: int = Field(
+        default=64, gt=0, description="deepest nesting of JSON objects and arrays a request body may have (413)"
+    )
+    read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description=(
+            "a request's headers and body must have arrived this long after its first byte (a new connection: "
+            "after it opens), else the connection is closed (slow clients, slow-loris); also bounds how long "
+            "the unread body of a refused request is drained. Raise it for large bodies over slow links"
+        ),
+    )
 
 
 class Settings(BaseSettings):

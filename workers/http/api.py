@@ -31,15 +31,13 @@ from fastapi import FastAPI
 
 from memq.contracts.client import MemoryClient
 from memq.workers.http import errors
-from memq.workers.http.door import FrontDoor
+from memq.workers.http.door import DEFAULT_LIMITS, BodyLimits, FrontDoor
 from memq.workers.http.keys import Keyring
 from memq.workers.http.routes import ROUTERS
 from memq.workers.http.routes.common import Wiring, wire
 from memq.workers.redact import Redactor
-from memq.workers.settings import HttpSettings
 
 API_VERSION = "1"
-DEFAULT_MAX_BODY_BYTES = HttpSettings().max_body_bytes
 SHAPES_ONLY = Redactor()  # URLs, paths and addresses, without the settings' own values
 
 
@@ -47,13 +45,13 @@ def build_api(
     keyring: Keyring,
     client_for: Callable[[str], MemoryClient],
     *,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    limits: BodyLimits = DEFAULT_LIMITS,
     redact: Callable[[str], str] = SHAPES_ONLY,
 ) -> FastAPI:
     """The gateway's FastAPI app: ``client_for(app)`` gives the client of an
     app whose key was checked (see :mod:`.clients`), behind the
-    :class:`~.door.FrontDoor` that checks the key and caps the body before
-    the body is read. ``redact`` scrubs the message of every memq error
+    :class:`~.door.FrontDoor` that checks the key before the body is read
+    and the body against ``limits`` as it is. ``redact`` scrubs the message of every memq error
     answered (:mod:`memq.workers.redact`; default: of URLs, paths and
     addresses, without knowing the gateway's settings). The routes are the
     module-level routers of :mod:`.routes`; what they use of the gateway is
@@ -69,7 +67,8 @@ def build_api(
         responses=errors.DOCUMENTED,
     )
     wire(api, Wiring(keyring=keyring, client_for=client_for, redact=redact))
-    api.add_middleware(FrontDoor, keyring=keyring, max_body_bytes=max_body_bytes)
+    documents = (api.openapi_url, api.docs_url, api.swagger_ui_oauth2_redirect_url)
+    api.add_middleware(FrontDoor, keyring=keyring, limits=limits, public=[p for p in documents if p])
     errors.install(api)
     for router in ROUTERS:
         api.include_router(router)

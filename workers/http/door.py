@@ -1,5 +1,5 @@
-"""The gateway's front door: the API key and the body's size, checked before
-a byte of the body is read.
+"""The gateway's front door: the API key, the body's size and the JSON it
+holds, checked before the routes see a byte of the body.
 
 FastAPI reads and parses a route's whole body before its dependencies run,
 so a key checked by a dependency alone let anyone make the gateway hold and
@@ -8,32 +8,65 @@ parse whatever they sent, and neither Starlette nor uvicorn limits a body
 middleware (not Starlette's ``BaseHTTPMiddleware``, which wraps the body in
 a stream of its own) in front of the routes:
 
-- a request under ``/v1/apps/{app}/`` is authorized from its headers alone
-  (:meth:`Keyring.authorize <memq.workers.http.keys.Keyring.authorize>`,
-  the routes' own check), refused with the routes' own 401/403 otherwise;
+- every request is authenticated from its headers alone, before its body is
+  read: under ``/v1/apps/{app}/`` with that app's key
+  (:meth:`Keyring.authorize <memq.workers.http.keys.Keyring.authorize>`, the
+  routes' own check: 401/403), on any other path with any app's key (401
+  without one, whatever the path: a keyless caller learns no route and makes
+  the gateway read nothing). Only the API's own documents (``GET``
+  ``/openapi.json`` and ``/docs``) are served without a key, and never read
+  a body;
 - a ``Content-Length`` above ``http.max_body_bytes`` is refused with 413 at
   once; a body without one (chunked) is counted as it arrives and refused
-  with 413 as soon as it passes the cap, so the door holds at most the cap.
+  with 413 as soon as it passes the cap, so the door holds at most the cap;
+- the JSON in the body is counted as it arrives (:mod:`.budget`): past
+  ``http.max_json_elements`` elements or ``http.max_json_depth`` levels it
+  is refused with 413 at the chunk that passes, before anything parses it.
+  FastAPI then parses at most that much, on the event loop.
 
 A refused body is never read: uvicorn stops reading a request the app does
-not read (it pauses at 64 KiB) and discards the rest once the answer is sent.
+not read (it pauses at 64 KiB) and discards the rest once the answer is sent,
+for at most ``http.read_timeout_s`` (:mod:`.server`).
+
+:func:`read_body` and :class:`BodyGuard` are the same body checks for another
+ASGI app (``memq mcp --transport http``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection
+from dataclasses import dataclass
 
 from fastapi.security import APIKeyHeader, HTTPBearer
 from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from memq.workers.http.budget import JsonBudget, OverBudget
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp
 from memq.workers.http.models import ErrorBody
+from memq.workers.settings import HttpSettings
 
 # The ways a request carries its key; the routes declare the same two (OpenAPI).
 BEARER = HTTPBearer(auto_error=False, description="the app's API key as a bearer token")
 API_KEY_HEADER = APIKeyHeader(name="X-API-Key", auto_error=False, description="the app's API key")
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """What one request body may be: ``http.max_body_bytes``,
+    ``http.max_json_elements``, ``http.max_json_depth``."""
+
+    max_bytes: int
+    max_json_elements: int
+    max_json_depth: int
+
+    @classmethod
+    def from_settings(cls, http: HttpSettings) -> BodyLimits:
+        return cls(http.max_body_bytes, http.max_json_elements, http.max_json_depth)
+
+
+DEFAULT_LIMITS = BodyLimits.from_settings(HttpSettings())
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -59,6 +92,10 @@ def too_large(limit: int) -> Response:
     )
 
 
+def over_budget(exc: OverBudget) -> Response:
+    return error_response(413, "oversize", str(exc))
+
+
 async def presented_key(conn: HTTPConnection) -> str | None:
     """The key a request carries: a bearer token, else ``X-API-Key``."""
     token = await BEARER(conn)
@@ -74,65 +111,120 @@ def path_app(path: str) -> str | None:
     return None
 
 
-class FrontDoor:
-    """The ASGI middleware of the module doc."""
+def routed_path(scope: Scope) -> str:
+    """The path as the router sees it (without the ``root_path``)."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root) else path
 
-    def __init__(self, app: ASGIApp, keyring: Keyring, max_body_bytes: int):
+
+def declared_too_large(scope: Scope, limits: BodyLimits) -> Response | None:
+    """A 413 for a ``Content-Length`` over the cap, before a byte is read."""
+    declared = HTTPConnection(scope).headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
+        return too_large(limits.max_bytes)
+    return None
+
+
+async def read_body(receive: Receive, limits: BodyLimits) -> list[Message] | Response | None:
+    """A request's body messages, read up to the cap and counted for JSON;
+    the 413 of the first limit it passes (the rest is left unread); None if
+    the client disconnected. Held here rather than counted as the app reads:
+    the 413 is then sent before the app has answered anything."""
+    messages: list[Message] = []
+    budget = JsonBudget(limits.max_json_elements, limits.max_json_depth)
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limits.max_bytes:
+            return too_large(limits.max_bytes)
+        try:
+            budget.feed(chunk)  # this chunk's bytes only: no long scan holds the loop
+        except OverBudget as exc:
+            return over_budget(exc)
+        messages.append(message)
+        if not message.get("more_body", False):
+            return messages
+
+
+def replaying(messages: list[Message], receive: Receive) -> Receive:
+    """A ``receive`` that gives ``messages``, then the real channel (disconnects)."""
+    replay = iter(messages)
+
+    async def replayed() -> Message:
+        return next(replay, None) or await receive()
+
+    return replayed
+
+
+async def guarded(app: ASGIApp, limits: BodyLimits, scope: Scope, receive: Receive, send: Send) -> None:
+    """Call ``app`` with the body once it is read within ``limits``, or answer the 413."""
+    refusal = declared_too_large(scope, limits)
+    body = refusal if refusal is not None else await read_body(receive, limits)
+    if isinstance(body, Response):
+        await body(scope, receive, send)
+    elif body is not None:  # None: the client went away
+        await app(scope, replaying(body, receive), send)
+
+
+class BodyGuard:
+    """ASGI middleware: the body limits of :class:`FrontDoor` alone, for an
+    app that checks keys itself (``memq mcp --transport http``)."""
+
+    def __init__(self, app: ASGIApp, limits: BodyLimits = DEFAULT_LIMITS):
         self.app = app
-        self.keyring = keyring
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        refusal = await self._refusal(scope)
+        await guarded(self.app, self.limits, scope, receive, send)
+
+
+EMPTY_BODY: Message = {"type": "http.request", "body": b"", "more_body": False}
+
+
+class FrontDoor:
+    """The ASGI middleware of the module doc. ``public``: the paths served
+    to ``GET``/``HEAD`` without a key (the API's documents), never with a body."""
+
+    def __init__(
+        self, app: ASGIApp, keyring: Keyring, limits: BodyLimits = DEFAULT_LIMITS, public: Collection[str] = ()
+    ):
+        self.app = app
+        self.keyring = keyring
+        self.limits = limits
+        self.public = frozenset(public)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path = routed_path(scope)
+        if scope["method"] in ("GET", "HEAD") and path in self.public:
+            # Nothing of what it sent is read: the document's route takes no body.
+            await self.app(scope, replaying([EMPTY_BODY], receive), send)
+            return
+        refusal = await self._refusal(scope, path)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        body = await self._read_capped(receive)
-        if isinstance(body, Response):
-            await body(scope, receive, send)
-            return
-        if body is None:  # the client went away
-            return
-        replay = iter(body)
+        await guarded(self.app, self.limits, scope, receive, send)
 
-        async def replayed() -> Message:
-            # The body as it came, then the real channel (disconnects).
-            return next(replay, None) or await receive()
-
-        await self.app(scope, replayed, send)
-
-    async def _refusal(self, scope: Scope) -> Response | None:
-        conn = HTTPConnection(scope)  # headers and path only: it cannot read the body
-        path, root = scope["path"], scope.get("root_path", "")
-        app = path_app(path[len(root) :] if root and path.startswith(root) else path)  # as the router sees it
-        if app is not None:
-            try:
-                self.keyring.authorize(app, await presented_key(conn))
-            except Unauthenticated as exc:
-                return unauthenticated(exc)
-            except WrongApp as exc:
-                return wrong_app(exc)
-        declared = conn.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-            return too_large(self.max_body_bytes)
+    async def _refusal(self, scope: Scope, path: str) -> Response | None:
+        key = await presented_key(HTTPConnection(scope))  # headers only: it cannot read the body
+        app = path_app(path)
+        try:
+            if app is not None:
+                self.keyring.authorize(app, key)
+            else:  # no route of an app: any app's key (a 404 then), none is a 401
+                self.keyring.authenticate(key)
+        except Unauthenticated as exc:
+            return unauthenticated(exc)
+        except WrongApp as exc:
+            return wrong_app(exc)
         return None
-
-    async def _read_capped(self, receive: Receive) -> list[Any] | Response | None:
-        """The body's messages, read up to the cap; a 413 past it; None if
-        the client disconnected. Held here rather than counted as the app
-        reads: the 413 is then sent before the app has answered anything."""
-        messages: list[Message] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return None
-            size += len(message.get("body", b""))
-            if size > self.max_body_bytes:
-                return too_large(self.max_body_bytes)
-            messages.append(message)
-            if not message.get("more_body", False):
-                return messages

@@ -28,7 +28,7 @@ DOCUMENTED: dict[int | str, dict[str, Any]] = {
         (403, "the key is another app's, or NATS refused the app's request"),
         (404, "no such session, or no event at that sequence"),
         (409, "min_seq was not committed in time (retry), or expect_seq is not the last one"),
-        (413, "the body is over http.max_body_bytes, or an event over the message size limit"),
+        (413, "body over http.max_body_bytes, JSON over http.max_json_elements or _depth, or an event too large"),
         (422, "bad input: the message says which field"),
         (503, "the query service or NATS is unavailable: retry"),
     )

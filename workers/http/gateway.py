@@ -31,7 +31,9 @@ from nats.aio.client import Client as NATS
 
 from memq.workers.http.api import build_api
 from memq.workers.http.clients import AppClients
+from memq.workers.http.door import BodyLimits
 from memq.workers.http.keys import Keyring, check_open_is_local
+from memq.workers.http.server import deadline_protocol
 from memq.workers.redact import Redactor
 from memq.workers.runtime import readiness
 from memq.workers.runtime.component import Component, Live
@@ -125,12 +127,13 @@ class HttpGateway(Component[GatewayLive]):
         api = build_api(
             self.keyring,
             self.live.clients.get,
-            max_body_bytes=http.max_body_bytes,
+            limits=BodyLimits.from_settings(http),
             redact=Redactor.for_settings(self.settings),
         )
         sock = bind(http.host, http.port)
         config = uvicorn.Config(
             api,
+            http=deadline_protocol(http.read_timeout_s),  # uvicorn's own, with a deadline for each request
             lifespan="off",  # the process's lifecycle opens and closes what the routes use
             log_config=None,  # keep memq's logging as it is
             access_log=False,

@@ -58,22 +58,30 @@ class Keyring:
     def open(self) -> bool:
         return not self.apps_by_digest
 
-    def authorize(self, app: str, key: str | None) -> None:
-        """Return if ``key`` may act for ``app``.
+    def authenticate(self, key: str | None) -> str | None:
+        """The app ``key`` is for (None when open: then no key is right).
 
         :raises Unauthenticated: no key, or an unknown one (or any key when open).
-        :raises WrongApp: the key is another app's.
         """
         if self.open:
             if key is not None:
                 raise Unauthenticated("this gateway has no API keys configured (http.apps): send no key")
-            return
+            return None
         if not key:
             raise Unauthenticated("an API key is required: `Authorization: Bearer <key>` or `X-API-Key: <key>`")
         owner = self.apps_by_digest.get(_digest(key))
         if owner is None:
             raise Unauthenticated("unknown API key")
-        if owner != app:
+        return owner
+
+    def authorize(self, app: str, key: str | None) -> None:
+        """Return if ``key`` may act for ``app``.
+
+        :raises Unauthenticated: as :meth:`authenticate`.
+        :raises WrongApp: the key is another app's.
+        """
+        owner = self.authenticate(key)
+        if owner is not None and owner != app:
             raise WrongApp(f"this API key is not for app {app!r}")
 
 

@@ -12,6 +12,13 @@ on loopback.
 
 Stateless and plain JSON (no SSE stream, no MCP session to keep): each call
 is one POST answered by one JSON body; the tools need nothing more.
+
+Past the key, the body is held to the gateway's limits by its own
+:class:`~memq.workers.http.door.BodyGuard` (``http.max_body_bytes``, and
+``http.max_json_elements``/``max_json_depth`` counted as the body arrives:
+the SDK parses a body whole on the event loop, and 4 MiB of ``[{},{},…]``
+cost it ~110 MB), and uvicorn runs with the gateway's deadline for reading a
+request (``http.read_timeout_s``, :mod:`memq.workers.http.server`).
 """
 
 from __future__ import annotations
@@ -25,9 +32,10 @@ from mcp.server.mcpserver import MCPServer
 from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memq.workers.http.door import presented_key, unauthenticated, wrong_app
+from memq.workers.http.door import BodyGuard, BodyLimits, presented_key, unauthenticated, wrong_app
 from memq.workers.http.gateway import HttpPortTaken, bind
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp, check_open_is_local
+from memq.workers.http.server import deadline_protocol
 from memq.workers.mcp.server import app_client, build_server
 from memq.workers.settings import Settings
 
@@ -80,7 +88,8 @@ def keyring_for(settings: Settings, app: str, host: str) -> Keyring:
 
 
 def asgi_app(server: MCPServer, keyring: Keyring, app: str, settings: Settings, host: str) -> ASGIApp:
-    """The SDK's streamable HTTP app at :data:`PATH`, behind :class:`KeyCheck`."""
+    """The SDK's streamable HTTP app at :data:`PATH`, behind :class:`KeyCheck`
+    and then the gateway's body limits."""
     inner = server.streamable_http_app(
         streamable_http_path=PATH,
         stateless_http=True,
@@ -88,7 +97,7 @@ def asgi_app(server: MCPServer, keyring: Keyring, app: str, settings: Settings, 
         max_request_body_size=settings.http.max_body_bytes,
         host=host,
     )
-    return KeyCheck(inner, keyring, app)
+    return KeyCheck(BodyGuard(inner, BodyLimits.from_settings(settings.http)), keyring, app)
 
 
 async def serve_http(
@@ -115,7 +124,14 @@ async def serve_http(
         ) from None
     async with app_client(settings, app) as client:
         api = asgi_app(build_server(app, lambda: client, default_user), keyring, app, settings, host)
-        server = uvicorn.Server(uvicorn.Config(api, lifespan="on", log_config=None, access_log=False))
+        config = uvicorn.Config(
+            api,
+            http=deadline_protocol(settings.http.read_timeout_s),
+            lifespan="on",
+            log_config=None,
+            access_log=False,
+        )
+        server = uvicorn.Server(config)
         bound_host, bound_port = sock.getsockname()[:2]
         url = f"http://{f'[{bound_host}]' if ':' in bound_host else bound_host}:{bound_port}{PATH}"
 
