@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,7 +32,25 @@ if TYPE_CHECKING:
 # Plain help (click's): typer's rich help imports rich's Markdown, syntax and
 # traceback modules, a third of `memq --help`'s time, and the plain text
 # reads the same in a pipe and at any width.
-app = typer.Typer(
+
+
+class _App(typer.Typer):
+    """The typer app, whose errors of memq's own end in one line and exit 1
+    (:func:`failure_line`), whichever command raised them: a publish whose
+    outcome is unknown once ended `memq demo` in a 150-line traceback."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            line = failure_line(exc)
+            if line is None:  # a bug: its traceback is what to report
+                raise
+            err.print(line, soft_wrap=True, highlight=False)
+            sys.exit(1)
+
+
+app = _App(
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -99,6 +118,26 @@ def _settings(**overrides: Any) -> Settings:
         raise typer.Exit(2) from None
     _setup_logging(settings)
     return settings
+
+
+def failure_line(exc: BaseException) -> str | None:
+    """The one line (rich markup) a command prints for an error memq raises
+    on purpose: every :class:`~memq.contracts.errors.MemqError` (its code and
+    message), NATS that cannot be found, reached or used, the embedded
+    server's start; None for anything else (a bug, shown with its traceback).
+    tests/unit/test_cli_errors.py holds every memq error class to it."""
+    from memq.workers.embedded import EmbeddedError  # imported at an error only: the cost is no one's
+    from memq.workers.runtime import bus
+
+    if isinstance(exc, bus.NatsTLSError):
+        return f"[red]{escape(str(exc))}[/]: check MEMQ_NATS__TLS__CA_FILE / CERT_FILE / KEY_FILE"
+    if isinstance(exc, bus.NatsNotFound | bus.NatsUnreachable | EmbeddedError):  # they name the URL and what to check
+        return f"[red]{escape(str(exc))}[/]"
+    if isinstance(exc, MemqError):
+        return f"[red]{escape(exc.code)}:[/] {escape(exc.message)}"
+    if type(exc).__module__.startswith("nats."):  # nats-py's own (a closed connection, a timeout)
+        return f"[red]NATS failed:[/] {escape(type(exc).__name__)}: {escape(str(exc) or 'no details')}"
+    return None
 
 
 def nats_failures() -> tuple[type[Exception], ...]:
@@ -215,18 +254,16 @@ def _with_nats(
 
     try:
         return asyncio.run(main())
-    except (bus.NatsNotFound, bus.NatsUnreachable) as exc:  # the message names the URL and what to check
-        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
-    except bus.NatsTLSError as exc:
-        err.print(f"[red]{escape(str(exc))}[/]: check MEMQ_NATS__TLS__CA_FILE / CERT_FILE / KEY_FILE")
     except Refused as exc:
         user = settings.nats.user or ("the creds file's user" if settings.nats.creds_file else "this user")
         err.print(
             f"[red]forbidden:[/] NATS refused {escape(user)} ({escape(str(exc))}): {ADMIN_CREDENTIALS}",
             soft_wrap=True,
         )
-    except MemqError as exc:
-        err.print(f"[red]{exc.code}:[/] {escape(exc.message)}")
+    except Exception as exc:
+        if (line := failure_line(exc)) is None:
+            raise
+        err.print(line, soft_wrap=True, highlight=False)
     raise typer.Exit(1)
 
 
