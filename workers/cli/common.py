@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -59,6 +59,40 @@ app = _App(
 )
 console = Console()
 err = Console(stderr=True)
+# Every read command's --json: what it shows, as the reply's JSON.
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import version
+
+        console.print(f"memq {version('memq')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print memq's version and exit."),
+    ] = False,
+) -> None:
+    """memq: session and memory layer for LLM agents."""
+
+
+def print_table(table: Any) -> None:
+    """``table`` at a terminal as wide as the terminal; in a pipe (a file, a
+    `grep`) as wide as its content, so that no cell is cut at the 80 columns
+    rich assumes there."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.measure import Measurement
+
+    # print(width=) is capped at the console's width: a console of the table's own
+    width = max(Measurement.get(console, console.options.update(width=10_000), table).maximum, console.width)
+    Console(file=console.file, width=width, color_system=None, no_color=True, force_terminal=False).print(table)
 
 
 def log_handler() -> logging.Handler:
