@@ -81,8 +81,8 @@ def _page(ids: list[tuple[str, str]]) -> SessionsPage:
     )
 
 
-def _list(monkeypatch, out: Console, *args: str, page: SessionsPage = _page(LONG_IDS)):
-    monkeypatch.setattr(reads, "_with_client", lambda app_id, work: page)
+def _list(monkeypatch, out: Console, *args: str, page: SessionsPage | None = None):
+    monkeypatch.setattr(reads, "_with_client", lambda app_id, work: page or _page(LONG_IDS))
     monkeypatch.setattr(reads, "console", out)
     monkeypatch.setattr(common, "console", out)
     return CliRunner().invoke(app, ["sessions", "list", *args])
