@@ -369,9 +369,10 @@ def assert_fails_up_front(out: subprocess.CompletedProcess, data_dir: Path, *exp
 @pytest.mark.parametrize(
     ("args", "env", "expected"),
     [
-        (["--nats-port", "99999"], {}, "nats.port (MEMQ_NATS__PORT): Input should be less than or equal to 65535"),
-        (["--nats-port", "-1"], {}, "nats.port (MEMQ_NATS__PORT): Input should be greater than or equal to 0"),
-        (["--http-port", "70000"], {}, "http.port (MEMQ_HTTP__PORT): Input should be less than or equal to 65535"),
+        # an option names itself (before: the variable it stands for)
+        (["--nats-port", "99999"], {}, "nats.port (--nats-port): Input should be less than or equal to 65535"),
+        (["--nats-port", "-1"], {}, "nats.port (--nats-port): Input should be greater than or equal to 0"),
+        (["--http-port", "70000"], {}, "http.port (--http-port): Input should be less than or equal to 65535"),
         ([], {"MEMQ_NATS__PORT": "99999"}, "nats.port (MEMQ_NATS__PORT)"),
     ],
     ids=["nats-port-high", "nats-port-negative", "http-port-high", "env-nats-port"],

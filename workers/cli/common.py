@@ -115,28 +115,50 @@ def _setup_logging(settings: Settings) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
+_warned_env = False
+
+
 def _warn_unknown_env() -> None:
     """One line per ``MEMQ_*`` variable that sets nothing: pydantic-settings
-    ignores them, and a typo would otherwise look like a setting that has no effect."""
-    from memq.workers.settings import unknown_env
+    ignores them, and a typo would otherwise look like a setting that has no
+    effect. Once per process: a command that loads its settings twice (`memq
+    status`: its own, then its NATS connection's) warns once."""
+    global _warned_env
+    if _warned_env:
+        return
+    _warned_env = True
+    from memq.workers.settings import setting_groups, unknown_env
 
     for var, close in unknown_env(os.environ):
-        hint = f"; did you mean {close}?" if close else " (`memq config` lists the settings)"
+        if close:
+            hint = f"; did you mean {close}?"
+        else:
+            groups = ", ".join(g.upper() for g in setting_groups())
+            hint = (
+                f": no such setting (settings are MEMQ_<GROUP>__<NAME>, the groups {groups}; "
+                "`memq config` lists them all)"
+            )
         err.print(f"[yellow]warning:[/] {var} is not a memq setting, ignored{hint}", soft_wrap=True, highlight=False)
 
 
-def settings_errors(exc: ValidationError) -> str:
-    """A settings error on one line: each field with its variable and what is
-    wrong. Never the value given: it may be a password or a URL with one."""
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc']))} (MEMQ_{'__'.join(map(str, e['loc'])).upper()}): {e['msg']}"
-        for e in exc.errors()
-    )
+def settings_errors(exc: ValidationError, flags: dict[str, str] | None = None) -> str:
+    """A settings error on one line: each field with its variable (or the
+    command's option that set it, from ``flags``: dotted field -> option)
+    and what is wrong. Never the value given: it may be a password or a URL
+    with one."""
+    flags = flags or {}
+
+    def source(loc: tuple) -> str:
+        dotted = ".".join(map(str, loc))
+        return flags.get(dotted) or f"MEMQ_{'__'.join(map(str, loc)).upper()}"
+
+    return "; ".join(f"{'.'.join(map(str, e['loc']))} ({source(e['loc'])}): {e['msg']}" for e in exc.errors())
 
 
-def _settings(**overrides: Any) -> Settings:
-    """The settings of this command (``overrides``: its options), its
-    logging set up; unknown ``MEMQ_*`` variables warned about."""
+def _settings(flags: dict[str, str] | None = None, **overrides: Any) -> Settings:
+    """The settings of this command (``overrides``: its options; ``flags``:
+    the option of each, by dotted field, for errors to name), its logging
+    set up; unknown ``MEMQ_*`` variables warned about."""
     from pydantic import ValidationError
 
     from memq.workers.settings import load_settings
@@ -145,7 +167,7 @@ def _settings(**overrides: Any) -> Settings:
     try:
         settings = load_settings(**overrides)
     except ValidationError as exc:  # one line, no traceback
-        err.print(f"[red]invalid settings:[/] {escape(settings_errors(exc))}", soft_wrap=True)
+        err.print(f"[red]invalid settings:[/] {escape(settings_errors(exc, flags))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except Exception as exc:  # e.g. a config file that is no TOML
         err.print(f"[red]invalid settings:[/] {escape(str(exc))}", soft_wrap=True)

@@ -176,7 +176,9 @@ def up(
         overrides["nats"] = {"port": nats_port}
     if http_port is not None:
         overrides["http"] = {"port": http_port}
-    settings = _settings(**overrides)
+    # An option given names itself in the error, not the variable it stands for.
+    flags = {f"{group}.port": f"--{group}-port" for group in overrides}
+    settings = _settings(flags, **overrides)
     kinds = list(WorkerKind)
     fresh = is_fresh(settings.data_dir)  # before anything is written there
     _preflight(settings, [k.value for k in kinds], embedded_nats=not settings.nats.url)
