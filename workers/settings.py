@@ -126,7 +126,12 @@ class PersistenceSettings(BaseModel):
         "order-independent, as across replicas): the next batch is fetched while one waits on the "
         "database; 1: one at a time. SQLite, with one writer, always commits one at a time",
     )
-    ack_wait_s: float = Field(default=30.0, gt=0, description="redelivery after a silent crash")
+    ack_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="redelivery after a silent crash: a killed replica's unacked batches (and every read "
+        "waiting for a write among them) wait this long; fixed when the durable is created",
+    )
     retry_delays_s: list[float] = Field(
         default=[0.5, 1, 2, 5, 10, 30],
         description="longest holds of a batch while the database is down (cut short once it answers again)",
