@@ -65,6 +65,7 @@ async def connect_nats(
         no server could be reached or one refused the credentials.
     """
     urls = [u.strip() for u in servers.split(",")] if isinstance(servers, str) else list(servers)
+    _refuse_http(urls)
     failures: list[Exception] = []
     connected = False
 
@@ -83,6 +84,19 @@ async def connect_nats(
     nc.options["max_reconnect_attempts"] = max_reconnect_attempts
     connected = True
     return nc
+
+
+def _refuse_http(urls: Sequence[str]) -> None:
+    """An ``http://`` URL (the gateway's, copied from `memq up`'s ready line)
+    fails at once and says why: nats-py would take the scheme for a host
+    name and fail with "Name or service not known"."""
+    for url in urls:
+        scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+        if scheme in ("http", "https"):
+            raise NatsUnreachable(
+                f"{redact(url)} is an HTTP URL, and memq's client speaks NATS: give it a nats:// (or tls://) URL, "
+                "e.g. nats://127.0.0.1:4222 (`memq up` prints both); the HTTP gateway is for REST clients"
+            )
 
 
 def unreachable_message(urls: Sequence[str], failures: Sequence[Exception], hint: str, auth_hint: str) -> str:

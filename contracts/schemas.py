@@ -3,7 +3,8 @@
 Every message on ``MEMQ_EVENTS`` is one JSON object with ``v`` (schema
 version) and ``kind``; :data:`StreamMessage` is the tagged union of all kinds.
 State keys carry their scope as a prefix: none = session, ``user:``, ``app:``,
-``temp:`` (never persisted).
+``temp:`` (never persisted: every state delta drops its ``temp:`` keys when it
+is validated, so no door can store one, see :func:`persisted_state`).
 """
 
 from __future__ import annotations
@@ -83,10 +84,30 @@ def _check_state_key(key: str) -> str:
     return _no_nul(key)  # keys are SQL text
 
 
+TEMP_PREFIX = "temp:"
+
+
+def persisted_state(delta: dict[str, Any]) -> dict[str, Any]:
+    """``delta`` without its ``temp:`` keys, as ADK's session services trim
+    an event's delta before storing it: ``temp:`` state lives for one
+    invocation in the agent's own session object, never in a store."""
+    if not any(k.startswith(TEMP_PREFIX) for k in delta):
+        return delta
+    return {k: v for k, v in delta.items() if not k.startswith(TEMP_PREFIX)}
+
+
 def _check_state_keys(delta: dict[str, Any]) -> dict[str, Any]:
     for key in delta:
         _check_state_key(key)
-    return _json_safe(delta)
+    # In the schema, not at each door: the client, the gateway, MCP, the
+    # importer and the persistence worker (for raw publishers) all validate
+    # through here, so the stream, SQL, the index and exports never hold one.
+    return _json_safe(persisted_state(delta))
+
+
+def _persisted_keys(keys: list[str] | None) -> list[str] | None:
+    """Deletes of ``temp:`` keys go the way of their sets: nothing stored has one."""
+    return None if keys is None else [k for k in keys if not k.startswith(TEMP_PREFIX)]
 
 
 StateDelta = Annotated[dict[str, Any], AfterValidator(_check_state_keys)]
@@ -252,7 +273,9 @@ class StateSet(_Envelope):
     session: SessionId | None = None
     delta: StateDelta
     # None, not []: a message without deletes is encoded as before this field.
-    delete: list[StateKey] | None = Field(default=None, description="state keys to remove")
+    delete: Annotated[list[StateKey] | None, AfterValidator(_persisted_keys)] = Field(
+        default=None, description="state keys to remove"
+    )
     timestamp: Timestamp = Field(default_factory=time.time)
 
     @model_validator(mode="after")

@@ -81,6 +81,63 @@ class DemoResult:
         return self.published == self.stored and not (self.duplicates or self.missing or self.out_of_order)
 
 
+# The demo rides out a NATS restart (`memq up` stopped and started again
+# under it) as the default client does: about two minutes of reconnects, and
+# each publish retried within the client's deadline (same ids: stored once).
+RECONNECT_WAIT_S = 0.2  # the first connect's two tries too: a dead NATS fails within a second
+RECONNECT_ATTEMPTS = 600  # x 0.2 s: two minutes, MemoryClient.connect's default patience
+PROGRESS_EVERY_S = 2.0  # a line this often in a pipe, where no progress bar is drawn
+
+
+def _chunks(events: list[Event], n_chunks: int = 10) -> list[list[Event]]:
+    """The events in about ``n_chunks`` parts (none smaller than the client's
+    pipeline of in-flight publishes): progress to show, nothing slower."""
+    from memq.contracts.client import MAX_IN_FLIGHT
+
+    size = max(MAX_IN_FLIGHT, -(-len(events) // n_chunks))
+    return [events[i : i + size] for i in range(0, len(events), size)]
+
+
+class _Progress:
+    """Published and stored counts as bars at a terminal, as a line every
+    :data:`PROGRESS_EVERY_S` in a pipe (a log, CI), where bars draw nothing."""
+
+    def __init__(self, console: Console, total: int):
+        self.console, self.total = console, total
+        self.published = self.stored = 0
+        self._said = (-1, -1)
+        self._last_line = time.monotonic()
+        self._bars: Progress | None = None
+        if console.is_terminal:
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            self._bars = Progress(*columns, console=console, transient=True)
+            self._pub = self._bars.add_task("published    ", total=total)
+            self._sql = self._bars.add_task("stored in SQL", total=total)
+
+    def __enter__(self) -> _Progress:
+        if self._bars is not None:
+            self._bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+
+    def update(self, *, published: int | None = None, stored: int | None = None) -> None:
+        self.published = self.published if published is None else published
+        self.stored = self.stored if stored is None else stored
+        if self._bars is not None:
+            self._bars.update(self._pub, completed=self.published)
+            self._bars.update(self._sql, completed=self.stored)
+        elif time.monotonic() - self._last_line >= PROGRESS_EVERY_S and self._said != (self.published, self.stored):
+            self.say(f"published {self.published}/{self.total}, stored in SQL {self.stored}/{self.total}")
+
+    def say(self, line: str) -> None:
+        """A line above the bars (or in the pipe)."""
+        self._said, self._last_line = (self.published, self.stored), time.monotonic()
+        self.console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
 async def run_demo(settings: Settings, n_events: int, console: Console, timeout: float | None = None) -> DemoResult:
     if settings.database.url is not None and settings.database.url.get_secret_value() == "inmemory":
         raise SystemExit("memq demo reads SQL back: it cannot see the in-memory database of another process")
@@ -89,27 +146,43 @@ async def run_demo(settings: Settings, n_events: int, console: Console, timeout:
     session = f"demo-{new_id()}"
     events = sample_conversation(n_events)
     started = time.perf_counter()
-    # The settings' URL, credentials and TLS, as every command; a dead NATS
-    # fails the first connect within a second (two tries 0.2 s apart).
-    options = {**bus.connect_options(settings, "demo"), "max_reconnect_attempts": 1, "reconnect_time_wait": 0.2}
-    nc = await bus.open_connection(options)
-    try:
-        client = MemoryClient(nc, APP)
-        await client.create_session(USER, session, state={"topic": "demo", "app:demo_runs": 1})
-        seqs = await client.append_many(USER, session, events)
-    finally:
-        await nc.close()
-    console.print(f"published {len(seqs)} events to session [bold]{session}[/] (seq {seqs[0]}..{seqs[-1]})")
+    progress = _Progress(console, n_events)
 
-    columns = (TextColumn("stored in SQL"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    async def lost() -> None:
+        progress.say("lost the NATS connection: reconnecting (publishes in flight are retried, stored once)")
+
+    async def back() -> None:
+        progress.say("reconnected to NATS")
+
+    # The settings' URL, credentials and TLS, as every command.
+    options = {
+        **bus.connect_options(settings, "demo"),
+        "max_reconnect_attempts": RECONNECT_ATTEMPTS,
+        "reconnect_time_wait": RECONNECT_WAIT_S,
+        "disconnected_cb": lost,
+        "reconnected_cb": back,
+    }
+    seqs: list[int] = []
     try:
-        with Progress(*columns, console=console, transient=True) as progress:
-            task = progress.add_task("stored", total=n_events)
+        with progress:
+            nc = await bus.open_connection(options)
+            try:
+                client = MemoryClient(nc, APP)
+                await client.create_session(USER, session, state={"topic": "demo", "app:demo_runs": 1})
+                watching = asyncio.create_task(_watch_sql(engine, session, progress))
+                try:
+                    for chunk in _chunks(events):
+                        seqs += await client.append_many(USER, session, chunk)
+                        progress.update(published=len(seqs))
+                finally:
+                    watching.cancel()
+            finally:
+                await nc.close()
+            progress.say(f"published {len(seqs)} events to session {session} (seq {min(seqs)}..{max(seqs)})")
             deadline = time.monotonic() + timeout
-            stored = 0
             while time.monotonic() < deadline:
                 stored = await reads.count_events(engine, APP, USER, session)
-                progress.update(task, completed=stored)
+                progress.update(stored=stored)
                 if stored >= n_events:
                     break
                 await asyncio.sleep(0.2)
@@ -134,6 +207,16 @@ async def run_demo(settings: Settings, n_events: int, console: Console, timeout:
     _print(console, rows, state, result)
     _print_next_steps(console, session)
     return result
+
+
+async def _watch_sql(engine, session: str, progress: _Progress) -> None:
+    """What SQL holds while the events are still being published."""
+    while True:
+        await asyncio.sleep(0.5)
+        try:
+            progress.update(stored=await reads.count_events(engine, APP, USER, session))
+        except Exception:  # only a progress figure: the count after publishing is the one that matters
+            continue
 
 
 def memq_command() -> str:

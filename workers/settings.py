@@ -126,7 +126,12 @@ class PersistenceSettings(BaseModel):
         "order-independent, as across replicas): the next batch is fetched while one waits on the "
         "database; 1: one at a time. SQLite, with one writer, always commits one at a time",
     )
-    ack_wait_s: float = Field(default=30.0, gt=0, description="redelivery after a silent crash")
+    ack_wait_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="redelivery after a silent crash: a killed replica's unacked batches (and every read "
+        "waiting for a write among them) wait this long; fixed when the durable is created",
+    )
     retry_delays_s: list[float] = Field(
         default=[0.5, 1, 2, 5, 10, 30],
         description="longest holds of a batch while the database is down (cut short once it answers again)",
@@ -722,8 +727,8 @@ def env_names(model: type[BaseModel] = Settings, prefix: str = "MEMQ_") -> tuple
 
 def unknown_env(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """The ``MEMQ_*`` variables of ``environ`` that set nothing (a typo, a
-    single ``_`` for ``__``), each with the closest setting's name or None.
-    pydantic-settings ignores them silently."""
+    single ``_`` for ``__``), each with the closest setting's name or None
+    (:func:`closest_setting`). pydantic-settings ignores them silently."""
     names, open_prefixes = env_names()
     unknown = []
     for var in sorted(environ):
@@ -732,6 +737,39 @@ def unknown_env(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
             continue
         if upper.startswith(open_prefixes + OTHER_ENV_PREFIXES):
             continue
-        close = difflib.get_close_matches(upper, names, n=1, cutoff=0.6)
-        unknown.append((var, close[0] if close else None))
+        unknown.append((var, closest_setting(upper, names)))
     return unknown
+
+
+def _flat(name: str) -> str:
+    return name.replace("__", "_")
+
+
+def closest_setting(var: str, names: frozenset[str]) -> str | None:
+    """The setting ``var`` (upper case, not one) most likely meant, or None.
+
+    Only settings that take a value (``MEMQ_NATS__URL``), never a group
+    (``MEMQ_NATS``, which takes JSON) that merely looks alike. In order: the
+    same name but for ``_`` against ``__``; the closest in the group it
+    names (``MEMQ_PERSISTENCE__BATCHSIZE``); the closest anywhere, to the
+    whole name or to its part after the group (``MEMQ_QUERY__CACHE_TTLL`` is
+    ``MEMQ_CACHE__TTL_S``: the group was wrong)."""
+    leaves = sorted(n for n in names if not any(other.startswith(f"{n}__") for other in names))
+    rest = var.removeprefix("MEMQ_")
+    by_flat = {_flat(n.removeprefix("MEMQ_")): n for n in leaves}
+    if (same := by_flat.get(_flat(rest))) is not None:
+        return same
+    group, _, field = rest.partition("__")
+    if field:
+        inner = {n.removeprefix(f"MEMQ_{group}__"): n for n in leaves if n.startswith(f"MEMQ_{group}__")}
+        if close := difflib.get_close_matches(field, inner, n=1, cutoff=0.75):
+            return inner[close[0]]
+    for guess in (_flat(rest), _flat(field)) if field else (_flat(rest),):
+        if close := difflib.get_close_matches(guess, by_flat, n=1, cutoff=0.75):
+            return by_flat[close[0]]
+    return None
+
+
+def setting_groups() -> list[str]:
+    """The groups of settings (``nats``, ``query``, …), as ``MEMQ_<GROUP>__<NAME>`` names them."""
+    return [name for name, info in Settings.model_fields.items() if _models_in(info.annotation)]

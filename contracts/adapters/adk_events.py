@@ -34,10 +34,10 @@ from memq.contracts.schemas import (
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    persisted_state,
 )
 
 ADK_KEY = "adk"  # where metadata keeps what memq's own fields cannot
-TEMP_PREFIX = "temp:"
 _NATIVE = ("id", "invocation_id", "author", "timestamp")  # always carried by memq's own fields
 _NATIVE_ACTIONS = ("state_delta", "artifact_delta", "transfer_to_agent", "escalate", "skip_summarization")
 
@@ -50,8 +50,9 @@ def json_safe(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def persisted_delta(delta: dict[str, Any]) -> dict[str, Any]:
-    """A state delta without its ``temp:`` keys: those live for one invocation only."""
-    return {k: v for k, v in delta.items() if not k.startswith(TEMP_PREFIX)}
+    """A state delta without its ``temp:`` keys: those live for one invocation only
+    (the schema drops them too; trimmed here before :func:`json_safe` converts the rest)."""
+    return persisted_state(delta)
 
 
 # --- content <-> message ------------------------------------------------------------

@@ -266,9 +266,7 @@ def cli_markdown() -> str:
         lines += ["```text", c.usage, "```", ""]
         if c.help:
             lines += [_paragraphs(c.help), ""]
-        if c.group:
-            continue
-        for p in c.params:
+        for p in c.params:  # a group's too: memq's own --version
             name = f"{p.names} {p.metavar}".strip()
             lines += [f"```{{option}} {name}", "```", ""]
             tags = []

@@ -511,3 +511,27 @@ def test_a_summary_that_fits_is_kept_whole_and_all_never_cuts():
         history=items, events=events, strategy=Strategy(kind="all", budget=50), summary=summary_lines(20)
     )
     assert not everything.summary_cut and everything.over_budget and everything.summary == summary_lines(20)
+
+
+@pytest.mark.parametrize("kind", ["summary_buffer", "token_window", "all"])
+def test_one_memory_recalled_from_two_sessions_is_listed_once(kind):
+    """Issue 40: the same words told in two sessions were listed twice,
+    spending the budget twice. The best-scored (first) stays, with its date."""
+    items, events = session(4)
+    recalled = [
+        (200, text_event("user", "I am vegetarian.", ts=1_700_000_000.0), 0),  # best scored
+        (300, text_event("user", "I live in Lisbon.", ts=1_700_000_000.0), 0),
+        (400, text_event("user", "I  am Vegetarian.", ts=1_710_000_000.0), 0),  # another session, same words
+        # another speaker: a memory of its own
+        (500, {**text_event("assistant", "I am vegetarian.", ts=1_710_000_000.0), "author": "assistant"}, 0),
+    ]
+    ctx = assemble(history=items, events=events, strategy=Strategy(kind=kind), recalled=recalled)
+    block = ctx.to_openai()[0]["content"]
+    assert block.startswith(RECALL_HEADER)
+    lines = block.splitlines()[1:]
+    assert lines == [
+        "- [2023-11-14, user] I am vegetarian.",
+        "- [2023-11-14, user] I live in Lisbon.",
+        "- [2024-03-09, assistant] I am vegetarian.",
+    ]
+    check_total(ctx)

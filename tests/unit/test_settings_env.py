@@ -24,14 +24,55 @@ ROOT = Path(__file__).parents[2]
         ("MEMQ_PERSISTENCE__BATCHSIZE", "MEMQ_PERSISTENCE__BATCH_SIZE"),
         ("MEMQ_LOGLEVEL", "MEMQ_LOG_LEVEL"),
         ("memq_nats_url", "MEMQ_NATS__URL"),  # names are not case-sensitive
+        # issue 40: these got MEMQ_QUERY__READ_TAIL and a group name (MEMQ_MEMORY)
+        ("MEMQ_QUERY__CACHE_TTLL", "MEMQ_CACHE__TTL_S"),  # the group mistaken: the setting anywhere
+        ("MEMQ_CACHE__TTL", "MEMQ_CACHE__TTL_S"),  # in its group first
+        ("MEMQ_HTTP__PROT", "MEMQ_HTTP__PORT"),
+        ("MEMQ_NATS__URLL", "MEMQ_NATS__URL"),
     ],
 )
 def test_a_misspelled_variable_gets_the_closest_setting(variable, closest):
     assert unknown_env({variable: "x"}) == [(variable, closest)]
 
 
-def test_a_variable_like_no_setting_gets_no_guess():
-    assert unknown_env({"MEMQ_QQQQQQQQQQ": "x"}) == [("MEMQ_QQQQQQQQQQ", None)]
+@pytest.mark.parametrize("variable", ["MEMQ_QQQQQQQQQQ", "MEMQ_FOO_BAR", "MEMQ_MEMORYY"])
+def test_a_variable_like_no_setting_gets_no_guess(variable):
+    """Never a group's name (it takes JSON, not a value): no guess at all."""
+    assert unknown_env({variable: "x"}) == [(variable, None)]
+
+
+def test_the_warning_without_a_guess_lists_the_groups_and_comes_once(monkeypatch, capsys):
+    """`memq status` loads its settings twice (its own, its connection's): it
+    printed each warning twice."""
+    from memq.workers.cli import common
+
+    monkeypatch.setattr(common, "_warned_env", False)
+    monkeypatch.setenv("MEMQ_FOO_BAR", "1")
+    monkeypatch.setenv("MEMQ_QUERY__CACHE_TTLL", "1")
+    common._warn_unknown_env()
+    common._warn_unknown_env()
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "warning: MEMQ_FOO_BAR is not a memq setting, ignored: no such setting (settings are "
+        "MEMQ_<GROUP>__<NAME>, the groups NATS, STREAMS, DATABASE, PERSISTENCE, MEMORY, CACHE, QUERY, INDEXING, "
+        "RECALL, SUMMARIZER, METRICS, EXPIRY, HTTP; `memq config` lists them all)",
+        "warning: MEMQ_QUERY__CACHE_TTLL is not a memq setting, ignored; did you mean MEMQ_CACHE__TTL_S?",
+    ]
+
+
+def test_status_warns_once(tmp_path):
+    """The command itself, as a user runs it (a dead NATS: it fails at once)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MEMQ_")}
+    env.update(MEMQ_DATA_DIR=str(tmp_path), MEMQ_NATS__URL="nats://127.0.0.1:1", MEMQ_FOO_BAR="1")
+    out = subprocess.run(
+        [str(Path(sys.prefix) / "bin" / "memq"), "status"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.count("MEMQ_FOO_BAR is not a memq setting") == 1, out.stderr
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -31,7 +32,25 @@ if TYPE_CHECKING:
 # Plain help (click's): typer's rich help imports rich's Markdown, syntax and
 # traceback modules, a third of `memq --help`'s time, and the plain text
 # reads the same in a pipe and at any width.
-app = typer.Typer(
+
+
+class _App(typer.Typer):
+    """The typer app, whose errors of memq's own end in one line and exit 1
+    (:func:`failure_line`), whichever command raised them: a publish whose
+    outcome is unknown once ended `memq demo` in a 150-line traceback."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except Exception as exc:
+            line = failure_line(exc)
+            if line is None:  # a bug: its traceback is what to report
+                raise
+            err.print(line, soft_wrap=True, highlight=False)
+            sys.exit(1)
+
+
+app = _App(
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode=None,
@@ -40,6 +59,40 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True)
+# Every read command's --json: what it shows, as the reply's JSON.
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import version
+
+        console.print(f"memq {version('memq')}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print memq's version and exit."),
+    ] = False,
+) -> None:
+    """memq: session and memory layer for LLM agents."""
+
+
+def print_table(table: Any) -> None:
+    """``table`` at a terminal as wide as the terminal; in a pipe (a file, a
+    `grep`) as wide as its content, so that no cell is cut at the 80 columns
+    rich assumes there."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    from rich.measure import Measurement
+
+    # print(width=) is capped at the console's width: a console of the table's own
+    width = max(Measurement.get(console, console.options.update(width=10_000), table).maximum, console.width)
+    Console(file=console.file, width=width, color_system=None, no_color=True, force_terminal=False).print(table)
 
 
 def log_handler() -> logging.Handler:
@@ -62,28 +115,50 @@ def _setup_logging(settings: Settings) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
+_warned_env = False
+
+
 def _warn_unknown_env() -> None:
     """One line per ``MEMQ_*`` variable that sets nothing: pydantic-settings
-    ignores them, and a typo would otherwise look like a setting that has no effect."""
-    from memq.workers.settings import unknown_env
+    ignores them, and a typo would otherwise look like a setting that has no
+    effect. Once per process: a command that loads its settings twice (`memq
+    status`: its own, then its NATS connection's) warns once."""
+    global _warned_env
+    if _warned_env:
+        return
+    _warned_env = True
+    from memq.workers.settings import setting_groups, unknown_env
 
     for var, close in unknown_env(os.environ):
-        hint = f"; did you mean {close}?" if close else " (`memq config` lists the settings)"
+        if close:
+            hint = f"; did you mean {close}?"
+        else:
+            groups = ", ".join(g.upper() for g in setting_groups())
+            hint = (
+                f": no such setting (settings are MEMQ_<GROUP>__<NAME>, the groups {groups}; "
+                "`memq config` lists them all)"
+            )
         err.print(f"[yellow]warning:[/] {var} is not a memq setting, ignored{hint}", soft_wrap=True, highlight=False)
 
 
-def settings_errors(exc: ValidationError) -> str:
-    """A settings error on one line: each field with its variable and what is
-    wrong. Never the value given: it may be a password or a URL with one."""
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc']))} (MEMQ_{'__'.join(map(str, e['loc'])).upper()}): {e['msg']}"
-        for e in exc.errors()
-    )
+def settings_errors(exc: ValidationError, flags: dict[str, str] | None = None) -> str:
+    """A settings error on one line: each field with its variable (or the
+    command's option that set it, from ``flags``: dotted field -> option)
+    and what is wrong. Never the value given: it may be a password or a URL
+    with one."""
+    flags = flags or {}
+
+    def source(loc: tuple) -> str:
+        dotted = ".".join(map(str, loc))
+        return flags.get(dotted) or f"MEMQ_{'__'.join(map(str, loc)).upper()}"
+
+    return "; ".join(f"{'.'.join(map(str, e['loc']))} ({source(e['loc'])}): {e['msg']}" for e in exc.errors())
 
 
-def _settings(**overrides: Any) -> Settings:
-    """The settings of this command (``overrides``: its options), its
-    logging set up; unknown ``MEMQ_*`` variables warned about."""
+def _settings(flags: dict[str, str] | None = None, **overrides: Any) -> Settings:
+    """The settings of this command (``overrides``: its options; ``flags``:
+    the option of each, by dotted field, for errors to name), its logging
+    set up; unknown ``MEMQ_*`` variables warned about."""
     from pydantic import ValidationError
 
     from memq.workers.settings import load_settings
@@ -92,13 +167,33 @@ def _settings(**overrides: Any) -> Settings:
     try:
         settings = load_settings(**overrides)
     except ValidationError as exc:  # one line, no traceback
-        err.print(f"[red]invalid settings:[/] {escape(settings_errors(exc))}", soft_wrap=True)
+        err.print(f"[red]invalid settings:[/] {escape(settings_errors(exc, flags))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except Exception as exc:  # e.g. a config file that is no TOML
         err.print(f"[red]invalid settings:[/] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     _setup_logging(settings)
     return settings
+
+
+def failure_line(exc: BaseException) -> str | None:
+    """The one line (rich markup) a command prints for an error memq raises
+    on purpose: every :class:`~memq.contracts.errors.MemqError` (its code and
+    message), NATS that cannot be found, reached or used, the embedded
+    server's start; None for anything else (a bug, shown with its traceback).
+    tests/unit/test_cli_errors.py holds every memq error class to it."""
+    from memq.workers.embedded import EmbeddedError  # imported at an error only: the cost is no one's
+    from memq.workers.runtime import bus
+
+    if isinstance(exc, bus.NatsTLSError):
+        return f"[red]{escape(str(exc))}[/]: check MEMQ_NATS__TLS__CA_FILE / CERT_FILE / KEY_FILE"
+    if isinstance(exc, bus.NatsNotFound | bus.NatsUnreachable | EmbeddedError):  # they name the URL and what to check
+        return f"[red]{escape(str(exc))}[/]"
+    if isinstance(exc, MemqError):
+        return f"[red]{escape(exc.code)}:[/] {escape(exc.message)}"
+    if type(exc).__module__.startswith("nats."):  # nats-py's own (a closed connection, a timeout)
+        return f"[red]NATS failed:[/] {escape(type(exc).__name__)}: {escape(str(exc) or 'no details')}"
+    return None
 
 
 def nats_failures() -> tuple[type[Exception], ...]:
@@ -215,18 +310,16 @@ def _with_nats(
 
     try:
         return asyncio.run(main())
-    except (bus.NatsNotFound, bus.NatsUnreachable) as exc:  # the message names the URL and what to check
-        err.print(f"[red]{escape(str(exc))}[/]", soft_wrap=True)
-    except bus.NatsTLSError as exc:
-        err.print(f"[red]{escape(str(exc))}[/]: check MEMQ_NATS__TLS__CA_FILE / CERT_FILE / KEY_FILE")
     except Refused as exc:
         user = settings.nats.user or ("the creds file's user" if settings.nats.creds_file else "this user")
         err.print(
             f"[red]forbidden:[/] NATS refused {escape(user)} ({escape(str(exc))}): {ADMIN_CREDENTIALS}",
             soft_wrap=True,
         )
-    except MemqError as exc:
-        err.print(f"[red]{exc.code}:[/] {escape(exc.message)}")
+    except Exception as exc:
+        if (line := failure_line(exc)) is None:
+            raise
+        err.print(line, soft_wrap=True, highlight=False)
     raise typer.Exit(1)
 
 

@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 
 from memq.contracts.errors import InvalidId
-from memq.workers.cli.common import _settings, _short, _with_nats, app, console, err
+from memq.workers.cli.common import JsonOpt, _settings, _short, _with_nats, app, console, err
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -113,7 +113,7 @@ def index_rebuild(
 
 @index_app.command("generations")
 def index_generations(
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """List the index's generations: live, rebuilding (resumed by the next rebuild) or abandoned."""
     from dataclasses import asdict
@@ -181,7 +181,7 @@ def index_drop(
 
 @app.command()
 def status(
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show consumer lag per worker kind, live worker instances and dead letters."""
     from memq.workers.status import collect_status, render
@@ -210,7 +210,7 @@ def dlq_list(
     worker: Annotated[str | None, typer.Option("--worker", "-w", help="Only this worker's dead letters.")] = None,
     code: Annotated[str | None, typer.Option("--code", "-c", help="Only this error code, e.g. oversize.")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="Show at most this many.")] = 50,
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """List dead letters, oldest first, with why each was given up on."""
     from rich.table import Table

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from memq.contracts.errors import NotFound
 from memq.contracts.vocabulary import ContextFormat, Role, SearchMode, SearchRole, StrategyName
-from memq.workers.cli.common import _short, _with_client, app, console, err
+from memq.workers.cli.common import JsonOpt, _short, _with_client, app, console, err, print_table
 from memq.workers.cli.fields import argument, option
 
 if TYPE_CHECKING:
@@ -179,29 +179,42 @@ def sessions_list(
     limit: Annotated[int, option("sessions.list", "limit", "--limit", "-n", help="Sessions per page.")] = 50,
     every: Annotated[bool, typer.Option("--all", help="Follow the cursors through every page.")] = False,
     min_seq: MinSeqOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
-    """List sessions, most recently updated first (one page unless --all)."""
+    """List sessions, most recently updated first (one page unless --all).
+    Ids are never cut: in a pipe every line is as wide as its ids; at a
+    terminal the times fold first."""
+    from memq.contracts.queries import SessionsPage
 
-    async def fetch(client: MemoryClient) -> tuple[list, bool]:
+    async def fetch(client: MemoryClient) -> SessionsPage:
         if not every:
-            page = await client.list_sessions(user, limit=limit, min_seq=min_seq)
-            return page.sessions, page.next_cursor is not None
+            return await client.list_sessions(user, limit=limit, min_seq=min_seq)
         found = []
         with err.status("fetching sessions…") as progress:
             async for info in client.iter_sessions(user, page_size=limit, min_seq=min_seq):
                 found.append(info)
                 if len(found) % limit == 0:
                     progress.update(f"fetching sessions… {len(found)}")
-        return found, False
+        return SessionsPage(sessions=found)
 
-    found, more = _with_client(app_id, fetch)
+    page = _with_client(app_id, fetch)
+    if as_json:
+        console.print_json(page.model_dump_json())
+        return
+    found, more = page.sessions, page.next_cursor is not None
     table = Table(title=f"sessions of {app_id}" + (f", user {user}" if user else ""))
-    for column in ("user", "session", "updated", "created", "last seq"):
-        table.add_column(column, justify="right" if column == "last seq" else "left")
+    # An id is what a user copies into the next command: whole, never "demo-01a2…".
+    # The times fold first (no_wrap keeps a column out of rich's first shrink);
+    # an id wider than the terminal itself folds onto a second line, whole.
+    for column in ("user", "session"):
+        table.add_column(column, no_wrap=True, overflow="fold")
+    for column in ("updated", "created"):
+        table.add_column(column, overflow="fold")
+    table.add_column("last seq", justify="right", no_wrap=True)
     for s in found:
         table.add_row(Text(s.user), Text(s.session), _when(s.updated_at), _when(s.created_at), str(s.last_seq))
     table.caption = f"{len(found)} session{'' if len(found) == 1 else 's'}" + (": more with --all" if more else "")
-    console.print(table)
+    print_table(table)
 
 
 @sessions_app.command("show")
@@ -218,6 +231,7 @@ def sessions_show(
     after: AfterOpt = None,
     roles: RoleOpt = None,
     min_seq: MinSeqOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show a session: its ids, times and merged state (app: and user: keys prefixed).
     With --after, --after-seq or --role, also the events that pass them (the last N with --events)."""
@@ -234,6 +248,9 @@ def sessions_show(
             min_seq=min_seq,
         ),
     )
+    if as_json:
+        console.print_json(view.model_dump_json())
+        return
     console.print(
         Panel.fit(
             Text(
@@ -306,6 +323,7 @@ def history(
     after: AfterOpt = None,
     roles: RoleOpt = None,
     min_seq: MinSeqOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show a session's history through a working-memory strategy, with token counts.
     --after/--role pick events first; the strategy then windows those."""
@@ -325,6 +343,9 @@ def history(
         app_id,
         lambda c: c.history(user, session, strategy=spec, model=model, after=after, roles=picked, min_seq=min_seq),
     )
+    if as_json:
+        console.print_json(view.model_dump_json())
+        return
     if view.summary:
         console.print(Panel(Text(view.summary), title=f"summary up to seq {view.checkpoint_seq}"))
     from memq.workers.memory.strategies import RULES
@@ -365,6 +386,7 @@ def context(
     recall_limit: Annotated[int, option("context", "recall_limit", help="Long-term memories to recall.")] = 20,
     message: Annotated[str | None, option("context", "message")] = None,
     min_seq: MinSeqOpt = None,
+    as_json: JsonOpt = False,
 ) -> None:
     """Show the context an agent would send to its model: token counts per part, then the messages.
     It fits the budget unless the strategy is all/none or buffer_window; then it says it is over."""
@@ -393,6 +415,9 @@ def context(
             min_seq=min_seq,
         ),
     )
+    if as_json:
+        console.print_json(view.model_dump_json())
+        return
     tokens = Table(title=f"context of {session}")
     tokens.add_column("part")
     tokens.add_column("tokens", justify="right")
@@ -465,7 +490,7 @@ def search(
             "added at once); 0: at once, from what is indexed now.",
         ),
     ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")] = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Search a user's long-term memory, best first."""
     found = _with_client(

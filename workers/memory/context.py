@@ -252,6 +252,14 @@ class _RecallLines:
         return tk.message_tokens({"role": "system", "content": content}, self.model)
 
 
+def _content_key(event: Mapping[str, Any]) -> tuple[str, str]:
+    """What makes two recalled memories the same one: who said it and what
+    (case and spacing aside), not where: the same words in two sessions
+    (a user's fact told twice) are one memory to the model."""
+    speaker = event.get("author") or (event.get("message") or {}).get("role", "")
+    return str(speaker), " ".join(tk.event_text(event).split()).casefold()
+
+
 def _pick_recalled(
     recalled: Sequence[tuple[int, Mapping[str, Any], int]],
     *,
@@ -261,7 +269,9 @@ def _pick_recalled(
     lines: _RecallLines,
 ) -> tuple[tuple[tuple[int, Mapping[str, Any]], ...], int]:
     """Recalled memories in the given (relevance) order, skipping ``exclude``
-    and repeats, at most ``limit``, while the block fits ``room`` tokens."""
+    and repeats (the same seq, or the same content: :func:`_content_key`,
+    whose best-scored comes first and stays), at most ``limit``, while the
+    block fits ``room`` tokens."""
     if limit <= 0 or room <= 0:
         return (), 0
     # Lines are counted one by one (re-counting the growing block for each
@@ -271,12 +281,14 @@ def _pick_recalled(
     estimate = lines.header
     chosen: list[tuple[int, Mapping[str, Any]]] = []
     seen: set[int] = set()
+    said: set[tuple[str, str]] = set()
     for seq, event, _stored in recalled:
         if len(chosen) >= limit:
             break
-        if seq in exclude or seq in seen:
+        if seq in exclude or seq in seen or (content := _content_key(event)) in said:
             continue
         seen.add(seq)
+        said.add(content)
         cost = lines.line(seq, event)[1]
         if estimate + cost <= room:
             chosen.append((seq, event))

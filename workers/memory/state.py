@@ -1,5 +1,8 @@
 """State scopes, after ADK: no prefix = session, ``user:`` = every session of
-the user in the app, ``app:`` = the whole app, ``temp:`` = never persisted.
+the user in the app, ``app:`` = the whole app, ``temp:`` = never persisted
+(the contract's state delta drops those keys when validated:
+:func:`memq.contracts.schemas.persisted_state`; the skips here hold for a
+delta built without validation).
 
 Deleting a key (``StateSet.delete``) is a write like a set, of the value
 :data:`DELETED`: it takes part in stream order the same way (the highest
@@ -15,9 +18,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memq.contracts.schemas import TEMP_PREFIX
+
 APP_PREFIX = "app:"
 USER_PREFIX = "user:"
-TEMP_PREFIX = "temp:"
 
 
 class _Deleted:
