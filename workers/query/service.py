@@ -432,14 +432,30 @@ class QueryWorker(Component[QueryLive]):
 
     async def _wait(self, op: str, seq: int, wait_ms: int, floor: CommitFloor, slot: Slot) -> None:
         """Until ``seq`` is committed (indexed: ``floor``), holding no request
-        slot meanwhile; refused at once when the stream never held it."""
-        if not await self.live.end.reaches(seq):
-            raise InvalidRequest(
-                f"{op}: min_seq {seq} is beyond the events stream's last sequence {self.live.end.last}, so it can "
-                "never be committed: pass the seq of a write that was acknowledged (omit it to read without waiting)"
-            )
+        slot meanwhile; refused as soon as it is known the stream never held
+        it. That is asked beside the wait, so a read whose commit comes
+        first pays nothing for it (workers/query/stream_end.py)."""
+        end = self.live.end
         async with self.slots.waiting(slot, op):
-            await floor.wait_for(seq, wait_ms / 1000)
+            if seq <= end.last:
+                await floor.wait_for(seq, wait_ms / 1000)
+                return
+            committed = asyncio.ensure_future(floor.wait_for(seq, wait_ms / 1000))
+            possible = asyncio.ensure_future(end.reaches(seq))
+            try:
+                await asyncio.wait((committed, possible), return_when=asyncio.FIRST_COMPLETED)
+                # A stream that could not be read says nothing: the wait goes on, bounded.
+                if not committed.done() and possible.done() and possible.exception() is None and not possible.result():
+                    raise InvalidRequest(
+                        f"{op}: min_seq {seq} is beyond the events stream's last sequence {end.last}, so it can "
+                        "never be committed: pass the seq of a write that was acknowledged (omit it to read "
+                        "without waiting)"
+                    )
+                await committed
+            finally:
+                committed.cancel()
+                if not possible.cancel() and not possible.cancelled():
+                    possible.exception()  # retrieved: a failed read only meant waiting on
 
     async def _with_every_writer(self, req: q._Request) -> q._Request:
         """``req`` waiting also for the newest write any client had
