@@ -149,6 +149,17 @@ class Unavailable(MemqError):
     retry_later = True
 
 
+class Busy(MemqError):
+    """The caller's app already holds its share of something the apps share
+    (a query replica's request slots, or its reads waiting for a
+    ``min_seq``): retry later. The message names the share; other apps'
+    requests are not affected."""
+
+    code = "busy"
+    http_status = 429
+    retry_later = True
+
+
 class TemplateKeyMissing(MemqError):
     """An instruction template names a state key that is not set (and no ``?``)."""
 
@@ -179,6 +190,7 @@ ERRORS_BY_CODE: dict[str, type[MemqError]] = {
         NotCommitted,
         InvalidRequest,
         Unavailable,
+        Busy,
         TemplateKeyMissing,
         Internal,
     )

@@ -201,6 +201,19 @@ class CacheSettings(BaseModel):
 class QuerySettings(BaseModel):
     queue_group: str = Field(default="memq-query", description="queue group shared by the query replicas")
     max_inflight: int = Field(default=256, ge=1, description="requests handled at once per replica")
+    app_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="the fraction of max_inflight one app may hold (in flight or queued) on a replica; past it, its "
+        "requests are refused `busy` at once, so no app can take every slot (one tenant alone: 1)",
+    )
+    app_waiting: int = Field(
+        default=128,
+        ge=1,
+        description="reads of one app a replica lets wait for their min_seq at once; a waiting read holds no "
+        "request slot, and past this cap the app's next one is refused `busy`",
+    )
     floor_refresh_s: float = Field(default=0.2, gt=0, description="how often the commit floor is re-read")
     commit_notices: bool = Field(
         default=True,

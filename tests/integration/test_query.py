@@ -74,12 +74,21 @@ async def test_read_your_writes_under_load(nats_url, pg_url, tmp_path):
 
 
 async def test_min_seq_not_committed_is_a_typed_timeout(nats_url, sqlite_url, tmp_path):
-    async with stack(nats_url, sqlite_url, tmp_path) as (_, _, nc):
-        async with await MemoryClient.connect(nats_url, app=APP) as client:
-            seq = await client.append("u", "s", text("user", "hi"))
+    s = make_settings(nats_url, sqlite_url, tmp_path)
+    async with running_query(s), await MemoryClient.connect(nats_url, app=APP) as client:
+        async with running_worker(s):  # the streams; then nothing commits
+            await client.append("u", "s", text("user", "committed"))
+        seq = await client.append("u", "s", text("user", "hi"))
+        nc = client.nc
         started = time.monotonic()
-        reply = await ask(nc, "history", session="s", min_seq=seq + 1000, wait_ms=300)
+        reply = await ask(nc, "history", session="s", min_seq=seq, wait_ms=300)
         assert reply["error"]["code"] == "not_committed"
+        assert time.monotonic() - started < 3
+        # A min_seq the stream never reached cannot be committed: refused at once, not after wait_ms.
+        started = time.monotonic()
+        reply = await ask(nc, "history", session="s", min_seq=seq + 1000, wait_ms=10_000)
+        assert reply["error"]["code"] == "invalid_request"
+        assert f"min_seq {seq + 1000} is beyond the events stream's last sequence {seq}" in reply["error"]["message"]
         assert time.monotonic() - started < 3
 
 

@@ -135,8 +135,10 @@ async def test_what_needs_the_commit_waits_for_it(nats_url, sqlite_url, tmp_path
         # min_seq of another session's write: every message up to it is held.
         other = await client.append(USER, "other", text("user", "elsewhere"))
         assert await ask_or_wait(nc, "history", other, session="s") == "tail"
-        # A min_seq the stream does not hold yet: the consumer cannot deliver it.
-        assert await ask_or_wait(nc, "history", other + 1000, session="s") == "waited"
+        # A min_seq the stream does not hold: no tail answers it, and no commit
+        # ever will, so it is refused at once rather than left to time out.
+        reply = await ask(nc, "history", min_seq=other + 1000, wait_ms=300, session="s")
+        assert reply["error"]["code"] == "invalid_request" and "beyond the events stream" in reply["error"]["message"]
         # A session that SQL does not hold yet.
         fresh = await client.append(USER, "new", text("user", "first"))
         assert await ask_or_wait(nc, "history", fresh, session="new") == "waited"

@@ -20,6 +20,7 @@ import pytest
 
 from memq.contracts.client import MemoryClient, build_request, encode_request, parse_reply
 from memq.contracts.errors import (
+    Busy,
     Forbidden,
     InvalidId,
     InvalidRequest,
@@ -108,6 +109,7 @@ def test_reply_is_typed():
         ("not_committed", NotCommitted),
         ("invalid_request", InvalidRequest),
         ("unavailable", Unavailable),
+        ("busy", Busy),
         ("template_key_missing", TemplateKeyMissing),
         ("from_the_future", MemqError),
     ],

@@ -57,6 +57,7 @@ def test_every_typed_error_says_its_http_status() -> None:
     assert {code for code, cls in ERRORS_BY_CODE.items() if cls.retry_later} == {
         "not_committed",
         "unavailable",
+        "busy",
         "publish_failed",
     }
 

@@ -40,6 +40,15 @@ class Floor:
         return self.value
 
 
+class Written:
+    """A stream whose last sequence is past every min_seq asked here."""
+
+    last = 1_000
+
+    async def reaches(self, seq: int) -> bool:
+        return seq <= self.last
+
+
 class CountingBackend(MemoryBackend):
     """The in-process backend standing in for Redis, counting its calls."""
 
@@ -69,14 +78,14 @@ class Request:
 async def reply(worker: QueryWorker, req: q._Request, key: str) -> bytes:
     """The request answered as a replica answers it (cache fill included)."""
     request = Request()
-    await worker._respond("state.get", req, key, request, 0.0)
+    await worker._respond("state.get", req, key, request, 0.0, worker.slots.admit(req.app, "state.get"))
     return request.replies[0]
 
 
 def live(cache: QueryCache) -> QueryLive:
     """Running parts with no connection: the requests here need none."""
     floor = Floor()
-    return QueryLive(None, None, None, None, cache, floor, floor, None, None)  # type: ignore[arg-type]
+    return QueryLive(None, None, None, None, cache, floor, floor, None, None, Written())  # type: ignore[arg-type]
 
 
 def worker_with(shared: MemoryBackend, tmp_path) -> QueryWorker:
@@ -95,7 +104,8 @@ async def test_a_miss_is_answered_before_the_slow_store_and_stored_after(tmp_pat
     worker = worker_with(shared, tmp_path)
     req = q.StateGet(app="a", user="u", session="s")
     request = Request()
-    responding = asyncio.create_task(worker._respond("state.get", req, "key", request, 0.0))
+    slot = worker.slots.admit(req.app, "state.get")
+    responding = asyncio.create_task(worker._respond("state.get", req, "key", request, 0.0, slot))
     await asyncio.wait_for(shared.storing.wait(), 5)
     assert request.replies == [b'{"ok":true,"result":{"state":{"k":1}}}']  # while the store still waits
     assert not responding.done()

@@ -21,12 +21,21 @@ class FailingFloor:
         raise self.exc
 
 
+class Written:
+    """A stream whose last sequence is past every min_seq asked here."""
+
+    last = 1_000
+
+    async def reaches(self, seq: int) -> bool:
+        return seq <= self.last
+
+
 async def answer_with(exc: Exception, tmp_path) -> dict:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
     floor = FailingFloor(exc)
-    worker._live = QueryLive(None, None, None, None, None, floor, floor, None, None)  # type: ignore[arg-type]
+    worker._live = QueryLive(None, None, None, None, None, floor, floor, None, None, Written())  # type: ignore[arg-type]
     req = q.HistoryGet(app="a", user="u", session="s", min_seq=5)
-    body, _ = await worker._answer("history", req, None)
+    body, _ = await worker._answer("history", req, None, worker.slots.admit("a", "history"))
     return orjson.loads(body)["error"]
 
 

@@ -8,16 +8,23 @@ each request it:
 1. drops, unanswered, a request whose reply subject is not the app's own
    inbox (:mod:`memq.workers.query.replies`), then validates the body and
    refuses one that names another app than its subject;
-2. waits, bounded, until the caller's ``min_seq`` is committed (read-your-writes):
+2. admits it to one of the replica's request slots without waiting, within
+   its app's share of them, or refuses it ``busy`` at once
+   (:mod:`memq.workers.query.slots`): no app can hold every slot, and the
+   subscription's callback never blocks on one;
+3. waits, bounded, until the caller's ``min_seq`` is committed (read-your-writes):
    on the commit floor (:mod:`memq.workers.runtime.commit_floor`), which the
    persistence replicas' notices move as they commit, so the read goes the
-   moment its sequence and every one below it are in SQL. With
+   moment its sequence and every one below it are in SQL. A waiting read
+   gives its slot back meanwhile (its app may have ``query.app_waiting`` of
+   them), and a ``min_seq`` beyond the stream's last sequence is refused at
+   once (:mod:`memq.workers.query.stream_end`). With
    ``query.read_tail``, a history or context instead adds the session's
    uncommitted appends, held from the stream (:mod:`memq.workers.query.tail`),
    and does not wait at all;
-3. answers from the cache, or from SQL through the op in :mod:`memq.workers.query.ops`
+4. answers from the cache, or from SQL through the op in :mod:`memq.workers.query.ops`
    and fills the cache;
-4. always replies to an accepted request: a typed error rather than silence or a hang.
+5. always replies to an accepted request: a typed error rather than silence or a hang.
 
 Commit notices: what the persistence replicas finished with
 (``memq.v1.committed.<durable>``, :class:`memq.contracts.notices.CommittedRanges`)
@@ -82,6 +89,7 @@ from sqlalchemy import exc as sa_exc
 
 from memq.contracts import queries as q
 from memq.contracts.errors import (
+    Busy,
     Forbidden,
     Internal,
     InvalidRequest,
@@ -104,6 +112,8 @@ from memq.workers.query.consistency import last_acknowledged, read_scope
 from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
 from memq.workers.query.replies import ReplyFence, trusted_prefixes
 from memq.workers.query.search import Searcher, recall_skipped
+from memq.workers.query.slots import RequestSlots, Slot
+from memq.workers.query.stream_end import StreamEnd
 from memq.workers.query.tail import StreamTail, Tail
 from memq.workers.query.unindexed import OwnBacklog, Unindexed, index_behind
 from memq.workers.query.windows import WindowCache
@@ -138,6 +148,7 @@ class QueryLive(Live):
     index_floor: CommitFloor  # what indexing indexed: searches wait on it
     tails: StreamTail | None  # the events stream's uncommitted tail, with query.read_tail
     unindexed: Unindexed  # a search's memories the index has not reached yet
+    end: StreamEnd  # the events stream's last sequence: a min_seq beyond it is refused
 
 
 class QueryWorker(Component[QueryLive]):
@@ -158,7 +169,7 @@ class QueryWorker(Component[QueryLive]):
             searcher=self.searcher,
             max_instruction_chars=settings.query.max_instruction_chars,
         )
-        self._slots = asyncio.Semaphore(settings.query.max_inflight)
+        self.slots = RequestSlots(settings.query.max_inflight, settings.query.app_share, settings.query.app_waiting)
         self.replies = ReplyFence(trusted_prefixes(settings.query.trusted_inboxes, settings.nats.inbox_prefix))
         self._tasks: set[asyncio.Task] = set()
         self._notices: Subscription | None = None  # the committed notices (start())
@@ -233,7 +244,8 @@ class QueryWorker(Component[QueryLive]):
             limit=s.query.search_tail,
             max_bytes=s.streams.max_message_bytes,
         )
-        return QueryLive(nc, js, engine, reader(engine), build_cache(s), floor, index_floor, tails, unindexed)
+        end = StreamEnd(js, s.streams.events)
+        return QueryLive(nc, js, engine, reader(engine), build_cache(s), floor, index_floor, tails, unindexed, end)
 
     def checks(self) -> dict[str, Check]:
         return {
@@ -325,11 +337,18 @@ class QueryWorker(Component[QueryLive]):
                 metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
             # nats-py runs a subscription's callbacks one at a time: answer
-            # the rest in a task so that one slow query does not queue others.
-            await self._slots.acquire()
-            task = asyncio.create_task(self._respond(op, req, key, request, started))
+            # the rest in a task so that one slow query does not queue
+            # others, and take its slot without waiting (workers/query/slots.py).
+            try:
+                slot = self.slots.admit(req.app, op)
+            except Busy as exc:
+                metrics.QUERY_ERRORS.labels(op, exc.code).inc()
+                await request.respond(self._refusal(op, exc))
+                metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
+                return
+            task = asyncio.create_task(self._respond(op, req, key, request, started, slot))
             self._tasks.add(task)
-            task.add_done_callback(self._done)
+            task.add_done_callback(self._tasks.discard)
 
         return handle
 
@@ -360,24 +379,29 @@ class QueryWorker(Component[QueryLive]):
         scrubbed.message = message
         return error_body(scrubbed)
 
-    def _done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        self._slots.release()
-
-    async def _respond(self, op: str, req: q._Request, key: str | None, request: Request, started: float) -> None:
-        body, fill = await self._answer(op, req, key)
+    async def _respond(
+        self, op: str, req: q._Request, key: str | None, request: Request, started: float, slot: Slot
+    ) -> None:
         try:
-            await request.respond(self._deliverable(op, body))
-        except Exception as exc:  # the requester is gone; nothing to tell
-            log.debug("reply to %s failed: %s", request.subject, exc)
-        metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
-        if fill is not None:  # after the reply: the requester need not wait on the cache's round trip
-            await fill
+            await slot.ready()  # queued while the replica's slots are all taken
+            body, fill = await self._answer(op, req, key, slot)
+            try:
+                await request.respond(self._deliverable(op, body))
+            except Exception as exc:  # the requester is gone; nothing to tell
+                log.debug("reply to %s failed: %s", request.subject, exc)
+            metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
+            if fill is not None:  # after the reply: the requester need not wait on the cache's round trip
+                await fill
+        finally:
+            slot.close()
 
-    async def _answer(self, op: str, req: q._Request, key: str | None) -> tuple[bytes, Awaitable[None] | None]:
+    async def _answer(
+        self, op: str, req: q._Request, key: str | None, slot: Slot
+    ) -> tuple[bytes, Awaitable[None] | None]:
         """The reply to a valid request (``key``: its cache key, or None when
         the op or the settings do not cache), and the cache fill of a miss
-        still to await (None when nothing is to be cached)."""
+        still to await (None when nothing is to be cached); ``slot`` is the
+        request's, given back while it waits for its ``min_seq``."""
         shared = True  # the cache's shared tier too (below)
         try:
             if req.consistency == "any":
@@ -411,13 +435,15 @@ class QueryWorker(Component[QueryLive]):
                 # stale. It uses this replica's tier alone (two Redis round
                 # trips fewer on an agent's turn).
                 shared = req.min_seq <= floor.value
-                try:
-                    await floor.wait_for(req.min_seq, req.wait_ms / 1000)
-                except NotCommitted:
-                    if floor is not self.live.index_floor or floor.consumer_missing:
-                        raise
-                    limit = self.settings.query.search_tail
-                    raise NotCommitted(index_behind(floor, req.min_seq, req.wait_ms / 1000, backlog, limit)) from None
+                if not shared:
+                    try:
+                        await self._wait(op, req.min_seq, req.wait_ms, floor, slot)
+                    except NotCommitted:
+                        if floor is not self.live.index_floor or floor.consumer_missing:
+                            raise
+                        limit = self.settings.query.search_tail
+                        wait_s = req.wait_ms / 1000
+                        raise NotCommitted(index_behind(floor, req.min_seq, wait_s, backlog, limit)) from None
             if key is not None:
                 return await self._cached(op, req, key, shared=shared)
             return ok_body(await self._run(op, req)), None
@@ -435,6 +461,33 @@ class QueryWorker(Component[QueryLive]):
             # floor's consumer info, while JetStream elects a leader.
             what = "JetStream" if isinstance(exc, NatsError) else "the database"
             return error_body(Unavailable(f"{op}: {what} is unavailable, retry later")), None
+
+    async def _wait(self, op: str, seq: int, wait_ms: int, floor: CommitFloor, slot: Slot) -> None:
+        """Until ``seq`` is committed (indexed: ``floor``), holding no request
+        slot meanwhile; refused as soon as it is known the stream never held
+        it. That is asked beside the wait, so a read whose commit comes
+        first pays nothing for it (workers/query/stream_end.py)."""
+        end = self.live.end
+        async with self.slots.waiting(slot, op):
+            if seq <= end.last:
+                await floor.wait_for(seq, wait_ms / 1000)
+                return
+            committed = asyncio.ensure_future(floor.wait_for(seq, wait_ms / 1000))
+            possible = asyncio.ensure_future(end.reaches(seq))
+            try:
+                await asyncio.wait((committed, possible), return_when=asyncio.FIRST_COMPLETED)
+                # A stream that could not be read says nothing: the wait goes on, bounded.
+                if not committed.done() and possible.done() and possible.exception() is None and not possible.result():
+                    raise InvalidRequest(
+                        f"{op}: min_seq {seq} is beyond the events stream's last sequence {end.last}, so it can "
+                        "never be committed: pass the seq of a write that was acknowledged (omit it to read "
+                        "without waiting)"
+                    )
+                await committed
+            finally:
+                committed.cancel()
+                if not possible.cancel() and not possible.cancelled():
+                    possible.exception()  # retrieved: a failed read only meant waiting on
 
     async def _with_every_writer(self, req: q._Request) -> q._Request:
         """``req`` waiting also for the newest write any client had
