@@ -77,7 +77,7 @@ class Floor:
 def worker_on(js: Stream, floor: Floor, tmp_path) -> QueryWorker:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
     end = StreamEnd(js, "MEMQ_EVENTS")  # type: ignore[arg-type]
-    worker._live = QueryLive(None, None, None, None, None, floor, floor, None, end)  # type: ignore[arg-type]
+    worker._live = QueryLive(None, None, None, None, None, floor, floor, None, None, end)  # type: ignore[arg-type]
     return worker
 
 
