@@ -108,17 +108,17 @@ class SqlStore:
         (:func:`~memq.workers.memory.commit_plan.event_tokens`)."""
         scopes = collect_scopes(items)
         deleting = deleting_users(items)
-        if self.dialect == "postgresql" and not deleting and (done := await self._append_only(items, scopes, tokens)):
+        if self.dialect == "postgresql" and not deleting and (done := await self._append_only(items, scopes, tokens=tokens)):
             return done
         # On PostgreSQL a batch that deletes nothing (the common one) reads the
         # session tombstones in the statement that takes the user locks, and
         # checks them as it touches the sessions: two round trips fewer.
         if self.dialect == "postgresql" and not deleting:
             try:
-                return await self._commit(items, scopes, deleting, tokens, guess=True)
+                return await self._commit(items, scopes, deleting, guess=True, tokens=tokens)
             except StaleTombstones:  # a delete committed while the locks were awaited: rare
                 pass
-        return await self._commit(items, scopes, deleting, tokens, guess=False)
+        return await self._commit(items, scopes, deleting, guess=False, tokens=tokens)
 
     async def stored_events(self, keys: Collection[EventKey]) -> dict[EventKey, tuple[int, str]]:
         """(seq, data) of the stored events among ``keys``, for
@@ -140,7 +140,7 @@ class SqlStore:
         return found
 
     async def _append_only(
-        self, items: Sequence[Incoming], scopes: Scopes, tokens: Mapping[int, int] | None
+        self, items: Sequence[Incoming], scopes: Scopes, *, tokens: Mapping[int, int] | None = None
     ) -> CommitResult | None:
         """The commit of a batch of events only (no state, artifact, summary or
         delete) to sessions that all exist, the agent's usual one: one
@@ -172,9 +172,9 @@ class SqlStore:
         items: Sequence[Incoming],
         scopes: Scopes,
         deleting: Collection[str],
-        tokens: Mapping[int, int] | None,
         *,
         guess: bool,
+        tokens: Mapping[int, int] | None = None,
     ) -> CommitResult:
         async with self._writer.begin() as conn:
             tombstones = await self._lock_scopes(conn, scopes, deleting, guess)
