@@ -145,9 +145,9 @@ async def victim(stack: Stack, phase: str, seconds: float, turn: list[int]) -> d
     while now() < deadline:
         turn[0] += 1
         word = f"victimword{turn[0]}"
-        seq = await timed(probes["append"], lambda: b.append_text(USER, SESSION, "user", f"I wrote {word} today"))
+        seq = await timed(probes["append"], lambda w=word: b.append_text(USER, SESSION, "user", f"I wrote {w} today"))
         if isinstance(seq, int):
-            await timed(probes["read"], lambda: b.history(USER, SESSION, min_seq=seq))
+            await timed(probes["read"], lambda s=seq: b.history(USER, SESSION, min_seq=s))
             await timed(probes["search"], functools.partial(search, seq, word))
         await timed(probes["http read"], http_read)
         await asyncio.sleep(CYCLE_S)

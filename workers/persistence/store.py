@@ -108,7 +108,11 @@ class SqlStore:
         (:func:`~memq.workers.memory.commit_plan.event_tokens`)."""
         scopes = collect_scopes(items)
         deleting = deleting_users(items)
-        if self.dialect == "postgresql" and not deleting and (done := await self._append_only(items, scopes, tokens=tokens)):
+        if (
+            self.dialect == "postgresql"
+            and not deleting
+            and (done := await self._append_only(items, scopes, tokens=tokens))
+        ):
             return done
         # On PostgreSQL a batch that deletes nothing (the common one) reads the
         # session tombstones in the statement that takes the user locks, and
