@@ -137,9 +137,9 @@ async def test_what_needs_the_commit_waits_for_it(nats_url, sqlite_url, tmp_path
         assert await ask_or_wait(nc, "history", other, session="s") == "tail"
         # A min_seq the stream does not hold yet: the consumer cannot deliver it.
         assert await ask_or_wait(nc, "history", other + 1000, session="s") == "waited"
-        # A session that SQL does not hold yet.
+        # A session that SQL does not hold yet begins in the tail.
         fresh = await client.append(USER, "new", text("user", "first"))
-        assert await ask_or_wait(nc, "history", fresh, session="new") == "waited"
+        assert await ask_or_wait(nc, "history", fresh, session="new") == "tail"
         # The user's own subject (a user delete, user state) since the floor.
         await client.set_state(USER, {"user:k": 1})
         seq = await client.append(USER, "s", text("user", "after user state"))
