@@ -10,67 +10,69 @@ whenever that would not be exact.
 
 What makes it exact is a promise the client keeps: every message it
 published to the session after ``after`` is in ``writes``. Older writes
-are dropped as they age out (``after`` moves up past them), and whole
-sessions are forgotten least recently written first (a forgotten session
-carries nothing, with ``after`` at the newest sequence ever forgotten). The
-service answers without waiting only if its floor has reached ``after``.
+are dropped when the caps push them out (``after`` moves up past them), and
+whole sessions are forgotten least recently written first (a forgotten
+session carries nothing, with ``after`` at the newest sequence ever
+forgotten). The service answers without waiting only if its floor has
+reached ``after``.
 
-A write is carried for ``max_age_s`` (1 s) at most: by then it is committed
-(a commit takes milliseconds), and carrying every write of a long session
-would cost each read more than the wait it saves. Dropping one too early
-is safe: ``after`` passes it, and the read waits for its commit instead.
+A write is kept until a reply says it is committed (its ``committed_seq``,
+or the ``min_seq`` a read waited for), not for a fixed time: the commit
+floor is one for the whole stream, so behind another app's backlog of huge
+events a commit takes seconds, not milliseconds, and a write dropped after
+a second made the read wait for that backlog after all (issue 38). The caps
+bound what is kept and carried instead: ``MAX_CARRIED`` writes and
+``MAX_BYTES`` per session (a write larger than that is never kept: it could
+not be carried, so ``after`` passes it at once). Dropping one too early is
+safe: ``after`` passes it, and the read waits for its commit instead.
 """
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from memq.contracts.queries import MAX_CARRIED
 
-MAX_BYTES = 64 * 1024  # carried per read; beyond, the older writes wait for their commit
+MAX_BYTES = 64 * 1024  # kept and carried per session; beyond, the older writes wait for their commit
 MAX_KEYS = 4096  # sessions (and users) remembered
-MAX_AGE_S = 1.0  # a write carried longer than this is surely committed
 
 
 @dataclass
 class _Writes:
     after: int = 0
-    # (seq, kind, event, size, time.monotonic() when acknowledged)
-    writes: deque[tuple[int, str, Any, int, float]] = field(default_factory=lambda: deque(maxlen=MAX_CARRIED))
+    # (seq, kind, event, size), oldest first
+    writes: deque[tuple[int, str, Any, int]] = field(default_factory=deque)
+    size: int = 0  # of the writes kept
 
-    def add(self, seq: int, kind: str, event: Any, size: int, at: float) -> None:
-        if len(self.writes) == self.writes.maxlen:
-            self.after = max(self.after, self.writes[0][0])
-        self.writes.append((seq, kind, event, size, at))
+    def add(self, seq: int, kind: str, event: Any, size: int, max_bytes: int) -> None:
+        if size > max_bytes:  # never carried whole: the read waits for its commit
+            self.forget(seq)
+            return
+        self.writes.append((seq, kind, event, size))
+        self.size += size
+        while len(self.writes) > MAX_CARRIED or self.size > max_bytes:
+            self._drop_oldest()
 
     def forget(self, upto: int) -> None:
         while self.writes and self.writes[0][0] <= upto:
-            self.writes.popleft()
+            self._drop_oldest()
         self.after = max(self.after, upto)
 
-    def age_out(self, before: float) -> None:
-        while self.writes and self.writes[0][4] < before:
-            self.after = max(self.after, self.writes.popleft()[0])
+    def _drop_oldest(self) -> None:
+        seq, _, _, size = self.writes.popleft()
+        self.size -= size
+        self.after = max(self.after, seq)
 
 
 class RecentWrites:
-    """Per session, this client's last writes (sequence, kind, event, size)."""
+    """Per session, this client's writes (sequence, kind, event, size) that
+    no reply has said are committed yet, within the caps."""
 
-    def __init__(
-        self,
-        max_keys: int = MAX_KEYS,
-        max_bytes: int = MAX_BYTES,
-        max_age_s: float = MAX_AGE_S,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.clock = clock
+    def __init__(self, max_keys: int = MAX_KEYS, max_bytes: int = MAX_BYTES):
         self.max_keys = max_keys
         self.max_bytes = max_bytes
-        self.max_age_s = max_age_s
         self._sessions: OrderedDict[tuple[str, str], _Writes] = OrderedDict()
         self._users: OrderedDict[str, int] = OrderedDict()  # newest seq on the user's own subject
         self._forgotten = 0  # newest seq of any session or user forgotten
@@ -84,7 +86,7 @@ class RecentWrites:
             return
         key = (user, session)
         writes = self._sessions.pop(key, None) or _Writes(after=self._forgotten)
-        writes.add(seq, kind, event, size, self.clock())
+        writes.add(seq, kind, event, size, self.max_bytes)
         self._sessions[key] = writes
         if len(self._sessions) > self.max_keys:
             _, dropped = self._sessions.popitem(last=False)
@@ -100,12 +102,10 @@ class RecentWrites:
         is ``upto``: the newest writes up to it that fit ``max_bytes``
         (default: the one given at construction, or less)."""
         record = self._sessions.get((user, session))
-        if record is not None:
-            record.age_out(self.clock() - self.max_age_s)
         after = record.after if record is not None else self._forgotten
         writes: list[dict[str, Any]] = []
         room = self.max_bytes if max_bytes is None else min(max_bytes, self.max_bytes)
-        for seq, kind, event, size, _ in reversed(record.writes if record is not None else ()):
+        for seq, kind, event, size in reversed(record.writes if record is not None else ()):
             if seq > upto:
                 continue
             if size > room:  # this one and older wait for their commit

@@ -2,8 +2,10 @@
 with the persistence worker stopped, a client's history and context right
 after its own appends are answered from SQL plus the writes it carries,
 and each answer is the one the same read gives once they are committed.
-What the carried writes cannot say (a new session, a delete, writes the
-client no longer remembers) makes the read wait for the commit."""
+What the carried writes cannot say (a session created with
+``create_session``, a delete, writes the client no longer remembers) makes
+the read wait for the commit; a session SQL does not hold yet is read from
+the carried writes alone."""
 
 from __future__ import annotations
 
@@ -96,6 +98,23 @@ async def test_own_appends_read_as_they_will_commit(nats_url, tmp_path, request,
         assert [e.event["id"] for e in every.events[3:]] == [e.id for e in written]
 
 
+async def test_a_new_sessions_first_turn_reads_as_it_will_commit(nats_url, sqlite_url, tmp_path):
+    """An agent's first turn of a conversation (appends to a session SQL
+    does not hold, without ``create_session``) is answered from what it
+    carries, as the same reads answer once it is committed."""
+    async with stack(nats_url, sqlite_url, tmp_path) as (s, client):
+        await client.append(USER, "fresh", text("user", "hello"))
+        seq = await client.append(USER, "fresh", text("assistant", "hi, how can I help?"))
+        before = tail_reads()
+        answers = [await getattr(client, op)(USER, "fresh", **options) for op, options in READS]
+        assert tail_reads() - before == len(READS)
+        async with running_worker(s):
+            await wait_committed(nats_url, seq)
+        for (op, options), answer in zip(READS, answers, strict=True):
+            committed = await getattr(client, op)(USER, "fresh", **options)
+            assert answer.model_copy(update={"committed_seq": None}) == committed, (op, options)
+
+
 async def test_what_the_carried_writes_cannot_say_waits(nats_url, sqlite_url, tmp_path):
     async with stack(nats_url, sqlite_url, tmp_path) as (s, client):
         await client.append(USER, "s", text("user", "plain"))
@@ -110,7 +129,7 @@ async def test_what_the_carried_writes_cannot_say_waits(nats_url, sqlite_url, tm
             await client.context(USER, "s", instruction="Be brief.", recall_limit=0)
         with pytest.raises(NotCommitted):
             await client.history(USER, "s", consistency="any")
-        # A session SQL does not hold yet.
+        # A session created by a message of its own, which SQL does not hold yet.
         await client.create_session(USER, "new")
         await client.append(USER, "new", text("user", "first"))
         with pytest.raises(NotCommitted):

@@ -39,10 +39,10 @@ async def test_reads_never_miss_their_writes_with_replicas_committing_out_of_ord
     def recorded(worker: PersistenceWorker, delay_s: float):
         commit = worker.store.commit
 
-        async def commit_then_record(items):
+        async def commit_then_record(items, *args):
             if delay_s:
                 await asyncio.sleep(delay_s)  # a slow replica: later batches overtake it
-            result = await commit(items)
+            result = await commit(items, *args)
             committed.update(item.seq for item in items)
             return result
 

@@ -36,7 +36,7 @@ class PausedStore(SqlStore):
         self.locked = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def _append_only(self, items, scopes):
+    async def _append_only(self, items, scopes, *, tokens=None):
         return None  # the full commit, the one with a lock step to pause after
 
     async def _lock_scopes(self, conn: AsyncConnection, scopes: Scopes, *args) -> Tombstones:
@@ -103,7 +103,7 @@ async def test_a_user_delete_waits_for_the_open_commit_then_removes_its_rows(req
 
 
 class FullStore(SqlStore):
-    async def _append_only(self, items, scopes):
+    async def _append_only(self, items, scopes, *, tokens=None):
         return None
 
 

@@ -95,12 +95,12 @@ class CountingStore(SqlStore):
         super().__init__(engine)
         self.guesses: list[bool] = []
 
-    async def _append_only(self, items, scopes):
+    async def _append_only(self, items, scopes, *, tokens=None):
         return None
 
-    async def _commit(self, items, scopes, deleting, *, guess):
+    async def _commit(self, items, scopes, deleting, *, guess, tokens=None):
         self.guesses.append(guess)
-        return await super()._commit(items, scopes, deleting, guess=guess)
+        return await super()._commit(items, scopes, deleting, guess=guess, tokens=tokens)
 
 
 @pytest.mark.parametrize("one_statement", [False, True])

@@ -139,9 +139,9 @@ async def test_what_needs_the_commit_waits_for_it(nats_url, sqlite_url, tmp_path
         # ever will, so it is refused at once rather than left to time out.
         reply = await ask(nc, "history", min_seq=other + 1000, wait_ms=300, session="s")
         assert reply["error"]["code"] == "invalid_request" and "beyond the events stream" in reply["error"]["message"]
-        # A session that SQL does not hold yet.
+        # A session that SQL does not hold yet begins in the tail.
         fresh = await client.append(USER, "new", text("user", "first"))
-        assert await ask_or_wait(nc, "history", fresh, session="new") == "waited"
+        assert await ask_or_wait(nc, "history", fresh, session="new") == "tail"
         # The user's own subject (a user delete, user state) since the floor.
         await client.set_state(USER, {"user:k": 1})
         seq = await client.append(USER, "s", text("user", "after user state"))

@@ -1,9 +1,12 @@
 """The client's record of its own recent writes (memq.contracts.carry) and
 what the query service makes of them (memq.workers.memory.tail.carried_events):
 the promise "every write to the session after ``after`` is carried" holds
-however writes age out, sessions are forgotten or the byte budget cuts."""
+however the caps push writes out, sessions are forgotten or the byte budget
+cuts; writes are kept until a reply says they are committed."""
 
 from __future__ import annotations
+
+import time
 
 import pytest
 
@@ -34,7 +37,7 @@ def test_writes_up_to_the_read_are_carried_in_order():
     assert seqs(log.carried("u", "s", 6)) == [3, 5]  # what the read need not hold stays out
 
 
-def test_aged_out_writes_move_after_past_them():
+def test_writes_over_the_count_cap_move_after_past_them():
     log = RecentWrites()
     for seq in range(1, MAX_CARRIED + 6):
         log.wrote("u", "s", seq, "event", event(), 1)
@@ -105,16 +108,40 @@ def test_below_the_floor_nothing_must_wait():
     assert rows(c, floor=4) == []
 
 
-def test_writes_older_than_max_age_are_not_carried():
-    clock = [100.0]
-    log = RecentWrites(max_age_s=1.0, clock=lambda: clock[0])
+def test_writes_are_carried_until_a_reply_says_they_are_committed():
+    """Not for a fixed time: behind another app's backlog a commit takes
+    seconds (issue 38), and a write dropped early makes the read wait for it."""
+    log = RecentWrites()
     log.wrote("u", "s", 3, "event", event(), 10)
-    clock[0] += 0.5
+    log.committed("u", "s", 2)  # a reply whose floor is still below the write
     log.wrote("u", "s", 4, "event", event(), 10)
-    assert seqs(log.carried("u", "s", 10)) == [3, 4]
-    clock[0] += 0.7  # 3 is 1.2 s old: dropped, and after passes it
+    time.sleep(1.2)  # longer than writes were once kept (1 s), with no reply saying more
+    for _ in range(3):  # reads while the floor stays put keep both
+        carried = log.carried("u", "s", 10)
+        assert carried["after"] == 2 and seqs(carried) == [3, 4]
+    log.committed("u", "s", 3)
     carried = log.carried("u", "s", 10)
     assert carried["after"] == 3 and seqs(carried) == [4]
+
+
+def test_what_is_kept_stays_within_the_byte_cap():
+    log = RecentWrites(max_bytes=100)
+    for seq in range(1, 41):
+        log.wrote("u", "s", seq, "event", event(), 30)
+    record = log._sessions[("u", "s")]
+    assert record.size <= 100 and [w[0] for w in record.writes] == [38, 39, 40]
+    assert log.carried("u", "s", 100)["after"] == 37
+
+
+def test_a_write_over_the_byte_cap_is_not_kept_and_after_passes_it():
+    log = RecentWrites(max_bytes=100)
+    log.wrote("u", "s", 1, "event", event(), 10)
+    log.wrote("u", "s", 2, "event", event(), 101)  # could never be carried: its read waits
+    assert log._sessions[("u", "s")].size == 0
+    assert log.carried("u", "s", 10) == {"after": 2, "writes": [], "user_seq": 0}
+    log.wrote("u", "s", 3, "event", event(), 10)  # a small one after it is carried again
+    carried = log.carried("u", "s", 10)
+    assert carried["after"] == 2 and seqs(carried) == [3]
 
 
 def test_a_reply_that_says_what_is_committed_forgets_it():

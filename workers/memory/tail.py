@@ -7,7 +7,8 @@ stream delivers them (:mod:`memq.workers.query.tail`) and adds the events to
 what SQL holds, exactly as the persistence worker will write them. Anything else
 that changes which events a read sees (a delete, a new session, a
 checkpoint, a forgotten event) makes the read wait for the commit instead, as every read did
-before; so do sessions and users that SQL does not show yet.
+before. A session SQL does not show yet (never held, or deleted at or
+below the floor) begins in the tail: everything up to the floor is in SQL.
 
 The persistence rules this applies (:mod:`memq.workers.memory.commit_plan`):
 

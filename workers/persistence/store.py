@@ -6,7 +6,7 @@ this module only talks to the database.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -101,22 +101,28 @@ class SqlStore:
         # (the reads' engine: no BEGIN or COMMIT round trip around it).
         self._autocommit = reader(engine)
 
-    async def commit(self, items: Sequence[Incoming]) -> CommitResult:
+    async def commit(self, items: Sequence[Incoming], tokens: Mapping[int, int] | None = None) -> CommitResult:
         """Apply a batch atomically. Safe to repeat (redelivery) and to run
-        concurrently with other replicas in any order."""
+        concurrently with other replicas in any order. ``tokens``: the
+        events' counts by seq, where the caller counted them already
+        (:func:`~memq.workers.memory.commit_plan.event_tokens`)."""
         scopes = collect_scopes(items)
         deleting = deleting_users(items)
-        if self.dialect == "postgresql" and not deleting and (done := await self._append_only(items, scopes)):
+        if (
+            self.dialect == "postgresql"
+            and not deleting
+            and (done := await self._append_only(items, scopes, tokens=tokens))
+        ):
             return done
         # On PostgreSQL a batch that deletes nothing (the common one) reads the
         # session tombstones in the statement that takes the user locks, and
         # checks them as it touches the sessions: two round trips fewer.
         if self.dialect == "postgresql" and not deleting:
             try:
-                return await self._commit(items, scopes, deleting, guess=True)
+                return await self._commit(items, scopes, deleting, guess=True, tokens=tokens)
             except StaleTombstones:  # a delete committed while the locks were awaited: rare
                 pass
-        return await self._commit(items, scopes, deleting, guess=False)
+        return await self._commit(items, scopes, deleting, guess=False, tokens=tokens)
 
     async def stored_events(self, keys: Collection[EventKey]) -> dict[EventKey, tuple[int, str]]:
         """(seq, data) of the stored events among ``keys``, for
@@ -137,7 +143,9 @@ class SqlStore:
                         found[(key, event_id)] = (seq, data)
         return found
 
-    async def _append_only(self, items: Sequence[Incoming], scopes: Scopes) -> CommitResult | None:
+    async def _append_only(
+        self, items: Sequence[Incoming], scopes: Scopes, *, tokens: Mapping[int, int] | None = None
+    ) -> CommitResult | None:
         """The commit of a batch of events only (no state, artifact, summary or
         delete) to sessions that all exist, the agent's usual one: one
         statement, one round trip (:func:`pg_bulk.append_only`), instead of
@@ -145,7 +153,7 @@ class SqlStore:
         the session rows it locks are what a delete updates too. None when
         the batch is not such a batch; then nothing was written that the full
         commit does not repeat."""
-        plan = plan_commit(items, Tombstones(users={}, sessions={}))
+        plan = plan_commit(items, Tombstones(users={}, sessions={}), tokens)
         if not plan.events or len(plan.events) != len(items) or _writes_more_than_events(plan):
             return None
         async with self._autocommit.connect() as conn:
@@ -164,11 +172,17 @@ class SqlStore:
         return CommitResult(plan, scopes)
 
     async def _commit(
-        self, items: Sequence[Incoming], scopes: Scopes, deleting: Collection[str], *, guess: bool
+        self,
+        items: Sequence[Incoming],
+        scopes: Scopes,
+        deleting: Collection[str],
+        *,
+        guess: bool,
+        tokens: Mapping[int, int] | None = None,
     ) -> CommitResult:
         async with self._writer.begin() as conn:
             tombstones = await self._lock_scopes(conn, scopes, deleting, guess)
-            plan = plan_commit(items, tombstones)
+            plan = plan_commit(items, tombstones, tokens)
             await self._apply_deletes(conn, plan)
             await self._insert(conn, plan)
             await self._touch_sessions(conn, plan, tombstones if guess else None)

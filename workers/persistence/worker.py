@@ -5,7 +5,10 @@ adding processes scales out with no coordination. For each batch:
 
 1. decode every message; a bad one goes to ``MEMQ_DLQ`` with its reason, then
    is acked (nothing is silently dropped, and the batch goes on);
-2. commit the rest in one transaction (idempotent, order-independent);
+2. commit the rest in one transaction (idempotent, order-independent), the
+   events' tokens counted first (in a thread when the batch is large: the
+   loop, shared with every other worker of a `memq up` process, keeps
+   answering while another app's huge events are counted);
 3. purge the stream of deleted sessions/users and forgotten events, so a
    replay cannot revive them;
 4. ack, then announce ``memq.v1.changed.<app>.<user>.<session>``;
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -53,7 +56,7 @@ from memq.contracts.subjects import (
     user_events_filter,
 )
 from memq.workers import metrics
-from memq.workers.memory.commit_plan import Incoming, event_keys, reused_event_ids
+from memq.workers.memory.commit_plan import Incoming, event_keys, event_tokens, reused_event_ids
 from memq.workers.memory.tokens import encoding_for
 from memq.workers.persistence.expiry import SessionSweeper
 from memq.workers.persistence.store import CommitResult, SqlStore
@@ -84,6 +87,8 @@ log = logging.getLogger("memq.persistence")
 
 WORKER = "persistence"
 MAX_CONFLICT_RETRIES = 5
+COUNT_OFF_LOOP_BYTES = 16 * 1024  # a batch's message bytes above which its tokens are counted in a thread
+YIELD_BYTES = 256 * 1024  # decoded bytes after which the event loop runs before the next message
 
 
 @dataclass
@@ -228,7 +233,13 @@ class PersistenceWorker(Component[PersistenceLive]):
         metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
         items: list[Incoming] = []
         raw: list[Msg] = []
+        unyielded = 0  # bytes decoded since the loop last ran
         for msg in msgs:
+            # Decoding takes ~3 ms a MB, and a batch of huge events holds
+            # hundreds of them: the loop runs between them.
+            if (unyielded := unyielded + len(msg.data)) > YIELD_BYTES:
+                unyielded = 0
+                await asyncio.sleep(0)
             try:
                 message = decode_from_subject(msg.subject, msg.data, max_bytes=self.settings.streams.max_message_bytes)
             except MemqError as exc:
@@ -291,21 +302,33 @@ class PersistenceWorker(Component[PersistenceLive]):
 
     async def _commit_and_ack(self, items: list[Incoming], raw: list[Msg], outcome: _Outcome) -> None:
         by_seq = {item.seq: item for item in items}
+        # Counting tokens is most of a large event's commit (a MB of
+        # whitespace: ~0.9 s): in a thread, so that the loop (and every
+        # other worker of a `memq up` process) keeps answering meanwhile,
+        # and before the transaction, so that it holds no lock that long.
+        # tiktoken lets go of the GIL. Small batches count inline: the hop
+        # would cost more than the count.
+        tokens = None
+        if sum(len(msg.data) for msg in raw) > COUNT_OFF_LOOP_BYTES:
+            try:
+                tokens = await asyncio.to_thread(event_tokens, items)
+            except Exception:  # counted again in the commit, where a failure is the batch policy's
+                log.exception("counting the tokens of a batch of %d failed", len(items))
 
         async def commit(msgs: list[Msg]) -> CommitResult:
-            return await self._commit([by_seq[msg.metadata.sequence.stream] for msg in msgs])
+            return await self._commit([by_seq[msg.metadata.sequence.stream] for msg in msgs], tokens)
 
         async def finish(msgs: list[Msg], result: CommitResult) -> None:
             await self._finish(result, msgs, outcome)
 
         await self._policy.run(raw, commit, finish, finished=outcome.finished)
 
-    async def _commit(self, items: Sequence[Incoming]) -> CommitResult:
+    async def _commit(self, items: Sequence[Incoming], tokens: Mapping[int, int] | None = None) -> CommitResult:
         """Commit, retrying at once on deadlocks and serialisation conflicts,
         which concurrent replicas can cause and which succeed on a retry."""
         for attempt in range(MAX_CONFLICT_RETRIES):
             try:
-                return await self.store.commit(items)
+                return await self.store.commit(items, tokens)
             except sa_exc.OperationalError as exc:
                 if not _is_conflict(exc) or attempt == MAX_CONFLICT_RETRIES - 1:
                     raise

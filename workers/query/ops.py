@@ -73,9 +73,17 @@ async def _session_window(
     ids = [r["event_id"] for r in rows] or None
     found = await ctx.windows.load(conn, key, strategy, model, only=only, ids=ids)
     if found is None:
-        if tail is not None:  # its first append may be in the tail
+        if tail is None:
+            raise _missing(req.app, req.user, req.session)
+        if not rows:  # its first append may be in the tail, or it may not exist
             raise MustWait("the session is not in SQL yet")
-        raise _missing(req.app, req.user, req.session)
+        # A session SQL does not show (never held, or deleted at or below
+        # the floor) begins in the tail: an agent's first turn of a
+        # conversation, while another app's backlog holds its commit back.
+        # Everything up to the floor is in SQL, so nothing of it comes
+        # before the tail.
+        events = await tail.events(conn, rows, 0, {})
+        return with_tail(Window(items=[], events={}, stored={}, checkpoint=None), events, strategy, model, tombstone=0)
     if tail is None:
         return found.window
     stored = found.stored_ids if ids else {}

@@ -380,7 +380,13 @@ class SummarizerWorker(Component[SummarizerLive]):
         """Summarize in chunks of at most ``max_input_tokens``, each folding
         the summary so far: a model's context window bounds a chunk, not a fold."""
         summary = previous
-        for chunk in chunked(turns, self.settings.summarizer.max_input_tokens, self.settings.memory.model):
+        # Counting a turn's tokens takes ~40 ms a MB of prose: in a thread, so
+        # that another app's huge turns do not stall the loop (the query
+        # worker's, in a `memq up` process). tiktoken lets go of the GIL.
+        chunks = await asyncio.to_thread(
+            chunked, turns, self.settings.summarizer.max_input_tokens, self.settings.memory.model
+        )
+        for chunk in chunks:
             summary = await self.summarizer.summarize(chunk, previous=summary, target_tokens=target)
         return summary or ""
 
