@@ -475,6 +475,9 @@ def verdict_lines(steps: list[Step], quota: float, cores: int) -> dict[str, str]
         base = statistics.mean(one.replica_cores) / one.per_s if one.replica_cores else 0.0
         cost = (mean * top.replicas / top.per_s) / base if base and top.per_s else 0.0
         head = f"{op}: {top.replicas} replicas {x:.2f}× one (target {want:.1f}×)"
+        alone = statistics.mean(one.replica_cores) if one.replica_cores else 0.0
+        if quota and alone < 0.85 * quota:
+            head += f" [1 replica got only {alone:.2f} of its {quota:g} cores: the ratio flatters N]"
         if x >= want:
             out[op] = f"{head}: scales; each replica used {mean:.2f} cores, throttled in {throttled:.0%} of periods"
         elif top.machine_busy >= 0.9 and top.others >= 0.25:
@@ -499,6 +502,8 @@ def verdict_lines(steps: list[Step], quota: float, cores: int) -> dict[str, str]
                 f"({top.machine_busy:.0%} busy): they wait on something shared (a lock, the stream, a server's "
                 f"single thread; servers {', '.join(f'{k} {v:.2f}' for k, v in top.servers_cores.items())} cores)"
             )
+        if cost:
+            out[op] += f"; the replicas' CPU per unit at N = {top.replicas}: {cost:.2f}× N = 1"
     return out
 
 
