@@ -4,7 +4,10 @@
 holds it to ``cores`` of CPU (the CFS quota: ``cores × period`` of CPU time
 every 100 ms period, what ``podman --cpus`` and a Kubernetes CPU limit set),
 moves the process in, reads how often the kernel throttled it, and removes
-every cgroup it made at :meth:`close`.
+every cgroup it made at :meth:`close`. The parent's weight grows with its
+children (N times the default for N processes), so that on a loaded machine
+the confined processes keep the share they had as plain processes: the
+quota caps them and takes nothing else away.
 
 Two layouts are found:
 
@@ -28,6 +31,8 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+# The default weight of a cgroup, and of a task beside it (cpu.shares in v1, cpu.weight in v2).
+WEIGHT = {"v1": ("cpu.shares", 1024), "v2": ("cpu.weight", 100)}
 
 
 class Unavailable(RuntimeError):
@@ -89,6 +94,14 @@ class Quotas:
             (path / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (path / "cpu.cfs_quota_us").write_text(str(quota))
         (path / "cgroup.procs").write_text(str(pid))
+        # On a busy machine a cgroup competes with its siblings (every other
+        # process at the top) as one task: a parent of N replicas at the
+        # default weight would get one process's share, not N. N times the
+        # default keeps their share what it was, so confining only caps them.
+        name, default = WEIGHT[self.version]
+        (self.parent / name).write_text(
+            str(min(default * len(self.children), 10_000 if self.version == "v2" else 262_144))
+        )
         return path
 
     def limit(self, name: str) -> float:

@@ -53,6 +53,9 @@ def test_it_writes_the_quota_and_the_pid_and_reads_the_throttling(tmp_path, vers
         assert (path / "cpu.cfs_period_us").read_text() == "100000"
         (path / "cpu.stat").write_text("nr_periods 40\nnr_throttled 10\nthrottled_time 1500000000\n")
     assert quotas.limit("indexing-0") == 0.25
+    quotas.confine("indexing-1", 4243, 0.25)
+    weight = {"v1": ("cpu.shares", "2048"), "v2": ("cpu.weight", "200")}[version]
+    assert (quotas.parent / weight[0]).read_text() == weight[1]  # two replicas weigh as two processes did
     before = cpuquota.Throttling(periods=20, throttled=2, throttled_s=0.5)
     assert quotas.throttling("indexing-0").since(before) == cpuquota.Throttling(20, 8, 1.0)
 
