@@ -454,10 +454,15 @@ class NatsCluster:
     def __init__(self, size: int = 3, config: str = "", name: str = "memq"):
         route_ports = [free_port() for _ in range(size)]
         routes = ", ".join(f"nats-route://{HOST}:{p}" for p in route_ports)
+        # One node is a plain server: a lone node with a cluster block never
+        # finds JetStream's meta-layer peers and is not ready for a minute.
         self.nodes = [
             NatsServer(
                 server_name=f"n{i + 1}",
-                config=f"cluster {{ name: {name}, listen: {HOST}:{route_ports[i]}, routes: [{routes}] }}\n{config}",
+                config=(
+                    f"cluster {{ name: {name}, listen: {HOST}:{route_ports[i]}, routes: [{routes}] }}\n" * (size > 1)
+                    + config
+                ),
             )
             for i in range(size)
         ]

@@ -139,15 +139,15 @@ class Replica(helpers.WorkerProcess):
 class Fleet:
     """Every replica this benchmark started, by kind."""
 
-    def __init__(self, settings: Settings, env: dict[str, str], log_dir: Path):
+    def __init__(self, settings: Settings, env: dict[str, str], log_dir: Path, kinds: tuple[str, ...] = KINDS):
         """``settings`` become MEMQ_* variables (helpers.settings_env); ``env`` adds more."""
-        self.settings, self.env, self.log_dir = settings, env, log_dir
-        self.replicas: dict[str, list[Replica]] = {kind: [] for kind in KINDS}
+        self.settings, self.env, self.log_dir, self.kinds = settings, env, log_dir, kinds
+        self.replicas: dict[str, list[Replica]] = {kind: [] for kind in kinds}
 
     def scale_to(self, n: int) -> list[Replica]:
         """Start replicas until every kind has ``n`` running; the new ones."""
         started = []
-        for kind in KINDS:
+        for kind in self.kinds:
             while len(self.running(kind)) < n:
                 replica = Replica(self.settings, kind, len(self.replicas[kind]), self.env, self.log_dir)
                 self.replicas[kind].append(replica.start())
@@ -158,7 +158,7 @@ class Fleet:
         return [r for r in self.replicas[kind] if r.alive]
 
     def all(self) -> list[Replica]:
-        return [r for kind in KINDS for r in self.replicas[kind]]
+        return [r for kind in self.kinds for r in self.replicas[kind]]
 
     def check_alive(self) -> None:
         """Raise if a replica we did not kill has exited (with its log)."""

@@ -13,6 +13,11 @@ failure is reported beside it.
 
     PYTHONPATH=<shim> .venv/bin/python tests/run_bench.py recovery --runs 3 --busy 0 2 \\
         --json docs/benchmarks/results/recovery.json
+
+``--test FAULT=NODE`` runs another pytest node as FAULT (a new fault test
+before it is added here; the smoke test's canned one, which records fixed
+figures in a second, so the test command runs this script's whole path
+without running the fault tests a second time).
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-def measure(faults: list[str], runs: int, busy: int, record: Path) -> list[dict]:
+def measure(tests: dict[str, str], faults: list[str], runs: int, busy: int, record: Path) -> list[dict]:
     rows = []
     spinners = spin(busy)
     try:
@@ -74,7 +79,7 @@ def measure(faults: list[str], runs: int, busy: int, record: Path) -> list[dict]
             for i in range(runs):
                 loads.append(load_average())
                 status(f"{fault}, busy {busy}, run {i + 1}/{runs} (load average {loads[-1]:.1f})")
-                figures, passed = run_one(TESTS[fault], record)
+                figures, passed = run_one(tests[fault], record)
                 if figures is not None:
                     results.append({**figures, "passed": passed})
             rows.append({"fault": fault, "busy": busy, "load_average": loads, "runs": results})
@@ -107,16 +112,27 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--faults", nargs="+", choices=sorted(TESTS), default=list(TESTS))
+    ap.add_argument("--faults", nargs="+", default=list(TESTS), help=f"of {', '.join(TESTS)} and those of --test")
+    ap.add_argument(
+        "--test", action="append", default=[], metavar="FAULT=NODE", help="run pytest node NODE as fault FAULT"
+    )
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--busy", type=int, nargs="+", default=[0, 2], help="spinning processes: one measurement each")
     ap.add_argument("--json", type=Path, help="write the machine, every run's figures and the table here")
     args = ap.parse_args()
+    tests = dict(TESTS)
+    for spec in args.test:
+        fault, sep, node = spec.partition("=")
+        if not sep or not fault or not node:
+            ap.error(f"--test {spec!r}: expected FAULT=NODE")
+        tests[fault] = node
+    if unknown := [f for f in args.faults if f not in tests]:
+        ap.error(f"unknown fault(s) {', '.join(unknown)}: one of {', '.join(tests)}")
     machine = machine_info()
     # Every run's figures as they come, kept: a long measurement cut short still has them.
     record = args.json.with_suffix(".jsonl") if args.json else Path(tempfile.mkstemp(suffix=".jsonl")[1])
     status(f"figures of each run go to {record}")
-    rows = [row for busy in args.busy for row in measure(args.faults, args.runs, busy, record)]
+    rows = [row for busy in args.busy for row in measure(tests, args.faults, args.runs, busy, record)]
     text = table(rows)
     print(f"commit {machine['git']}, {machine['nproc']} cores ({machine['cpu']}), {machine['date']}")
     print(text)

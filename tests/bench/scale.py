@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python tests/run_bench.py scale [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py scale [--quick | --smoke] [--json PATH]
 
 Everything runs on loopback, on servers this script starts and stops itself
 (``tests/services.py``): a 3-node NATS JetStream cluster (streams R3,
@@ -58,6 +58,13 @@ sessions; C = 32 requesters for T = 5 / 2 s per op; R = 50 / 20 appends/s;
 the fault phase 30 / 9 s at 50 / 30 appends/s with 8 query requesters.
 Every event is also embedded, at ~50 docs/s on two idle cores: that and
 starting 16 worker processes make ``--quick`` take about two minutes.
+``--smoke`` (the test command's run) is one replica of each kind on one
+NATS node (R1), 60 events, no fault phase: every step and every check
+still runs, in about a minute.
+
+This form starts every process without limits: it is the many-core form,
+for a machine with a core per replica. ``quota_scale.py`` shows scale-out
+on few cores, each replica under a fixed CPU quota.
 
 Ratios are side by side in the same run: each N against N = 1. This machine
 has few cores (see the header): 4N worker processes, three nats-servers,
@@ -91,8 +98,7 @@ from rich.table import Table
 from sqlalchemy import select
 
 from bench import fleet as fleetlib
-from bench.benchlib import console, machine_info, percentile, status, warn_if_busy
-from bench.ingest import CommitWatch
+from bench.benchlib import CommitClock, console, machine_info, percentile, status, warn_if_busy
 from bench.query import make_events
 from bench.scale_checks import Check, Snapshot, check_all
 from memq.contracts.client import MemoryClient, build_request, encode_request
@@ -108,10 +114,8 @@ from memq.workers.sql import models
 
 APP = "bench"
 USERS = 10
-REPLICAS = (1, 2, 4)
 KINDS = fleetlib.KINDS
 DURABLES = {"persistence": "memq-persistence", "indexing": "memq-indexing"}
-APP_BUDGET = 1000  # summary_buffer budget of the benchmark's app: sessions get checkpoints
 QUERY_BUDGET = 4000  # + a counter: every query a new cache key
 now = time.perf_counter
 
@@ -130,6 +134,10 @@ class Config:
     fault_sessions: int
     fault_concurrency: int  # query requesters during the fault phase
     drain_timeout_s: float = 240.0
+    replicas: tuple[int, ...] = (1, 2, 4)  # the fleet's sizes, in order
+    nodes: int = 3  # NATS cluster nodes = stream replicas
+    fault: bool = True  # the fault phase (needs a cluster: it kills the stream's leader)
+    app_budget: int = 1000  # summary_buffer budget of the benchmark's app: sessions get checkpoints
 
 
 FULL = Config(
@@ -160,14 +168,33 @@ QUICK = Config(
     fault_sessions=10,
     fault_concurrency=8,
 )
+# The smoke test's run (--smoke): one replica of each kind on one NATS node,
+# no fault phase; every step and the exactly-once checks still run.
+SMOKE = Config(
+    events=60,
+    sessions=3,
+    concurrency=4,
+    query_s=1.0,
+    warmup_s=0.3,
+    paced_rate=10,
+    paced_sessions=3,
+    fault_s=0.0,
+    fault_rate=0,
+    fault_sessions=0,
+    fault_concurrency=0,
+    drain_timeout_s=120.0,
+    replicas=(1,),
+    nodes=1,
+    fault=False,
+    app_budget=300,  # 20 turns a session pass it: the summarizer's checks have checkpoints to check
+)
+MODES = {"full": FULL, "quick": QUICK, "smoke": SMOKE}
 
 # Settings every replica runs with beyond the defaults, and why.
 WORKER_ENV = {
-    "MEMQ_STREAMS__REPLICAS": "3",  # R3 streams on the 3-node cluster
     "MEMQ_DATABASE__MIGRATE_ON_START": "false",  # migrated once, before the replicas race to
     "MEMQ_CACHE__BACKEND": "redis",
     "MEMQ_INDEXING__BACKEND": "weaviate",  # the embedded index is one SQLite file: one machine only
-    "MEMQ_QUERY__APPS": json.dumps({APP: {"strategy": "summary_buffer", "budget": APP_BUDGET}}),
     # A killed replica's unacked batch is redelivered after ack_wait: shorter
     # than the defaults (30 s, 120 s) so the fault phase drains in seconds;
     # still far above a batch's processing time here.
@@ -511,15 +538,11 @@ class Appender:
         await asyncio.gather(*tasks)
 
 
-def commit_latencies(watch: CommitWatch, sent) -> list[float]:
-    lookups = {key: watch.commit_time(key) for key, *_ in sent}
-    out = []
-    for key, seq, t0, _ in sent:
-        try:
-            out.append((lookups[key](seq) - t0) * 1000)
-        except IndexError:  # no notice covers it (cannot happen once the floor passed it)
-            pass
-    return out
+def commit_latencies(clock: CommitClock, sent) -> list[float]:
+    """Publish → commit of each paced append, from the ``committed`` notice
+    that names its seq (exact with any number of replicas; a seq no notice
+    named yet is left out, which cannot happen once the ack floor passed it)."""
+    return [(clock.at[seq] - t0) * 1000 for _, seq, t0, _ in sent if seq in clock.at]
 
 
 # --- one N ----------------------------------------------------------------------------------
@@ -586,7 +609,7 @@ async def run_phase(n: int, cfg: Config, env: Env) -> Phase:
         last = max(seq for _, seq, _, _ in appender.sent)
         await wait_floor(js, DURABLES["persistence"], last, cfg.drain_timeout_s, fleet)
         await asyncio.sleep(0.1)  # the last commit notice may still be on its way
-        ms = commit_latencies(env.watch, appender.sent)
+        ms = commit_latencies(env.clock, appender.sent)
         phase.paced_events = len(appender.sent)
         phase.paced_p50_ms, phase.paced_p99_ms = statistics.median(ms), percentile(ms, 99)
         status(f"  commit latency: p50 {phase.paced_p50_ms:.1f} ms, p99 {phase.paced_p99_ms:.1f} ms")
@@ -756,14 +779,14 @@ class Env:
     nc: object
     js: object
     client: MemoryClient
-    watch: CommitWatch
+    clock: CommitClock
     engine: object
     acked: dict[str, int] = field(default_factory=dict)
 
 
-def start_services(stack: AsyncExitStack):
+def start_services(stack: AsyncExitStack, nodes: int):
     """All servers at once (launch, then wait): startup is the slow part."""
-    cluster = services.NatsCluster(size=3)
+    cluster = services.NatsCluster(size=nodes)
     pg, redis, weaviate = services.Postgres(), services.Redis(), services.Weaviate()
     servers = [*cluster.nodes, weaviate, redis, pg]
     for s in servers:
@@ -775,22 +798,22 @@ def start_services(stack: AsyncExitStack):
     return cluster, pg, redis, weaviate
 
 
-async def main(quick: bool, json_path: Path | None) -> int:
-    cfg = QUICK if quick else FULL
+async def main(mode: str, json_path: Path | None) -> int:
+    cfg = MODES[mode]
     # SIGTERM cleans up like Ctrl-C: the worker processes and servers are stopped.
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
     machine = machine_info()
     started = now()
-    status(f"[bold]memq scale-out benchmark[/] — {'quick' if quick else 'full'} run, {machine['nproc']} cores")
+    status(f"[bold]memq scale-out benchmark[/] — {mode} run, {machine['nproc']} cores")
     warn_if_busy(machine)
     phases: list[Phase] = []
     fault: Fault | None = None
     checks: list[Check] = []
     async with AsyncExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="memq-scale-")))
-        status("starting a 3-node NATS cluster, PostgreSQL, Redis and Weaviate …")
+        status(f"starting a {cfg.nodes}-node NATS cluster, PostgreSQL, Redis and Weaviate …")
         t = now()
-        cluster, pg, redis, weaviate = start_services(stack)
+        cluster, pg, redis, weaviate = start_services(stack, cfg.nodes)
         status(f"  ready in {now() - t:.1f} s")
         machine["postgres"] = pg.psql("SHOW server_version").strip()
         db_url = pg.create_database("scale")
@@ -801,13 +824,15 @@ async def main(quick: bool, json_path: Path | None) -> int:
             data_dir=work,
             nats={"url": cluster.url},
             database={"url": db_url},
-            streams={"replicas": 3},
+            streams={"replicas": cfg.nodes},
             persistence={"retry_delays_s": [0.2, 0.5, 1.0]},
             cache={"redis_url": redis.url},
             indexing={"backend": "weaviate", "weaviate": weaviate_settings},
         )
         env_vars = dict(WORKER_ENV)
         env_vars.update(
+            MEMQ_STREAMS__REPLICAS=str(cfg.nodes),  # R3 streams on the 3-node cluster
+            MEMQ_QUERY__APPS=json.dumps({APP: {"strategy": "summary_buffer", "budget": cfg.app_budget}}),
             MEMQ_CACHE__REDIS_URL=redis.url,
             MEMQ_INDEXING__WEAVIATE__URL=weaviate.url,
             MEMQ_INDEXING__WEAVIATE__GRPC_PORT=str(weaviate.grpc_port),
@@ -824,22 +849,24 @@ async def main(quick: bool, json_path: Path | None) -> int:
         nc = await nats.connect(name="bench-scale", **nats_opts)
         stack.push_async_callback(nc.close)
         js = nc.jetstream(timeout=5)
-        await bus.ensure_streams(js, StreamSettings(replicas=3))  # R3 before any worker races to create them
+        await bus.ensure_streams(js, StreamSettings(replicas=cfg.nodes))  # R3 before any worker races to create them
         client = await MemoryClient.connect(app=APP, timeout=2.0, **nats_opts)
         stack.push_async_callback(client.close)
-        watch = CommitWatch()
-        await watch.start(nc)
-        env = Env(cluster, settings, fleet, Meter(fleet, servers), nc, js, client, watch, engine)
+        clock = CommitClock()
+        await clock.start(nc)
+        env = Env(cluster, settings, fleet, Meter(fleet, servers), nc, js, client, clock, engine)
 
         try:
-            for i, n in enumerate(REPLICAS, 1):
-                status(f"[bold][{i}/{len(REPLICAS) + 1}] {n} replica{'s' if n > 1 else ''} of each worker[/]")
+            steps = len(cfg.replicas) + cfg.fault
+            for i, n in enumerate(cfg.replicas, 1):
+                status(f"[bold][{i}/{steps}] {n} replica{'s' if n > 1 else ''} of each worker[/]")
                 phases.append(await run_phase(n, cfg, env))
-            status(
-                f"[bold][{len(REPLICAS) + 1}/{len(REPLICAS) + 1}] fault: {REPLICAS[-1]} replicas, "
-                f"kill a NATS node and one replica of each kind mid-load[/]"
-            )
-            fault = await run_fault(cfg, env)
+            if cfg.fault:
+                status(
+                    f"[bold][{steps}/{steps}] fault: {cfg.replicas[-1]} replicas, "
+                    f"kill a NATS node and one replica of each kind mid-load[/]"
+                )
+                fault = await run_fault(cfg, env)
             upto = await last_seq(js)
             status(f"  checking the whole run (stream up to seq {upto:,}) …")
             snap, doc_seqs = await snapshot(env, upto)
@@ -852,10 +879,10 @@ async def main(quick: bool, json_path: Path | None) -> int:
         count_indexed(phases, doc_seqs)
 
     machine["wall_s"] = round(now() - started, 1)
-    print_results(machine, cfg, quick, phases, fault, checks)
+    print_results(machine, cfg, mode, phases, fault, checks)
     status(f"total {machine['wall_s']:.0f} s")
     if json_path:
-        write_json(json_path, machine, cfg, quick, phases, fault, checks)
+        write_json(json_path, machine, cfg, mode, phases, fault, checks)
     return 0 if checks and all(c.ok for c in checks) else 1
 
 
@@ -888,16 +915,17 @@ def ratio(value: float, base: float) -> str:
 
 
 def print_results(
-    machine: dict, cfg: Config, quick: bool, phases: list[Phase], fault: Fault | None, checks: list[Check]
+    machine: dict, cfg: Config, mode: str, phases: list[Phase], fault: Fault | None, checks: list[Check]
 ) -> None:
     console.print()
+    n = cfg.replicas[-1]
     console.print(
-        f"[bold]memq scale-out benchmark[/] ({'quick' if quick else 'full'}) — {machine['date']}, memq {machine['git']}\n"
+        f"[bold]memq scale-out benchmark[/] ({mode}) — {machine['date']}, memq {machine['git']}\n"
         f"{machine['nproc']} cores, {machine['cpu']}, Python {machine['python']}, {machine['nats_server']} "
-        f"(3-node cluster, R3), PostgreSQL {machine.get('postgres', '?')}, "
+        f"({cfg.nodes}-node cluster, R{cfg.nodes}), PostgreSQL {machine.get('postgres', '?')}, "
         f"CPU {machine['cpu_busy_at_start']:.0%} busy before the run\n"
-        f"[yellow]{machine['nproc']} cores for everything: at N = 4, 16 worker processes, 3 nats-servers, PostgreSQL, "
-        f"Weaviate, Redis and the load generator share them.[/]",
+        f"[yellow]{machine['nproc']} cores for everything: at N = {n}, {4 * n} worker processes, {cfg.nodes} "
+        f"nats-server(s), PostgreSQL, Weaviate, Redis and the load generator share them.[/]",
         highlight=False,
     )
     base = phases[0] if phases else None
@@ -1003,12 +1031,12 @@ def print_results(
     console.print(t)
 
 
-def write_json(path: Path, machine: dict, cfg: Config, quick: bool, phases, fault, checks) -> None:
+def write_json(path: Path, machine: dict, cfg: Config, mode: str, phases, fault, checks) -> None:
     data = {
         "benchmark": "scale",
-        "mode": "quick" if quick else "full",
+        "mode": mode,
         "machine": machine,
-        "config": {**asdict(cfg), "replicas": list(REPLICAS), "worker_env": WORKER_ENV, "app_budget": APP_BUDGET},
+        "config": {**asdict(cfg), "worker_env": WORKER_ENV},
         "phases": [asdict(p) for p in phases],
         "fault": asdict(fault) if fault else None,
         "checks": [asdict(c) for c in checks],
@@ -1020,19 +1048,30 @@ def write_json(path: Path, machine: dict, cfg: Config, quick: bool, phases, faul
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument(
         "--quick",
-        action="store_true",
+        action="store_const",
+        const="quick",
+        dest="mode",
         help="a short run (~2 minutes: worker start-up and embedding are the slow parts)",
     )
+    size.add_argument(
+        "--smoke",
+        action="store_const",
+        const="smoke",
+        dest="mode",
+        help="the smoke test's run: one replica of each kind, one NATS node, no fault phase (~1 minute)",
+    )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
+    parser.set_defaults(mode="full")
     return parser.parse_args()
 
 
 if __name__ == "__main__":
     args = parse_args()
     try:
-        sys.exit(asyncio.run(main(args.quick, args.json)))
+        sys.exit(asyncio.run(main(args.mode, args.json)))
     except (KeyboardInterrupt, asyncio.CancelledError):
         status("[yellow]interrupted: every worker and server this run started is stopped[/]")
         sys.exit(130)

@@ -57,13 +57,9 @@ def test_no_import_needs_a_noqa_e402():
     assert [str(p.relative_to(TESTS)) for p in MODULES if noqa in p.read_text()] == []
 
 
-# Benchmarks with no smoke run in the test command, and why.
-NO_SMOKE = {
-    "scale": "its smallest run starts 16 worker processes, a 3-node NATS cluster and Weaviate (minutes)",
-    "recovery": "it times the fault tests of tests/faults/, which the test command runs already",
-    "weaviate_halfwrite": "it SIGKILLs Weaviate mid-batch until a kill half-writes one (a minute or more, by "
-    "chance); the fix it motivates, upsert's rewrite, is tested on every backend by test_index_contract",
-}
+# Benchmarks with no smoke run in the test command, and why (none now: each has
+# a smoke form, the long ones a size or a canned input made for the test).
+NO_SMOKE: dict[str, str] = {}
 
 
 def test_every_benchmark_has_a_smoke_test():
