@@ -33,6 +33,7 @@ from memq.contracts.client import MemoryClient
 from memq.workers.http import errors
 from memq.workers.http.door import FrontDoor
 from memq.workers.http.keys import Keyring
+from memq.workers.http.paths import RawSegments
 from memq.workers.http.routes import ROUTERS
 from memq.workers.http.routes.common import Wiring, wire
 from memq.workers.redact import Redactor
@@ -70,6 +71,7 @@ def build_api(
     )
     wire(api, Wiring(keyring=keyring, client_for=client_for, redact=redact))
     api.add_middleware(FrontDoor, keyring=keyring, max_body_bytes=max_body_bytes)
+    api.add_middleware(RawSegments)  # added last: outermost, so the door sees the segments as sent
     errors.install(api)
     for router in ROUTERS:
         api.include_router(router)
