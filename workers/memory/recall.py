@@ -138,7 +138,7 @@ def search_text(author: str, text: str, timestamp: float | None, previous: Turn 
 # context helps a turn be found, but a turn that says the words ranks above
 # one that only follows a turn that does (issue 40: "Nice." came second for
 # "Python"). Both backends index the two parts apart (split_search_text).
-CONTEXT_WEIGHT = 0.3
+CONTEXT_WEIGHT = 0.5
 
 
 def split_search_text(text: str) -> tuple[str, str]:
