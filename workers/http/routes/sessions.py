@@ -55,7 +55,7 @@ async def list_sessions(
 @sessions.post(BASE + "/sessions", response_model=SessionCreated, status_code=201)
 async def create_session(client: Client, user: User, body: NewSession) -> Response:
     """Create a session (stored once the persistence worker commits `seq`)."""
-    ref = await client.create_session(user, body.session_id, body.state)
+    ref = await client.create_session(user, body.id, body.state)
     return as_json(SessionCreated(app=ref.app, user=ref.user, session=ref.session, seq=ref.seq), 201)
 
 
