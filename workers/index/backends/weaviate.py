@@ -143,6 +143,13 @@ def _properties() -> list[Property]:
     ]
 
 
+def searched_properties(target: _Target) -> list[str]:
+    """The properties BM25 searches in ``target``, with their weights."""
+    if target.context:
+        return ["stems", "grams", f"context_stems^{CONTEXT_WEIGHT}", f"context_grams^{CONTEXT_WEIGHT}"]
+    return ["stems", "grams"] if target.grams else ["stems"] if target.stems else ["search_text"]
+
+
 def _all(filters: Iterable[Any]) -> Any:
     fs = [f for f in filters if f is not None]
     return None if not fs else fs[0] if len(fs) == 1 else Filter.all_of(fs)
@@ -725,9 +732,7 @@ class WeaviateIndex:
             if target.tenants:
                 coll = coll.with_tenant(tenant_name(user_key))
             common = {"filters": where, "limit": query.k, "return_properties": _RETURN}
-            searched = ["stems", "grams"] if target.grams else ["stems"] if target.stems else ["search_text"]
-            if target.context:
-                searched += [f"context_stems^{CONTEXT_WEIGHT}", f"context_grams^{CONTEXT_WEIGHT}"]
+            searched = searched_properties(target)
             if target.grams:
                 text = " ".join(dict.fromkeys(stems(text).split() + stemmed_query_grams(text).split()))
             elif target.stems:
