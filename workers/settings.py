@@ -498,7 +498,11 @@ class HttpSettings(BaseModel):
     port: int = Field(default=8480, ge=0, le=65535, description="0: any free port (written to <data_dir>/run/http.url)")
     apps: dict[str, HttpAppSettings] = Field(
         default_factory=dict,
-        description="app id -> its API key (and NATS user); none: a loopback-only gateway that needs no key",
+        description=(
+            'app id -> `{"api_key": …}` (and optionally `"nats_user"`, `"nats_password"`), as JSON in the '
+            """variable: `MEMQ_HTTP__APPS='{"my-app": {"api_key": "a-long-random-key"}}'`; none: a """
+            "loopback-only gateway that needs no key"
+        ),
     )
     accounts_file: Path | None = Field(
         default=None,

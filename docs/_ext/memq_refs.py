@@ -8,7 +8,8 @@
 - the benchmark tables from the result files in ``docs/benchmarks/results/``.
 
 Each is written as Markdown into ``docs/_generated/`` (git-ignored) when the
-build starts, and the pages ``{include}`` it. A file is rewritten only when its
+build starts, and the pages ``{include}`` it; the settings page instead is
+committed as ``docs/reference/settings.md`` (:data:`SETTINGS_PAGE`). A file is rewritten only when its
 text changes, so an unchanged build stays incremental. The functions are plain
 Python, also used by ``tests/unit/test_docs.py``.
 """
@@ -343,9 +344,27 @@ def benchmark_names() -> list[str]:
 # --- Sphinx -------------------------------------------------------------------------
 
 
+# The settings page is committed (docs/reference/settings.md), not only built: a
+# checkout read on GitHub or in an editor has the table too (issue 40).
+# tests/unit/test_settings_page.py fails when it drifts from the code.
+SETTINGS_PAGE = DOCS / "reference" / "settings.md"
+SETTINGS_COMMAND = ".venv/bin/python docs/_ext/memq_refs.py"
+
+
+def settings_page() -> str:
+    """The committed page of every setting: a title, then :func:`settings_markdown`."""
+    intro = (
+        "# Every setting\n\n"
+        "Generated from `memq.workers.settings.Settings` (names, types, defaults and each field's "
+        "description); how to set them is in the [configuration reference](configuration.md). "
+        f"Regenerate with `{SETTINGS_COMMAND}` after changing a setting.\n\n"
+    )
+    return intro + settings_markdown() + "\n"
+
+
 def generate(out: Path = GENERATED) -> list[Path]:
     """Write every generated page; return those whose text changed."""
-    pages = {"settings.md": settings_markdown(), "cli.md": cli_markdown()}
+    pages = {"cli.md": cli_markdown()}
     pages |= {f"bench-{name}.md": benchmark_markdown(name) for name in benchmark_names()}
     out.mkdir(exist_ok=True)
     changed = []
@@ -366,3 +385,8 @@ def _on_builder_inited(app: Any) -> None:
 def setup(app: Any) -> dict[str, Any]:
     app.connect("builder-inited", _on_builder_inited)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":  # SETTINGS_COMMAND: rewrite the committed settings page
+    SETTINGS_PAGE.write_text(settings_page())
+    print(SETTINGS_PAGE.relative_to(DOCS.parent))

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 
 from memq.workers.index.backends.base import IndexBackend
-from memq.workers.memory.recall import Doc, SearchQuery, search_text
+from memq.workers.memory.recall import Doc, SearchQuery, Turn, search_text
 
 DIM = 8
 MODEL = "test:unit-vectors"
@@ -419,3 +419,34 @@ async def test_a_latin_word_glued_to_unspaced_text_is_found_and_english_is_still
     assert set(await ids(index, q("python"))) == {UNSPACED[4].id, UNSPACED[5].id}
     assert await ids(index, q("ADK")) == [UNSPACED[4].id]
     assert await ids(index, q("research")) == [f"ev-app-a-alice-s1-{7}"]
+
+
+def after(text: str, previous: tuple[str, str], vector: list[float], *, seq: int, **kw) -> Doc:
+    """A doc indexed as the indexer makes one: with the session's previous turn."""
+    d = doc(text, vector, seq=seq, **kw)
+    return replace(d, search_text=search_text(d.author, text, d.timestamp, Turn(*previous)))
+
+
+# Issue 40: each turn is indexed with the previous one, and on Weaviate "Python"
+# ranked "Ich mag Käse" (after a turn about Python) at 1.0 above the turn that says it.
+NEIGHBOURS = [
+    doc("私はPythonでプログラムを書きます", unit(1), seq=1),
+    after("Ich mag Käse", ("user", "私はPythonでプログラムを書きます"), unit(0, 1), seq=2),
+    doc("I write Python every day at work", unit(0, 0, 1), seq=3, session="s2"),
+    after("Nice.", ("user", "I write Python every day at work"), unit(0, 0, 0, 1), seq=4, session="s2"),
+    after("Lovely weather today", ("user", "Nice."), unit(0, 0, 0, 0, 1), seq=5, session="s2"),
+]
+
+
+@pytest.mark.parametrize("mode", ["keyword", "hybrid"])
+async def test_a_turn_that_says_the_words_ranks_above_the_turn_after_it(index, mode):
+    await index.upsert(NEIGHBOURS)
+    hits = await index.search(q("Python", mode=mode, vector=unit(0, 0, 0, 0, 0, 1), alpha=0.0))
+    found = [h.doc.id for h in hits]
+    own, followers = {NEIGHBOURS[0].id, NEIGHBOURS[2].id}, {NEIGHBOURS[1].id, NEIGHBOURS[3].id}
+    assert set(found[:2]) == own, found
+    assert followers <= set(found), found  # the previous turn still lets a turn be found
+    score = {h.doc.id: h.scores["keyword"] for h in hits if "keyword" in h.scores}
+    assert min(score[i] for i in own) > max(score[i] for i in followers), score
+    # the doc comes back whole, with its previous turn (neighbours are found by it)
+    assert {h.doc.id: h.doc.search_text for h in hits}[NEIGHBOURS[3].id] == NEIGHBOURS[3].search_text

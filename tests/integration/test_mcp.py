@@ -24,6 +24,7 @@ from helpers import running_query, running_worker
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from test_http_gateway import KEYS, gateway_settings, indexing
 
 from memq.contracts.client import MemoryClient
@@ -66,11 +67,11 @@ def stdio_server(settings: Settings, app: str, user: str | None = "u") -> Client
 
 
 @asynccontextmanager
-async def http_server(settings: Settings, app: str):
+async def http_server(settings: Settings, app: str, env: dict[str, str] | None = None):
     """`memq mcp --transport http` on any free loopback port: its URL, read from its ready line."""
     proc = await asyncio.create_subprocess_exec(
         MEMQ, "mcp", "--transport", "http", "--port", "0", "--app", app, "--user", "u",
-        env=mcp_env(settings), stderr=subprocess.PIPE,
+        env=mcp_env(settings) | (env or {}), stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
         assert proc.stderr is not None
@@ -180,10 +181,17 @@ async def test_stdio_every_tool_schemas_and_bad_arguments(nats_url, sqlite_url, 
         assert {s["session"] for s in (await call(mcp, "list_sessions"))["sessions"]} == {"notes"}
 
         # bad arguments: a tool error that names the field, and the server goes on
-        assert "k" in await tool_error(mcp, "search_memory", query="tea", k=0)
-        assert "query" in await tool_error(mcp, "search_memory")
-        assert "mode" in await tool_error(mcp, "search_memory", query="tea", mode="psychic")
-        assert "role" in await tool_error(mcp, "remember", text="x", role="narrator")
+        # (issue 40: it read "1 validation error for search_memoryArguments" over four lines)
+        for tool, arguments, field in (
+            ("search_memory", {"query": "tea", "k": 0}, "k"),
+            ("search_memory", {}, "query"),
+            ("search_memory", {"query": "tea", "mode": "psychic"}, "mode"),
+            ("remember", {"text": "x", "role": "narrator"}, "role"),
+        ):
+            said = await tool_error(mcp, tool, **arguments)
+            assert said.startswith(f"Error executing tool {tool}: invalid_request: argument `{field}`: "), said
+            assert said.code == "invalid_request" and "\n" not in said and "Arguments" not in said, said
+        assert "(got 0)" in await tool_error(mcp, "search_memory", query="tea", k=0)
         assert "session" in await tool_error(mcp, "get_context", session="a" * 10_000)
         assert "budget" in await tool_error(mcp, "get_context", session="notes", budget=-5)
         assert "window" in await tool_error(mcp, "read_session", session="notes", window="many")
@@ -243,17 +251,42 @@ async def test_http_tools_keys_and_isolation(nats_url, sqlite_url, tmp_path):
             ):
                 refused = await raw.post(url_a, json=initialize, headers=headers)
                 assert refused.status_code == status, (headers, refused.text)
-                assert refused.json()["error"]["code"] == code
-        for key in (None, "not-a-key", KEYS["app-b"]):
-            with pytest.raises(Exception):  # noqa: B017 - the SDK's client fails its connect
-                async with http_client(url_a, key) as refused_client:
-                    await refused_client.list_tools()
+                assert refused.json()["error"]["data"]["code"] == code  # a JSON-RPC error, memq's code in data
+        for key, said in (
+            (None, "an API key is required"),
+            ("not-a-key", "unknown API key"),
+            (KEYS["app-b"], "not for app"),
+        ):
+            assert said in await refused_connect(url_a, key)
 
         # app-b's own server, with app-b's key, sees none of app-a's data
         async with http_client(url_b, KEYS["app-b"]) as mcp_b:
             assert (await call(mcp_b, "search_memory", query="Lisbon flight", mode="keyword"))["results"] == []
             assert (await call(mcp_b, "list_sessions"))["sessions"] == []
             assert (await tool_error(mcp_b, "read_session", session="trip")).code == "not_found"
+
+
+async def refused_connect(url: str, key: str | None) -> str:
+    """The message of the error the SDK's client raises as it connects: one
+    line, memq's own (issue 40: "Server returned an error response")."""
+    with pytest.raises(BaseException) as raised:  # the SDK wraps it in an ExceptionGroup of its task group
+        async with http_client(url, key) as refused_client:
+            await refused_client.list_tools()
+    exc = raised.value
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    assert isinstance(exc, MCPError), raised.value
+    assert "\n" not in str(exc) and "Server returned an error response" not in str(exc), str(exc)
+    return str(exc)
+
+
+async def test_http_on_an_open_server_a_key_is_refused_in_one_line_and_none_is_served(nats_url, sqlite_url, tmp_path):
+    settings = gateway_settings(nats_url, sqlite_url, tmp_path, apps={})  # as `memq up`: no keys
+    async with stack(settings), http_server(settings, "app-a", {"MEMQ_HTTP__APPS": "{}"}) as url:
+        said = await refused_connect(url, "some-key")
+        assert "no API keys configured" in said and "without an Authorization or X-API-Key header" in said
+        async with http_client(url, None) as mcp:  # what the message says to do
+            assert {t.name for t in (await mcp.list_tools()).tools} == TOOLS
 
 
 def _memq(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:

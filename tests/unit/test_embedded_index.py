@@ -9,6 +9,7 @@ import asyncio
 import math
 import random
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import pytest
 
 from memq.workers.index.backends.base import IndexUnavailable, UnknownGeneration
 from memq.workers.index.backends.embedded import EmbeddedIndex, match_expression
-from memq.workers.memory.recall import Doc, SearchQuery, relative_score_fusion, search_text
+from memq.workers.memory.recall import Doc, SearchQuery, Turn, relative_score_fusion, search_text
 
 DIM = 8
 INJECTIONS = [
@@ -336,5 +337,35 @@ async def test_a_generation_from_before_grams_keeps_working_until_a_rebuild_adds
         await index.promote(new.generation)
         assert [h.doc.id for h in await index.search(q("太郎"))] == ["ev-1"]
         assert [h.doc.id for h in await index.search(q("research"))] == ["ev-2"]
+    finally:
+        await index.close()
+
+
+async def test_a_generation_from_before_the_context_columns_keeps_working_until_a_rebuild(tmp_path, monkeypatch):
+    from memq.workers.index.backends import embedded
+
+    said = doc("I write Python every day", unit(1), seq=1)
+    reply = doc("Nice.", unit(0, 1), seq=2)
+    reply = replace(reply, search_text=search_text("user", "Nice.", None, Turn("user", said.text)))
+    index = await opened(tmp_path / "index.db")
+    try:
+        schema = embedded.generation_schema
+        with monkeypatch.context() as m:  # a generation as memq made them between issues 29 and 40
+            m.setattr(embedded, "generation_schema", lambda n, grams: schema(n, True, context=False))
+            old = await index.create_generation("test", DIM)
+        await index.promote(old.generation)
+        await index.upsert([said, reply])
+        hits = await index.search(q("python"))
+        assert {h.doc.id for h in hits} == {"ev-1", "ev-2"}
+        assert {h.doc.id: h.doc.search_text for h in hits}["ev-2"] == reply.search_text
+        new = await index.create_generation("test", DIM)  # what `memq index rebuild` does
+        await index.upsert([said, reply], generation=new.generation)
+        await index.promote(new.generation)
+        hits = await index.search(q("python"))
+        assert [h.doc.id for h in hits] == ["ev-1", "ev-2"]
+        assert hits[0].score > hits[1].score
+        assert hits[1].doc.search_text == reply.search_text  # given back whole: search_text || context
+        exported = {d.id: d.search_text async for d in index.export()}
+        assert exported == {"ev-1": said.search_text, "ev-2": reply.search_text}
     finally:
         await index.close()

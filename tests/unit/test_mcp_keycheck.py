@@ -58,7 +58,9 @@ async def test_a_request_without_its_apps_key_never_reaches_the_sdk(headers, sta
     sent, reached = await serve("http", headers)
     assert reached == []
     assert sent[0]["status"] == status
-    assert json.loads(sent[1]["body"])["error"]["code"] == code
+    body = json.loads(sent[1]["body"])  # a JSON-RPC error, which the mcp client raises with its message
+    assert body["jsonrpc"] == "2.0" and body["id"] is None and isinstance(body["error"]["code"], int)
+    assert body["error"]["data"]["code"] == code and body["error"]["message"]
 
 
 @pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEYS['app-a']}"}, {"X-API-Key": KEYS["app-a"]}])

@@ -108,7 +108,14 @@ async def test_without_a_default_user_a_call_must_name_one():
 async def test_a_bad_id_is_a_tool_error_not_a_crash():
     fake = FakeClient()
     async with connect(fake) as mcp:
-        for arguments in ({"session": ""}, {"session": "s" * 300}, {"session": "a\x00b"}, {"session": "s", "user": ""}):
+        for arguments, field in (
+            ({"session": ""}, "session"),
+            ({"session": "s" * 300}, "session"),
+            ({"session": "a\x00b"}, "session"),
+            ({"session": "s", "user": ""}, "user"),
+        ):
             result = await mcp.call_tool("forget_session", arguments)
-            assert result.is_error and "validation error" in result.content[0].text, arguments
+            said = result.content[0].text
+            assert result.is_error and f"invalid_request: argument `{field}`: " in said, (arguments, said)
+            assert said.startswith("Error executing tool forget_session: ") and "\n" not in said, said
     assert fake.calls == []

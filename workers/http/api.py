@@ -33,6 +33,7 @@ from memq.contracts.client import MemoryClient
 from memq.workers.http import errors
 from memq.workers.http.door import DEFAULT_LIMITS, BodyLimits, FrontDoor
 from memq.workers.http.keys import Keyring
+from memq.workers.http.paths import RawSegments
 from memq.workers.http.routes import ROUTERS
 from memq.workers.http.routes.common import Wiring, wire
 from memq.workers.redact import Redactor
@@ -69,6 +70,7 @@ def build_api(
     wire(api, Wiring(keyring=keyring, client_for=client_for, redact=redact))
     documents = (api.openapi_url, api.docs_url, api.swagger_ui_oauth2_redirect_url)
     api.add_middleware(FrontDoor, keyring=keyring, limits=limits, public=[p for p in documents if p])
+    api.add_middleware(RawSegments)  # added last: outermost, so the door sees the segments as sent
     errors.install(api)
     for router in ROUTERS:
         api.include_router(router)

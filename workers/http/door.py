@@ -45,6 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from memq.workers.http.budget import JsonBudget, OverBudget
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp
 from memq.workers.http.models import ErrorBody
+from memq.workers.http.paths import segment_id
 from memq.workers.settings import HttpSettings
 
 # The ways a request carries its key; the routes declare the same two (OpenAPI).
@@ -104,10 +105,10 @@ async def presented_key(conn: HTTPConnection) -> str | None:
 
 def path_app(path: str) -> str | None:
     """The ``{app}`` of ``/v1/apps/{app}/…`` as the router matches it (one
-    segment of the decoded path), or None for any other path."""
+    segment of the path :class:`~.paths.RawSegments` made), or None for any other path."""
     parts = path.split("/", 4)
     if len(parts) >= 4 and parts[1] == "v1" and parts[2] == "apps" and parts[3]:
-        return parts[3]
+        return segment_id(parts[3])
     return None
 
 

@@ -65,6 +65,15 @@ async def invalid(request: Request, exc: Exception) -> Response:
 
 async def http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and isinstance(exc.__cause__, UnicodeDecodeError):
+        # FastAPI answers a body it cannot decode with a bare 400 ("There was an
+        # error parsing the body"); the docs promise 422 naming what is wrong.
+        bad = exc.__cause__
+        return error_response(
+            422,
+            InvalidRequest.code,
+            f"body: not UTF-8 ({bad.reason} at byte {bad.start}): send JSON encoded as UTF-8",
+        )
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "error")
     return error_response(exc.status_code, code, str(exc.detail), dict(exc.headers or {}))
 

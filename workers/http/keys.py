@@ -65,7 +65,10 @@ class Keyring:
         """
         if self.open:
             if key is not None:
-                raise Unauthenticated("this gateway has no API keys configured (http.apps): send no key")
+                raise Unauthenticated(
+                    "this gateway has no API keys configured (http.apps), so it takes none: "
+                    "send the request without an Authorization or X-API-Key header"
+                )
             return None
         if not key:
             raise Unauthenticated("an API key is required: `Authorization: Bearer <key>` or `X-API-Key: <key>`")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from memq.contracts.queries import StoredEvent
 from memq.contracts.schemas import Event, SessionId
@@ -18,10 +18,24 @@ class _Body(BaseModel):
 
 
 class NewSession(_Body):
-    session_id: SessionId | None = Field(default=None, description="default: a new time-ordered id")
+    session: SessionId | None = Field(
+        default=None, description="the session id, as the reply names it; default: a new time-ordered id"
+    )
+    # The first name of the field (ADK's CreateSessionRequest calls it so), kept for the clients that send it.
+    session_id: SessionId | None = Field(default=None, description="the same as `session` (its older name)")
     state: dict[str, Any] = Field(
         default_factory=dict, description="initial state; keys may carry `user:`, `app:` or `temp:` prefixes"
     )
+
+    @model_validator(mode="after")
+    def _one_id(self) -> NewSession:
+        if self.session is not None and self.session_id is not None and self.session != self.session_id:
+            raise ValueError("`session` and `session_id` name the same field: give one")
+        return self
+
+    @property
+    def id(self) -> str | None:
+        return self.session if self.session is not None else self.session_id
 
 
 class NewEvents(_Body):

@@ -6,7 +6,8 @@ before the MCP SDK reads its body and before anything reaches NATS, with the
 gateway's own :class:`~memq.workers.http.keys.Keyring` (``http.apps``) and
 its way of carrying a key (``Authorization: Bearer`` or ``X-API-Key``,
 :func:`~memq.workers.http.door.presented_key`): a missing or unknown key is
-a 401, another app's key a 403, answered with the gateway's error body. With
+a 401, another app's key a 403, answered as a JSON-RPC error (memq's code
+in its ``data``), which the MCP client shows as the message itself. With
 no keys configured the server is open and, as the gateway, may only listen
 on loopback.
 
@@ -30,9 +31,10 @@ from collections.abc import Callable
 import uvicorn
 from mcp.server.mcpserver import MCPServer
 from starlette.requests import HTTPConnection
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memq.workers.http.door import BodyGuard, BodyLimits, presented_key, unauthenticated, wrong_app
+from memq.workers.http.door import BodyGuard, BodyLimits, presented_key
 from memq.workers.http.gateway import HttpPortTaken, bind
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp, check_open_is_local
 from memq.workers.http.server import deadline_protocol
@@ -64,12 +66,25 @@ class KeyCheck:
             try:
                 self.keyring.authorize(self.app, await presented_key(HTTPConnection(scope)))
             except Unauthenticated as exc:
-                await unauthenticated(exc)(scope, receive, send)
+                await refusal(401, "unauthenticated", str(exc), {"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
             except WrongApp as exc:
-                await wrong_app(exc)(scope, receive, send)
+                await refusal(403, "not_allowed", str(exc))(scope, receive, send)
                 return
         await self.inner(scope, receive, send)
+
+
+REFUSED = -32001  # JSON-RPC's range for server errors (-32000..-32099): the key was refused
+
+
+def refusal(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    """A refused key as a JSON-RPC error (memq's error code in ``data``), at
+    the gateway's HTTP status. The mcp package's client raises a JSON-RPC
+    error body as ``MCPError`` with its message; any other body became
+    "Server returned an error response" in a 70-line ExceptionGroup (issue
+    40). ``id`` is null: the body is refused unread."""
+    body = {"jsonrpc": "2.0", "id": None, "error": {"code": REFUSED, "message": message, "data": {"code": code}}}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def keyring_for(settings: Settings, app: str, host: str) -> Keyring:

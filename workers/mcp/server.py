@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from pydantic import ValidationError
 
 from memq.contracts.client import MemoryClient
 from memq.workers import VERSION
@@ -35,9 +38,37 @@ def instructions(app: str, default_user: str | None) -> str:
     )
 
 
+def bad_arguments(exc: ValidationError) -> str:
+    """One line naming each field, as memq's errors read (``invalid_request:
+    …``), for pydantic's report on the model the SDK made of a tool's
+    parameters: its title ("search_memoryArguments") is no name a caller
+    knows, and its URL and input types are noise to a model."""
+    said = []
+    for err in exc.errors():
+        field = ".".join(str(part) for part in err["loc"]) or "arguments"
+        given = err.get("input")
+        shown = repr(given) if err["type"] != "missing" and isinstance(given, int | float | str | None) else ""
+        said.append(f"argument `{field}`: {err['msg']}" + (f" (got {shown[:40]})" if shown else ""))
+    return "invalid_request: " + "; ".join(said)
+
+
+class Server(MCPServer):
+    """``MCPServer`` whose tool errors for bad arguments say which tool and field."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            # the SDK's prefix kept; its cause stays the ValidationError, which it logs by field names
+            raise ToolError(f"Error executing tool {name}: {bad_arguments(cause)}") from cause
+
+
 def build_server(app: str, client_for: Callable[[], MemoryClient], default_user: str | None = None) -> MCPServer:
     """The MCP server of ``app``, its tools calling ``client_for()``."""
-    server: MCPServer = MCPServer(
+    server: MCPServer = Server(
         "memq", version=VERSION, instructions=instructions(app, default_user), warn_on_duplicate_tools=True
     )
     register(server, client_for, default_user)

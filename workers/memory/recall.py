@@ -134,6 +134,23 @@ def search_text(author: str, text: str, timestamp: float | None, previous: Turn 
     return f"{own}\n(after {previous.author}: {previous.text[:PREVIOUS_CHARS]})"
 
 
+# BM25 weight of the previous turn's words against the turn's own (1.0): the
+# context helps a turn be found, but a turn that says the words ranks above
+# one that only follows a turn that does (issue 40: "Nice." came second for
+# "Python"). Both backends index the two parts apart (split_search_text).
+CONTEXT_WEIGHT = 0.5
+
+
+def split_search_text(text: str) -> tuple[str, str]:
+    """A doc's searchable text as the turn's own part and the previous turn's
+    (``""`` when there is none), split where :func:`search_text` joined them:
+    ``own + context == text``, so a backend may store the two apart."""
+    at = text.rfind("\n(after ")
+    if at < 0 or previous_turn(text) is None:
+        return text, ""
+    return text[:at], text[at:]
+
+
 def previous_turn(text: str) -> Turn | None:
     """The previous turn :func:`search_text` put into a doc's searchable text
     (its first PREVIOUS_CHARS characters), or None: the first turn of a

@@ -33,7 +33,7 @@ from typing import Any
 
 from memq.contracts.ids import scope_key
 from memq.contracts.schemas import EventForgotten, SessionDeleted, UserDeleted
-from memq.workers.memory.recall import SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
+from memq.workers.memory.recall import CONTEXT_WEIGHT, SUMMARY_ROLE, Doc, StorageScope, Turn, doc_for, turn_of
 from memq.workers.memory.tail import MustWait
 
 K1, B = 1.2, 0.75  # BM25's usual constants: FTS5's bm25() and Weaviate's defaults
@@ -68,7 +68,11 @@ def tail_docs(items: Iterable[tuple[int, Any]], scope: StorageScope, previous: M
 
 
 def bm25(
-    query: Sequence[str], docs: Sequence[Sequence[str]], corpus: Sequence[Sequence[str]], total: int
+    query: Sequence[str],
+    docs: Sequence[Sequence[str]],
+    corpus: Sequence[Sequence[str]],
+    total: int,
+    context: Sequence[Sequence[str]] | None = None,
 ) -> list[float]:
     """Okapi BM25 of each of ``docs`` (their terms) for the ``query``'s
     terms. ``corpus`` (the docs' terms among them) gives the document
@@ -76,7 +80,10 @@ def bm25(
     statistics cover (at least ``len(corpus)``). A term's document frequency
     is then counted among the docs in hand, which hold every doc that matches
     it best: an estimate of the index's, exact for a user whose matching docs
-    are all in hand. 0 for a doc that holds none of the terms."""
+    are all in hand. 0 for a doc that holds none of the terms. ``context``
+    (one per doc): the terms of its previous turn, each counted
+    :data:`~memq.workers.memory.recall.CONTEXT_WEIGHT` of one of its own (as
+    the backends weigh their context columns; the length counts them all)."""
     terms = set(query)
     if not terms or not docs:
         return [0.0] * len(docs)
@@ -87,9 +94,13 @@ def bm25(
     avgdl = sum(len(held) for held in corpus) / len(corpus) if corpus else 1.0
     idf = {t: math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5)) for t in terms}
     scores = []
-    for held in docs:
-        tf = Counter(t for t in held if t in terms)
-        norm = K1 * (1 - B + B * len(held) / (avgdl or 1.0))
+    for i, held in enumerate(docs):
+        around = context[i] if context is not None else ()
+        tf: dict[str, float] = dict(Counter(t for t in held if t in terms))
+        for t in around:  # BM25F's weighted frequency, as FTS5's bm25() with column weights
+            if t in terms:
+                tf[t] = tf.get(t, 0.0) + CONTEXT_WEIGHT
+        norm = K1 * (1 - B + B * (len(held) + len(around)) / (avgdl or 1.0))
         scores.append(sum(idf[t] * f * (K1 + 1) / (f + norm) for t, f in tf.items()))
     return scores
 

@@ -45,6 +45,7 @@ from memq.workers.memory.recall import (
     rank,
     relates,
     relative_score_fusion,
+    split_search_text,
     without_names,
 )
 from memq.workers.memory.unindexed import bm25, cosine
@@ -278,9 +279,11 @@ class Searcher:
         if mode in ("keyword", "hybrid"):
             held = await backend.search(replace(q, mode="keyword", k=pool), generation=generation)
             kept = [h.doc for h in held if (h.doc.session, h.doc.id) not in fresh]
-            terms = [_terms(d.search_text) for d in docs]
+            parts = [split_search_text(d.search_text) for d in docs]  # the turn's own words, then its context's
+            terms, around = [_terms(own) for own, _ in parts], [_terms(context) for _, context in parts]
             total = len(docs) + await backend.count(app=q.app, user=q.user, generation=generation)
-            scores = bm25(_query_terms(q.text), terms, terms + [_terms(d.search_text) for d in kept], total)
+            corpus = [t + c for t, c in zip(terms, around, strict=True)] + [_terms(d.search_text) for d in kept]
+            scores = bm25(_query_terms(q.text), terms, corpus, total, context=around)
             found = [(h.doc, h.score) for h in held if (h.doc.session, h.doc.id) not in fresh]
             sides["keyword"] = found + [(d, s) for d, s in zip(docs, scores, strict=True) if s > 0]
         if mode in ("vector", "hybrid") and q.vector is not None:

@@ -22,9 +22,12 @@ from memq.contracts.vocabulary import Role
 from memq.workers.http.door import API_KEY_HEADER, BEARER
 from memq.workers.http.keys import Keyring
 from memq.workers.http.params import query
+from memq.workers.http.paths import ID
 
-BASE = "/v1/apps/{app}/users/{user}"
-SESSION_PATH = BASE + "/sessions/{session}"
+# {x:id}: one path segment, "/" and "%" in it sent escaped (paths.py: any id is reachable)
+APP_PATH = f"/v1/apps/{{app:{ID}}}"
+BASE = APP_PATH + f"/users/{{user:{ID}}}"
+SESSION_PATH = BASE + f"/sessions/{{session:{ID}}}"
 
 
 @dataclass(frozen=True)

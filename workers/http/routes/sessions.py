@@ -10,6 +10,7 @@ from memq.contracts.queries import SessionGet, SessionsPage, SessionView
 from memq.workers.http.models import Accepted, Appended, EventsPage, NewEvents, NewSession, SessionCreated
 from memq.workers.http.params import query
 from memq.workers.http.routes.common import (
+    APP_PATH,
     BASE,
     SESSION_PATH,
     After,
@@ -27,7 +28,7 @@ sessions = APIRouter(tags=["sessions"])
 events = APIRouter(tags=["events"])
 
 
-@sessions.get("/v1/apps/{app}/sessions", response_model=SessionsPage)
+@sessions.get(APP_PATH + "/sessions", response_model=SessionsPage)
 async def list_app_sessions(
     client: Client,
     user: Annotated[str | None, Query(description="only this user's sessions")] = None,
@@ -54,7 +55,7 @@ async def list_sessions(
 @sessions.post(BASE + "/sessions", response_model=SessionCreated, status_code=201)
 async def create_session(client: Client, user: User, body: NewSession) -> Response:
     """Create a session (stored once the persistence worker commits `seq`)."""
-    ref = await client.create_session(user, body.session_id, body.state)
+    ref = await client.create_session(user, body.id, body.state)
     return as_json(SessionCreated(app=ref.app, user=ref.user, session=ref.session, seq=ref.seq), 201)
 
 

@@ -65,7 +65,14 @@ from memq.contracts.ids import scope_key
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
 from memq.workers.index.grams import grams as grams_of
 from memq.workers.index.grams import query_terms
-from memq.workers.memory.recall import Doc, Hit, SearchQuery, relative_score_fusion
+from memq.workers.memory.recall import (
+    CONTEXT_WEIGHT,
+    Doc,
+    Hit,
+    SearchQuery,
+    relative_score_fusion,
+    split_search_text,
+)
 
 T = TypeVar("T")
 
@@ -114,9 +121,20 @@ STOPWORDS = frozenset(
         "with",
     }
 )
-_COLS = 'rid, doc_id, app, "user", session, seq, author, role, timestamp, text, search_text'
+_COLS = ("rid", "doc_id", "app", '"user"', "session", "seq", "author", "role", "timestamp", "text", "search_text")
 _MATRIX_COLS = "rid, session, author, role, timestamp, vector"
-_D_COLS = ", ".join(f"d.{c.strip()}" for c in _COLS.split(","))
+
+
+def _cols(gen: _Gen, alias: str = "") -> str:
+    """The columns a Doc is read from (:func:`_row_doc`), of table ``alias``;
+    a generation that keeps the previous turn apart gives the whole
+    search_text back."""
+    at = f"{alias}." if alias else ""
+    cols = [f"{at}{c}" for c in _COLS]
+    if gen.context:
+        cols[-1] = f"{at}search_text || {at}context"
+    return ", ".join(cols)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS generations (
@@ -142,9 +160,12 @@ CREATE TABLE IF NOT EXISTS versions (
 
 # One generation. rid is an explicit INTEGER PRIMARY KEY because the FTS index
 # refers to it and VACUUM may renumber an implicit rowid; uuid is the doc's key.
-# {grams_col}/{grams_fts}/...: a generation created since issue 29 also indexes
+# {extra_cols}/{fts_cols}/...: a generation created since issue 29 also indexes
 # ``grams`` (grams.py: bigrams of unspaced scripts, '' for other text), with
-# combining marks as part of words (Thai vowel signs stay in their bigram).
+# combining marks as part of words (Thai vowel signs stay in their bigram);
+# one created since issue 40 keeps the previous turn apart (``context`` and
+# its ``context_grams``): search_text then holds the turn's own text only,
+# and a read gives back ``search_text || context``, the doc's search_text.
 _GENERATION_SCHEMA = """
 CREATE TABLE docs_{n} (
     rid INTEGER PRIMARY KEY,
@@ -162,49 +183,57 @@ CREATE TABLE docs_{n} (
     text TEXT NOT NULL,
     search_text TEXT NOT NULL,
     vector BLOB NOT NULL,
-    version INTEGER NOT NULL{grams_col}  -- version: the user's version that wrote the row
+    version INTEGER NOT NULL{extra_cols}  -- version: the user's version that wrote the row
 );
 CREATE INDEX docs_{n}_user ON docs_{n} (user_key, seq);
 CREATE INDEX docs_{n}_session ON docs_{n} (session_key, seq);
 CREATE INDEX docs_{n}_changes ON docs_{n} (user_key, version);
 CREATE VIRTUAL TABLE fts_{n} USING fts5(
-    search_text, user_key, session_key{grams_fts},
+    {fts_cols},
     content='docs_{n}', content_rowid='rid', tokenize="{tokenizer}"
 );
 CREATE TRIGGER docs_{n}_ai AFTER INSERT ON docs_{n} BEGIN
-    INSERT INTO fts_{n} (rowid, search_text, user_key, session_key{grams_fts})
-    VALUES (new.rid, new.search_text, new.user_key, new.session_key{grams_new});
+    INSERT INTO fts_{n} (rowid, {fts_cols})
+    VALUES (new.rid, {new_vals});
 END;
 CREATE TRIGGER docs_{n}_ad AFTER DELETE ON docs_{n} BEGIN
-    INSERT INTO fts_{n} (fts_{n}, rowid, search_text, user_key, session_key{grams_fts})
-    VALUES ('delete', old.rid, old.search_text, old.user_key, old.session_key{grams_old});
+    INSERT INTO fts_{n} (fts_{n}, rowid, {fts_cols})
+    VALUES ('delete', old.rid, {old_vals});
 END;
 -- The keys never change for a uuid; a redelivered doc (same text) leaves the FTS index alone.
-CREATE TRIGGER docs_{n}_au AFTER UPDATE OF search_text ON docs_{n}
-WHEN old.search_text IS NOT new.search_text BEGIN
-    INSERT INTO fts_{n} (fts_{n}, rowid, search_text, user_key, session_key{grams_fts})
-    VALUES ('delete', old.rid, old.search_text, old.user_key, old.session_key{grams_old});
-    INSERT INTO fts_{n} (rowid, search_text, user_key, session_key{grams_fts})
-    VALUES (new.rid, new.search_text, new.user_key, new.session_key{grams_new});
+CREATE TRIGGER docs_{n}_au AFTER UPDATE OF {texts} ON docs_{n}
+WHEN {changed} BEGIN
+    INSERT INTO fts_{n} (fts_{n}, rowid, {fts_cols})
+    VALUES ('delete', old.rid, {old_vals});
+    INSERT INTO fts_{n} (rowid, {fts_cols})
+    VALUES (new.rid, {new_vals});
 END;
 """
 _TOKENIZER = "porter unicode61 remove_diacritics 2"
 _GRAMS_TOKENIZER = "porter unicode61 remove_diacritics 2 categories 'L* N* Co M*'"
+_GRAMS_COLS = ("grams",)
+_CONTEXT_COLS = ("grams", "context", "context_grams")
 
 
-def generation_schema(n: int, grams: bool) -> str:
-    """The tables of generation ``n``; ``grams``: with the grams column (new generations)."""
-    if not grams:
-        return _GENERATION_SCHEMA.format(
-            n=n, grams_col="", grams_fts="", grams_new="", grams_old="", tokenizer=_TOKENIZER
-        )
+def generation_schema(n: int, grams: bool, context: bool | None = None) -> str:
+    """The tables of generation ``n``; ``grams``: with the grams column;
+    ``context`` (default: as ``grams``): with the previous turn in columns
+    of its own (new generations have both)."""
+    context = grams if context is None else context
+    if context and not grams:
+        raise ValueError("a generation with context columns has the grams column too")
+    extra = _CONTEXT_COLS if context else _GRAMS_COLS if grams else ()
+    texts = ("search_text", *extra)
+    cols = ("search_text", "user_key", "session_key", *extra)
     return _GENERATION_SCHEMA.format(
         n=n,
-        grams_col=",\n    grams TEXT NOT NULL DEFAULT ''",
-        grams_fts=", grams",
-        grams_new=", new.grams",
-        grams_old=", old.grams",
-        tokenizer=_GRAMS_TOKENIZER,
+        extra_cols="".join(f",\n    {c} TEXT NOT NULL DEFAULT ''" for c in extra),
+        fts_cols=", ".join(cols),
+        new_vals=", ".join(f"new.{c}" for c in cols),
+        old_vals=", ".join(f"old.{c}" for c in cols),
+        texts=", ".join(texts),
+        changed=" OR ".join(f"old.{c} IS NOT new.{c}" for c in texts),
+        tokenizer=_GRAMS_TOKENIZER if grams else _TOKENIZER,
     )
 
 
@@ -213,20 +242,24 @@ def generation_schema(n: int, grams: bool) -> str:
 # which would leave the old text in the FTS index.
 _UPSERT = """
 INSERT INTO docs_{n} (uuid, doc_id, app, "user", session, user_key, session_key, seq, author, role,
-                      timestamp, text, search_text, vector, version{grams_col})
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{grams_arg})
+                      timestamp, text, search_text, vector, version{extra_cols})
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?{extra_args})
 ON CONFLICT (uuid) DO UPDATE SET
     doc_id = excluded.doc_id, app = excluded.app, "user" = excluded."user", session = excluded.session,
     user_key = excluded.user_key, session_key = excluded.session_key, seq = excluded.seq,
     author = excluded.author, role = excluded.role, timestamp = excluded.timestamp,
-    text = excluded.text, search_text = excluded.search_text, vector = excluded.vector, version = excluded.version{grams_set}
+    text = excluded.text, search_text = excluded.search_text, vector = excluded.vector, version = excluded.version{extra_set}
 """
 
 
-def upsert_sql(n: int, grams: bool) -> str:
-    if not grams:
-        return _UPSERT.format(n=n, grams_col="", grams_arg="", grams_set="")
-    return _UPSERT.format(n=n, grams_col=", grams", grams_arg=", ?", grams_set=", grams = excluded.grams")
+def upsert_sql(n: int, grams: bool, context: bool = False) -> str:
+    extra = _CONTEXT_COLS if context else _GRAMS_COLS if grams else ()
+    return _UPSERT.format(
+        n=n,
+        extra_cols="".join(f", {c}" for c in extra),
+        extra_args=", ?" * len(extra),
+        extra_set="".join(f", {c} = excluded.{c}" for c in extra),
+    )
 
 
 def match_expression(text: str, grams: bool = False) -> str | None:
@@ -252,6 +285,7 @@ class _Gen:
     dim: int
     created_at: float
     grams: bool = False  # its docs and FTS index have the grams column
+    context: bool = False  # ... and the previous turn's columns (search_text is the turn's own text)
 
     @property
     def meta(self) -> IndexMeta:
@@ -350,7 +384,7 @@ class EmbeddedIndex:
         self._pool: ThreadPoolExecutor | None = None
         self._db: sqlite3.Connection | None = None  # used only on the pool's thread
         self._cache: OrderedDict[tuple[int, str], _Matrix] = OrderedDict()  # ditto
-        self._grams: dict[int, bool] = {}  # generation id -> has the grams column (ids are never reused)
+        self._columns: dict[int, tuple[bool, bool]] = {}  # generation id -> (grams, context) (ids are never reused)
 
     # --- plumbing ---------------------------------------------------------------
 
@@ -399,12 +433,13 @@ class EmbeddedIndex:
 
     def _with_grams(self, gen: _Gen) -> _Gen:
         """``gen`` knowing whether its tables have the grams column (a
-        generation created before issue 29 has not, until a rebuild)."""
-        has = self._grams.get(gen.id)
+        generation created before issue 29 has not, until a rebuild) and the
+        previous turn's columns (one created before issue 40 has not)."""
+        has = self._columns.get(gen.id)
         if has is None:
-            cols = self._conn.execute(f"SELECT name FROM pragma_table_info('docs_{gen.id}')").fetchall()
-            has = self._grams[gen.id] = ("grams",) in cols
-        return replace(gen, grams=has)
+            cols = {r[0] for r in self._conn.execute(f"SELECT name FROM pragma_table_info('docs_{gen.id}')")}
+            has = self._columns[gen.id] = ("grams" in cols, "context" in cols)
+        return replace(gen, grams=has[0], context=has[1])
 
     def _write_gen(self, name: str | None) -> _Gen:
         gen = self._gen(name)
@@ -583,11 +618,17 @@ class EmbeddedIndex:
                         f"doc {d.id!r} has a {len(row[-1]) // 4}-dimensional vector; {gen.name} holds {gen.dim}"
                     )
             versions = self._bump(gen, {r[5] for r in rows})
-            if gen.grams:
+            if gen.context:  # the turn's own text, then the previous turn's apart (split_search_text)
+                args = []
+                for r in rows:
+                    own, context = split_search_text(r[12])
+                    extra = (" ".join(grams_of(own)), context, " ".join(grams_of(context)))
+                    args.append((*r[:12], own, *r[13:], versions[r[5]], *extra))
+            elif gen.grams:
                 args = [(*r, versions[r[5]], " ".join(grams_of(r[12]))) for r in rows]
             else:
                 args = [(*r, versions[r[5]]) for r in rows]
-            self._conn.executemany(upsert_sql(gen.id, gen.grams), args)
+            self._conn.executemany(upsert_sql(gen.id, gen.grams, gen.context), args)
 
     async def delete_session(
         self,
@@ -678,7 +719,7 @@ class EmbeddedIndex:
             gen = self._gen(name)
             where, args = _owner(app, user)
             rows = self._conn.execute(
-                f"SELECT {_COLS}, vector FROM docs_{gen.id} WHERE rid > ? AND {where} ORDER BY rid LIMIT ?",
+                f"SELECT {_cols(gen)}, vector FROM docs_{gen.id} WHERE rid > ? AND {where} ORDER BY rid LIMIT ?",
                 [after, *args, self.page_size],
             ).fetchall()
         docs = [_row_doc(r[:-1], np.frombuffer(r[-1], "<f4").tolist() if gen.dim else None) for r in rows]
@@ -742,7 +783,11 @@ class EmbeddedIndex:
             else f'user_key : "{scope_key(q.app, q.user)}"'
         )
         fts = f"fts_{gen.id}"
-        if gen.grams:  # words in either column: "python" is a word in "私はPythonで"'s grams
+        if gen.context:  # the previous turn's words count CONTEXT_WEIGHT of the turn's own
+            w = CONTEXT_WEIGHT
+            expr = f"{scope} AND {{search_text grams context context_grams}} : ({match})"
+            score = f"-bm25({fts}, 1.0, 0.0, 0.0, 1.0, {w}, {w})"
+        elif gen.grams:  # words in either column: "python" is a word in "私はPythonで"'s grams
             expr, score = f"{scope} AND {{search_text grams}} : ({match})", f"-bm25({fts}, 1.0, 0.0, 0.0, 1.0)"
         else:
             words = match_expression(q.text)
@@ -758,7 +803,7 @@ class EmbeddedIndex:
             docs = self._docs_by_rid(gen, [rid for rid, _ in top])
             return [(docs[rid], s) for rid, s in top]
         rows = self._conn.execute(
-            f"SELECT {_D_COLS}, {score} AS score FROM {fts} JOIN docs_{gen.id} AS d ON d.rid = {fts}.rowid"
+            f"SELECT {_cols(gen, 'd')}, {score} AS score FROM {fts} JOIN docs_{gen.id} AS d ON d.rid = {fts}.rowid"
             f" WHERE {fts} MATCH ? AND {where} ORDER BY score DESC, d.rid LIMIT ?",
             [expr, *args, limit],
         ).fetchall()
@@ -793,7 +838,7 @@ class EmbeddedIndex:
         out: dict[int, Doc] = {}
         for i in range(0, len(rids), 500):  # stay under old SQLites' 999-parameter limit
             chunk = rids[i : i + 500]
-            sql = f"SELECT {_COLS} FROM docs_{gen.id} WHERE rid IN ({', '.join('?' * len(chunk))})"
+            sql = f"SELECT {_cols(gen)} FROM docs_{gen.id} WHERE rid IN ({', '.join('?' * len(chunk))})"
             out.update((r[0], _row_doc(r)) for r in self._conn.execute(sql, chunk))
         return out
 
@@ -881,7 +926,7 @@ def _doc_row(d: Doc) -> tuple:
 
 
 def _row_doc(r: Sequence[Any], vector: list[float] | None = None) -> Doc:
-    """A Doc from a row of ``_COLS`` (rid first)."""
+    """A Doc from a row of :func:`_cols` (rid first)."""
     _, id_, app, user, session, seq, author, role, ts, text, search_text = r
     return Doc(
         id=id_,

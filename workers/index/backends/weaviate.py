@@ -54,7 +54,7 @@ from weaviate.exceptions import (
 from memq.contracts.ids import scope_key
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
 from memq.workers.index.stems import stemmed_grams, stemmed_query_grams, stems
-from memq.workers.memory.recall import Doc, Hit, SearchQuery
+from memq.workers.memory.recall import CONTEXT_WEIGHT, Doc, Hit, SearchQuery, split_search_text
 from memq.workers.settings import WeaviateSettings
 
 log = logging.getLogger("memq.indexing.weaviate")
@@ -134,7 +134,20 @@ def _properties() -> list[Property]:
         # grams.py's terms of unspaced scripts (Latin words among them stemmed), searched beside
         # "stems" in a generation marked "grams"; split at spaces only, so a Thai bigram stays whole
         Property(name="grams", data_type=DataType.TEXT, tokenization=Tokenization.WHITESPACE, index_filterable=False),
+        # In a generation marked "context": "stems" and "grams" hold the turn's own text, and these
+        # the previous turn's, which BM25 weighs CONTEXT_WEIGHT (recall.split_search_text)
+        Property(name="context_stems", data_type=DataType.TEXT, tokenization=Tokenization.WORD, index_filterable=False),
+        Property(
+            name="context_grams", data_type=DataType.TEXT, tokenization=Tokenization.WHITESPACE, index_filterable=False
+        ),
     ]
+
+
+def searched_properties(target: _Target) -> list[str]:
+    """The properties BM25 searches in ``target``, with their weights."""
+    if target.context:
+        return ["stems", "grams", f"context_stems^{CONTEXT_WEIGHT}", f"context_grams^{CONTEXT_WEIGHT}"]
+    return ["stems", "grams"] if target.grams else ["stems"] if target.stems else ["search_text"]
 
 
 def _all(filters: Iterable[Any]) -> Any:
@@ -180,6 +193,7 @@ def _target(name: str, description: dict) -> _Target:
         description.get("scoping", "filter"),
         bool(description.get("stems", False)),
         bool(description.get("grams", False)),
+        bool(description.get("context", False)),
     )
 
 
@@ -193,6 +207,7 @@ class _Target:
     scoping: Scoping
     stems: bool = False  # BM25 searches the "stems" property (generations created since issue 14)
     grams: bool = False  # ... and the "grams" property (generations created since issue 29)
+    context: bool = False  # ... and the previous turn's apart (generations created since issue 40)
 
     @property
     def tenants(self) -> bool:
@@ -427,6 +442,7 @@ class WeaviateIndex:
                         "scoping": scoping,
                         "stems": True,
                         "grams": True,
+                        "context": True,
                     }
                 )
                 try:
@@ -553,10 +569,13 @@ class WeaviateIndex:
                 props = {k: getattr(d, k) for k in ("app", "user", "session", "user_key", "session_key", "author")}
                 props |= {"role": d.role, "doc_id": d.id, "seq": d.seq, "timestamp": d.timestamp}
                 props |= {"text": d.text, "search_text": d.search_text}
+                own, context = split_search_text(d.search_text) if target.context else (d.search_text, "")
                 if target.stems:
-                    props["stems"] = stems(d.search_text)
+                    props["stems"] = stems(own)
                 if target.grams:
-                    props["grams"] = stemmed_grams(d.search_text)
+                    props["grams"] = stemmed_grams(own)
+                if target.context:
+                    props["context_stems"], props["context_grams"] = stems(context), stemmed_grams(context)
                 tenant = tenant_name(d.user_key) if target.tenants else None
                 vector = _vector(d.vector) if d.vector is not None else None
                 groups.setdefault(tenant, []).append(DataObject(properties=props, uuid=d.uuid, vector=vector))
@@ -713,7 +732,7 @@ class WeaviateIndex:
             if target.tenants:
                 coll = coll.with_tenant(tenant_name(user_key))
             common = {"filters": where, "limit": query.k, "return_properties": _RETURN}
-            searched = ["stems", "grams"] if target.grams else ["stems"] if target.stems else ["search_text"]
+            searched = searched_properties(target)
             if target.grams:
                 text = " ".join(dict.fromkeys(stems(text).split() + stemmed_query_grams(text).split()))
             elif target.stems:
