@@ -247,6 +247,22 @@ async def wait_committed(nats_url: str, seq: int, durable: str = "memq-persisten
         await nc.close()
 
 
+async def index_reached(client, seq: int, durable: str = "memq-indexing") -> bool:
+    """Whether the indexing consumer's ack floor has reached ``seq``: every
+    message up to it is in the index. A search's ``min_seq`` no longer says
+    so: a search whose own user has nothing unindexed is answered at once
+    (workers/query/unindexed.py), so searching as an idle user waits for nothing."""
+    from memq.contracts.subjects import EVENTS_STREAM
+
+    info = await client.nc.jetstream().consumer_info(EVENTS_STREAM, durable)
+    return info.ack_floor.stream_seq >= seq
+
+
+async def wait_indexed(client, seq: int, durable: str = "memq-indexing", timeout: float = 60.0) -> None:
+    """Until everything up to ``seq`` is indexed (:func:`index_reached`)."""
+    await wait_for(lambda: index_reached(client, seq, durable), timeout=timeout, what=f"indexing up to seq {seq}")
+
+
 class Letters:
     """A tiny deterministic embedder (no model to load): letter counts."""
 

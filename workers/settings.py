@@ -248,6 +248,14 @@ class QuerySettings(BaseModel):
         "the index's hits while the indexer has not reached them (other apps' backlog never holds it up); more than "
         "this, or a delete among them, and it waits for the indexer, and says whose backlog it is; 0: always wait",
     )
+    search_grace_ms: int = Field(
+        default=500,
+        ge=0,
+        le=30_000,
+        description="how long a search with min_seq first waits for the index itself (an indexer that keeps up "
+        "reaches it in milliseconds, and the index ranks exactly); only past this does it add its own unindexed "
+        "memories (query.search_tail), whose keyword scores are estimated",
+    )
     trusted_inboxes: list[str] | None = Field(
         default=None,
         description="reply-subject prefixes answered besides the requesting app's own _INBOX_<app> and a service "

@@ -52,7 +52,6 @@ from rich.table import Table
 from bench import locomo
 from bench.benchlib import console, git_revision, machine_info, status, warn_if_busy
 from memq.contracts.client import MemoryClient
-from memq.contracts.errors import NotCommitted
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.memory.extractive import split_sentences
 from memq.workers.summarizer.worker import SummarizerWorker
@@ -174,11 +173,7 @@ async def run_config(
 
 
 async def indexed(client: MemoryClient, seq: int) -> bool:
-    try:
-        await client.search("nobody", "x", min_seq=seq)
-        return True
-    except NotCommitted:
-        return False
+    return await helpers.index_reached(client, seq)
 
 
 async def score(client, conversations, config: Config, budget: int, result: Result, max_q: int | None) -> None:

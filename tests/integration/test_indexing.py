@@ -11,7 +11,7 @@ import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
-from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for
+from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for, wait_indexed
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotCommitted, Unavailable
@@ -73,8 +73,8 @@ async def stack(settings, embedder, *, query: bool = True):
 
 
 async def indexed(client: MemoryClient, seq: int) -> None:
-    """Until everything up to ``seq`` is indexed (search's min_seq)."""
-    await client.search("nobody", "x", min_seq=seq)
+    """Until everything up to ``seq`` is indexed (the indexing consumer's floor)."""
+    await wait_indexed(client, seq)
 
 
 async def test_publish_index_search(nats_url, sqlite_url, tmp_path, embedder):

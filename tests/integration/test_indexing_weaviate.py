@@ -7,7 +7,7 @@ import asyncio
 import uuid
 
 import pytest
-from helpers import wait_for
+from helpers import wait_for, wait_indexed
 from services import Weaviate
 from services import running as running_service
 from test_indexing import APP, embedder, search_after_each_append, settings_for, stack, text  # noqa: F401 - the embedder fixture
@@ -39,7 +39,7 @@ async def test_search_on_weaviate(nats_url, sqlite_url, tmp_path, embedder, weav
             await client.append("alice", "s1", text("user", "I adopted a golden retriever puppy named Max"))
             await client.append("bob", "s1", text("user", "bob's puppy is named Rex"))
             seq = await client.delete_session("bob", "s1", missing_ok=True)
-            await client.search("nobody", "x", min_seq=seq)
+            await wait_indexed(client, seq)
             for mode in ("keyword", "vector", "hybrid"):
                 found = await client.search("alice", "puppy", mode=mode)
                 assert [r.content for r in found.results] == ["I adopted a golden retriever puppy named Max"], mode

@@ -11,7 +11,7 @@ import uuid
 from contextlib import AsyncExitStack
 
 import pytest
-from helpers import make_settings, running, running_query, running_worker
+from helpers import make_settings, running, running_query, running_worker, wait_indexed
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
@@ -61,7 +61,7 @@ async def test_keyword_only_index_searches_and_recalls_without_a_model(
             await client.append("bob", "old", said("user", "My daughter is called Zoe"))
             await client.append("alice", "new", said("assistant", "Hi again! How can I help?"))
             seq = await client.append("alice", "new", said("user", "What should I get my daughter for her birthday?"))
-            await client.search("nobody", "x", min_seq=seq)  # indexed
+            await wait_indexed(client, seq)
 
             live = await indexing.backend.live()
             assert (live.model, live.dim) == ("none", 0)

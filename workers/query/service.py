@@ -422,12 +422,6 @@ class QueryWorker(Component[QueryLive]):
                     finally:
                         tail.close()
                 backlog: int | None = None  # the caller's own messages waiting to be indexed, if known
-                if q.OPS[op].waits_for == "indexing" and req.min_seq > self.live.index_floor.value:
-                    try:
-                        return ok_body(await self._search_unindexed(req)), None  # type: ignore[arg-type]
-                    except MustWait as why:  # the caller's own backlog, or a delete: the index answers it
-                        log.debug("%s waits for the index at seq %d: %s", op, req.min_seq, why)
-                        backlog = why.waiting if isinstance(why, OwnBacklog) else None
                 floor = self.live.index_floor if q.OPS[op].waits_for == "indexing" else self.live.floor
                 # A read that waits for a commit is answered right after it:
                 # another replica is unlikely to have stored its answer in the
@@ -435,6 +429,12 @@ class QueryWorker(Component[QueryLive]):
                 # stale. It uses this replica's tier alone (two Redis round
                 # trips fewer on an agent's turn).
                 shared = req.min_seq <= floor.value
+                if floor is self.live.index_floor and not shared and not await self._index_reaches(op, req, slot):
+                    try:
+                        return ok_body(await self._search_unindexed(req)), None  # type: ignore[arg-type]
+                    except MustWait as why:  # the caller's own backlog, or a delete: the index answers it
+                        log.debug("%s waits for the index at seq %d: %s", op, req.min_seq, why)
+                        backlog = why.waiting if isinstance(why, OwnBacklog) else None
                 if not shared:
                     try:
                         await self._wait(op, req.min_seq, req.wait_ms, floor, slot)
@@ -496,6 +496,21 @@ class QueryWorker(Component[QueryLive]):
         if newest <= (req.min_seq or 0):
             return req
         return req.model_copy(update={"min_seq": newest})
+
+    async def _index_reaches(self, op: str, req: q._Request, slot: Slot) -> bool:
+        """Whether the index reaches ``req.min_seq`` within ``query.search_grace_ms``.
+        An indexer that keeps up does so in milliseconds, and then the index
+        answers alone, ranked exactly as ever; only an index really behind (a
+        backlog, another app's too) makes a search add the caller's unindexed
+        memories, whose keyword scores are estimated (:mod:`memq.workers.memory.unindexed`)."""
+        grace_ms = min(req.wait_ms, self.settings.query.search_grace_ms)
+        if grace_ms <= 0 or self.live.index_floor.consumer_missing:
+            return False
+        try:
+            await self._wait(op, req.min_seq, grace_ms, self.live.index_floor, slot)
+        except NotCommitted:
+            return False
+        return True
 
     async def _search_unindexed(self, req: q.Search) -> q.SearchResults:
         """``req`` answered now from the index plus the memories of its own
