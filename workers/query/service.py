@@ -509,6 +509,7 @@ class QueryWorker(Component[QueryLive]):
         try:
             await self._wait(op, req.min_seq, grace_ms, self.live.index_floor, slot)
         except NotCommitted:
+            await self.slots.regain(slot)  # the search goes on, with its own unindexed memories
             return False
         return True
 

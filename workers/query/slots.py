@@ -103,6 +103,13 @@ class RequestSlots:
         finally:
             self.waits.give(slot.app)
         # Only a read that goes on needs a slot again (a timeout's error does not).
+        await self.regain(slot)
+
+    async def regain(self, slot: Slot) -> None:
+        """A slot again for a read that goes on after a wait (queued when none
+        is free, never refused): after :meth:`waiting` ended well, or after a
+        wait that failed when the read has another way on (a search's own
+        unindexed memories)."""
         if self.shares.ask(slot.app, slot, within_share=False) == "now":
             slot.held = True
         else:
