@@ -91,8 +91,7 @@ class Steady:
     acked: dict[int, str] = field(default_factory=dict)  # seq -> text
     unknown: list[str] = field(default_factory=list)  # texts whose publish raised (maybe stored)
     failures: list[tuple[float, str, str]] = field(default_factory=list)  # (t, op, error)
-    reads_ok: int = 0
-    last_ok_read: float = 0.0
+    ok_reads: list[float] = field(default_factory=list)  # when each read succeeded
     stopping: bool = False
     sessions: list[str] = field(default_factory=list)
 
@@ -115,17 +114,25 @@ class Steady:
                 view = await self.client.get_session(self.user, session, events=True, after_seq=seq - 1)
                 if seq not in [e.seq for e in view.events or []]:
                     raise Failed(f"read-your-writes: seq {seq} missing from the read after it")
-                self.reads_ok += 1
-                self.last_ok_read = time.monotonic()
+                self.ok_reads.append(time.monotonic())
             except (MemqError, asyncio.TimeoutError) as exc:
                 self.failures.append((time.monotonic(), "read", f"{type(exc).__name__}: {exc}"[:160]))
             await asyncio.sleep(self.interval)
 
+    @property
+    def reads_ok(self) -> int:
+        return len(self.ok_reads)
+
     async def recovered(self, since: float, timeout: float = 120) -> float:
-        """Seconds from `since` until a read succeeded after it."""
+        """Seconds from `since` until the first read that succeeded after it."""
         deadline = time.monotonic() + timeout
-        while self.last_ok_read <= since:
+        while not self.ok_reads or self.ok_reads[-1] <= since:
             if time.monotonic() > deadline:
                 raise Failed(f"reads did not recover within {timeout:.0f} s; last failures: {self.failures[-3:]}")
             await asyncio.sleep(0.2)
-        return self.last_ok_read - since
+        return next(t for t in self.ok_reads if t > since) - since
+
+    def longest_read_gap(self, start: float, end: float) -> float:
+        """The longest time within [start, end] without a successful read."""
+        times = [start, *(t for t in self.ok_reads if start < t < end), end]
+        return max(b - a for a, b in zip(times, times[1:]))

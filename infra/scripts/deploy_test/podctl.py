@@ -99,14 +99,25 @@ def state(name: str) -> str:
     return podman("inspect", "--format", "{{.State.Status}}", name, check=False, quiet=True).stdout.strip()
 
 
-def healthy(name: str, timeout: float = 180) -> None:
-    """Run the container's healthcheck until it passes (no systemd here runs it by itself)."""
+def healthcheck(name: str) -> list[str]:
+    """The container's healthcheck command (["CMD", ...] or ["CMD-SHELL", "..."]), [] if none."""
+    check = json.loads(podman("inspect", "--format", "{{json .Config.Healthcheck}}", name, quiet=True).stdout or "null")
+    return list((check or {}).get("Test") or [])
+
+
+def healthy(name: str, timeout: float = 180, test: list[str] | None = None) -> None:
+    """Run the container's healthcheck until it passes (no systemd here runs it
+    by itself); `test`: run this healthcheck command in it instead (a clone
+    made by `podman container clone` 4.3 has lost its own)."""
     deadline = time.monotonic() + timeout
+    if test:
+        exec_args = ["sh", "-c", test[1]] if test[0] == "CMD-SHELL" else test[1:]
     while True:
         if state(name) == "exited":
             logs = podman("logs", "--tail", "20", name, check=False, quiet=True)
             raise Failed(f"{name} exited before it was healthy:\n{logs.stdout}{logs.stderr}")
-        if podman("healthcheck", "run", name, check=False, quiet=True).returncode == 0:
+        args = ["exec", name, *exec_args] if test else ["healthcheck", "run", name]
+        if podman(*args, check=False, quiet=True).returncode == 0:
             return
         if time.monotonic() > deadline:
             logs = podman("logs", "--tail", "20", name, check=False, quiet=True)
