@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep and any(n.startswith(PREFIX) for n in left):
             say(f"left behind: {[n for n in left if n.startswith(PREFIX)]}")
             ok = False
+    if stack.STUCK:
+        results["restarted_stuck_replicas"] = stack.STUCK
+        say(f"WARNING: {len(stack.STUCK)} replica(s) were not ready and were restarted: {[x['replica'] for x in stack.STUCK]}")
     results["ok"] = ok
     results["seconds"] = round(time.monotonic() - started)
     args.out.parent.mkdir(parents=True, exist_ok=True)

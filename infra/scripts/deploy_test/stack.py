@@ -111,14 +111,29 @@ def up(env: dict[str, str]) -> None:
     say(f"stack up in {time.monotonic() - started:.0f} s")
 
 
-def wait_workers(timeout: float = 300) -> None:
+# Replicas that never became ready and were restarted once (see wait_workers).
+STUCK: list[dict[str, str]] = []
+
+
+def wait_workers(timeout: float = 240) -> None:
+    """Every replica ready. One that is not within `timeout` is restarted once,
+    loudly, its log kept in STUCK (seen here: of two indexing replicas starting
+    together on an empty Weaviate, one stayed "preparing the search index"
+    after the other had built it, with nothing more in its log)."""
     for service in WORKERS:
         names = replicas(service)
         want = 1 if service == "summarizer" else 2
         if len(names) != want:
             raise Failed(f"{service}: {len(names)} replicas ({names}), compose.yaml asks for {want}")
         for n in names:
-            healthy(n, timeout=timeout)
+            try:
+                healthy(n, timeout=timeout)
+            except Failed:
+                log = logs_tail(n, 40)
+                STUCK.append({"replica": n, "log": log})
+                say(f"WARNING: {n} not ready in {timeout:.0f} s; restarting it once. Its log ends:\n    " + "\n    ".join(log.strip().splitlines()[-6:]))
+                podman("restart", "-t", "10", n)
+                healthy(n, timeout=timeout)
     say("every worker replica ready (/readyz): " + ", ".join(n.removeprefix(PROJECT + "_") for s in WORKERS for n in replicas(s)))
 
 
