@@ -10,6 +10,7 @@ every failure with its time, so that SQL can be counted against it.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import ssl
 import time
@@ -18,9 +19,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from podctl import Failed, say
+
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import MemqError
-from podctl import Failed, say
 
 
 def tls(ca: Path) -> ssl.SSLContext:
@@ -55,7 +57,10 @@ async def client_check(urls: list[str], ca: Path, app: str, password: str, http:
     try:
         user, session = "deploy-check", f"s-{uuid.uuid4().hex[:12]}"
         word = f"zebra{uuid.uuid4().hex[:8]}"
-        seqs = [await client.append_text(user, session, "user", f"the {word} crossed the road, message {i}") for i in range(5)]
+        seqs = [
+            await client.append_text(user, session, "user", f"the {word} crossed the road, message {i}")
+            for i in range(5)
+        ]
         view = await client.get_session(user, session, events=True)  # carries last_seq: read-your-writes
         got = [e.seq for e in view.events or []]
         if got != seqs:
@@ -75,7 +80,15 @@ async def client_check(urls: list[str], ca: Path, app: str, password: str, http:
     refused, _ = await asyncio.to_thread(http_get, f"{http}/v1/apps/{app}/users/{user}/sessions", None)
     if refused != 401:
         raise Failed(f"HTTP gateway without a key answered {refused}, not 401")
-    result = {"appended": len(seqs), "read_back": len(got), "keyword_hits": 5, "vector_hits": len(vector.results), "http": code, "http_no_key": refused, "s": round(time.monotonic() - started, 1)}
+    result = {
+        "appended": len(seqs),
+        "read_back": len(got),
+        "keyword_hits": 5,
+        "vector_hits": len(vector.results),
+        "http": code,
+        "http_no_key": refused,
+        "s": round(time.monotonic() - started, 1),
+    }
     say(f"client check passed: {result}")
     return result
 
@@ -115,7 +128,7 @@ class Steady:
                 if seq not in [e.seq for e in view.events or []]:
                     raise Failed(f"read-your-writes: seq {seq} missing from the read after it")
                 self.ok_reads.append(time.monotonic())
-            except (MemqError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, MemqError) as exc:
                 self.failures.append((time.monotonic(), "read", f"{type(exc).__name__}: {exc}"[:160]))
             await asyncio.sleep(self.interval)
 
@@ -135,4 +148,4 @@ class Steady:
     def longest_read_gap(self, start: float, end: float) -> float:
         """The longest time within [start, end] without a successful read."""
         times = [start, *(t for t in self.ok_reads if start < t < end), end]
-        return max(b - a for a, b in zip(times, times[1:]))
+        return max(b - a for a, b in itertools.pairwise(times))

@@ -33,7 +33,9 @@ STEPS = ("image", "compose", "faults", "upgrade", "kube")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {','.join(STEPS)}")
     parser.add_argument("--keep", action="store_true", help="leave the stack running (then clean up with --down)")
     parser.add_argument("--down", action="store_true", help="only remove what an earlier --keep run left")
@@ -101,7 +103,14 @@ def main(argv: list[str] | None = None) -> int:
 
                 kube.down(work)
         if args.rm_images:
-            for image in (images.PYTHON, images.NATS, images.POSTGRES, images.REDIS, images.WEAVIATE, *images.memq_tags()):
+            for image in (
+                images.PYTHON,
+                images.NATS,
+                images.POSTGRES,
+                images.REDIS,
+                images.WEAVIATE,
+                *images.memq_tags(),
+            ):
                 podman("rmi", "-f", image, check=False)
         left = podman("ps", "-a", "--format", "{{.Names}}", quiet=True).stdout.split()
         if not args.keep and any(n.startswith(PREFIX) for n in left):
@@ -109,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
             ok = False
     if stack.STUCK:
         results["restarted_stuck_replicas"] = stack.STUCK
-        say(f"WARNING: {len(stack.STUCK)} replica(s) were not ready and were restarted: {[x['replica'] for x in stack.STUCK]}")
+        say(
+            f"WARNING: {len(stack.STUCK)} replica(s) were not ready and were restarted: {[x['replica'] for x in stack.STUCK]}"
+        )
     results["ok"] = ok
     results["seconds"] = round(time.monotonic() - started)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +133,9 @@ async def client_check(secrets: stack.Secrets) -> dict[str, object]:
     import agent
 
     password = secrets.password(f"app-{stack.APP}")
-    return await agent.client_check(stack.NATS_URLS, secrets.tls / "ca.crt", stack.APP, password, stack.http_url(), secrets.api_key)
+    return await agent.client_check(
+        stack.NATS_URLS, secrets.tls / "ca.crt", stack.APP, password, stack.http_url(), secrets.api_key
+    )
 
 
 if __name__ == "__main__":

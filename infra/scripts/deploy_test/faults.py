@@ -62,7 +62,16 @@ async def consumers_drained(env: dict[str, str], timeout: float = 180) -> dict[s
 def sql_texts() -> dict[str, list[int]]:
     """Every stored event's text -> the sequences it is stored at (psql in the postgres container)."""
     out = podman(
-        "exec", stack.name("postgres"), "psql", "-U", "memq", "-d", "memq", "-At", "-c", "select seq, data from memq_events",
+        "exec",
+        stack.name("postgres"),
+        "psql",
+        "-U",
+        "memq",
+        "-d",
+        "memq",
+        "-At",
+        "-c",
+        "select seq, data from memq_events",
         quiet=True,
     ).stdout
     stored: dict[str, list[int]] = {}
@@ -96,7 +105,9 @@ def count(steady: agent.Steady, timeout: float = 120) -> dict[str, int]:
 
 
 async def run(secrets: stack.Secrets, env: dict[str, str], down_s: float = DOWN_S) -> dict[str, object]:
-    client = await agent.connect(stack.NATS_URLS, secrets.tls / "ca.crt", stack.APP, secrets.password(f"app-{stack.APP}"))
+    client = await agent.connect(
+        stack.NATS_URLS, secrets.tls / "ca.crt", stack.APP, secrets.password(f"app-{stack.APP}")
+    )
     steady = agent.Steady(client)
     task = asyncio.create_task(steady.run())
     phases = []

@@ -60,7 +60,11 @@ def prerequisites() -> None:
         say(f"installing podman-compose {PODMAN_COMPOSE_VERSION} into {CACHE / 'venv'}")
         run(["python3", "-m", "venv", str(CACHE / "venv")])
         run([str(CACHE / "venv" / "bin" / "pip"), "install", "-q", f"podman-compose=={PODMAN_COMPOSE_VERSION}"])
-    say(podman("--version", quiet=True).stdout.strip() + ", " + run([str(compose), "--version"], quiet=True).stdout.split("\n")[0])
+    say(
+        podman("--version", quiet=True).stdout.strip()
+        + ", "
+        + run([str(compose), "--version"], quiet=True).stdout.split("\n")[0]
+    )
 
 
 def debian_mirror() -> str:
@@ -113,7 +117,9 @@ def server_images(work: Path) -> None:
     (ctx / "pip.conf").write_text("[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n")
     for name in ("postgres-entrypoint.sh",):
         shutil.copy(images / name, ctx / name)
-    shutil.copy(shutil.which("nats-server", path=str(ROOT / ".venv" / "bin")) or _need("nats-server"), ctx / "nats-server")
+    shutil.copy(
+        shutil.which("nats-server", path=str(ROOT / ".venv" / "bin")) or _need("nats-server"), ctx / "nats-server"
+    )
     weaviate = run(["bash", str(ROOT / "infra" / "scripts" / "install-weaviate.sh")], timeout=3600).stdout.split()[-1]
     shutil.copy(weaviate, ctx / "weaviate-server")
     build(PYTHON, images / "python.Containerfile", ctx, "--build-arg", f"BASE_IMAGE={BASE}")
@@ -127,7 +133,11 @@ def _need(what: str) -> str:
 
 def commit() -> str:
     out = run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], quiet=True, check=False).stdout.strip()
-    dirty = run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "contracts", "workers", "pyproject.toml"], quiet=True, check=False)
+    dirty = run(
+        ["git", "-C", str(ROOT), "status", "--porcelain", "--", "contracts", "workers", "pyproject.toml"],
+        quiet=True,
+        check=False,
+    )
     return (out or "dev") + ("-dirty" if dirty.stdout.strip() else "")
 
 
@@ -154,7 +164,9 @@ def check_memq_image(tag: str) -> dict[str, object]:
     if uid != "10001" or not user.startswith("10001"):
         raise Failed(f"{tag} runs as {uid!r} (User {user!r}), not 10001")
     probe = "for c in " + " ".join(COMPILERS) + '; do command -v "$c"; done; true'
-    found = podman("run", "--rm", "--network", "none", "--entrypoint", "sh", tag, "-c", probe, quiet=True).stdout.split()
+    found = podman(
+        "run", "--rm", "--network", "none", "--entrypoint", "sh", tag, "-c", probe, quiet=True
+    ).stdout.split()
     if found:
         raise Failed(f"{tag} contains a compiler or build tool: {found}")
     for command in (["--help"], ["init", "--help"], ["status", "--help"]) + tuple(

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 import stack
+import yaml
 from podctl import PREFIX, Failed, podman, say, wait_exit
 from podctl import run as sh
 
@@ -70,7 +69,11 @@ def secret_values(s: stack.Secrets) -> dict[str, dict[str, str]]:
             "MEMQ_INDEXING__WEAVIATE__API_KEY": s.weaviate,
         },
         "memq-nats-admin": {"MEMQ_NATS__PASSWORD": s.password("admin")},
-        "memq-http": {"MEMQ_HTTP__APPS": json.dumps({stack.APP: {"api_key": s.api_key, "nats_password": s.password(f"app-{stack.APP}")}})},
+        "memq-http": {
+            "MEMQ_HTTP__APPS": json.dumps(
+                {stack.APP: {"api_key": s.api_key, "nats_password": s.password(f"app-{stack.APP}")}}
+            )
+        },
         "memq-nats-server": dict(s.accounts["server_env"]),
     }
     for doc in template:
@@ -82,16 +85,17 @@ def secret_values(s: stack.Secrets) -> dict[str, dict[str, str]]:
 
 def inline_secrets(spec: dict[str, Any], secrets: dict[str, dict[str, str]], tls: Path) -> None:
     for c in spec.get("containers", []):
-        env = list(c.get("env") or [])
+        # Kubernetes: env overrides envFrom, and a later envFrom source an earlier one.
+        merged: dict[str, dict[str, Any]] = {}
         for ref in [r for r in c.get("envFrom") or [] if "secretRef" in r]:
-            env += [{"name": k, "value": v} for k, v in secrets[ref["secretRef"]["name"]].items()]
+            merged.update({k: {"name": k, "value": v} for k, v in secrets[ref["secretRef"]["name"]].items()})
             c["envFrom"].remove(ref)
-        for e in env:
+        for e in c.get("env") or []:
             if "secretKeyRef" in (e.get("valueFrom") or {}):
                 ref = e.pop("valueFrom")["secretKeyRef"]
                 e["value"] = secrets[ref["name"]][ref["key"]]
-        # Later entries win in Kubernetes for env over envFrom; keep env's own last.
-        c["env"] = env
+            merged[e["name"]] = e
+        c["env"] = list(merged.values())
     for v in spec.get("volumes", []):
         if "secret" in v:
             if v.pop("secret")["secretName"] != "memq-nats-tls":
@@ -103,7 +107,9 @@ def host_aliases() -> list[dict[str, Any]]:
     return [{"ip": f"{SUBNET}.{n}", "hostnames": [name]} for name, n in ADDRESSES.items()]
 
 
-def convert(docs: list[dict[str, Any]], secrets: dict[str, dict[str, str]], tls: Path, work: Path) -> dict[str, list[dict[str, Any]]]:
+def convert(
+    docs: list[dict[str, Any]], secrets: dict[str, dict[str, str]], tls: Path, work: Path
+) -> dict[str, list[dict[str, Any]]]:
     """What Podman 4.3 plays, one list of documents per `podman kube play` (in order)."""
     configmaps = [d for d in docs if d["kind"] == "ConfigMap"]
     plays: dict[str, list[dict[str, Any]]] = {}
@@ -123,7 +129,9 @@ def convert(docs: list[dict[str, Any]], secrets: dict[str, dict[str, str]], tls:
                 data = next(cm for cm in configmaps if cm["metadata"]["name"] == config["name"])["data"]
                 keys = {i["path"]: i["key"] for i in config["items"]}
                 folder = work / f"kube-{node}-config"
-                (folder / "tls").mkdir(parents=True, exist_ok=True)  # the mount point of the certificates (read-only above)
+                (folder / "tls").mkdir(
+                    parents=True, exist_ok=True
+                )  # the mount point of the certificates (read-only above)
                 kept = []
                 for m in c["volumeMounts"]:
                     if m["name"] != "config":
@@ -133,24 +141,47 @@ def convert(docs: list[dict[str, Any]], secrets: dict[str, dict[str, str]], tls:
                     (folder / Path(m["mountPath"]).name).write_text(data[keys[sub]])
                 c["volumeMounts"] = [{"name": "config", "mountPath": "/etc/nats", "readOnly": True}, *kept]
                 spec["volumes"] = [
-                    {"name": "config", "hostPath": {"path": str(folder), "type": "Directory"}} if v["name"] == "config" else v
+                    {"name": "config", "hostPath": {"path": str(folder), "type": "Directory"}}
+                    if v["name"] == "config"
+                    else v
                     for v in spec["volumes"]
                 ]
                 claims = []
                 for t in d["spec"]["volumeClaimTemplates"]:
                     claim = f"{PREFIX}-kube-{t['metadata']['name']}-{node}"
-                    claims.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": claim}, "spec": t["spec"]})
-                    spec["volumes"].append({"name": t["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}})
+                    claims.append(
+                        {
+                            "apiVersion": "v1",
+                            "kind": "PersistentVolumeClaim",
+                            "metadata": {"name": claim},
+                            "spec": t["spec"],
+                        }
+                    )
+                    spec["volumes"].append(
+                        {"name": t["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim}}
+                    )
                 for p in c["ports"]:
                     if p["name"] == "client":
                         p.update(hostPort=NATS_HOST_PORTS[n], hostIP="127.0.0.1")
                 labels = {**d["spec"]["template"]["metadata"]["labels"], "statefulset.kubernetes.io/pod-name": node}
-                pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{PREFIX}-kube-{node}", "labels": labels}, "spec": spec}
+                pod = {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"{PREFIX}-kube-{node}", "labels": labels},
+                    "spec": spec,
+                }
                 plays[node] = [*claims, pod]
         elif d["kind"] == "Job":
             spec = copy.deepcopy(d["spec"]["template"]["spec"])
             labels = d["spec"]["template"]["metadata"]["labels"]
-            plays["memq-init"] = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{PREFIX}-kube-memq-init", "labels": labels}, "spec": spec}]
+            plays["memq-init"] = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"{PREFIX}-kube-memq-init", "labels": labels},
+                    "spec": spec,
+                }
+            ]
         elif d["kind"] == "Deployment":
             d = copy.deepcopy(d)
             kind = d["metadata"]["name"]
@@ -192,7 +223,9 @@ def check_unplayed(docs: list[dict[str, Any]]) -> dict[str, int]:
                 templates.append(t)
 
     def selected(selector: dict[str, str]) -> list[dict[str, Any]]:
-        return [t for t in templates if selector and all(t["metadata"]["labels"].get(k) == v for k, v in selector.items())]
+        return [
+            t for t in templates if selector and all(t["metadata"]["labels"].get(k) == v for k, v in selector.items())
+        ]
 
     deployments = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"}
     counted: dict[str, int] = {}
@@ -204,7 +237,9 @@ def check_unplayed(docs: list[dict[str, Any]]) -> dict[str, int]:
                 p["containerPort"] for t in pods for c in t["spec"]["containers"] for p in c.get("ports", [])
             }
             if not pods or any(p.get("targetPort", p["port"]) not in ports for p in d["spec"]["ports"]):
-                raise Failed(f"Service {name} selects {len(pods)} pods, ports {d['spec']['ports']} of {sorted(map(str, ports))}")
+                raise Failed(
+                    f"Service {name} selects {len(pods)} pods, ports {d['spec']['ports']} of {sorted(map(str, ports))}"
+                )
         elif kind == "PodDisruptionBudget":
             if not selected(d["spec"]["selector"]["matchLabels"]):
                 raise Failed(f"PodDisruptionBudget {name} selects no pod")
@@ -231,13 +266,27 @@ def play(work: Path, name: str, docs: list[dict[str, Any]], configmaps: list[Pat
 
 def server(name: str, image: str, env: dict[str, str], *args: str) -> None:
     podman(
-        "run", "-d", "--name", f"{PREFIX}-kube-{name}", "--network", NETWORK, "--ip", f"{SUBNET}.{ADDRESSES[name]}",
-        *(a for k, v in env.items() for a in ("-e", f"{k}={v}")), image, *args, quiet=True,
+        "run",
+        "-d",
+        "--name",
+        f"{PREFIX}-kube-{name}",
+        "--network",
+        NETWORK,
+        "--ip",
+        f"{SUBNET}.{ADDRESSES[name]}",
+        *(a for k, v in env.items() for a in ("-e", f"{k}={v}")),
+        image,
+        *args,
+        quiet=True,
     )
 
 
 def container(pod_prefix: str, name: str) -> str:
-    found = [n for n in podman("ps", "-a", "--format", "{{.Names}}", quiet=True).stdout.split() if n.startswith(pod_prefix) and n.endswith("-" + name)]
+    found = [
+        n
+        for n in podman("ps", "-a", "--format", "{{.Names}}", quiet=True).stdout.split()
+        if n.startswith(pod_prefix) and n.endswith("-" + name)
+    ]
     if len(found) != 1:
         raise Failed(f"no single container {pod_prefix}*-{name}: {found}")
     return found[0]
@@ -249,7 +298,10 @@ def ready(name: str, url: str, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while podman("exec", name, "python", "-c", probe, check=False, quiet=True).returncode != 0:
         if time.monotonic() > deadline:
-            raise Failed(f"{name} not ready ({url}) in {timeout:.0f} s:\n" + podman("logs", "--tail", "15", name, check=False, quiet=True).stderr)
+            raise Failed(
+                f"{name} not ready ({url}) in {timeout:.0f} s:\n"
+                + podman("logs", "--tail", "15", name, check=False, quiet=True).stderr
+            )
         time.sleep(2)
 
 
@@ -268,18 +320,37 @@ def run_kube(s: stack.Secrets, images: dict[str, str], work: Path, keep: bool = 
         path = work / f"configmap-{cm['metadata']['name']}.yaml"
         path.write_text(yaml.safe_dump(cm))
         configmaps.append(path)
-    server("postgres", images["POSTGRES_IMAGE"], {"POSTGRES_USER": "memq", "POSTGRES_DB": "memq", "POSTGRES_PASSWORD": s.postgres})
-    server("redis", images["REDIS_IMAGE"], {}, "redis-server", "--requirepass", s.redis, "--save", "", "--appendonly", "no")
     server(
-        "weaviate", images["WEAVIATE_IMAGE"],
+        "postgres",
+        images["POSTGRES_IMAGE"],
+        {"POSTGRES_USER": "memq", "POSTGRES_DB": "memq", "POSTGRES_PASSWORD": s.postgres},
+    )
+    server(
+        "redis", images["REDIS_IMAGE"], {}, "redis-server", "--requirepass", s.redis, "--save", "", "--appendonly", "no"
+    )
+    server(
+        "weaviate",
+        images["WEAVIATE_IMAGE"],
         {
-            "PERSISTENCE_DATA_PATH": "/var/lib/weaviate", "DEFAULT_VECTORIZER_MODULE": "none", "ENABLE_MODULES": "",
-            "AUTOSCHEMA_ENABLED": "false", "CLUSTER_HOSTNAME": "node1", "DISABLE_TELEMETRY": "true",
-            "AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED": "false", "AUTHENTICATION_APIKEY_ENABLED": "true",
-            "AUTHENTICATION_APIKEY_ALLOWED_KEYS": s.weaviate, "AUTHENTICATION_APIKEY_USERS": "memq",
-            "AUTHORIZATION_ADMINLIST_ENABLED": "true", "AUTHORIZATION_ADMINLIST_USERS": "memq",
+            "PERSISTENCE_DATA_PATH": "/var/lib/weaviate",
+            "DEFAULT_VECTORIZER_MODULE": "none",
+            "ENABLE_MODULES": "",
+            "AUTOSCHEMA_ENABLED": "false",
+            "CLUSTER_HOSTNAME": "node1",
+            "DISABLE_TELEMETRY": "true",
+            "AUTHENTICATION_ANONYMOUS_ACCESS_ENABLED": "false",
+            "AUTHENTICATION_APIKEY_ENABLED": "true",
+            "AUTHENTICATION_APIKEY_ALLOWED_KEYS": s.weaviate,
+            "AUTHENTICATION_APIKEY_USERS": "memq",
+            "AUTHORIZATION_ADMINLIST_ENABLED": "true",
+            "AUTHORIZATION_ADMINLIST_USERS": "memq",
         },
-        "--host", "0.0.0.0", "--port", "8080", "--scheme", "http",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8080",
+        "--scheme",
+        "http",
     )
     for node in ("nats-1", "nats-2", "nats-3"):
         play(work, node, plays.pop(node), configmaps, f"{SUBNET}.{ADDRESSES[node]}")
@@ -299,12 +370,27 @@ def run_kube(s: stack.Secrets, images: dict[str, str], work: Path, keep: bool = 
 
     urls = [f"tls://localhost:{p}" for p in NATS_HOST_PORTS.values()]
     check = asyncio.run(
-        agent.client_check(urls, s.tls / "ca.crt", stack.APP, s.password(f"app-{stack.APP}"), f"http://127.0.0.1:{HTTP_HOST_PORT}", s.api_key)
+        agent.client_check(
+            urls,
+            s.tls / "ca.crt",
+            stack.APP,
+            s.password(f"app-{stack.APP}"),
+            f"http://127.0.0.1:{HTTP_HOST_PORT}",
+            s.api_key,
+        )
     )
-    pods = sorted(n for n in podman("pod", "ps", "--format", "{{.Name}}", quiet=True).stdout.split() if n.startswith(PREFIX))
+    pods = sorted(
+        n for n in podman("pod", "ps", "--format", "{{.Name}}", quiet=True).stdout.split() if n.startswith(PREFIX)
+    )
     if not keep:
         down(work)
-    return {"played_kinds": list(PLAYED), "not_played_checked": unplayed, "changes": CHANGES, "pods": pods, "client_check": check}
+    return {
+        "played_kinds": list(PLAYED),
+        "not_played_checked": unplayed,
+        "changes": CHANGES,
+        "pods": pods,
+        "client_check": check,
+    }
 
 
 def nats_ready(node: str, timeout: float = 180) -> None:

@@ -57,7 +57,7 @@ def run(
             cwd=cwd,
             input=input,
         )
-    except subprocess.TimeoutExpired as exc:
+    except subprocess.TimeoutExpired:
         raise Failed(f"{shlex.join(args)}: no answer in {timeout:.0f} s") from None
     if check and result.returncode != 0:
         tail = (result.stdout + result.stderr).strip().splitlines()[-15:]

@@ -51,7 +51,19 @@ def make_secrets(work: Path, memq: Path) -> Secrets:
     s = Secrets(work / "secrets")
     s.tls.mkdir(parents=True, exist_ok=True)
     run(
-        [str(memq), "nats", "accounts", "--env-passwords", "--force", "-a", APP, "-a", "billing-agent", "-o", str(s.dir / "accounts.conf")],
+        [
+            str(memq),
+            "nats",
+            "accounts",
+            "--env-passwords",
+            "--force",
+            "-a",
+            APP,
+            "-a",
+            "billing-agent",
+            "-o",
+            str(s.dir / "accounts.conf"),
+        ],
         quiet=True,
     )
     if (s.dir / "accounts.conf").read_text() != (ROOT / "infra" / "nats" / "accounts.conf").read_text():
@@ -131,15 +143,30 @@ def wait_workers(timeout: float = 240) -> None:
             except Failed:
                 log = logs_tail(n, 40)
                 STUCK.append({"replica": n, "log": log})
-                say(f"WARNING: {n} not ready in {timeout:.0f} s; restarting it once. Its log ends:\n    " + "\n    ".join(log.strip().splitlines()[-6:]))
+                say(
+                    f"WARNING: {n} not ready in {timeout:.0f} s; restarting it once. Its log ends:\n    "
+                    + "\n    ".join(log.strip().splitlines()[-6:])
+                )
                 podman("restart", "-t", "10", n)
                 healthy(n, timeout=timeout)
-    say("every worker replica ready (/readyz): " + ", ".join(n.removeprefix(PROJECT + "_") for s in WORKERS for n in replicas(s)))
+    say(
+        "every worker replica ready (/readyz): "
+        + ", ".join(n.removeprefix(PROJECT + "_") for s in WORKERS for n in replicas(s))
+    )
 
 
 def status(env: dict[str, str]) -> str:
     """`memq status` from inside the deployment (as the docs say: exec in a query replica)."""
-    result = podman("exec", "-e", "MEMQ_NATS__USER=admin", "-e", f"MEMQ_NATS__PASSWORD={env['NATS_ADMIN_PASSWORD']}", name("query"), "memq", "status")
+    result = podman(
+        "exec",
+        "-e",
+        "MEMQ_NATS__USER=admin",
+        "-e",
+        f"MEMQ_NATS__PASSWORD={env['NATS_ADMIN_PASSWORD']}",
+        name("query"),
+        "memq",
+        "status",
+    )
     return result.stdout
 
 

@@ -69,7 +69,9 @@ def next_image(tag: str) -> str:
 
 
 def psql(query: str) -> str:
-    return podman("exec", stack.name("postgres"), "psql", "-U", "memq", "-d", "memq", "-At", "-c", query, quiet=True).stdout.strip()
+    return podman(
+        "exec", stack.name("postgres"), "psql", "-U", "memq", "-d", "memq", "-At", "-c", query, quiet=True
+    ).stdout.strip()
 
 
 def replace(container: str, image: str) -> float:
@@ -87,7 +89,9 @@ def replace(container: str, image: str) -> float:
 
 async def run(secrets: stack.Secrets, env: dict[str, str], tag: str) -> dict[str, object]:
     new = await asyncio.to_thread(next_image, tag)
-    client = await agent.connect(stack.NATS_URLS, secrets.tls / "ca.crt", stack.APP, secrets.password(f"app-{stack.APP}"))
+    client = await agent.connect(
+        stack.NATS_URLS, secrets.tls / "ca.crt", stack.APP, secrets.password(f"app-{stack.APP}")
+    )
     steady = agent.Steady(client, user="upgrade")
     task = asyncio.create_task(steady.run())
     replaced = []
@@ -100,23 +104,35 @@ async def run(secrets: stack.Secrets, env: dict[str, str], tag: str) -> dict[str
         code = await asyncio.to_thread(wait_exit, init, 300)
         if code != 0:
             raise Failed(f"memq init of {new} exited {code}:\n{logs_tail(init)}")
-        say("  memq init (next): " + " / ".join(line for line in logs_tail(init, 8).splitlines() if "revision" in line or "stream" in line))
+        say(
+            "  memq init (next): "
+            + " / ".join(line for line in logs_tail(init, 8).splitlines() if "revision" in line or "stream" in line)
+        )
         for service in stack.WORKERS:
             for container in stack.replicas(service):
                 took = await asyncio.to_thread(replace, container, new)
                 replaced.append({"replica": container.removeprefix(stack.PROJECT + "_"), "s": round(took, 1)})
-                say(f"  replaced {container} in {took:.0f} s; {len(steady.acked)} acknowledged, {len(steady.failures)} failures")
+                say(
+                    f"  replaced {container} in {took:.0f} s; {len(steady.acked)} acknowledged, {len(steady.failures)} failures"
+                )
         await asyncio.sleep(5)
     finally:
         steady.stopping = True
         await task
         await client.close()
-    images = {podman("inspect", "--format", "{{.ImageName}}", c, quiet=True).stdout.strip() for s in stack.WORKERS for c in stack.replicas(s)}
+    images = {
+        podman("inspect", "--format", "{{.ImageName}}", c, quiet=True).stdout.strip()
+        for s in stack.WORKERS
+        for c in stack.replicas(s)
+    }
     if images != {new}:
         raise Failed(f"after the upgrade the workers run {images}, not only {new}")
     lag = await faults.consumers_drained(env)
     counts = await asyncio.to_thread(faults.count, steady)
-    migrated = {"revision": psql("select version_num from alembic_version"), "rows": int(psql("select count(*) from memq_deploy_test_upgrade"))}
+    migrated = {
+        "revision": psql("select version_num from alembic_version"),
+        "rows": int(psql("select count(*) from memq_deploy_test_upgrade")),
+    }
     result = {
         "image": new,
         "replaced": replaced,
