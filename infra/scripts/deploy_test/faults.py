@@ -99,7 +99,7 @@ def count(steady: agent.Steady, timeout: float = 120) -> dict[str, int]:
         "wrong_seq": sum(1 for seq, text in steady.acked.items() if text in stored and stored[text] != [seq]),
         "unacknowledged_tries": len(steady.unknown),
         "unacknowledged_stored": sum(1 for text in steady.unknown if text in stored),
-        "sql_rows": sum(len(s) for s in stored.values()),
+        "sql_rows": sum(len(stored.get(text, [])) for text in set(steady.acked.values()) | set(steady.unknown)),
     }
     return counts
 

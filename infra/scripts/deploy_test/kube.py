@@ -41,6 +41,7 @@ CHANGES = [
     "Deployments: played as Deployments; Podman runs one pod of each (replicas ignored)",
     "Secrets: values inlined into env, Secret volumes mounted by hostPath (Podman 4.3.1 crashes on a Secret volume, "
     "nil dereference in VolumeFromSecret, and cannot read a Secret for envFrom/secretKeyRef: 'not valid JSON')",
+    "envFrom: inlined into env with Kubernetes' precedence (Podman 4.3 lets envFrom override env)",
     "Services: none (Podman plays no Service): the pods reach nats-1..3, postgres, redis and weaviate by hostAliases "
     "to fixed addresses on one network; the agent reaches NATS and the gateway by hostPort on 127.0.0.1",
     "ports: Podman 4.3 publishes every containerPort on the host (its own number when hostPort is unset), which "
@@ -83,17 +84,20 @@ def secret_values(s: stack.Secrets) -> dict[str, dict[str, str]]:
     return fill
 
 
-def inline_secrets(spec: dict[str, Any], secrets: dict[str, dict[str, str]], tls: Path) -> None:
+def inline_env(spec: dict[str, Any], sources: dict[str, dict[str, str]], tls: Path) -> None:
+    """envFrom (ConfigMaps and Secrets) and secretKeyRef as plain env, with
+    Kubernetes' precedence: env over envFrom, a later envFrom source over an
+    earlier one. (Podman 4.3 lets envFrom override env: the init Job's
+    MEMQ_NATS__USER=admin lost to memq-config's `workers`.)"""
     for c in spec.get("containers", []):
-        # Kubernetes: env overrides envFrom, and a later envFrom source an earlier one.
         merged: dict[str, dict[str, Any]] = {}
-        for ref in [r for r in c.get("envFrom") or [] if "secretRef" in r]:
-            merged.update({k: {"name": k, "value": v} for k, v in secrets[ref["secretRef"]["name"]].items()})
-            c["envFrom"].remove(ref)
+        for ref in c.pop("envFrom", None) or []:
+            source = ref.get("configMapRef") or ref["secretRef"]
+            merged.update({k: {"name": k, "value": v} for k, v in sources[source["name"]].items()})
         for e in c.get("env") or []:
             if "secretKeyRef" in (e.get("valueFrom") or {}):
                 ref = e.pop("valueFrom")["secretKeyRef"]
-                e["value"] = secrets[ref["name"]][ref["key"]]
+                e["value"] = sources[ref["name"]][ref["key"]]
             merged[e["name"]] = e
         c["env"] = list(merged.values())
     for v in spec.get("volumes", []):
@@ -200,7 +204,7 @@ def convert(
                     p.setdefault("hostPort", next(spare))
                     p.setdefault("hostIP", "127.0.0.1")
             if doc["kind"] in ("Pod", "Deployment"):
-                inline_secrets(spec, secrets, tls)
+                inline_env(spec, {**{cm["metadata"]["name"]: cm["data"] for cm in configmaps}, **secrets}, tls)
                 spec["hostAliases"] = host_aliases()
                 spec.pop("topologySpreadConstraints", None)  # one host
     return {"configmaps": configmaps, **plays}
