@@ -54,7 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         images.prerequisites()
         if args.down:
+            import kube
+
             stack.down(stack.compose_env(stack.make_secrets(work, memq), {}))
+            kube.down(work)
             return 0
         images.base_image()
         images.server_images(work)

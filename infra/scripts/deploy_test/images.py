@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def prerequisites() -> None:
     compose = CACHE / "venv" / "bin" / "podman-compose"
     if not compose.exists():
         say(f"installing podman-compose {PODMAN_COMPOSE_VERSION} into {CACHE / 'venv'}")
-        run(["python3", "-m", "venv", str(CACHE / "venv")])
+        run([sys.executable, "-m", "venv", str(CACHE / "venv")])  # .venv's Python: no python3-venv needed
         run([str(CACHE / "venv" / "bin" / "pip"), "install", "-q", f"podman-compose=={PODMAN_COMPOSE_VERSION}"])
     say(
         podman("--version", quiet=True).stdout.strip()
