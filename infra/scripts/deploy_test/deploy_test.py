@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -115,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                 *images.memq_tags(),
             ):
                 podman("rmi", "-f", image, check=False)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)  # the run's secrets and certificates
         left = podman("ps", "-a", "--format", "{{.Names}}", quiet=True).stdout.split()
         if not args.keep and any(n.startswith(PREFIX) for n in left):
             say(f"left behind: {[n for n in left if n.startswith(PREFIX)]}")
