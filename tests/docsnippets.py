@@ -141,7 +141,7 @@ def _command(snippet: Snippet, words: list[str], cwd: Path) -> Command:
 def dev_sh_commands() -> set[str]:
     """The subcommands infra/dev.sh's `case` dispatches on."""
     script = (ROOT / "infra/dev.sh").read_text().split("\ncase ", 1)[1]
-    return {m for labels in re.findall(r"^  ([\w|]+)\)", script, re.M) for m in labels.split("|")}
+    return {m for labels in re.findall(r"^  ([\w|-]+)\)", script, re.M) for m in labels.split("|")}
 
 
 def extras() -> set[str]:
