@@ -17,6 +17,7 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotCommitted, Unavailable
 from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
 from memq.contracts.tools import SEARCH_MEMORY, run_search_memory
+from memq.workers.index.backends import open_backend
 from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing.indexer import make_indexer
 from memq.workers.indexing.rebuild import rebuild
@@ -381,3 +382,30 @@ async def test_context_recalls_memories_from_other_sessions(nats_url, sqlite_url
             # the recall share is the app's default unless the request names one
             ctx = await client.context("alice", "new", strategy={"recall_share": 0.9})
             assert ctx.context["strategy"]["recall_share"] == 0.9 and ctx.context["recalled"]
+
+
+async def test_an_unexpected_error_while_preparing_is_said_and_retried(
+    nats_url, sqlite_url, tmp_path, embedder, caplog
+):
+    """Preparing the index once ended its background task in silence on any
+    error but an outage (seen with two replicas creating the first
+    generation at once on an empty Weaviate): the replica said "preparing"
+    for ever. It now logs what failed and tries again."""
+    s = settings_for(nats_url, sqlite_url, tmp_path)
+    backend = open_backend(s)
+    real_open, failures = backend.open, [RuntimeError("the other replica's half-made alias")]
+
+    async def open_once_failing() -> None:
+        if failures:
+            raise failures.pop()
+        await real_open()
+
+    backend.open = open_once_failing  # type: ignore[method-assign]
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(running_worker(s))
+        indexing = await stack.enter_async_context(
+            running(IndexingWorker(s, backend=backend, embedder=SharedEmbedder(embedder)))
+        )
+        await asyncio.wait_for(indexing.ready.wait(), 60)
+    assert not failures
+    assert "preparing the index failed (RuntimeError: the other replica's half-made alias)" in caplog.text

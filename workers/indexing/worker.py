@@ -96,6 +96,13 @@ class IndexingLive(Live):
     indexer: Indexer
 
 
+def _said_if_failed(task: asyncio.Task) -> None:
+    """A background task that ends in an error says so: the replica is then
+    never ready, and its log is where an operator looks first."""
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("%s failed: the replica will not become ready", task.get_name(), exc_info=exc)
+
+
 class IndexingWorker(Component[IndexingLive]):
     """The indexing component of a worker process (:mod:`memq.workers.runtime.app`).
 
@@ -199,6 +206,7 @@ class IndexingWorker(Component[IndexingLive]):
         """Prepare the index and consume in the background: an index server
         that is down at start delays indexing, not the worker."""
         self._main = asyncio.create_task(self._prepare_and_consume(), name="indexing main")
+        self._main.add_done_callback(_said_if_failed)
 
     async def halt(self) -> None:
         self._stopping.set()
@@ -233,6 +241,15 @@ class IndexingWorker(Component[IndexingLive]):
             except (IndexUnavailable, EmbedderError, OSError) as exc:
                 delay = delays[min(attempt, len(delays) - 1)]
                 log.warning("index not ready (%s); retrying in %.1fs", exc, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+            except Exception as exc:  # noqa: BLE001 - this task is the replica's only way to ready
+                # Anything else (two replicas creating the first generation at
+                # once on an empty Weaviate met an error of the other's making)
+                # once ended this task in silence, and the replica said
+                # "preparing" for ever: say what failed, and try again.
+                delay = delays[min(attempt, len(delays) - 1)]
+                log.warning("preparing the index failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
                 attempt += 1
                 await asyncio.sleep(delay)
         s = self.settings.indexing
