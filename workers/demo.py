@@ -148,8 +148,11 @@ async def run_demo(settings: Settings, n_events: int, console: Console, timeout:
     started = time.perf_counter()
     progress = _Progress(console, n_events)
 
+    closing = False  # nats-py calls disconnected_cb on our own close() too: that is no loss
+
     async def lost() -> None:
-        progress.say("lost the NATS connection: reconnecting (publishes in flight are retried, stored once)")
+        if not closing:
+            progress.say("lost the NATS connection: reconnecting (publishes in flight are retried, stored once)")
 
     async def back() -> None:
         progress.say("reconnected to NATS")
@@ -177,6 +180,7 @@ async def run_demo(settings: Settings, n_events: int, console: Console, timeout:
                 finally:
                     watching.cancel()
             finally:
+                closing = True
                 await nc.close()
             progress.say(f"published {len(seqs)} events to session {session} (seq {min(seqs)}..{max(seqs)})")
             deadline = time.monotonic() + timeout

@@ -106,6 +106,8 @@ def test_up_then_demo_beside_it_needs_no_flags(memq_up):
     )
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert "OK: published 1000, stored 1000, duplicates 0, missing 0" in demo.stdout
+    # nats-py calls the disconnected callback on the demo's own close(): no loss to report
+    assert "lost the NATS connection" not in demo.stdout + demo.stderr, demo.stdout
     # It says where it wrote and how to look; the commands work as printed.
     steps = demo.stdout.split("look at it with:", 1)[1]
     commands = [shlex.split(line) for line in steps.splitlines() if line.startswith("  ")]
