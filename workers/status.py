@@ -189,7 +189,11 @@ def backlog_text(consumers: list[ConsumerStatus]) -> str:
     for c in consumers:
         if not c.backlog:
             continue
-        eta = f", about {duration(c.eta_s)} at {c.rate:.0f}/s" if c.eta_s is not None else ", not moving"
+        eta = (
+            f", about {duration(c.eta_s)} at {c.rate:.0f}/s"
+            if c.eta_s is not None
+            else ", no ack seen while sampled (replicas ack whole batches)"
+        )
         parts.append(f"{c.name} {c.backlog} waiting{eta}")
     return "; ".join(parts)
 

@@ -44,5 +44,5 @@ def test_status_rates_and_etas():
     assert rated[1].eta_s is None  # nothing waits
     assert backlog_text(rated) == "memq-indexing 19500 waiting, about 78s at 250/s"
     stuck = with_rates(after, after, 2.0)
-    assert backlog_text(stuck) == "memq-indexing 19500 waiting, not moving"
+    assert backlog_text(stuck) == "memq-indexing 19500 waiting, no ack seen while sampled (replicas ack whole batches)"
     assert [duration(s) for s in (0.2, 89, 600, 9000)] == ["1s", "89s", "10 min", "2.5 h"]
