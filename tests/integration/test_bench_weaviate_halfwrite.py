@@ -19,7 +19,9 @@ def test_one_kill_and_restart_reports_its_outcome_and_the_rewrite_finds_everythi
 
     [row] = re.findall(r"^\s+1\s+([\d.]+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$", out, re.M)
     kill_s, stored, missing, after_put, after_many, after_each = float(row[0]), *map(int, row[1:])
-    assert 0 < kill_s < 1 and stored > 0
+    # On a loaded machine the kill can land before Weaviate stored anything:
+    # that is the "no kill landed mid-write" outcome too.
+    assert 0 < kill_s < 1 and stored >= 0
     assert missing >= after_put >= after_many >= after_each == 0
     if missing:
         assert f"outcome: a kill half-wrote {missing} of {stored} stored objects" in out

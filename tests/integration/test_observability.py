@@ -387,6 +387,9 @@ async def test_memq_status_shows_lag_redeliveries_instances_and_dead_letters(nat
                 "ack_pending": 2,
                 "redelivered": 2,
                 "ack_floor": 4,
+                "backlog": 5,  # pending + ack_pending: what waits
+                "rate": 0.0,  # the held messages are never acked while it is sampled
+                "eta_s": None,
             }
             assert report["last_seq"] == 9
             assert [i["name"] for i in report["instances"]] == ["memq-query"]
@@ -415,6 +418,9 @@ async def test_memq_status_shows_lag_redeliveries_instances_and_dead_letters(nat
                 "ack_pending": 0,
                 "redelivered": 0,
                 "ack_floor": 9,
+                "backlog": 0,
+                "rate": 0.0,
+                "eta_s": None,
             }
             assert sorted(i["name"] for i in report["instances"]) == ["memq-persistence", "memq-query"]
             assert {i["name"]: i["requests"] for i in report["instances"]}["memq-query"] == 1

@@ -53,7 +53,7 @@ LOADED_TURNS = 24
 # An agent's turn waits for its model between a read and the next append:
 # 100 ms is a fast one.
 THINK_S = 0.1
-SLACK_S = 0.25  # over the idle p99 (see the test)
+SLACK_S = 1.0  # over the idle p99 (see the test)
 PROSE = "A kept talking about nothing in particular while the queue grew longer. "
 
 
@@ -143,11 +143,13 @@ async def test_a_persistence_backlog_does_not_stall_bs_turns(stack):
             await asyncio.sleep(THINK_S)
         assert ahead >= 3, f"only {ahead} of B's reads ran while A's backlog held its write back: no backlog to test"
         for read, times in idle.items():
-            # The target is 2x the idle p99. On a shared 2-core VM,
-            # with A's commits and counts on the same cores as B's turns, one
-            # turn in a dozen took 220-330 ms at load 8-10 (idle p99 40-110
-            # ms): 250 ms of slack besides. A read that waits for A's
-            # backlog instead takes its whole wait_ms (2 s) or fails.
+            # The target is 2x the idle p99 (the tenants benchmark
+            # measures it). On a shared 2-core VM, with A's commits and counts
+            # on the same cores as B's turns, one turn in a dozen took
+            # 220-330 ms at load 8-10 (idle p99 40-110 ms), and 846 ms once
+            # in a parallel run of the whole suite: 1 s of slack besides. A
+            # read that waits for A's backlog instead takes its whole
+            # wait_ms (2 s) or fails, so the bound still tells them apart.
             bound = max(2 * p99(times), p99(times) + SLACK_S)
             assert p99(loaded[read]) <= bound, (
                 f"B's {read} turns took {p99(loaded[read]) * 1000:.0f} ms (p99) behind A's backlog, "
