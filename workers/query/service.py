@@ -504,7 +504,7 @@ class QueryWorker(Component[QueryLive]):
         backlog, another app's too) makes a search add the caller's unindexed
         memories, whose keyword scores are estimated (:mod:`memq.workers.memory.unindexed`)."""
         grace_ms = min(req.wait_ms, self.settings.query.search_grace_ms)
-        if grace_ms <= 0 or self.live.index_floor.consumer_missing:
+        if not req.min_seq or grace_ms <= 0 or self.live.index_floor.consumer_missing:
             return False
         try:
             await self._wait(op, req.min_seq, grace_ms, self.live.index_floor, slot)
