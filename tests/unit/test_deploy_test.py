@@ -15,18 +15,15 @@ from __future__ import annotations
 import copy
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+import images  # infra/scripts/deploy_test, on pytest's pythonpath (pyproject.toml)
+import kube
 import pytest
+import stack
+from podctl import Failed
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "infra" / "scripts" / "deploy_test"))
-
-import images  # noqa: E402
-import kube  # noqa: E402
-import stack  # noqa: E402
-from podctl import Failed  # noqa: E402
 
 IMAGES = {
     "MEMQ_IMAGE": "localhost/memq-deploy-test-memq:unit",

@@ -64,8 +64,8 @@ setup() { false; echo "stamp written"; }
 def test_dev_sh_without_a_command_lists_them_all():
     result = subprocess.run(["bash", str(ROOT / "infra/dev.sh")], capture_output=True, text=True, timeout=30)
     assert result.returncode == 2
-    listed = re.findall(r"infra/dev\.sh (\w+)", result.stderr)
-    handled = re.findall(r"^  (\w+)\)", (ROOT / "infra/dev.sh").read_text(), re.MULTILINE)
+    listed = re.findall(r"infra/dev\.sh ([\w-]+)", result.stderr)
+    handled = re.findall(r"^  ([\w-]+)\)", (ROOT / "infra/dev.sh").read_text(), re.MULTILINE)
     assert sorted(listed) == sorted(handled)
 
 

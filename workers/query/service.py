@@ -429,7 +429,8 @@ class QueryWorker(Component[QueryLive]):
                 # stale. It uses this replica's tier alone (two Redis round
                 # trips fewer on an agent's turn).
                 shared = req.min_seq <= floor.value
-                if floor is self.live.index_floor and not shared and not await self._index_reaches(op, req, slot):
+                searching = q.OPS[op].waits_for == "indexing"
+                if searching and not shared and not await self._index_reaches(op, req, slot):
                     try:
                         return ok_body(await self._search_unindexed(req)), None  # type: ignore[arg-type]
                     except MustWait as why:  # the caller's own backlog, or a delete: the index answers it
@@ -439,7 +440,7 @@ class QueryWorker(Component[QueryLive]):
                     try:
                         await self._wait(op, req.min_seq, req.wait_ms, floor, slot)
                     except NotCommitted:
-                        if floor is not self.live.index_floor or floor.consumer_missing:
+                        if not searching or floor.consumer_missing:
                             raise
                         limit = self.settings.query.search_tail
                         wait_s = req.wait_ms / 1000
