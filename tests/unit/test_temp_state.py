@@ -40,17 +40,21 @@ def test_every_state_carrying_message_drops_temp_keys():
     assert StateSet(app="a", user="u", delta={"temp:x": 1}).delta == {}
 
 
+# An event as a raw publisher (no client) or an old export holds it, temp: keys and all.
+RAW_EVENT = {
+    "v": 1,
+    "kind": "event",
+    "app": "a",
+    "user": "u",
+    "session": "s",
+    "event": {"id": "e1", "actions": {"state_delta": DELTA}},
+}
+
+
 def test_a_raw_publish_with_temp_state_is_stored_without_it():
     """The persistence worker decodes what a raw publisher sent (no client):
     its SQL row, which `memq history` and exports read, holds no temp: key."""
-    raw = {
-        "v": 1,
-        "kind": "event",
-        "app": "a",
-        "user": "u",
-        "session": "s",
-        "event": {"id": "e1", "actions": {"state_delta": DELTA}},
-    }
+    raw = RAW_EVENT
     message = codec.decode_from_subject(events_subject("a", "u", "s"), orjson.dumps(raw))
     assert isinstance(message, EventAppended)
     row = event_row(7, "key", message)
@@ -59,14 +63,7 @@ def test_a_raw_publish_with_temp_state_is_stored_without_it():
 
 def test_an_imported_line_with_temp_state_is_imported_without_it():
     """An export written before the fix (its events kept temp: keys) imports clean."""
-    raw = {
-        "v": 1,
-        "kind": "event",
-        "app": "a",
-        "user": "u",
-        "session": "s",
-        "event": {"id": "e1", "actions": {"state_delta": DELTA}},
-    }
+    raw = RAW_EVENT
     record = parse_line(2, record_line(7, orjson.dumps(raw)))
     assert isinstance(record, Record) and isinstance(record.message, EventAppended)
     assert record.message.event.actions.state_delta == KEPT

@@ -22,13 +22,18 @@ from podctl import Failed, healthy, podman, say
 DOWN_S = 10.0  # each fault lasts this long (the issue: PostgreSQL for 10 s)
 
 
-async def stream_leader(env: dict[str, str]) -> str:
-    nc = await nats.connect(
+async def admin(env: dict[str, str]):
+    """A connection to the deployment's NATS as its admin user, over its TLS."""
+    return await nats.connect(
         stack.NATS_URLS,
         user="admin",
         password=env["NATS_ADMIN_PASSWORD"],
         tls=ssl.create_default_context(cafile=str(Path(env["MEMQ_NATS_TLS_DIR"]) / "ca.crt")),
     )
+
+
+async def stream_leader(env: dict[str, str]) -> str:
+    nc = await admin(env)
     try:
         return str((await nc.jetstream().stream_info("MEMQ_EVENTS")).cluster.leader)
     finally:
@@ -37,12 +42,7 @@ async def stream_leader(env: dict[str, str]) -> str:
 
 async def consumers_drained(env: dict[str, str], timeout: float = 180) -> dict[str, int]:
     """Wait for both durable consumers to have nothing pending or unacked."""
-    nc = await nats.connect(
-        stack.NATS_URLS,
-        user="admin",
-        password=env["NATS_ADMIN_PASSWORD"],
-        tls=ssl.create_default_context(cafile=str(Path(env["MEMQ_NATS_TLS_DIR"]) / "ca.crt")),
-    )
+    nc = await admin(env)
     try:
         js, deadline = nc.jetstream(), time.monotonic() + timeout
         while True:
