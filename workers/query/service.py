@@ -430,6 +430,7 @@ class QueryWorker(Component[QueryLive]):
                 # trips fewer on an agent's turn).
                 shared = req.min_seq <= floor.value
                 searching = q.OPS[op].waits_for == "indexing"
+                waited_from = time.monotonic()
                 if searching and not shared and not await self._index_reaches(op, req, slot):
                     try:
                         return ok_body(await self._search_unindexed(req)), None  # type: ignore[arg-type]
@@ -437,8 +438,10 @@ class QueryWorker(Component[QueryLive]):
                         log.debug("%s waits for the index at seq %d: %s", op, req.min_seq, why)
                         backlog = why.waiting if isinstance(why, OwnBacklog) else None
                 if not shared:
+                    # what is left of wait_ms: a search may have spent some on the index's grace
+                    left_ms = max(0, req.wait_ms - round((time.monotonic() - waited_from) * 1000))
                     try:
-                        await self._wait(op, req.min_seq, req.wait_ms, floor, slot)
+                        await self._wait(op, req.min_seq, left_ms, floor, slot)
                     except NotCommitted:
                         if not searching or floor.consumer_missing:
                             raise
@@ -518,8 +521,8 @@ class QueryWorker(Component[QueryLive]):
         """``req`` answered now from the index plus the memories of its own
         user scope the index has not reached (:mod:`memq.workers.query.unindexed`);
         raises MustWait when it must wait for the indexer instead."""
-        if self.searcher is None or not self.settings.query.search_tail:
-            raise MustWait("query.search_tail is 0")
+        if self.searcher is None:
+            raise MustWait("no searcher")
         deadline = time.monotonic() + req.wait_ms / 1000
         try:
             tail = await self.live.unindexed.docs(req, self.live.index_floor.value, deadline)
