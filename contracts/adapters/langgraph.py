@@ -60,6 +60,7 @@ runs a client on a loop in a thread of its own::
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -99,6 +100,10 @@ READS = 16  # item reads in flight at once, per search or listing
 # onto the query service until reads time out.
 OPS_IN_FLIGHT = 32
 PUT_TRIES = 8  # a put's delete-then-write, when other puts of the item come between
+# Backoff between those tries, first and most (doubling, jittered): puts that
+# keep meeting each other in lockstep would otherwise each cancel the other's
+# write every round (a CI run saw eight concurrent puts all run out of tries).
+PUT_BACKOFF = (0.005, 0.2)
 T = TypeVar("T")
 
 
@@ -435,6 +440,7 @@ class MemqStore(BaseStore):
         between makes it start again, so the session never holds two."""
         ref = self.ref(op.namespace, op.key)
         event = None if op.value is None else self._event(op)
+        delay = PUT_BACKOFF[0]
         for _ in range(PUT_TRIES):
             deleted = await self.client.delete_session(ref.user, ref.session, missing_ok=True)
             if event is None:
@@ -443,7 +449,8 @@ class MemqStore(BaseStore):
                 await self.client.append(ref.user, ref.session, event, expect_seq=deleted)
                 return
             except Conflict:
-                continue
+                await asyncio.sleep(random.uniform(0, delay))
+                delay = min(2 * delay, PUT_BACKOFF[1])
         raise Conflict(f"{PUT_TRIES} puts of item {ref.key!r} in {ref.namespace} met other writers' puts: try again")
 
     def _event(self, op: PutOp) -> Event:
