@@ -26,6 +26,18 @@ from memq.contracts.errors import Unavailable
 
 log = logging.getLogger("memq.nats")
 
+
+def _drop_tls_eof_warning(record: logging.LogRecord) -> bool:
+    """nats-py's TLS transport never tells its stream protocol that it runs
+    over TLS (nats.py#574), so asyncio warns "returning true from
+    eof_received() has no effect when using ssl" each time a TLS connection
+    to NATS closes: a WARNING in `memq init`'s output and every client's, on
+    every TLS deployment, about nothing (the close is complete either way)."""
+    return record.getMessage() != "returning true from eof_received() has no effect when using ssl"
+
+
+logging.getLogger("asyncio").addFilter(_drop_tls_eof_warning)
+
 DEFAULT_RECONNECT_ATTEMPTS = 60  # nats-py's own default, for the reconnects after the first connect
 FIRST_CONNECT_ATTEMPTS = 1  # the smallest bound nats-py honours (0 would mean forever): two tries per server
 ErrorCallback = Callable[[Exception], Awaitable[None]]
