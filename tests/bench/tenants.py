@@ -11,7 +11,8 @@ accounts --app A --app B`` writes (each app alone in its account, the
 workers as ``workers``), a SQLite file, and ``memq worker persistence``,
 ``query``, ``indexing`` (the embedded index with the local embedder) and
 ``http`` (an API key per app) as processes. App A attacks with its own
-credentials only; app B, which knows nothing of it, keeps doing an agent's
+credentials only, from a process of its own (as a tenant's client runs
+elsewhere: in B's process its loops would slow B's client itself); app B, which knows nothing of it, keeps doing an agent's
 turn every 50 ms and each of its requests is timed:
 
 - **append**: one text turn (``MemoryClient.append_text``);
@@ -49,10 +50,11 @@ import contextlib
 import functools
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -75,6 +77,7 @@ OPS = ("append", "read", "search", "http read")
 PHASES = ("idle", "waits", "template", "json", "backlog")
 CYCLE_S = 0.05  # B's pause between turns
 now = time.perf_counter
+RUN_BENCH = Path(__file__).resolve().parent.parent / "run_bench.py"
 
 
 @dataclass
@@ -111,9 +114,8 @@ class Probe:
 
 @dataclass
 class Stack:
-    a: MemoryClient
+    a: MemoryClient  # for what A does before a phase (its state, its backlog); attacks run in a process of their own
     b: MemoryClient
-    a_http: httpx.AsyncClient
     b_http: httpx.AsyncClient
 
 
@@ -156,36 +158,42 @@ async def victim(stack: Stack, phase: str, seconds: float, turn: list[int]) -> d
     return probes
 
 
-async def forever(call: Callable[[], Awaitable[object]]) -> None:
-    """Call again and again, whatever it raises (an attacker does not stop)."""
-    while True:
+async def forever(call: Callable[[], Awaitable[object]], stop: asyncio.Event) -> None:
+    """Call again and again, whatever it raises (an attacker does not stop),
+    until ``stop`` is set. A flag, not only a cancel: on Python 3.11
+    ``asyncio.wait_for`` (in nats-py's request) returns a reply that lands
+    with the cancel and drops the cancel, and one such loop ran on for
+    minutes after its phase (the template phase never ended on a loaded VM)."""
+    while not stop.is_set():
         with contextlib.suppress(MemqError, httpx.HTTPError):
             await call()
         await asyncio.sleep(0)
 
 
-def attack_waits(stack: Stack, cfg: Config) -> list[Awaitable[None]]:
+def attack_waits(a: MemoryClient, a_http: httpx.AsyncClient, cfg: Config, stop: asyncio.Event) -> list[Awaitable[None]]:
     async def impossible_read() -> None:
-        await stack.a.get_session(USER, "waits", min_seq=10**12)
+        await a.get_session(USER, "waits", min_seq=10**12)
 
-    return [forever(impossible_read) for _ in range(cfg.waiters)]
+    return [forever(impossible_read, stop) for _ in range(cfg.waiters)]
 
 
-def attack_template(stack: Stack, cfg: Config) -> list[Awaitable[None]]:
+def attack_template(
+    a: MemoryClient, a_http: httpx.AsyncClient, cfg: Config, stop: asyncio.Event
+) -> list[Awaitable[None]]:
     async def amplified() -> None:
-        await stack.a.context(USER, "template", instruction="{k}" * 900, recall_limit=0)
+        await a.context(USER, "template", instruction="{k}" * 900, recall_limit=0)
 
-    return [forever(amplified) for _ in range(2)]
+    return [forever(amplified, stop) for _ in range(2)]
 
 
-def attack_json(stack: Stack, cfg: Config) -> list[Awaitable[None]]:
+def attack_json(a: MemoryClient, a_http: httpx.AsyncClient, cfg: Config, stop: asyncio.Event) -> list[Awaitable[None]]:
     body = b'{"events":[' + b",".join([b"{}"] * (2 * 1024 * 1024 - 8)) + b"]}"  # just under 4 MiB
     path = f"/v1/apps/{A}/users/{USER}/sessions/json/events"
 
     async def post() -> None:
-        await stack.a_http.post(path, content=body, headers={"Content-Type": "application/json"})
+        await a_http.post(path, content=body, headers={"Content-Type": "application/json"})
 
-    return [forever(post) for _ in range(4)]
+    return [forever(post, stop) for _ in range(4)]
 
 
 async def fill_backlog(stack: Stack, cfg: Config) -> None:
@@ -212,26 +220,74 @@ async def settle(stack: Stack, cfg: Config, idle_p50_ms: float) -> None:
         await asyncio.sleep(0.5)
 
 
-async def phase(stack: Stack, cfg: Config, name: str, turn: list[int]) -> dict[str, Probe]:
+ATTACKS = {"waits": attack_waits, "template": attack_template, "json": attack_json}
+
+
+@dataclass
+class Attacker:
+    """How the attacker process reaches the deployment as app A (written to a file it reads)."""
+
+    nats: str
+    user: str
+    password: str
+    http: str
+    config: Config
+
+
+async def attack(spec_path: Path, name: str) -> None:
+    """The attacker process: A's attack ``name`` until SIGTERM. A process of
+    its own, as an attacker is: in the victim's process, A's hundreds of
+    request loops (and its 4 MiB posts) ran on B's event loop, and B's
+    client itself waited for them (its loop lagged 24 ms at p99 in the
+    waits phase, 32 ms in the json phase), which no deployment shares."""
+    raw = json.loads(spec_path.read_text())
+    cfg = Config(**raw.pop("config"))
+    spec = Attacker(**raw, config=cfg)
+    a = await MemoryClient.connect(
+        spec.nats, app=A, user=spec.user, password=spec.password, wait_ms=cfg.wait_ms, timeout=10
+    )
+    a_http = httpx.AsyncClient(base_url=spec.http, headers={"Authorization": f"Bearer {KEYS[A]}"}, timeout=60)
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    tasks = [asyncio.ensure_future(t) for t in ATTACKS[name](a, a_http, cfg, stop)]
+    print("attacking", flush=True)
+    await stop.wait()
+    await asyncio.wait(tasks, timeout=5)
+    os._exit(0)  # what is still in flight ends with the process, as an attacker's does
+
+
+@contextlib.asynccontextmanager
+async def attacker(spec: Attacker, name: str, work: Path) -> AsyncIterator[None]:
+    """A's attack ``name`` running in its own process while the block runs."""
+    path = work / "attacker.json"
+    path.write_text(json.dumps(asdict(spec)))
+    path.chmod(0o600)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(RUN_BENCH), "tenants", "--attack", name, "--spec", str(path), stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 120)
+        if b"attacking" not in line:
+            raise RuntimeError(f"the attacker process did not start its {name} attack (exit {await proc.wait()})")
+        yield
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
+
+
+async def phase(stack: Stack, cfg: Config, name: str, turn: list[int], spec: Attacker, work: Path) -> dict[str, Probe]:
     status(f"phase {name}: B's turns for {cfg.seconds:g} s …")
-    attacks: list[Awaitable[None]] = []
-    if name == "waits":
-        attacks = attack_waits(stack, cfg)
-    elif name == "template":
+    if name == "template":
         await stack.a.set_state(USER, {"k": "x" * 20_000}, session="template")
-        attacks = attack_template(stack, cfg)
-    elif name == "json":
-        attacks = attack_json(stack, cfg)
     elif name == "backlog":
         await fill_backlog(stack, cfg)
-    tasks = [asyncio.ensure_future(a) for a in attacks]
-    try:
-        await asyncio.sleep(0.5 if tasks else 0)  # the attack is under way before B is measured
+    if name not in ATTACKS:
         return await victim(stack, name, cfg.seconds, turn)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+    async with attacker(spec, name, work):
+        await asyncio.sleep(0.5)  # the attack is under way before B is measured
+        return await victim(stack, name, cfg.seconds, turn)
 
 
 async def run(cfg: Config, work: Path) -> list[Probe]:
@@ -278,14 +334,16 @@ async def run(cfg: Config, work: Path) -> list[Probe]:
             stack.push_async_callback(h.aclose)
             return h
 
-        s = Stack(await client(A), await client(B), http(A), http(B))
+        s = Stack(await client(A), await client(B), http(B))
+        user_a = security.app_user_name(A)
+        spec = Attacker(server.url, user_a, passwords[user_a], url, cfg)
         s.b.wait_ms = 5000  # B waits as a default client would, a little longer for the loaded VM
         await s.b.append_text(USER, SESSION, "user", "warming up")
         probes: list[Probe] = []
         turn = [0]
         try:
             for name in PHASES:
-                done = await phase(s, cfg, name, turn)
+                done = await phase(s, cfg, name, turn, spec, work)
                 probes.extend(done.values())
                 if name == "waits":  # the only attack whose requests outlive it (held for wait_ms)
                     idle_read = [p for p in probes if p.phase == "idle" and p.op == "read"][0]
@@ -327,10 +385,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--backlog", type=int, help="A's events in the backlog phase (default 20,000; --quick 2,000)")
     parser.add_argument("--waiters", type=int, default=300, help="A's impossible reads in flight (default 300)")
     parser.add_argument("--wait-ms", type=int, default=30_000, help="their wait_ms (default 30,000, the most allowed)")
+    parser.add_argument("--attack", choices=sorted(ATTACKS), help=argparse.SUPPRESS)  # the attacker process
+    parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 
 async def main(args: argparse.Namespace) -> int:
+    if args.attack:
+        await attack(args.spec, args.attack)
+        return 0
     cfg = Config(
         seconds=args.seconds or (4.0 if args.quick else 15.0),
         backlog=args.backlog or (2_000 if args.quick else 20_000),
