@@ -9,6 +9,7 @@ import pytest
 
 from memq.contracts.errors import Conflict, Unavailable
 from memq.contracts.replies import parse_reply
+from memq.workers import redact as redact_module
 from memq.workers.http.api import build_api
 from memq.workers.http.keys import Keyring
 from memq.workers.redact import SERVER, SERVER_PATH, Redactor, internals
@@ -73,6 +74,36 @@ def test_shapes_of_paths_urls_and_addresses_are_hidden_without_settings(message)
 )
 def test_ordinary_messages_are_left_alone(settings, message):
     assert Redactor.for_settings(settings)(message) == message
+
+
+class CountingRedactor(Redactor):
+    """A redactor that counts its real scrubs."""
+
+    scrubs = 0
+
+    def _scrub(self, message: str) -> str:
+        self.scrubs += 1
+        return super()._scrub(message)
+
+
+def test_a_repeated_message_is_scrubbed_once_with_the_same_result(settings):
+    redact = CountingRedactor.for_settings(settings)
+    message = f"no index in {settings.data_dir}/index.db"
+    first = redact(message)
+    assert redact(message) == first == Redactor.for_settings(settings)(message)
+    assert SERVER_PATH in first and redact.scrubs == 1
+    assert redact("another message") == "another message" and redact.scrubs == 2
+
+
+def test_the_memo_stays_bounded_and_long_messages_are_scrubbed_each_time(settings):
+    redact = CountingRedactor.for_settings(settings)
+    for n in range(redact_module.MEMO + 5):
+        assert redact(f"refusal {n} at 10.0.3.7") == f"refusal {n} at {SERVER}"
+    assert len(redact._memo) <= redact_module.MEMO
+    long = "x" * (redact_module.MEMO_CHARS + 1) + " 10.0.3.7"
+    scrubs = redact.scrubs
+    assert redact(long) == redact(long) and SERVER in redact(long)
+    assert redact.scrubs == scrubs + 3 and long not in redact._memo
 
 
 def test_every_secret_and_path_of_the_settings_is_found(settings):
