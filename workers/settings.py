@@ -537,6 +537,16 @@ class HttpSettings(BaseModel):
     max_json_depth: int = Field(
         default=64, gt=0, description="deepest nesting of JSON objects and arrays a request body may have (413)"
     )
+    key_inflight: int = Field(
+        default=128,
+        ge=1,
+        description=(
+            "requests one app's API key may have in flight on a gateway replica at once, from the key check to "
+            "the end of the answer (reads waiting for a min_seq included); past it, 429 `busy` with Retry-After, "
+            "the body unread. Each may hold a body of up to max_body_bytes, so this bounds what one app makes the "
+            "gateway hold"
+        ),
+    )
     read_timeout_s: float = Field(
         default=30.0,
         gt=0,

@@ -4,6 +4,7 @@ body read (no server: ``receive`` counts what was read)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -118,3 +119,65 @@ async def test_the_byte_cap_holds_for_a_declared_and_a_streamed_body():
     assert declared[:3] == (413, declared[1], 0) and "http.max_body_bytes" in (declared[1] or {})["message"]
     streamed = await serve("/v1/apps/app-a/x", A_KEY, [b'"' + b"x" * 600, b"x" * 600 + b'"'])
     assert streamed[:3] == (413, streamed[1], 2)
+
+
+async def through(door: FrontDoor, path: str, key: str, chunks: list[bytes] = [b"{}"]) -> tuple[list[dict], int]:  # noqa: B006
+    """What ``door`` sends for a POST of ``chunks`` with ``key``, and how many chunks it read."""
+    read, sent = 0, []
+
+    async def receive():
+        nonlocal read
+        read += 1
+        return {"type": "http.request", "body": chunks[read - 1], "more_body": read < len(chunks)}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "root_path": "", "query_string": b"",
+             "headers": [(b"x-api-key", key.encode())]}  # fmt: skip
+    await door(scope, receive, send)
+    return sent, read
+
+
+async def test_a_key_past_its_in_flight_cap_is_429_unread_and_other_keys_pass():
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def inner(scope, receive, send):
+        entered.append(scope["path"])
+        await release.wait()  # a slow answer (a read waiting for its min_seq)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    door = FrontDoor(inner, keyring(), LIMITS, key_inflight=2)
+    held = [asyncio.create_task(through(door, "/v1/apps/app-a/x", KEYS["app-a"])) for _ in range(2)]
+    while len(entered) < 2:
+        await asyncio.sleep(0)
+    sent, read = await through(door, "/v1/apps/app-a/x", KEYS["app-a"])
+    assert (sent[0]["status"], read) == (429, 0)
+    assert dict(sent[0]["headers"])[b"retry-after"] == b"1"
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == "busy" and "http.key_inflight" in error["message"]
+
+    other = asyncio.create_task(through(door, "/v1/apps/app-b/x", KEYS["app-b"]))  # not counted with A's
+    while len(entered) < 3:
+        await asyncio.sleep(0)
+    release.set()
+    for task in (*held, other):
+        assert (await task)[0][0]["status"] == 200
+    again, _ = await through(door, "/v1/apps/app-a/x", KEYS["app-a"])  # the finished ones gave their places back
+    assert again[0]["status"] == 200 and door.inflight.count("app-a") == 0
+
+
+async def test_a_request_refused_for_its_body_gives_its_place_back():
+    async def inner(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    door = FrontDoor(inner, keyring(), LIMITS, key_inflight=1)
+    refused, _ = await through(door, "/v1/apps/app-a/x", KEYS["app-a"], [b"[" + b"{}," * 30 + b"{}]"])
+    assert refused[0]["status"] == 413
+    wrong, read = await through(door, "/v1/apps/app-a/x", KEYS["app-b"])  # another app's key: 403, never counted
+    assert (wrong[0]["status"], read) == (403, 0)
+    assert (await through(door, "/v1/apps/app-a/x", KEYS["app-a"]))[0][0]["status"] == 200
+    assert door.inflight.count("app-a") == door.inflight.count("app-b") == 0

@@ -37,6 +37,7 @@ from memq.workers.http.paths import RawSegments
 from memq.workers.http.routes import ROUTERS
 from memq.workers.http.routes.common import Wiring, wire
 from memq.workers.redact import Redactor
+from memq.workers.settings import HttpSettings
 
 API_VERSION = "1"
 SHAPES_ONLY = Redactor()  # URLs, paths and addresses, without the settings' own values
@@ -48,11 +49,13 @@ def build_api(
     *,
     limits: BodyLimits = DEFAULT_LIMITS,
     redact: Callable[[str], str] = SHAPES_ONLY,
+    key_inflight: int = HttpSettings().key_inflight,
 ) -> FastAPI:
     """The gateway's FastAPI app: ``client_for(app)`` gives the client of an
     app whose key was checked (see :mod:`.clients`), behind the
     :class:`~.door.FrontDoor` that checks the key before the body is read
-    and the body against ``limits`` as it is. ``redact`` scrubs the message of every memq error
+    and the body against ``limits`` as it is, at most ``key_inflight``
+    requests of one key at once. ``redact`` scrubs the message of every memq error
     answered (:mod:`memq.workers.redact`; default: of URLs, paths and
     addresses, without knowing the gateway's settings). The routes are the
     module-level routers of :mod:`.routes`; what they use of the gateway is
@@ -69,7 +72,9 @@ def build_api(
     )
     wire(api, Wiring(keyring=keyring, client_for=client_for, redact=redact))
     documents = (api.openapi_url, api.docs_url, api.swagger_ui_oauth2_redirect_url)
-    api.add_middleware(FrontDoor, keyring=keyring, limits=limits, public=[p for p in documents if p])
+    api.add_middleware(
+        FrontDoor, keyring=keyring, limits=limits, public=[p for p in documents if p], key_inflight=key_inflight
+    )
     api.add_middleware(RawSegments)  # added last: outermost, so the door sees the segments as sent
     errors.install(api)
     for router in ROUTERS:

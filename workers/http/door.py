@@ -24,6 +24,13 @@ a stream of its own) in front of the routes:
   is refused with 413 at the chunk that passes, before anything parses it.
   FastAPI then parses at most that much, on the event loop.
 
+- one app's key has at most ``http.key_inflight`` requests in the gateway
+  at once (from the door to the end of the answer): past it, 429 ``busy``
+  with ``Retry-After``, its body unread. Each request in flight may hold a
+  body of up to the cap in memory and waits on NATS, so without it one
+  app's slow or huge requests (long waits for a ``min_seq``, 4 MiB bodies)
+  could grow the gateway without bound while others shared it.
+
 A refused body is never read: uvicorn stops reading a request the app does
 not read (it pauses at 64 KiB) and discards the rest once the answer is sent,
 for at most ``http.read_timeout_s`` (:mod:`.server`).
@@ -46,6 +53,7 @@ from memq.workers.http.budget import JsonBudget, OverBudget
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp
 from memq.workers.http.models import ErrorBody
 from memq.workers.http.paths import segment_id
+from memq.workers.memory.shares import Caps
 from memq.workers.settings import HttpSettings
 
 # The ways a request carries its key; the routes declare the same two (OpenAPI).
@@ -90,6 +98,16 @@ def too_large(limit: int) -> Response:
         "oversize",
         f"the request body is over the gateway's limit of {limit} bytes (http.max_body_bytes): "
         "send fewer events per request",
+    )
+
+
+def key_busy(app: str, cap: int) -> Response:
+    return error_response(
+        429,
+        "busy",
+        f"app {app!r} has {cap} requests in flight on this gateway with its key, its cap (http.key_inflight): "
+        "retry later",
+        {"Retry-After": "1"},
     )
 
 
@@ -191,15 +209,23 @@ EMPTY_BODY: Message = {"type": "http.request", "body": b"", "more_body": False}
 
 class FrontDoor:
     """The ASGI middleware of the module doc. ``public``: the paths served
-    to ``GET``/``HEAD`` without a key (the API's documents), never with a body."""
+    to ``GET``/``HEAD`` without a key (the API's documents), never with a
+    body; ``key_inflight``: the requests one app's key may have in flight
+    (``http.key_inflight``; an open gateway has no keys to count)."""
 
     def __init__(
-        self, app: ASGIApp, keyring: Keyring, limits: BodyLimits = DEFAULT_LIMITS, public: Collection[str] = ()
+        self,
+        app: ASGIApp,
+        keyring: Keyring,
+        limits: BodyLimits = DEFAULT_LIMITS,
+        public: Collection[str] = (),
+        key_inflight: int = HttpSettings().key_inflight,
     ):
         self.app = app
         self.keyring = keyring
         self.limits = limits
         self.public = frozenset(public)
+        self.inflight = Caps(key_inflight)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -210,22 +236,32 @@ class FrontDoor:
             # Nothing of what it sent is read: the document's route takes no body.
             await self.app(scope, replaying([EMPTY_BODY], receive), send)
             return
-        refusal = await self._refusal(scope, path)
-        if refusal is not None:
-            await refusal(scope, receive, send)
+        owner = await self._owner(scope, path)
+        if isinstance(owner, Response):
+            await owner(scope, receive, send)
             return
-        await guarded(self.app, self.limits, scope, receive, send)
+        if owner is None:  # an open gateway: no key to count by
+            await guarded(self.app, self.limits, scope, receive, send)
+            return
+        if not self.inflight.take(owner):
+            await key_busy(owner, self.inflight.cap)(scope, receive, send)
+            return
+        try:
+            await guarded(self.app, self.limits, scope, receive, send)
+        finally:
+            self.inflight.give(owner)
 
-    async def _refusal(self, scope: Scope, path: str) -> Response | None:
+    async def _owner(self, scope: Scope, path: str) -> str | Response | None:
+        """The app whose key the request carries (None on an open gateway),
+        or the 401/403 refusing it."""
         key = await presented_key(HTTPConnection(scope))  # headers only: it cannot read the body
         app = path_app(path)
         try:
             if app is not None:
                 self.keyring.authorize(app, key)
-            else:  # no route of an app: any app's key (a 404 then), none is a 401
-                self.keyring.authenticate(key)
+            # no route of an app: any app's key (a 404 then), none is a 401
+            return self.keyring.authenticate(key)
         except Unauthenticated as exc:
             return unauthenticated(exc)
         except WrongApp as exc:
             return wrong_app(exc)
-        return None

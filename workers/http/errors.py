@@ -30,7 +30,10 @@ DOCUMENTED: dict[int | str, dict[str, Any]] = {
         (409, "min_seq was not committed in time (retry), or expect_seq is not the last one"),
         (413, "body over http.max_body_bytes, JSON over http.max_json_elements or _depth, or an event too large"),
         (422, "bad input: the message says which field"),
-        (429, "the app holds its share of the query service's slots or waiting reads: retry"),
+        (
+            429,
+            "the app holds its share of the query service's slots or waiting reads, or its key has http.key_inflight requests in flight on the gateway: retry",
+        ),
         (503, "the query service or NATS is unavailable: retry"),
     )
 }

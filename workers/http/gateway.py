@@ -129,6 +129,7 @@ class HttpGateway(Component[GatewayLive]):
             self.live.clients.get,
             limits=BodyLimits.from_settings(http),
             redact=Redactor.for_settings(self.settings),
+            key_inflight=http.key_inflight,
         )
         sock = bind(http.host, http.port)
         config = uvicorn.Config(
