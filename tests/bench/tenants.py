@@ -97,6 +97,7 @@ class Probe:
     latency_ms: list[float] = field(default_factory=list)
     errors: int = 0
     first_error: str = ""
+    attack_rate: float | None = None  # A's answered requests a second meanwhile
 
     def summary(self, idle_p99: float | None) -> dict:
         p99 = percentile(self.latency_ms, 99)
@@ -109,6 +110,7 @@ class Probe:
             samples=len(self.latency_ms),
             errors=self.errors,
             first_error=self.first_error,
+            attack_rate=self.attack_rate,
         )
 
 
@@ -158,7 +160,7 @@ async def victim(stack: Stack, phase: str, seconds: float, turn: list[int]) -> d
     return probes
 
 
-async def forever(call: Callable[[], Awaitable[object]], stop: asyncio.Event) -> None:
+async def forever(call: Callable[[], Awaitable[object]], stop: asyncio.Event, sent: list[int]) -> None:
     """Call again and again, whatever it raises (an attacker does not stop),
     until ``stop`` is set. A flag, not only a cancel: on Python 3.11
     ``asyncio.wait_for`` (in nats-py's request) returns a reply that lands
@@ -167,33 +169,38 @@ async def forever(call: Callable[[], Awaitable[object]], stop: asyncio.Event) ->
     while not stop.is_set():
         with contextlib.suppress(MemqError, httpx.HTTPError):
             await call()
+        sent[0] += 1
         await asyncio.sleep(0)
 
 
-def attack_waits(a: MemoryClient, a_http: httpx.AsyncClient, cfg: Config, stop: asyncio.Event) -> list[Awaitable[None]]:
+def attack_waits(
+    a: MemoryClient, a_http: httpx.AsyncClient, cfg: Config, stop: asyncio.Event, sent: list[int]
+) -> list[Awaitable[None]]:
     async def impossible_read() -> None:
         await a.get_session(USER, "waits", min_seq=10**12)
 
-    return [forever(impossible_read, stop) for _ in range(cfg.waiters)]
+    return [forever(impossible_read, stop, sent) for _ in range(cfg.waiters)]
 
 
 def attack_template(
-    a: MemoryClient, a_http: httpx.AsyncClient, cfg: Config, stop: asyncio.Event
+    a: MemoryClient, a_http: httpx.AsyncClient, cfg: Config, stop: asyncio.Event, sent: list[int]
 ) -> list[Awaitable[None]]:
     async def amplified() -> None:
         await a.context(USER, "template", instruction="{k}" * 900, recall_limit=0)
 
-    return [forever(amplified, stop) for _ in range(2)]
+    return [forever(amplified, stop, sent) for _ in range(2)]
 
 
-def attack_json(a: MemoryClient, a_http: httpx.AsyncClient, cfg: Config, stop: asyncio.Event) -> list[Awaitable[None]]:
+def attack_json(
+    a: MemoryClient, a_http: httpx.AsyncClient, cfg: Config, stop: asyncio.Event, sent: list[int]
+) -> list[Awaitable[None]]:
     body = b'{"events":[' + b",".join([b"{}"] * (2 * 1024 * 1024 - 8)) + b"]}"  # just under 4 MiB
     path = f"/v1/apps/{A}/users/{USER}/sessions/json/events"
 
     async def post() -> None:
         await a_http.post(path, content=body, headers={"Content-Type": "application/json"})
 
-    return [forever(post, stop) for _ in range(4)]
+    return [forever(post, stop, sent) for _ in range(4)]
 
 
 async def fill_backlog(stack: Stack, cfg: Config) -> None:
@@ -249,16 +256,20 @@ async def attack(spec_path: Path, name: str) -> None:
     a_http = httpx.AsyncClient(base_url=spec.http, headers={"Authorization": f"Bearer {KEYS[A]}"}, timeout=60)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    tasks = [asyncio.ensure_future(t) for t in ATTACKS[name](a, a_http, cfg, stop)]
+    sent = [0]
+    tasks = [asyncio.ensure_future(t) for t in ATTACKS[name](a, a_http, cfg, stop, sent)]
     print("attacking", flush=True)
+    started = now()
     await stop.wait()
+    print(f"answered {sent[0]} in {now() - started:.3f}", flush=True)  # A's rate: how hard it pressed
     await asyncio.wait(tasks, timeout=5)
     os._exit(0)  # what is still in flight ends with the process, as an attacker's does
 
 
 @contextlib.asynccontextmanager
-async def attacker(spec: Attacker, name: str, work: Path) -> AsyncIterator[None]:
-    """A's attack ``name`` running in its own process while the block runs."""
+async def attacker(spec: Attacker, name: str, work: Path) -> AsyncIterator[list[float]]:
+    """A's attack ``name`` running in its own process while the block runs;
+    what it yields holds A's answered requests a second once it is over."""
     path = work / "attacker.json"
     path.write_text(json.dumps(asdict(spec)))
     path.chmod(0o600)
@@ -270,7 +281,12 @@ async def attacker(spec: Attacker, name: str, work: Path) -> AsyncIterator[None]
         line = await asyncio.wait_for(proc.stdout.readline(), 120)
         if b"attacking" not in line:
             raise RuntimeError(f"the attacker process did not start its {name} attack (exit {await proc.wait()})")
-        yield
+        rate: list[float] = []
+        yield rate
+        proc.terminate()
+        words = (await proc.stdout.readline()).split()  # b"answered N in S"
+        if len(words) == 4:
+            rate.append(int(words[1]) / float(words[3]))
     finally:
         if proc.returncode is None:
             proc.terminate()
@@ -285,9 +301,12 @@ async def phase(stack: Stack, cfg: Config, name: str, turn: list[int], spec: Att
         await fill_backlog(stack, cfg)
     if name not in ATTACKS:
         return await victim(stack, name, cfg.seconds, turn)
-    async with attacker(spec, name, work):
+    async with attacker(spec, name, work) as rate:
         await asyncio.sleep(0.5)  # the attack is under way before B is measured
-        return await victim(stack, name, cfg.seconds, turn)
+        probes = await victim(stack, name, cfg.seconds, turn)
+    for probe in probes.values():
+        probe.attack_rate = rate[0] if rate else None
+    return probes
 
 
 async def run(cfg: Config, work: Path) -> list[Probe]:
@@ -361,11 +380,13 @@ def summaries(probes: list[Probe]) -> list[dict]:
 
 
 def results_table(rows: list[dict]) -> Table:
-    table = Table("phase", "B's op", "p50 ms", "p99 ms", "p99 / idle", "samples", "errors", "first error")
+    table = Table("phase", "A's req/s", "B's op", "p50 ms", "p99 ms", "p99 / idle", "samples", "errors", "first error")
     for r in rows:
         ratio = r["p99_over_idle"]
+        rate = r.get("attack_rate")
         table.add_row(
             r["phase"],
+            f"{rate:.0f}" if rate is not None else "–",
             r["op"],
             f"{r['p50_ms']:.1f}",
             f"{r['p99_ms']:.1f}",
