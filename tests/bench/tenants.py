@@ -86,6 +86,7 @@ class Config:
     backlog: int
     waiters: int
     wait_ms: int
+    attacker_nice: int = 0
 
 
 @dataclass
@@ -249,6 +250,7 @@ async def attack(spec_path: Path, name: str) -> None:
     waits phase, 32 ms in the json phase), which no deployment shares."""
     raw = json.loads(spec_path.read_text())
     cfg = Config(**raw.pop("config"))
+    os.nice(cfg.attacker_nice)
     spec = Attacker(**raw, config=cfg)
     a = await MemoryClient.connect(
         spec.nats, app=A, user=spec.user, password=spec.password, wait_ms=cfg.wait_ms, timeout=10
@@ -406,6 +408,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--backlog", type=int, help="A's events in the backlog phase (default 20,000; --quick 2,000)")
     parser.add_argument("--waiters", type=int, default=300, help="A's impossible reads in flight (default 300)")
     parser.add_argument("--wait-ms", type=int, default=30_000, help="their wait_ms (default 30,000, the most allowed)")
+    parser.add_argument(
+        "--attacker-nice",
+        type=int,
+        default=0,
+        help="the attacker process's niceness (default 0); on one machine its own client CPU competes with the "
+        "workers, which an attacker's machine of its own does not: 19 leaves them the CPU it would not have",
+    )
     parser.add_argument("--attack", choices=sorted(ATTACKS), help=argparse.SUPPRESS)  # the attacker process
     parser.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     return parser.parse_args()
@@ -420,6 +429,7 @@ async def main(args: argparse.Namespace) -> int:
         backlog=args.backlog or (2_000 if args.quick else 20_000),
         waiters=args.waiters,
         wait_ms=args.wait_ms,
+        attacker_nice=args.attacker_nice,
     )
     machine = machine_info()
     status(f"[bold]memq tenant fairness benchmark[/] — {'quick' if args.quick else 'full'} run")
