@@ -118,7 +118,9 @@ async def test_questions_in_another_language_find_their_memories_with_e5(request
     total = len(CASES["questions"])
     for name, by_mode in found.items():
         print(f"{kind} {name}: " + ", ".join(f"{m} {len(h)}/{total} in the top 3" for m, h in by_mode.items()))
-    missed = {m: [c["question"] for c in CASES["questions"] if c["question"] not in found["e5"][m]] for m in found["e5"]}
+    missed = {
+        m: [c["question"] for c in CASES["questions"] if c["question"] not in found["e5"][m]] for m in found["e5"]
+    }
     assert not missed["vector"], missed
     assert len(missed["hybrid"]) <= HYBRID_MISSES, missed
     # what the multilingual model is for: MiniLM finds under half of them

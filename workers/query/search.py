@@ -159,7 +159,7 @@ class Searcher:
         if not task.done():
             task.cancel()
         opened = (await asyncio.gather(task, return_exceptions=True))[0]
-        if not isinstance(opened, BaseException):
+        if opened is not None and not isinstance(opened, BaseException):  # None: not an offline model
             await opened.close()
 
     async def _embedder_for(self, live: IndexMeta, embedder: Embedder) -> Embedder:
