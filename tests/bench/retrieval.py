@@ -147,12 +147,15 @@ def raw_embedder_rate(conversations, batch: int, kind: str = "local", threads: i
     return len(texts) / (time.perf_counter() - t0)
 
 
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over an exec, so a child of
+# this (large) process reported this process's peak (717 MB for both models).
 _RSS = """
-import resource, sys
+import sys
+from pathlib import Path
 from bench.offline_embedders import offline
 e = offline(sys.argv[1])
 e.docs(sys.argv[2:]); e.queries(sys.argv[2:3])
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM")))
 """
 
 

@@ -165,8 +165,9 @@ class Searcher:
     async def _embedder_for(self, live: IndexMeta, embedder: Embedder) -> Embedder:
         """The embedder of ``live``'s vectors: ``embedder`` if it is, else the
         offline model the generation names, opened here (``embedder`` itself
-        when there is none such, or it fails to open: logged)."""
-        if (live.model, live.dim) == (embedder.model, embedder.dim) or not live.dim:
+        when there is none such, or it fails to open: logged). A worker
+        without an embedder (``none``) loads no model: it answers by keyword."""
+        if (live.model, live.dim) == (embedder.model, embedder.dim) or not live.dim or not embedder.dim:
             return embedder
         if self._other is None or self._other[0] != live.model:
             await self._drop_other()
