@@ -15,6 +15,7 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
+from memq.workers.index.embedders.base import embed_queries
 from memq.workers.persistence.worker import PersistenceWorker
 from memq.workers.runtime.app import Process
 from memq.workers.settings import Settings
@@ -283,6 +284,9 @@ class SharedEmbedder:
 
     async def embed(self, texts):
         return await self.inner.embed(texts)
+
+    async def embed_queries(self, texts):
+        return await embed_queries(self.inner, texts)  # the inner model's query mode, where it has one
 
     async def close(self) -> None:
         pass

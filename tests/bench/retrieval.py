@@ -2,7 +2,8 @@
 
 Usage::
 
-    .venv/bin/python tests/run_bench.py retrieval --data ../shared/data/locomo/locomo-dev4.json [--quick] [--json PATH]
+    .venv/bin/python tests/run_bench.py retrieval --data ../shared/data/locomo/locomo-dev4.json [--quick] [--json PATH] \
+        [--embedders local e5] [--backends embedded weaviate] [--lean]
 
 For each index backend (embedded, Weaviate), on servers this script starts
 and stops itself (a fresh nats-server and SQLite file per backend; Weaviate
@@ -20,8 +21,19 @@ date as the timestamp, a minute apart), published with
 - **Evidence recall@5 and @10** per question category, for keyword, vector
   and hybrid search through ``MemoryClient.search`` (the query worker),
   scoped to the conversation's user: the fraction of a question's evidence
-  turns among the top k, averaged over questions. "overall" is categories
+  turns among the top k, averaged over questions (*turn-level*). "overall" is categories
   1–4 (adversarial questions, category 5, are shown but not in overall).
+- **Session-level recall@5 and @10** from the same searches: a question
+  scores 1 if any of its evidence sessions has a turn among the top k (the
+  metric peers publish, e.g. Hebb Mind's and engram's session-level R@10;
+  docs/benchmarks/index.md says which figures each level compares with).
+- **Per embedder** (``--embedders``, default ``local``: MiniLM; ``e5``:
+  multilingual-e5-small): every backend's run is repeated with
+  ``indexing.embedder`` set to each, in one run, beside the raw embedder's
+  texts/s on all cores and on one thread (per core), and the peak RSS of a
+  fresh process that loads the model and embeds 64 turns. ``--lean`` leaves
+  out the in-process rows that compare with older rankings (one search,
+  before neighbours), to save time.
 - Beside them, in the same run and on the same index: **hybrid, one
   search** (memq's search before issue 14's ranking: ``recall.speaker_aware``
   off), through an in-process ``Searcher``.
@@ -52,7 +64,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -67,9 +81,11 @@ from rich.table import Table
 
 from bench import locomo
 from bench.benchlib import console, git_revision, machine_info, status, warn_if_busy
+from bench.offline_embedders import KINDS, offline
 from memq.contracts import queries as qs
 from memq.contracts.client import MemoryClient
 from memq.workers.index.backends.embedded import EmbeddedIndex
+from memq.workers.index.embedders.base import embed_queries
 from memq.workers.index.embedders.local import LocalEmbedder
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.memory.recall import Doc, SearchQuery, Turn, search_text
@@ -96,8 +112,12 @@ class BackendResult:
     events: int
     index_s: float
     events_per_s: float
-    # recall[mode][category or "overall"][k] = mean recall
+    embedder: str = "local"  # indexing.embedder
+    model: str = ""
+    # recall[mode][category or "overall"][k] = mean recall (turn-level: the share of evidence turns in the top k)
     recall: dict = field(default_factory=dict)
+    # the same searches, session-level: 1 if a turn of any evidence session is in the top k
+    session_recall: dict = field(default_factory=dict)
     questions: dict = field(default_factory=dict)  # category → count
     search_p50_ms: dict = field(default_factory=dict)  # mode → ms
     embed_question_p50_ms: float = 0.0  # the embedder alone, on each question
@@ -117,19 +137,41 @@ def indexed_texts(conversations, context_turns: int) -> list[str]:
     return texts
 
 
-def raw_embedder_rate(conversations, batch: int) -> float:
+def raw_embedder_rate(conversations, batch: int, kind: str = "local", threads: int = 0) -> float:
     texts = indexed_texts(conversations, Settings().indexing.context_turns)
-    embedder = LocalEmbedder(LocalEmbedderSettings())
-    embedder.embed_sync(texts[:batch])  # warm-up
+    embedder = offline(kind, threads)
+    embedder.docs(texts[:batch])  # warm-up
     t0 = time.perf_counter()
     for i in range(0, len(texts), batch):
-        embedder.embed_sync(texts[i : i + batch])
+        embedder.docs(texts[i : i + batch])
     return len(texts) / (time.perf_counter() - t0)
 
 
-def settings_for(backend: str, nats_url: str, work: Path, weaviate=None) -> Settings:
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over an exec, so a child of
+# this (large) process reported this process's peak (717 MB for both models).
+_RSS = """
+import sys
+from pathlib import Path
+from bench.offline_embedders import offline
+e = offline(sys.argv[1])
+e.docs(sys.argv[2:]); e.queries(sys.argv[2:3])
+print(next(line.split()[1] for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmHWM")))
+"""
+
+
+def embedder_rss_mb(kind: str, texts: list[str]) -> float:
+    """Peak RSS of a fresh process that loads the ``kind`` embedder and embeds ``texts``."""
+    tests = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tests), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-c", _RSS, kind, *texts], capture_output=True, text=True, env=env, timeout=300, check=True
+    )
+    return int(done.stdout.split()[-1]) / 1024
+
+
+def settings_for(backend: str, nats_url: str, work: Path, weaviate=None, embedder: str = "local") -> Settings:
     s = helpers.make_settings(nats_url, f"sqlite+aiosqlite:///{work / 'memq.db'}", work)
-    indexing = {"backend": backend}
+    indexing: dict = {"backend": backend, "embedder": embedder}
     if weaviate is not None:
         indexing["weaviate"] = {
             "url": weaviate.url,
@@ -161,20 +203,31 @@ async def index_all(
 
 
 class Recalls:
-    """Evidence recall@k per question category, summed as questions are answered."""
+    """Evidence recall@k per question category, summed as questions are
+    answered: turn-level (the share of the evidence turns in the top k) and
+    session-level (1 if a turn of any evidence session is in the top k)."""
 
     def __init__(self) -> None:
         self.sums: dict = {}
+        self.session_sums: dict = {}
+        self._sessions: dict[str, dict[str, str]] = {}  # conversation → event id → its session
 
     def add(self, c, q, ids: list[str]) -> None:
+        sessions = self._sessions.get(c.sample_id)
+        if sessions is None:
+            sessions = self._sessions[c.sample_id] = {c.event_id(t.dia_id): t.session for t in c.turns}
         wanted = {c.event_id(d) for d in q.evidence}
+        wanted_sessions = {sessions[e] for e in wanted}
         for k in KS:
             got = len(wanted & set(ids[:k])) / len(wanted)
+            hit = float(bool(wanted_sessions & {sessions.get(i) for i in ids[:k]}))
             for key in (q.category, "overall") if q.category in locomo.SCORED else (q.category,):
                 self.sums.setdefault(key, {}).setdefault(k, []).append(got)
+                self.session_sums.setdefault(key, {}).setdefault(k, []).append(hit)
 
-    def means(self) -> dict:
-        return {str(cat): {k: statistics.fmean(v) for k, v in by_k.items()} for cat, by_k in self.sums.items()}
+    def means(self, level: str = "turn") -> dict:
+        sums = self.session_sums if level == "session" else self.sums
+        return {str(cat): {k: statistics.fmean(v) for k, v in by_k.items()} for cat, by_k in sums.items()}
 
     def counts(self) -> dict:
         return {str(cat): len(v[KS[0]]) for cat, v in self.sums.items()}
@@ -214,20 +267,21 @@ async def score(client: MemoryClient, conversations, result: BackendResult, in_p
                 lost += len({c.event_id(d) for d in q.evidence} & set(gone))
         result.floor = {"questions": asked, "results_removed": removed, "evidence_removed": lost}
     result.recall = {m: recalls[m].means() for m in modes}
+    result.session_recall = {m: recalls[m].means("session") for m in modes}
     result.questions = recalls[MODES[0]].counts()
     result.search_p50_ms = {m: statistics.median(v) for m, v in latencies.items()}
-    embedder = in_process[ONE_SEARCH].embedder
+    embedder = next(iter(in_process.values())).embedder
     assert embedder is not None  # opened by the searches above
     timings = []
     for c in conversations:
         for q in c.questions:
             t0 = time.perf_counter()
-            await embedder.embed([q.question])
+            await embed_queries(embedder, [q.question])
             timings.append((time.perf_counter() - t0) * 1000)
     result.embed_question_p50_ms = statistics.median(timings)
 
 
-async def plain_baseline(conversations, work: Path) -> dict:
+async def plain_baseline(conversations, work: Path) -> tuple[dict, dict]:
     """Recall of the plain baseline: ``speaker: text`` per turn in a fresh
     embedded index, BM25 + MiniLM relative-score fusion (alpha 0.5)."""
     index = EmbeddedIndex(work / "baseline.db")
@@ -262,14 +316,16 @@ async def plain_baseline(conversations, work: Path) -> dict:
             for q, v in zip(c.questions, vectors, strict=True):
                 query = SearchQuery("bench", c.sample_id, q.question, "hybrid", max(KS), alpha=0.5, vector=v.tolist())
                 recalls.add(c, q, [h.doc.id for h in await index.search(query, generation=gen.generation)])
-        return recalls.means()
+        return recalls.means(), recalls.means("session")
     finally:
         await index.close()
 
 
-async def run_backend(backend: str, conversations, work: Path, weaviate=None) -> BackendResult:
+async def run_backend(
+    backend: str, conversations, work: Path, weaviate=None, embedder: str = "local", lean: bool = False
+) -> BackendResult:
     with services.NatsServer(workdir=work / "nats") as nats_server:
-        settings = settings_for(backend, nats_server.url, work, weaviate)
+        settings = settings_for(backend, nats_server.url, work, weaviate, embedder)
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(helpers.running_worker(settings))
             indexing = await stack.enter_async_context(helpers.running(IndexingWorker(settings)))
@@ -278,20 +334,23 @@ async def run_backend(backend: str, conversations, work: Path, weaviate=None) ->
             client = await stack.enter_async_context(await MemoryClient.connect(nats_server.url, app="locomo"))
             status(f"  indexing {sum(len(c.turns) for c in conversations)} turns …")
             n, seconds = await index_all(settings, client, conversations, indexing)
-            result = BackendResult(backend, n, seconds, n / seconds)
+            result = BackendResult(backend, n, seconds, n / seconds, embedder, indexing.embedder.model)
             status(f"  {n / seconds:.1f} events/s; searching …")
             result.index_bytes = index_bytes(backend, settings, work)
-            in_process = {
-                ONE_SEARCH: Searcher(settings.model_copy(update={"recall": RecallSettings(speaker_aware=False)}))
-            }
+            in_process = {}
+            if not lean:
+                in_process[ONE_SEARCH] = Searcher(
+                    settings.model_copy(update={"recall": RecallSettings(speaker_aware=False)})
+                )
             if HAS_FLOOR:
                 in_process[NO_FLOOR] = Searcher(
                     settings.model_copy(update={"recall": RecallSettings(min_similarity=-1.0)})
                 )
             if HAS_NEIGHBOURS:
-                in_process[NO_NEIGHBOURS] = Searcher(
-                    settings.model_copy(update={"recall": RecallSettings(neighbour_weight=0.0, others_kept=1)})
-                )
+                if not lean:
+                    in_process[NO_NEIGHBOURS] = Searcher(
+                        settings.model_copy(update={"recall": RecallSettings(neighbour_weight=0.0, others_kept=1)})
+                    )
                 in_process[IN_PROCESS] = Searcher(settings)
             try:
                 await score(client, conversations, result, in_process)
@@ -315,32 +374,40 @@ def below_baseline(result: BackendResult, baseline: dict) -> list[str]:
     return [c for c in cats if c in baseline and result.recall["hybrid"][c][10] < baseline[c][10]]
 
 
-def print_results(results: list[BackendResult], raw_rate: float, machine: dict, baseline: dict) -> None:
+def print_recall_table(r: BackendResult, cats: list[str], baseline: dict, level: str) -> None:
+    table = Table(title=f"{r.backend}, {r.embedder} ({r.model}): {level} recall@5 / recall@10")
+    table.add_column("mode")
+    for cat in cats:
+        label = locomo.CATEGORIES.get(int(cat), cat) if cat != "overall" else "overall (1–4)"
+        table.add_column(
+            f"{label}\n(n={r.questions.get(cat, sum(r.questions.get(str(c), 0) for c in locomo.SCORED))})",
+            justify="right",
+        )
+    table.add_column("search p50", justify="right")
+    recalls = r.session_recall if level == "session-level" else r.recall
+    for mode in (
+        *MODES,
+        *(m for m in (ONE_SEARCH, NO_FLOOR, NO_NEIGHBOURS, IN_PROCESS) if m in recalls),
+        BASELINE,
+    ):
+        recall = baseline if mode == BASELINE else recalls[mode]
+        cells = []
+        for cat in cats:
+            by_k = recall.get(cat)
+            cells.append(f"{by_k[5]:.3f} / {by_k[10]:.3f}" if by_k else "-")
+        p50 = r.search_p50_ms.get(mode)
+        table.add_row(mode, *cells, f"{p50:.1f} ms" if p50 is not None and mode != BASELINE else "")
+    console.print(table)
+
+
+def print_results(
+    results: list[BackendResult], raw: dict, machine: dict, baseline: dict, session_baseline: dict
+) -> None:
     console.print(f"\n[bold]LoCoMo evidence recall[/] — {machine.get('cpu', '?')}, {machine.get('nproc', '?')} cores")
     cats = [str(c) for c in (*locomo.SCORED, 5)] + ["overall"]
     for r in results:
-        table = Table(title=f"{r.backend}: recall@5 / recall@10")
-        table.add_column("mode")
-        for cat in cats:
-            label = locomo.CATEGORIES.get(int(cat), cat) if cat != "overall" else "overall (1–4)"
-            table.add_column(
-                f"{label}\n(n={r.questions.get(cat, sum(r.questions.get(str(c), 0) for c in locomo.SCORED))})",
-                justify="right",
-            )
-        table.add_column("search p50", justify="right")
-        for mode in (
-            *MODES,
-            *(m for m in (ONE_SEARCH, NO_FLOOR, NO_NEIGHBOURS, IN_PROCESS) if m in r.recall),
-            BASELINE,
-        ):
-            recall = baseline if mode == BASELINE else r.recall[mode]
-            cells = []
-            for cat in cats:
-                by_k = recall.get(cat)
-                cells.append(f"{by_k[5]:.3f} / {by_k[10]:.3f}" if by_k else "-")
-            p50 = r.search_p50_ms.get(mode)
-            table.add_row(mode, *cells, f"{p50:.1f} ms" if p50 is not None else "")
-        console.print(table)
+        print_recall_table(r, cats, baseline, "turn-level")
+        print_recall_table(r, cats, session_baseline, "session-level")
         below = below_baseline(r, baseline)
         adversarial = r.recall["hybrid"].get("5"), baseline.get("5")
         if adversarial[0] and adversarial[1] and adversarial[0][10] < adversarial[1][10]:
@@ -364,13 +431,25 @@ def print_results(results: list[BackendResult], raw_rate: float, machine: dict, 
                 else "hybrid recall@10 ≥ the plain baseline in every category."
             )
         )
-    table = Table(title="index throughput (publish → indexed), same run")
-    for column in ("backend", "events", "seconds", "events/s", "÷ raw embedder"):
+    table = Table(title="embedders, same run (raw: embed_sync on the texts the worker embeds, in its batches)")
+    for column in ("embedder", "model", "texts/s, all cores", "texts/s, one thread", "peak RSS (load + 64 turns)"):
         table.add_column(column, justify="right")
-    table.add_row("raw embedder (embed_sync)", "", "", f"{raw_rate:.1f}", "1.00")
+    for kind, e in raw.items():
+        table.add_row(kind, e["model"], f"{e['per_s']:.1f}", f"{e['per_s_one_thread']:.1f}", f"{e['rss_mb']:.0f} MB")
+    console.print(table)
+    table = Table(title="index throughput (publish → indexed), same run")
+    for column in ("backend", "embedder", "events", "seconds", "events/s", "÷ raw embedder", "hybrid p50"):
+        table.add_column(column, justify="right")
     for r in results:
+        rate = raw[r.embedder]["per_s"]
         table.add_row(
-            r.backend, str(r.events), f"{r.index_s:.1f}", f"{r.events_per_s:.1f}", f"{r.events_per_s / raw_rate:.2f}"
+            r.backend,
+            r.embedder,
+            str(r.events),
+            f"{r.index_s:.1f}",
+            f"{r.events_per_s:.1f}",
+            f"{r.events_per_s / rate:.2f}",
+            f"{r.search_p50_ms['hybrid']:.1f} ms",
         )
     console.print(table)
 
@@ -383,22 +462,31 @@ async def main(args) -> int:
     )
     warn_if_busy(machine)
     batch = Settings().indexing.batch_size
-    status("raw embedder …")
-    raw_rate = raw_embedder_rate(conversations[:1] if args.quick_raw else conversations, batch)
+    raw = {}
+    timed = conversations[:1] if args.quick_raw else conversations
+    for kind in args.embedders:
+        status(f"raw embedder {kind} …")
+        raw[kind] = {
+            "model": offline(kind).model,
+            "per_s": raw_embedder_rate(timed, batch, kind),
+            "per_s_one_thread": raw_embedder_rate(timed, batch, kind, threads=1),
+            "rss_mb": embedder_rss_mb(kind, indexed_texts(conversations[:1], 1)[:64]),
+        }
     results = []
     with tempfile.TemporaryDirectory(prefix="memq-retrieval-") as tmp:
         status("plain baseline …")
-        baseline = await plain_baseline(conversations, Path(tmp))
-        for backend in args.backends:
-            status(f"[bold]{backend}[/]")
-            work = Path(tmp) / backend
-            work.mkdir()
-            if backend == "weaviate":
-                with services.Weaviate(workdir=work / "weaviate") as weaviate:
-                    results.append(await run_backend(backend, conversations, work, weaviate))
-            else:
-                results.append(await run_backend(backend, conversations, work))
-    print_results(results, raw_rate, machine, baseline)
+        baseline, session_baseline = await plain_baseline(conversations, Path(tmp))
+        for kind in args.embedders:
+            for backend in args.backends:
+                status(f"[bold]{backend}, {kind}[/]")
+                work = Path(tmp) / f"{backend}-{kind}"
+                work.mkdir()
+                if backend == "weaviate":
+                    with services.Weaviate(workdir=work / "weaviate") as weaviate:
+                        results.append(await run_backend(backend, conversations, work, weaviate, kind, args.lean))
+                else:
+                    results.append(await run_backend(backend, conversations, work, None, kind, args.lean))
+    print_results(results, raw, machine, baseline, session_baseline)
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -407,8 +495,9 @@ async def main(args) -> int:
                     "mode": "quick" if args.quick else "full",
                     "revision": git_revision(),
                     "machine": machine,
-                    "raw_embedder_per_s": raw_rate,
-                    "baseline": {"name": BASELINE, "recall": baseline},
+                    "raw_embedder_per_s": raw[args.embedders[0]]["per_s"],
+                    "embedders": raw,
+                    "baseline": {"name": BASELINE, "recall": baseline, "session_recall": session_baseline},
                     "results": [asdict(r) for r in results],
                 },
                 indent=2,
@@ -430,6 +519,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--json", type=Path, metavar="PATH", help="write all results as JSON")
     parser.add_argument("--backends", nargs="+", default=["embedded", "weaviate"], choices=["embedded", "weaviate"])
+    parser.add_argument(
+        "--embedders", nargs="+", default=["local"], choices=KINDS, help="indexing.embedder of each run (in order)"
+    )
+    parser.add_argument("--lean", action="store_true", help="leave out the rows of older rankings (one search, …)")
     return parser.parse_args()
 
 

@@ -1,6 +1,7 @@
 """tests/bench/retrieval.py runs on a tiny LoCoMo-shaped conversation against
-the embedded index and reports a recall in [0, 1] for every mode and
-category, over every question and every turn of the file."""
+the embedded index, with each offline embedder, and reports turn-level and
+session-level recalls in [0, 1] for every mode and category, over every
+question and every turn of the file."""
 
 from __future__ import annotations
 
@@ -14,20 +15,35 @@ pytestmark = pytest.mark.timeout(180)
 def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tmp_path):
     data = tiny_locomo(tmp_path / "locomo.json", sessions=1)  # 12 turns, a question of each category
     (conv,) = locomo.load(data)
-    result = run_bench("retrieval", "--data", str(data), "--quick", "--backends", "embedded", out=tmp_path / "r.json")
+    result = run_bench(
+        "retrieval",
+        *("--data", str(data), "--quick", "--backends", "embedded", "--embedders", "local", "e5", "--lean"),
+        out=tmp_path / "r.json",
+    )
 
     assert result["mode"] == "quick" and result["raw_embedder_per_s"] > 0
-    (run,) = result["results"]
-    assert run["backend"] == "embedded" and run["events"] == len(conv.turns) and run["events_per_s"] > 0
+    assert list(result["embedders"]) == ["local", "e5"]
+    for kind, e in result["embedders"].items():
+        assert e["per_s"] > 0 and e["per_s_one_thread"] > 0 and 50 < e["rss_mb"] < 2000, (kind, e)
+    runs = result["results"]
+    assert [(r["backend"], r["embedder"]) for r in runs] == [("embedded", "local"), ("embedded", "e5")]
+    assert runs[1]["model"] == "local:multilingual-e5-small-q4"
     scored = [q for q in conv.questions if q.category in locomo.SCORED]
-    assert run["questions"]["overall"] == len(scored) == run["floor"]["questions"]
-    assert sum(n for cat, n in run["questions"].items() if cat != "overall") == len(scored)
-    tables = {"baseline": result["baseline"]["recall"], **run["recall"]}
-    assert {"keyword", "vector", "hybrid"} <= set(tables)
-    for mode, by_category in tables.items():
-        assert set(by_category) == set(run["questions"]), mode
-        for category, at_k in by_category.items():
-            assert set(at_k) == {"5", "10"} and all(0 <= r <= 1 for r in at_k.values()), (mode, category, at_k)
-            assert at_k["5"] <= at_k["10"], (mode, category)  # the top 5 are among the top 10
-    # one turn per question names its topic: keyword search cannot miss it
-    assert run["recall"]["keyword"]["overall"]["10"] == 1.0
+    for run in runs:
+        assert run["events"] == len(conv.turns) and run["events_per_s"] > 0
+        assert run["questions"]["overall"] == len(scored) == run["floor"]["questions"]
+        assert sum(n for cat, n in run["questions"].items() if cat != "overall") == len(scored)
+        for level, baseline in (("recall", "recall"), ("session_recall", "session_recall")):
+            tables = {"baseline": result["baseline"][baseline], **run[level]}
+            assert {"keyword", "vector", "hybrid"} <= set(tables)
+            for mode, by_category in tables.items():
+                assert set(by_category) == set(run["questions"]), (level, mode)
+                for category, at_k in by_category.items():
+                    assert set(at_k) == {"5", "10"} and all(0 <= r <= 1 for r in at_k.values()), (mode, category)
+                    assert at_k["5"] <= at_k["10"], (level, mode, category)  # the top 5 are among the top 10
+        # a question's evidence is one turn: found it, found its session
+        for mode, by_category in run["recall"].items():
+            for category, at_k in by_category.items():
+                assert all(run["session_recall"][mode][category][k] >= r for k, r in at_k.items()), (mode, category)
+        # one turn per question names its topic: keyword search cannot miss it
+        assert run["recall"]["keyword"]["overall"]["10"] == 1.0

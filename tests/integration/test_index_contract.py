@@ -329,6 +329,15 @@ async def test_a_new_generation_is_separate_until_promoted(index):
     assert old.generation not in {g.generation for g in await index.generations()}  # dropped
 
 
+async def test_a_generation_records_its_relevance_floor(index):
+    assert (await index.live()).min_similarity is None  # created without one (as before issue 41)
+    fresh = await index.create_generation("test:other-model", DIM, min_similarity=0.8)
+    assert fresh.min_similarity == 0.8
+    assert {g.generation: g.min_similarity for g in await index.generations()}[fresh.generation] == 0.8
+    await index.promote(fresh.generation)
+    assert (await index.live()).min_similarity == 0.8
+
+
 async def test_an_abandoned_generation_can_be_dropped(index):
     fresh = await index.create_generation(MODEL, DIM)
     await index.upsert(CORPUS[:1], generation=fresh.generation)

@@ -369,3 +369,23 @@ async def test_a_generation_from_before_the_context_columns_keeps_working_until_
         assert exported == {"ev-1": said.search_text, "ev-2": reply.search_text}
     finally:
         await index.close()
+
+
+async def test_a_file_from_before_recorded_floors_opens_and_records_them_from_then_on(tmp_path):
+    index = await opened(tmp_path / "index.db")
+    try:
+        old = await index.create_generation("test", DIM)
+        await index.promote(old.generation)
+    finally:
+        await index.close()
+    with sqlite3.connect(tmp_path / "index.db") as db:  # the generations table as memq made it before issue 41
+        db.execute("ALTER TABLE generations DROP COLUMN min_similarity")
+    index = await opened(tmp_path / "index.db")
+    try:
+        assert (await index.live()).min_similarity is None  # none recorded: a search takes its model's
+        new = await index.create_generation("test", DIM, min_similarity=0.8)
+        assert [g.min_similarity for g in await index.generations()] == [None, 0.8]
+        await index.promote(new.generation)
+        assert (await index.live()).min_similarity == 0.8
+    finally:
+        await index.close()

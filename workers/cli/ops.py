@@ -138,10 +138,11 @@ def index_generations(
         console.print_json(json.dumps([asdict(r) for r in rows]))
         return
     table = Table(title="index generations")
-    for column in ("generation", "state", "docs", "model", "dim", "note"):
-        table.add_column(column, justify="right" if column in ("docs", "dim") else "left")
+    for column in ("generation", "state", "docs", "model", "dim", "floor", "note"):
+        table.add_column(column, justify="right" if column in ("docs", "dim", "floor") else "left")
     for r in rows:
-        table.add_row(r.generation, r.state, str(r.docs), escape(r.model), str(r.dim), escape(r.note))
+        floor = "" if r.min_similarity is None else f"{r.min_similarity:.2f}"
+        table.add_row(r.generation, r.state, str(r.docs), escape(r.model), str(r.dim), floor, escape(r.note))
     if not rows:
         table.caption = "no index yet: `memq index rebuild` builds one"
     console.print(table)

@@ -29,6 +29,7 @@ class GenerationRow:
     state: str  # live, rebuilding, abandoned
     created_at: float
     note: str = ""  # rebuilding: its scope and how many messages it has left
+    min_similarity: float | None = None  # the relevance floor it recorded for its model (None: before issue 41)
 
 
 async def list_generations(backend: IndexBackend, js: JetStreamContext, settings: Settings) -> list[GenerationRow]:
@@ -50,7 +51,11 @@ async def list_generations(backend: IndexBackend, js: JetStreamContext, settings
         else:
             state = "abandoned"
         docs = await backend.count(generation=meta.generation)
-        rows.append(GenerationRow(meta.generation, meta.model, meta.dim, docs, state, meta.created_at, note))
+        rows.append(
+            GenerationRow(
+                meta.generation, meta.model, meta.dim, docs, state, meta.created_at, note, meta.min_similarity
+            )
+        )
     return rows
 
 

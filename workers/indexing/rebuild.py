@@ -50,6 +50,7 @@ from nats.js.errors import NotFoundError
 from memq.contracts.ids import encode_token
 from memq.contracts.subjects import EVENTS_WILDCARD, PREFIX, user_events_filter
 from memq.workers.index.backends.base import IndexBackend
+from memq.workers.index.embedders.floors import floor_for
 from memq.workers.indexing.indexer import Indexer
 from memq.workers.indexing.rebuild_job import (
     CONSUMER_PREFIX,
@@ -315,7 +316,9 @@ async def _start_job(store, js, settings, indexer, app, user) -> RebuildJob:
     scoped = app is not None or user is not None
     if scoped and live is None:
         raise ValueError("a scoped rebuild needs a live index to copy the rest from; rebuild everything first")
-    target = await backend.create_generation(indexer.embedder.model, indexer.embedder.dim)
+    target = await backend.create_generation(
+        indexer.embedder.model, indexer.embedder.dim, min_similarity=floor_for(indexer.embedder.model)
+    )
     log.info("rebuilding into %s (%s, source stream)", target.generation, target.model)
     job = RebuildJob(target.generation, target.model, target.dim, app=app, user=user, started_at=time.time())
     if scoped:
@@ -365,7 +368,9 @@ async def _rebuild_sql(settings, js, indexer, app, user, engine, progress) -> Re
     if engine is None:
         raise ValueError("source sql needs a database engine")
     replay: StreamReplay | None = None
-    target = await backend.create_generation(indexer.embedder.model, indexer.embedder.dim)
+    target = await backend.create_generation(
+        indexer.embedder.model, indexer.embedder.dim, min_similarity=floor_for(indexer.embedder.model)
+    )
     log.info("rebuilding into %s (%s, source sql)", target.generation, target.model)
     subjects = scope_filter(app, user)
     copied = replayed = 0

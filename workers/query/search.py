@@ -4,9 +4,13 @@ The index backend and the embedder (to embed query texts) open on first use,
 so a query worker that never searches pays nothing; in a worker process they
 are the process's (:meth:`Searcher.share`): `memq up` loads one model, not
 one for indexing and another for search. A query is embedded by
-the same model as the index's live generation; if they differ (a rebuild for
-a new model is under way), vector and hybrid searches are answered by
-keyword, and the reply says so: vectors of two models are never compared.
+the same model as the index's live generation: when the live generation
+holds another offline model's vectors than the worker's embedder (a rebuild
+from MiniLM to e5 has just switched, or is under way), the searcher opens
+that model itself and searches with it; when it cannot (an OpenAI model),
+vector and hybrid searches are answered by keyword, and the reply says so:
+vectors of two models are never compared. The relevance floor is the live
+generation's (calibrated for its model) unless ``recall.min_similarity`` sets one.
 A keyword-only index (``indexing.embedder = "none"``, dimension 0) answers
 every search and recall by keyword, and a vector or hybrid search says so.
 """
@@ -27,8 +31,9 @@ from memq.workers import metrics
 from memq.workers.index.backends import open_backend
 from memq.workers.index.backends.base import IndexBackend, IndexMeta, IndexUnavailable, UnknownGeneration
 from memq.workers.index.backends.embedded import STOPWORDS
-from memq.workers.index.embedders import open_embedder
-from memq.workers.index.embedders.base import Embedder, EmbedderError
+from memq.workers.index.embedders import open_embedder, open_local
+from memq.workers.index.embedders.base import Embedder, EmbedderError, embed_queries
+from memq.workers.index.embedders.floors import floor_for
 from memq.workers.index.grams import query_terms
 from memq.workers.index.stems import stemmed_grams, stemmed_query_grams, stems
 from memq.workers.memory.dates import named_periods
@@ -87,6 +92,9 @@ class Searcher:
         # again after each tool call, with the same last user message, and
         # embedding it is most of a recall's CPU (ms on 2 cores).
         self._vectors: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+        # The offline embedder of a live generation of another model than
+        # ``embedder``'s (model, its opening): one at a time, opened on first need.
+        self._other: tuple[str, asyncio.Task] | None = None
         self._skips = _Throttled("recall skipped")
         self._failures = _Throttled("search failed")
 
@@ -141,6 +149,40 @@ class Searcher:
             await self.backend.close()
         if self.embedder is not None and not any(self.embedder is lent for lent in self._lent):
             await self.embedder.close()
+        await self._drop_other()
+
+    async def _drop_other(self) -> None:
+        other, self._other = self._other, None
+        if other is None:
+            return
+        task = other[1]
+        if not task.done():
+            task.cancel()
+        opened = (await asyncio.gather(task, return_exceptions=True))[0]
+        if opened is not None and not isinstance(opened, BaseException):  # None: not an offline model
+            await opened.close()
+
+    async def _embedder_for(self, live: IndexMeta, embedder: Embedder) -> Embedder:
+        """The embedder of ``live``'s vectors: ``embedder`` if it is, else the
+        offline model the generation names, opened here (``embedder`` itself
+        when there is none such, or it fails to open: logged). A worker
+        without an embedder (``none``) loads no model: it answers by keyword."""
+        if (live.model, live.dim) == (embedder.model, embedder.dim) or not live.dim or not embedder.dim:
+            return embedder
+        if self._other is None or self._other[0] != live.model:
+            await self._drop_other()
+            task = asyncio.create_task(open_local(live.model, self.settings.indexing), name=f"open {live.model}")
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, even if no one waits
+            self._other = (live.model, task)
+            log.info(
+                "search: the live index holds %s vectors; opening that model beside %s", live.model, embedder.model
+            )
+        try:
+            other = await asyncio.shield(self._other[1])
+        except Exception as exc:  # noqa: BLE001 - any failure: answer by keyword, as without it
+            self._failures.note(f"cannot open {live.model} for the live generation's vectors: {exc!r}")
+            return embedder
+        return other if other is not None and other.dim == live.dim else embedder
 
     async def live(self, *, fresh: bool = False) -> IndexMeta | None:
         """The live generation, as read at most LIVE_REFRESH_S ago (``fresh``: now)."""
@@ -202,6 +244,8 @@ class Searcher:
     ) -> tuple[list[Hit], str, str | None, str | None]:
         """:meth:`hits` in generation ``live``."""
         mode, note = query.mode, None
+        if mode != "keyword":
+            embedder = await self._embedder_for(live, embedder)
         if mode != "keyword" and 0 in (live.dim, embedder.dim):
             mode = "keyword"
             note = (
@@ -216,17 +260,25 @@ class Searcher:
                 f"the index holds {live.model} vectors and this worker embeds with {embedder.model}: "
                 "answered by keyword until both use the same model"
             )
-        found = await self._ranked(backend, embedder, replace(query, mode=mode), live.generation, tail)
+        found = await self._ranked(backend, embedder, replace(query, mode=mode), live, tail)
         return found, mode, live.model, note
 
+    def relevance_floor(self, live: IndexMeta) -> float:
+        """The relevance floor of a search in ``live``: ``recall.min_similarity``
+        if set, else the generation's own (its model's, for one that records none)."""
+        if self.settings.recall.min_similarity is not None:
+            return self.settings.recall.min_similarity
+        return live.min_similarity if live.min_similarity is not None else floor_for(live.model)
+
     async def _ranked(
-        self, backend: IndexBackend, embedder: Embedder, query: SearchQuery, generation: str, tail: Sequence[Doc] = ()
+        self, backend: IndexBackend, embedder: Embedder, query: SearchQuery, live: IndexMeta, tail: Sequence[Doc] = ()
     ) -> list[Hit]:
         """The query's best ``k`` after :func:`rank`: a pool of candidates;
         when the text names authors of those candidates (and the query does
         not filter authors itself), a second pool from those authors'
         memories for the text without the names; then boosts."""
         r = self.settings.recall
+        generation, min_similarity = live.generation, self.relevance_floor(live)
 
         async def search(q: SearchQuery, k: int, floor: bool = True) -> list[Hit]:
             vector = None if q.mode == "keyword" else await self._vector(embedder, q.text)
@@ -235,7 +287,7 @@ class Searcher:
                 found = await self._with_tail(backend, embedder, q, generation, tail)
             else:
                 found = await backend.search(q, generation=generation)
-            return [h for h in found if relates(h, r.min_similarity)] if floor else found
+            return [h for h in found if relates(h, min_similarity)] if floor else found
 
         # A pool deeper than k: the backend's choice among hits of equal score
         # at its cut is its own; in_order/rank choose among them alike everywhere.
@@ -312,13 +364,15 @@ class Searcher:
         """Vectors of tail docs' texts, by the query vectors' cache: the
         same caller searches again with the same few unindexed memories."""
         keep = self.settings.recall.vector_cache
-        missing = list(dict.fromkeys(t for t in texts if (embedder.model, t) not in self._vectors))
+        # A memory's vector apart from a query's of the same text: e5 embeds them with different prefixes.
+        model = f"{embedder.model} passage"
+        missing = list(dict.fromkeys(t for t in texts if (model, t) not in self._vectors))
         if missing:
             for text, vector in zip(missing, await embedder.embed(missing), strict=True):
-                self._vectors[(embedder.model, text)] = vector
+                self._vectors[(model, text)] = vector
         out = []
         for text in texts:
-            key = (embedder.model, text)
+            key = (model, text)
             vector = self._vectors[key]
             self._vectors.move_to_end(key)
             out.append(vector)
@@ -332,7 +386,7 @@ class Searcher:
         if (vector := self._vectors.get(key)) is not None:
             self._vectors.move_to_end(key)
             return vector
-        vector = (await embedder.embed([text]))[0]
+        vector = (await embed_queries(embedder, [text]))[0]
         if keep:
             self._vectors[key] = vector
             while len(self._vectors) > keep:

@@ -23,12 +23,16 @@ from memq.workers.memory.recall import Doc, Hit, SearchQuery
 
 @dataclass(frozen=True)
 class IndexMeta:
-    """What a generation holds: vectors of ``model`` with ``dim`` dimensions."""
+    """What a generation holds: vectors of ``model`` with ``dim`` dimensions,
+    and ``min_similarity``, the relevance floor calibrated for that model when
+    the generation was created (:mod:`memq.workers.index.embedders.floors`;
+    None: a generation from before issue 41, which takes its model's)."""
 
     generation: str
     model: str
     dim: int
     created_at: float = 0.0
+    min_similarity: float | None = None
 
 
 class IndexUnavailable(Exception):
@@ -57,8 +61,8 @@ class IndexBackend(Protocol):
     async def generations(self) -> list[IndexMeta]:
         """Every generation that exists (live or being built)."""
 
-    async def create_generation(self, model: str, dim: int) -> IndexMeta:
-        """A new, empty generation (not live)."""
+    async def create_generation(self, model: str, dim: int, *, min_similarity: float | None = None) -> IndexMeta:
+        """A new, empty generation (not live), recording ``min_similarity``."""
 
     async def promote(self, generation: str) -> None:
         """Atomically make ``generation`` live, then drop the previous one."""

