@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from memq.contracts import queries as q
 from memq.contracts.schemas import Event, EventAppended, Message, StateSet, TextPart, UserDeleted
 from memq.workers.memory.local import HeldHistory, LocalWindows, extend_history, hold_history, stored_event
-from memq.workers.memory.strategies import Item, Strategy, select
+from memq.workers.memory.strategies import Strategy, select
 
 STRATEGIES = [
     Strategy(kind="all"),
@@ -201,22 +201,22 @@ def test_what_drops_a_window():
         return local
 
     cases = {
-        "an append that expected another sequence": lambda l: l.appended("u", "s", 4, 9, text_event("x")),
-        "an append without the check": lambda l: l.appended("u", "s", None, 9, text_event("x")),
-        "an event id held already": lambda l: l.appended(
+        "an append that expected another sequence": lambda w: w.appended("u", "s", 4, 9, text_event("x")),
+        "an append without the check": lambda w: w.appended("u", "s", None, 9, text_event("x")),
+        "an event id held already": lambda w: w.appended(
             "u",
             "s",
             5,
             9,
             Event.model_validate(
-                {**text_event("x").model_dump(), "id": l.answer("session.get", get(1)).events[0].event["id"]}
+                {**text_event("x").model_dump(), "id": w.answer("session.get", get(1)).events[0].event["id"]}
             ),
         ),
-        "a session state set": lambda l: l.wrote(StateSet(app="app", user="u", session="s", delta={"k": 3}), 9),
-        "user state": lambda l: l.wrote(StateSet(app="app", user="u", delta={"user:k": 3}), 9),
-        "app state under another user": lambda l: l.wrote(StateSet(app="app", user="v", delta={"app:k": 3}), 9),
-        "a user delete": lambda l: l.wrote(UserDeleted(app="app", user="u"), 9),
-        "a user: key in another session's event": lambda l: l.wrote(
+        "a session state set": lambda w: w.wrote(StateSet(app="app", user="u", session="s", delta={"k": 3}), 9),
+        "user state": lambda w: w.wrote(StateSet(app="app", user="u", delta={"user:k": 3}), 9),
+        "app state under another user": lambda w: w.wrote(StateSet(app="app", user="v", delta={"app:k": 3}), 9),
+        "a user delete": lambda w: w.wrote(UserDeleted(app="app", user="u"), 9),
+        "a user: key in another session's event": lambda w: w.wrote(
             EventAppended(app="app", user="u", session="t", event=text_event("x", state_delta={"user:k": 1})), 9
         ),
     }

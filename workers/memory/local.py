@@ -43,7 +43,7 @@ from memq.workers.memory.tokens import count_event, message_tokens
 MAX_SESSIONS = 1024  # windows held, least recently used dropped first
 MAX_EVENTS = 256  # events held per window (a get_session's, a history's)
 MAX_BYTES = 512 * 1024  # JSON bytes of the events held per window
-MAX_HISTORIES = 4  # history reads (strategies) held per window
+MAX_HISTORIES = 8  # history reads (strategies) held per window
 MAX_AGE_S = 30.0  # a window is read again from the service after this long
 
 
@@ -145,7 +145,9 @@ def hold_history(view: q.HistoryView) -> HeldHistory | None:
 def _copied(events: Sequence[q.StoredEvent]) -> list[q.StoredEvent]:
     """Fresh event dicts (callers may change what they are given; ADK does)."""
     data = orjson.loads(orjson.dumps([e.event for e in events]))
-    return [q.StoredEvent.model_construct(seq=e.seq, tokens=e.tokens, event=d) for e, d in zip(events, data)]
+    return [
+        q.StoredEvent.model_construct(seq=e.seq, tokens=e.tokens, event=d) for e, d in zip(events, data, strict=True)
+    ]
 
 
 def _size(events: Sequence[q.StoredEvent]) -> int:
