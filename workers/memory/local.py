@@ -194,6 +194,7 @@ class LocalWindows:
         self.max_bytes = max_bytes
         self.max_age = max_age
         self.clock = clock
+        self.app: str | None = None  # the app of the client they serve (bind)
         self._windows: OrderedDict[tuple[str, str], _Window] = OrderedDict()
         self._own: OrderedDict[tuple[str, str], int] = OrderedDict()  # this client's newest write per session
         # Bumped by every write that changes other sessions' reads (user
@@ -206,7 +207,7 @@ class LocalWindows:
         return len(self._windows)
 
     def bind(self, app: str) -> None:
-        if getattr(self, "app", app) != app:
+        if self.app is not None and self.app != app:
             raise ValueError(f"these LocalWindows serve app {self.app!r}'s client; give app {app!r}'s its own")
         self.app = app
 
@@ -316,6 +317,7 @@ class LocalWindows:
     def answer(self, op: str, request: Any) -> Any | None:
         if request.consistency == "any" or request.min_seq is not None:
             return None
+        found: q.SessionView | q.HistoryView | None
         if op == "session.get" and self._plain_session_get(request):
             found = self._session_view(request)
         elif op == "history" and self._plain_history(request):
