@@ -147,6 +147,7 @@ from memq.contracts.subjects import (
 
 CARRIES = ("history", "context")  # the reads that take the caller's carried writes (memq.contracts.carry)
 MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
+HELD_MANY = 16  # append_many to a session local_reads holds: up to this many events go one by one, conditionally
 # The server counts headers in max_payload and drops the connection of a client
 # that exceeds it; ours (message id, expected stream) stay well below this.
 HEADER_ROOM = 1024
@@ -551,6 +552,19 @@ class MemoryClient:
             return []
         if not create:
             await self._require_session(user, session, "nothing appended")
+        if (
+            self.local_reads is not None
+            and expect_seq is None
+            and len(prepared) <= HELD_MANY
+            and all(type(e) is Event for e in events)
+            and self.local_reads.expect(user, session) is not None
+        ):
+            # A turn's few events to a held session: one conditional append
+            # each (awaited in turn, not pipelined), so the window grows by each.
+            return [
+                await self._append_held(self._build(EventAppended, user=user, session=session, event=e), None)
+                for e in events
+            ]
         prepared[0] = _expecting(prepared[0], expect_seq)
         try:
             # The first alone: refused (expect_seq, a missing stream), nothing else is published.

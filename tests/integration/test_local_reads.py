@@ -107,8 +107,11 @@ async def test_local_answers_are_the_query_workers(nats_url, tmp_path, request, 
             # From the second turn on (the checkpoint came after this client's
             # last write, so the first reads after it could not seed), the
             # reads are answered here but where the held reply cannot decide.
+            # A turn that answers a tool call is extended only where the held
+            # reply is the whole window (get_session, "all", an unsummarized
+            # summary_buffer): a result may pair with a call the reply left out.
             if turn:
-                assert served >= 6, (turn, served)
+                assert served >= (4 if turn % 3 == 0 else 6), (turn, served)
 
 
 async def test_a_checkpoint_a_state_change_a_forget_and_a_delete_each_invalidate(nats_url, sqlite_url, tmp_path):

@@ -65,7 +65,7 @@ def held_of(window: list[q.StoredEvent], strategy: Strategy, reserved: int) -> H
     return HeldHistory(view, strategy, list(selection.items), reserved)
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(windows(), st.sampled_from(STRATEGIES))
 def test_an_extended_history_is_what_the_worker_answers_over_its_whole_window(case, strategy):
     window, new, reserved = case
@@ -192,6 +192,7 @@ def test_a_window_holds_no_more_than_it_was_given():
     assert local.answer("session.get", get(None)) is None
     seeded(local, last_seq=5, num=None)  # all of them
     assert len(local.answer("session.get", get(None)).events) == 5
+    assert [e.seq for e in local.answer("session.get", get(8)).events] == [1, 2, 3, 4, 5]  # more than there are
 
 
 def test_what_drops_a_window():

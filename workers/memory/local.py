@@ -10,7 +10,7 @@ A held ``history`` reply is the strategy's selection ``K``, a suffix of the
 worker's window ``W`` (which the reply does not show). With one more event
 ``e``, the worker answers ``select(W + [e])``; this answers
 ``select(K + [e])``, which is the same whenever ``e`` answers no tool call
-outside ``K`` (``K``'s own cut stays valid and every later cut lies inside
+(or ``K`` is all of ``W``: ``K``'s own cut stays valid and every later cut lies inside
 ``K``: the strategies never cut further back when an event is added), and
 ``summary_buffer``'s ``needs_summary`` is taken only where ``K`` decides it
 (see :func:`extend_history`). Everywhere else the read asks the service.
@@ -20,6 +20,7 @@ random windows.
 
 from __future__ import annotations
 
+import copy
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -89,8 +90,10 @@ def extend_history(held: HeldHistory, new: q.StoredEvent) -> HeldHistory | None:
     """``held`` with ``new`` appended, as the worker would answer it, or None
     when what is held cannot decide it.
 
-    - ``new`` must answer only tool calls held: a result whose call lies
-      before ``K`` would move the worker's cut back, out of what is held.
+    - ``new`` may carry tool results only where ``K`` is the whole window
+      (:func:`_whole`): a result whose call lies before ``K`` (or whose id a
+      call before ``K`` used first) would move the worker's cut back, out of
+      what is held.
     - ``summary_buffer``'s ``needs_summary`` depends on the whole window. With
       at least ``min_recent`` events held, a reply without it had kept the
       whole window (``K == W``; had it cut anything, the fold would reach
@@ -99,10 +102,9 @@ def extend_history(held: HeldHistory, new: q.StoredEvent) -> HeldHistory | None:
       reaches into ``W``); otherwise it is not known here.
     """
     item = item_of(new)
-    calls = frozenset().union(*(it.call_ids for it in held.items))
-    if not item.result_ids <= calls:
-        return None
     strategy, items = held.strategy, [*held.items, item]
+    if item.result_ids and not _whole(held):
+        return None
     selection = select(items, strategy, reserved=held.reserved)
     needs_summary = False
     if strategy.from_checkpoint:
@@ -126,6 +128,18 @@ def extend_history(held: HeldHistory, new: q.StoredEvent) -> HeldHistory | None:
     return HeldHistory(view, strategy, list(selection.items), held.reserved)
 
 
+def _whole(held: HeldHistory) -> bool:
+    """Is the held selection the worker's whole window (``K == W``)? Always
+    for ``all``; for ``summary_buffer`` when the reply asked for no summary
+    with ``min_recent`` events held (see :func:`extend_history`). Otherwise
+    it is not known, and a tool result may answer a call before ``K`` (the
+    worker pairs a result with the *first* call of its id in ``W``)."""
+    strategy = held.strategy
+    if strategy.kind == "all":
+        return True
+    return strategy.from_checkpoint and not held.view.needs_summary and len(held.items) >= strategy.min_recent
+
+
 def hold_history(view: q.HistoryView) -> HeldHistory | None:
     """What extending ``view`` needs, or None when its counts are not the
     default model's (a deployment that counts for another model: the
@@ -143,11 +157,16 @@ def hold_history(view: q.HistoryView) -> HeldHistory | None:
 
 
 def _copied(events: Sequence[q.StoredEvent]) -> list[q.StoredEvent]:
-    """Fresh event dicts (callers may change what they are given; ADK does)."""
+    """Fresh event dicts (callers may change what they are given, as they
+    may a reply's), in one pass of C; each event a shallow copy of the held
+    one with its new dict (``copy.copy`` of a pydantic model: no validation)."""
     data = orjson.loads(orjson.dumps([e.event for e in events]))
-    return [
-        q.StoredEvent.model_construct(seq=e.seq, tokens=e.tokens, event=d) for e, d in zip(events, data, strict=True)
-    ]
+    out = []
+    for e, d in zip(events, data, strict=True):
+        fresh = copy.copy(e)
+        fresh.__dict__["event"] = d  # frozen for callers; this copy is not handed out yet
+        out.append(fresh)
+    return out
 
 
 def _size(events: Sequence[q.StoredEvent]) -> int:
@@ -339,7 +358,7 @@ class LocalWindows:
             held = window.events
             if held is None or not (window.complete or (wanted is not None and wanted <= len(held))):
                 return None
-            events = _copied(held if wanted is None else held[len(held) - wanted :] if wanted else [])
+            events = _copied(held if wanted is None else held[max(0, len(held) - wanted) :] if wanted else [])
         state = orjson.loads(orjson.dumps(window.info.state))
         return window.info.model_copy(update={"state": state, "events": events, "next_cursor": None})
 
