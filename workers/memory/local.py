@@ -135,7 +135,7 @@ def _whole(held: HeldHistory) -> bool:
     it is not known, and a tool result may answer a call before ``K`` (the
     worker pairs a result with the *first* call of its id in ``W``)."""
     strategy = held.strategy
-    if strategy.kind == "all":
+    if strategy.rules.keeps_all:
         return True
     return strategy.from_checkpoint and not held.view.needs_summary and len(held.items) >= strategy.min_recent
 
