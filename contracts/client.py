@@ -98,6 +98,7 @@ from memq.contracts.errors import (
 )
 from memq.contracts.ids import encode_token, validate_id
 from memq.contracts.landing import MSG_ID, fresh_id, holds
+from memq.contracts.local import LocalReads
 from memq.contracts.queries import (
     OPS,
     ArtifactsView,
@@ -146,6 +147,7 @@ from memq.contracts.subjects import (
 
 CARRIES = ("history", "context")  # the reads that take the caller's carried writes (memq.contracts.carry)
 MAX_IN_FLIGHT = 1000  # unacknowledged publishes per append_many chunk
+HELD_MANY = 16  # append_many to a session local_reads holds: up to this many events go one by one, conditionally
 # The server counts headers in max_payload and drops the connection of a client
 # that exceeds it; ours (message id, expected stream) stay well below this.
 HEADER_ROOM = 1024
@@ -287,6 +289,13 @@ class MemoryClient:
         ``squatted``). Needs a connection that may read the stream
         (``memq import`` sets it, as ``admin``); an app's own user may not,
         and relies on the id's content digest. Default False.
+    :param local_reads: the session windows this client holds, to answer a
+        read right after its own append without a request
+        (``memq.workers.memory.local.LocalWindows()``; see
+        :mod:`memq.contracts.local` for what it answers and why that is
+        exact). Appends to a session it holds are then published with
+        ``expect_seq`` (a refusal only drops the window: the append is
+        published again without it). Default None: every read is a request.
 
     :attr:`last_seq` is the stream sequence of this client's latest publish
     (``None`` before the first).
@@ -307,6 +316,7 @@ class MemoryClient:
         consistency: Consistency = "own",
         carry_writes: bool = True,
         verify_duplicates: bool = False,
+        local_reads: LocalReads | None = None,
     ):
         self.app = validate_id(app, "app")
         self.nc = nc
@@ -319,6 +329,9 @@ class MemoryClient:
         self.wait_ms = wait_ms
         self.consistency = consistency
         self._recent = RecentWrites() if carry_writes else None
+        self.local_reads = local_reads
+        if local_reads is not None:
+            local_reads.bind(self.app)
         self.last_seq: int | None = None
         # Publishes JetStream answered as duplicates: retries of a message it
         # already had (same subject, id and bytes), each a success.
@@ -345,6 +358,7 @@ class MemoryClient:
         wait_ms: int = 2000,
         consistency: Consistency = "own",
         carry_writes: bool = True,
+        local_reads: LocalReads | None = None,
         connect_timeout: float = 2.0,
         max_reconnect_attempts: int = DEFAULT_RECONNECT_ATTEMPTS,
         **nats_options: Any,
@@ -387,6 +401,7 @@ class MemoryClient:
             wait_ms=wait_ms,
             consistency=consistency,
             carry_writes=carry_writes,
+            local_reads=local_reads,
         )
         client._owns_connection = True
         return client
@@ -446,7 +461,35 @@ class MemoryClient:
         message = self._build(EventAppended, user=user, session=session, event=event)
         if not create:
             await self._require_session(user, session, "nothing appended")
-        return await self._publish(message, expect_seq)
+        if self.local_reads is None:
+            return await self._publish(message, expect_seq)
+        return await self._append_held(message, expect_seq)
+
+    async def _append_held(self, message: EventAppended, expect_seq: int | None) -> int:
+        """:meth:`append` with :attr:`local_reads`: conditional on the held
+        window's sequence unless the caller gave its own; the window grows by
+        the event when the ack proves nothing else came between."""
+        local, user, session = self.local_reads, message.user, message.session
+        assert local is not None
+        held = local.expect(user, session)
+        expect = expect_seq if expect_seq is not None else held
+        duplicates = self.duplicates
+        try:
+            seq = await self._publish(message, expect, local=False)
+        except Conflict:
+            local.forget(user, session)
+            if expect_seq is not None:
+                raise
+            # The check was ours, not the caller's: append after whoever came first.
+            return await self._publish(message)
+        except BaseException:
+            local.wrote(message)  # outcome unknown, or refused: nothing is known of the session
+            raise
+        if self.duplicates != duplicates:  # stored before: its place is not after the window
+            local.wrote(message, seq)
+        else:
+            local.appended(user, session, expect, seq, message.event)
+        return seq
 
     async def append_text(
         self,
@@ -509,16 +552,46 @@ class MemoryClient:
             return []
         if not create:
             await self._require_session(user, session, "nothing appended")
+        if (
+            self.local_reads is not None
+            and expect_seq is None
+            and len(prepared) <= HELD_MANY
+            and all(type(e) is Event for e in events)
+            and self.local_reads.expect(user, session) is not None
+        ):
+            # A turn's few events to a held session: one conditional append
+            # each (awaited in turn, not pipelined), so the window grows by each.
+            return [
+                await self._append_held(self._build(EventAppended, user=user, session=session, event=e), None)
+                for e in events
+            ]
         prepared[0] = _expecting(prepared[0], expect_seq)
-        # The first alone: refused (expect_seq, a missing stream), nothing else is published.
-        seqs = [await self._send(prepared[0])]
-        for start in range(1, len(prepared), MAX_IN_FLIGHT):
-            seqs += await self._publish_chunk(prepared[start : start + MAX_IN_FLIGHT])
+        try:
+            # The first alone: refused (expect_seq, a missing stream), nothing else is published.
+            seqs = [await self._send(prepared[0])]
+            for start in range(1, len(prepared), MAX_IN_FLIGHT):
+                seqs += await self._publish_chunk(prepared[start : start + MAX_IN_FLIGHT])
+        finally:
+            if self.local_reads is not None:  # others' messages may land between them: no window grows
+                self._held_wrote_many(user, session, events)
         if self._recent is not None:
             for event, seq, (_, data, _) in zip(events, seqs, prepared, strict=True):
                 # A dict was built into an Event with ids of its own: not carried, its read waits.
                 self._recent.wrote(user, session, seq, "event", event if type(event) is Event else None, len(data))
         return seqs
+
+    def _held_wrote_many(self, user: str, session: str, events: Sequence[Event]) -> None:
+        assert self.local_reads is not None
+        self.local_reads.forget(user, session)
+        for event in events:
+            delta = (
+                event.actions.state_delta if isinstance(event, Event) else event.get("actions", {}).get("state_delta")
+            )
+            if any(":" in k for k in delta or ()):  # user: or app: keys: other sessions' state changes
+                built = event if isinstance(event, Event) else Event.model_validate(event)
+                self.local_reads.wrote(
+                    EventAppended.model_construct(app=self.app, user=user, session=session, event=built)
+                )
 
     async def set_state(self, user: str, delta: dict, session: str | None = None) -> int:
         """Apply a state delta outside any event.
@@ -583,8 +656,11 @@ class MemoryClient:
         name = artifact_object_name(self.app, user, session, artifact_id)
         digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())  # ~0.1 s per 64 MiB
         ref = ObjectRef(bucket=ARTIFACT_BUCKET, name=name, size=len(data), sha256=digest)
-        prepared = self._prepare(self._build(ArtifactSaved, object=ref, **fields))
+        message = self._build(ArtifactSaved, object=ref, **fields)
+        prepared = self._prepare(message)
         await self._put_object(name, data)
+        if self.local_reads is not None:
+            self.local_reads.wrote(message)  # before: an artifact changes the session's last sequence
         return await self._send(prepared)
 
     async def delete_session(self, user: str, session: str, *, missing_ok: bool = False) -> int:
@@ -718,20 +794,45 @@ class MemoryClient:
         joins them (:meth:`iter_events` yields them page by page instead).
         """
         events = events or num_recent_events is not None or after_seq is not None or after is not None or bool(roles)
-        pages = self._pages(
-            "session.get",
-            min_seq,
-            consistency=consistency,
-            user=user,
-            session=session,
-            events=events,
-            num_recent_events=num_recent_events,
-            after_seq=after_seq,
-            **event_filters(after, roles),
+        fields: dict[str, Any] = dict(
+            user=user, session=session, events=events, num_recent_events=num_recent_events, after_seq=after_seq
         )
+        fields.update(event_filters(after, roles))
+        held, seeding = self._held("session.get", min_seq, consistency, fields)
+        if held is not None:
+            return held
+        read_at = seeding[2] if seeding is not None else min_seq
+        pages = self._pages("session.get", read_at, consistency=consistency, **fields)
         first: SessionView = await anext(pages)
         rest = [e for page in [p async for p in pages] for e in page.events or ()]
-        return first.model_copy(update={"events": [*(first.events or ()), *rest], "next_cursor": None})
+        view = first.model_copy(update={"events": [*(first.events or ()), *rest], "next_cursor": None})
+        self._seed("session.get", seeding, view)
+        return view
+
+    def _held(
+        self, op: str, min_seq: int | None, consistency: Consistency | None, fields: dict[str, Any]
+    ) -> tuple[Any, tuple[BaseModel, Any, int] | None]:
+        """A read's answer from :attr:`local_reads`, or None and, when its
+        reply may seed a window, (the request, the ticket, the ``min_seq`` to
+        read with: explicit, so that the read waits for the commit rather
+        than carry writes, and the reply is exact)."""
+        local = self.local_reads
+        if local is None:
+            return None, None
+        request = build_request(
+            self.app, op, min_seq=min_seq or None, consistency=consistency or self.consistency, **fields
+        )
+        if min_seq is None and request.consistency != "any" and (found := local.answer(op, request)) is not None:
+            return found, None
+        ticket = local.seeds(op, request)
+        if ticket is None:
+            return None, None
+        return None, (request, ticket, self._min_seq(op, min_seq) or 0)
+
+    def _seed(self, op: str, seeding: tuple[BaseModel, Any, int] | None, reply: Any) -> None:
+        if seeding is not None and self.local_reads is not None:
+            request, ticket, read_at = seeding
+            self.local_reads.seed(op, request, reply, read_at, ticket)
 
     async def iter_events(
         self,
@@ -852,19 +953,19 @@ class MemoryClient:
         Every event the strategy keeps comes back (``all``: the whole
         session), over as many pages as it takes.
         """
+        fields: dict[str, Any] = dict(user=user, session=session, strategy=strategy, model=model)
+        fields.update(event_filters(after, roles))
+        held, seeding = self._held("history", min_seq, consistency, fields)
+        if held is not None:
+            return held
         pages = self._pages(
-            "history",
-            min_seq,
-            consistency=consistency,
-            user=user,
-            session=session,
-            strategy=strategy,
-            model=model,
-            **event_filters(after, roles),
+            "history", seeding[2] if seeding is not None else min_seq, consistency=consistency, **fields
         )
         first: HistoryView = await anext(pages)
         rest = [e for page in [p async for p in pages] for e in page.events]
-        return first.model_copy(update={"events": [*first.events, *rest], "next_cursor": None})
+        view = first.model_copy(update={"events": [*first.events, *rest], "next_cursor": None})
+        self._seed("history", seeding, view)
+        return view
 
     async def context(
         self,
@@ -1213,9 +1314,19 @@ class MemoryClient:
             prepared.append((subject, data, {"Nats-Msg-Id": dedupe_id(subject, event.id, data)}))
         return prepared
 
-    async def _publish(self, message: Any, expect_seq: int | None = None) -> int:
+    async def _publish(self, message: Any, expect_seq: int | None = None, *, local: bool = True) -> int:
+        """Publish one message; ``local``: tell :attr:`local_reads` of it
+        (what it may change is dropped), else the caller does."""
         prepared = self._prepare(message)
-        seq = await self._send(_expecting(prepared, expect_seq))
+        if not local or self.local_reads is None:
+            seq = await self._send(_expecting(prepared, expect_seq))
+        else:
+            try:
+                seq = await self._send(_expecting(prepared, expect_seq))
+            except BaseException:
+                self.local_reads.wrote(message)
+                raise
+            self.local_reads.wrote(message, seq)
         if self._recent is not None:
             event = message.event if isinstance(message, EventAppended) else None
             session = getattr(message, "session", None)

@@ -67,7 +67,7 @@ from typing_extensions import override
 from memq.contracts.adapters.adk_events import from_memq, json_safe, persisted_delta, to_memq
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Conflict, NotFound
-from memq.contracts.queries import SearchMode, SearchResult, SessionView
+from memq.contracts.queries import Consistency, SearchMode, SearchResult, SessionView
 from memq.contracts.schemas import new_id
 
 STALE_SESSION = (
@@ -199,10 +199,23 @@ class MemqSessionService(BaseSessionService):
     ``DatabaseSessionService`` raises); only checkpoints, state sets or
     artifacts since (ADK's own services have none) and the append is made
     again after them.
+
+    :param consistency: what a read sees. Default ``"any"``: every
+        writer's acknowledged writes, as ADK's database service (two Runner
+        replicas on one session see each other's appends at once). ``"own"``:
+        this process's writes, and every writer's appends to the session up
+        to this process's last one; with a client made with
+        ``local_reads=LocalWindows()`` a ``get_session`` right after this
+        service's own appends is then answered in the client, with no
+        request (:mod:`memq.contracts.local`). A write by another process
+        after that is found by the next append, which raises
+        ``StaleSessionError`` as ADK's services do for a session changed
+        since it was loaded; use it where one Runner serves a session at a time.
     """
 
-    def __init__(self, clients: Clients):
+    def __init__(self, clients: Clients, *, consistency: Consistency = "any"):
         self._clients = _ClientsByApp(clients, type(self).__name__)
+        self.consistency: Consistency = consistency
         self.client = self._clients.one  # the one-client form's client, as before; None otherwise
         self._locks: weakref.WeakValueDictionary[tuple[str, str, str], asyncio.Lock] = weakref.WeakValueDictionary()
 
@@ -230,10 +243,10 @@ class MemqSessionService(BaseSessionService):
         await self.close()
 
     def _read_options(self) -> dict[str, Any]:
-        """Options of every read this adapter makes: every writer's
-        acknowledged writes are visible (two Runner replicas on one session
-        see each other's appends), as with ADK's database service."""
-        return {"consistency": "any"}
+        """Options of every read this adapter makes: by default every
+        writer's acknowledged writes are visible (two Runner replicas on one
+        session see each other's appends), as with ADK's database service."""
+        return {"consistency": self.consistency}
 
     @override
     async def create_session(

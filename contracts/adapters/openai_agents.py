@@ -30,7 +30,7 @@ from agents.memory.session_settings import coerce_session_settings, resolve_sess
 from memq.contracts.adapters.openai_agents_items import event_of, items_of
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Conflict, NotFound
-from memq.contracts.queries import StoredEvent
+from memq.contracts.queries import Consistency, StoredEvent
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -50,6 +50,12 @@ class MemqSession:
         search and memory by app and user; the SDK has no user).
     :param session_settings: the SDK's ``SessionSettings`` (or a dict):
         ``limit`` is the default of :meth:`get_items`. Default: no limit.
+    :param consistency: what a read sees. Default ``"any"``: every writer's
+        acknowledged items. ``"own"``: this process's, and every writer's
+        up to this process's last append; with a client made with
+        ``local_reads=LocalWindows()``, ``get_items`` right after this
+        session's own ``add_items`` is then answered in the client
+        (:mod:`memq.contracts.local`). For a session one process serves at a time.
     """
 
     def __init__(
@@ -59,8 +65,10 @@ class MemqSession:
         *,
         user: str,
         session_settings: SessionSettings | dict[str, Any] | None = None,
+        consistency: Consistency = "any",
     ):
         self.session_id = session_id
+        self.consistency: Consistency = consistency
         self.client = client
         self.user = user
         self.session_settings: SessionSettings | None = (
@@ -129,7 +137,7 @@ class MemqSession:
         while True:
             try:
                 view = await self.client.get_session(
-                    self.user, self.session_id, events=True, num_recent_events=window, consistency="any"
+                    self.user, self.session_id, events=True, num_recent_events=window, consistency=self.consistency
                 )
             except NotFound:  # never started, or cleared
                 return [], 0

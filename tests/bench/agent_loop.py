@@ -22,6 +22,15 @@ connection:
    is left out because the event is already stored: it would count twice);
 3. append the assistant event (300 characters) and await its PubAck.
 
+**The turn that costs one publish** (issue 43, :mod:`memq.contracts.local`):
+the same turn with a client made with ``local_reads=LocalWindows()``, whose
+appends are conditional on the window it holds and whose read after them is
+answered in the client. Its read is a ``history`` (the app's strategy), so
+beside it runs today's carried history turn ("memq carry history"); and
+ADK's read (``get_session`` with the last 50 events, which carries nothing:
+it waits for the commit) runs both ways ("get_session", "get_session
+local"). ``--paths`` picks loops.
+
 **The floor** (same run, same PostgreSQL, its own table): the same turn
 written directly through asyncpg, a pool of one connection per agent: one
 ``INSERT`` committed (autocommit) and one ``SELECT`` of the session's last 50
@@ -112,6 +121,7 @@ from bench.benchlib import (
 from bench.query import Proc
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import MemqError
+from memq.workers.memory.local import LocalWindows
 
 APP = "agents"
 EVENT_CHARS = 300
@@ -124,6 +134,23 @@ FLOOR_INSERT = "INSERT INTO agent_turns (session_id, role, data, created_at) VAL
 FLOOR_SELECT = "SELECT seq, role, data FROM agent_turns WHERE session_id = $1 ORDER BY seq DESC LIMIT 50"
 
 
+# memq's turns: the read waits for the commit of the caller's append ("wait",
+# before carried writes), also for every other writer's acknowledged writes
+# ("any"), or carries the append and does not wait for it ("carry", the default).
+MEMQ_READS = {"memq": "wait", "memq any": "any", "memq carry": "carry"}
+# The turn that costs one publish (issue 43, memq.contracts.local): the read
+# after the append is a history (the app's strategy) or ADK's read
+# (get_session, the last 50 events), each today (a request: history carried,
+# get_session waiting for the commit) and answered in the client.
+LOCAL_READS = {
+    "memq carry history": "history",
+    "memq one-publish": "history local",
+    "get_session": "get_session",
+    "get_session local": "get_session local",
+}
+PATHS = (*MEMQ_READS, *LOCAL_READS, "sql", "bare", "bare tail")
+
+
 @dataclass(frozen=True)
 class Config:
     agents: tuple[int, ...]
@@ -132,6 +159,7 @@ class Config:
     cache: str  # the query worker's cache backend: memory or redis
     think_ms: float = 0.0  # each agent's pause between turns (its LLM call)
     search: bool = False  # the search loops instead of the turn loops
+    paths: tuple[str, ...] = PATHS  # the turn loops to run
 
 
 @dataclass
@@ -217,20 +245,37 @@ async def run_agents(n: int, seconds: float, turn, think_s: float = 0.0) -> floa
     return now() - started
 
 
-# memq's turns: the read waits for the commit of the caller's append ("wait",
-# before carried writes), also for every other writer's acknowledged writes
-# ("any"), or carries the append and does not wait for it ("carry", the default).
-MEMQ_READS = {"memq": "wait", "memq any": "any", "memq carry": "carry"}
+def said_last(read: str, reply) -> str | None:
+    """The text of the newest message a read's reply holds."""
+    if read.startswith(("history", "get_session")):
+        events = reply.events or ()
+        return events[-1].event["message"]["parts"][0]["text"] if events else None
+    return reply.messages[-1].get("content") if reply.messages else None
 
 
 class MemqLoop:
     def __init__(self, nc, n: int, tag: str, clock: CommitClock | None = None, read: str = "wait"):
         self.clients = [
-            MemoryClient(nc, APP, carry_writes=read == "carry", consistency="any" if read == "any" else "own")
+            MemoryClient(
+                nc,
+                APP,
+                carry_writes=read in ("carry", "history"),
+                consistency="any" if read == "any" else "own",
+                local_reads=LocalWindows() if read.endswith("local") else None,
+            )
             for _ in range(n)
         ]
         self.sessions = [(f"user-{a % 16}", f"{tag}-agent-{a}") for a in range(n)]
         self.clock = clock
+        self.read = read
+
+    async def _read(self, client: MemoryClient, user: str, session: str):
+        # min_seq by default: this client's last write, seq (an explicit one is never carried)
+        if self.read.startswith("history"):
+            return await client.history(user, session)
+        if self.read.startswith("get_session"):
+            return await client.get_session(user, session, num_recent_events=LAST_N)
+        return await client.context(user, session, format="openai", recall_limit=0)
 
     async def turn(self, run: Run, agent: int, i: int) -> None:
         client, (user, session) = self.clients[agent], self.sessions[agent]
@@ -239,17 +284,17 @@ class MemqLoop:
         try:
             seq = await client.append_text(user, session, "user", said)
             t1 = now()
-            # min_seq by default: this client's last write, seq (an explicit one is never carried)
-            ctx = await client.context(user, session, format="openai", recall_limit=0)
+            reply = await self._read(client, user, session)
             t2 = now()
             await client.append_text(user, session, "assistant", text_of("assistant", agent, i))
             t3 = now()
         except (MemqError, nats.errors.Error, TimeoutError) as exc:
             run.failed(exc)
             return
-        if not ctx.messages or ctx.messages[-1].get("content") != said:
+        if said_last(self.read, reply) != said:
             run.ryw_violations += 1
-        steps = {"append user": (t1 - t0) * 1000, "context": (t2 - t1) * 1000}
+        read = "context" if self.read in MEMQ_READS.values() else self.read.split()[0]
+        steps = {"append user": (t1 - t0) * 1000, read: (t2 - t1) * 1000}
         if self.clock is not None and (committed := self.clock.at.pop(seq, None)) is not None:
             # clamped: the notice may come before the PubAck is read, or
             # (read from a cache no commit had to wait for) after the reply
@@ -387,14 +432,14 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock
     splits the one-agent context step."""
     runs: list[Run] = []
     for n in cfg.agents:
-        paths = [*MEMQ_READS, "sql", "bare", "bare tail"]
+        paths = [p for p in PATHS if p in cfg.paths]
         by = {path: Run(path, n) for path in paths}
         status(f"[bold]{n} agent{'s' if n > 1 else ''}[/]: {cfg.rounds} rounds of {cfg.seconds:g} s per loop")
         for r in range(cfg.rounds):
             tag = f"a{n}r{r}-{uuid.uuid4().hex[:6]}"
-            loops = {
+            loops: dict = {
                 path: MemqLoop(nc, n, f"{tag}-{read}", clock if n == 1 and read == "wait" else None, read)
-                for path, read in MEMQ_READS.items()
+                for path, read in (MEMQ_READS | LOCAL_READS).items()
             }
             loops |= {
                 "sql": SqlLoop(pool, tag),
@@ -561,6 +606,48 @@ def targets(runs: list[Run]) -> list[dict]:
             ratio = by[path, 64].per_s / by["sql", 64].per_s
             what = f"64 agents: {path} turns/s ÷ direct-SQL turns/s"
             out.append(dict(what=what, value=ratio, target="≥ 1", ok=ratio >= 1))
+    # issue 43: the one-publish turn
+    if ("memq one-publish", 1) in by and ("sql", 1) in by:
+        ratio = percentile(by["memq one-publish", 1].turn_ms, 50) / percentile(by["sql", 1].turn_ms, 50)
+        what = "1 agent: memq one-publish turn p50 ÷ direct-SQL turn p50"
+        out.append(dict(what=what, value=ratio, target="≤ 1.5", ok=ratio <= 1.5))
+    if ("memq one-publish", 64) in by and ("bare", 64) in by:
+        mine, bare = by["memq one-publish", 64], by["bare", 64]
+        ratio = mine.per_s / bare.per_s
+        what = "64 agents: memq one-publish turns/s ÷ bare pipeline turns/s"
+        out.append(dict(what=what, value=ratio, target="≥ 0.8", ok=ratio >= 0.8))
+        ratio = mine.cpu_ms_per_turn()["total"] / bare.cpu_ms_per_turn()["total"]
+        what = "64 agents: memq one-publish CPU per turn ÷ bare pipeline's"
+        out.append(dict(what=what, value=ratio, target="≤ 1.5", ok=ratio <= 1.5))
+    return out
+
+
+def local_ratios(runs: list[Run]) -> list[dict]:
+    """The one-publish turn and ADK's read, each beside itself as a request,
+    direct SQL and the bare pipeline, at each number of agents (p50, CPU per turn)."""
+    by = {(r.path, r.agents): r for r in runs}
+    out = []
+    pairs = [
+        ("memq one-publish", "memq carry history"),
+        ("memq one-publish", "memq carry"),
+        ("memq one-publish", "sql"),
+        ("memq one-publish", "bare"),
+        ("get_session local", "get_session"),
+        ("get_session local", "sql"),
+    ]
+    for n in sorted({r.agents for r in runs}):
+        for a, b in pairs:
+            if (a, n) in by and (b, n) in by:
+                ra, rb = by[a, n], by[b, n]
+                out.append(
+                    dict(
+                        agents=n,
+                        what=f"{a} ÷ {b}",
+                        p50=round(percentile(ra.turn_ms, 50) / percentile(rb.turn_ms, 50), 2),
+                        per_s=round(ra.per_s / rb.per_s, 2) if rb.per_s else None,
+                        cpu_per_turn=round(ra.cpu_ms_per_turn()["total"] / rb.cpu_ms_per_turn()["total"], 2),
+                    )
+                )
     return out
 
 
@@ -632,6 +719,11 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
             + "÷ bare: "
             + ", ".join(f"{p} {f[p.replace(' ', '_') + '_per_s_over_bare']:.2f}" for p in MEMQ_READS)
         )
+    for r in local_ratios(runs):
+        status(
+            f"{r['agents']} agent{'s' if r['agents'] > 1 else ''}: {r['what']}: p50 {r['p50']:.2f}, "
+            f"turns/s {r['per_s']}, CPU per turn {r['cpu_per_turn']:.2f}"
+        )
     for t in targets(runs):
         mark = "[green]met[/]" if t["ok"] else "[red]not met[/]"
         status(f"{t['what']}: {t['value']:.2f} (target {t['target']}) {mark}")
@@ -645,6 +737,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, help="each loop, each round (default 5; --quick 2)")
     parser.add_argument("--rounds", type=int, help="alternating rounds (default 3; --quick 1)")
     parser.add_argument("--cache", choices=("memory", "redis"), default="memory", help="the query worker's cache")
+    parser.add_argument(
+        "--paths",
+        default=",".join(PATHS),
+        help=f"the turn loops to run, comma-separated (default all: {', '.join(PATHS)})",
+    )
     parser.add_argument(
         "--search",
         action="store_true",
@@ -669,7 +766,10 @@ async def main(args: argparse.Namespace) -> int:
         cache=args.cache,
         think_ms=args.think_ms,
         search=args.search,
+        paths=tuple(p.strip() for p in args.paths.split(",")),
     )
+    if unknown := set(cfg.paths) - set(PATHS):
+        raise SystemExit(f"unknown --paths: {', '.join(sorted(unknown))} (known: {', '.join(PATHS)})")
     machine = machine_info()
     status(f"[bold]memq agent-loop benchmark[/] — {'quick' if args.quick else 'full'} run")
     warn_if_busy(machine)
@@ -683,6 +783,7 @@ async def main(args: argparse.Namespace) -> int:
             runs=[r.summary() for r in runs],
             targets=targets(runs),
             floor=floor(runs),
+            local=local_ratios(runs),
         )
         args.json.write_text(json.dumps(body, indent=2))
         status(f"wrote {args.json}")

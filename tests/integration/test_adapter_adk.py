@@ -38,18 +38,24 @@ from memq.contracts.adapters.adk import MemqMemoryService, MemqSessionService
 from memq.contracts.client import MemoryClient
 from memq.contracts.codec import encode, msg_id, subject_for
 from memq.contracts.schemas import CheckpointSaved
+from memq.workers.memory.local import LocalWindows
 
 APP = "adk_app"
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(params=["memq", "adk-database"])
+@pytest.fixture(params=["memq", "memq-local", "adk-database"])
 async def service(request, memq_url, tmp_path) -> AsyncIterator[BaseSessionService]:
-    """The service under test: memq's, or ADK's own on SQLite (the reference)."""
+    """The service under test: memq's (``memq-local``: reads after its own
+    appends answered in the client, memq.contracts.local), or ADK's own on
+    SQLite (the reference)."""
     if request.param == "memq":
         async with await MemoryClient.connect(memq_url, app=APP) as client:
             yield MemqSessionService(client)
+    elif request.param == "memq-local":
+        async with await MemoryClient.connect(memq_url, app=APP, local_reads=LocalWindows()) as client:
+            yield MemqSessionService(client, consistency="own")
     else:
         async with DatabaseSessionService(f"sqlite+aiosqlite:///{tmp_path}/adk.db") as db:
             yield db
@@ -441,6 +447,30 @@ async def test_a_runner_holds_a_multi_turn_conversation_on_memq(memq, user):
     found = await memory.search_memory(app_name=APP, user_id=user, query="pineapple pizza")
     assert "pineapple pizza please" in texts_of(found)
     assert all(m.custom_metadata["session_id"] == session.id for m in found.memories)
+
+
+async def test_a_runners_turns_read_the_session_in_the_client(memq_url, user):
+    """With local reads, a Runner's get_session after its own appends is
+    answered in the client (no request), and the model sees what it would
+    have seen read from the service."""
+    local = LocalWindows()
+    async with await MemoryClient.connect(memq_url, app=APP, local_reads=local) as client:
+        agent = LlmAgent(name="echo", model=ScriptedLlm(model="scripted"), instruction="Be brief.", output_key="last")
+        sessions = MemqSessionService(client, consistency="own")
+        runner = Runner(app_name=APP, agent=agent, session_service=sessions)
+        session = await sessions.create_session(app_name=APP, user_id=user, state={"user:name": "Ann"})
+        replies = []
+        for text in ("hello", "pineapple pizza please", "thanks"):
+            message = types.Content(role="user", parts=[types.Part(text=text)])
+            async for event in runner.run_async(user_id=user, session_id=session.id, new_message=message):
+                if event.content and event.author == "echo":
+                    replies.append(event.content.parts[0].text)
+        assert replies == ["[1] you said hello", "[3] you said pineapple pizza please", "[5] you said thanks"]
+        assert local.hits >= 2  # the second and third turns' reads
+        held = await sessions.get_session(app_name=APP, user_id=user, session_id=session.id)
+    async with await MemoryClient.connect(memq_url, app=APP) as reference:
+        stored = await MemqSessionService(reference).get_session(app_name=APP, user_id=user, session_id=session.id)
+    assert held.model_dump() == stored.model_dump()
 
 
 async def test_memory_finds_what_was_just_added(memq, memq_url, user):

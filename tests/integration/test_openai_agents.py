@@ -27,6 +27,7 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.codec import encode, msg_id, subject_for
 from memq.contracts.errors import InvalidMessage
 from memq.contracts.schemas import CheckpointSaved
+from memq.workers.memory.local import LocalWindows
 
 APP = "oa_app"
 NO_TRACES = RunConfig(tracing_disabled=True)
@@ -356,3 +357,23 @@ async def test_pop_after_a_state_set_or_checkpoint_on_the_session(memq, user):
     )
     assert await session.get_items() == items[:1]
     assert await session.pop_item() == items[0]
+
+
+async def test_get_items_after_own_add_items_are_read_in_the_client(memq_url, user):
+    """With local reads and ``consistency="own"``, a turn's ``add_items``
+    (a few items: conditional appends one by one) keeps the window, and
+    ``get_items`` after it is answered in the client: the items another
+    client reads from the service."""
+    local = LocalWindows()
+    async with await MemoryClient.connect(memq_url, app=APP, local_reads=local) as client:
+        session = MemqSession("held", client, user=user, consistency="own")
+        items: list[dict[str, Any]] = []
+        for turn in range(5):
+            new = [said("user", f"q{turn}"), said("assistant", f"a{turn}")]
+            await session.add_items(new)
+            items += new
+            assert await session.get_items() == items
+            assert await session.get_items(limit=3) == items[-3:]
+        assert local.hits >= 8  # all but the first turn's two reads
+        async with await MemoryClient.connect(memq_url, app=APP) as other:
+            assert await MemqSession("held", other, user=user).get_items() == items

@@ -218,6 +218,8 @@ class Rules(ABC):
         unbounded_why: for a kind that is not token-bounded, why its context
             can pass the budget (said to the caller).
         params: the settings its result depends on (for captions).
+        keeps_all: keeps every event it is given (its selection is its
+            whole window).
     """
 
     name: ClassVar[Kind]
@@ -226,6 +228,7 @@ class Rules(ABC):
     from_checkpoint: ClassVar[bool] = False
     recall_room: ClassVar[RecallRoom] = "rest"
     unbounded_why: ClassVar[str] = ""
+    keeps_all: ClassVar[bool] = False
 
     def keep_recent(self, strategy: Strategy) -> int:
         """Recent messages kept whenever they fit."""
@@ -242,6 +245,7 @@ class Rules(ABC):
 
 class KeepAll(Rules):
     name = "all"
+    keeps_all = True
     unbounded_why = "keeps every event"
 
     def cut(self, strategy: Strategy, items: Sequence[Item], valid: Sequence[bool], reserved: int) -> int:

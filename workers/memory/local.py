@@ -1,0 +1,420 @@
+"""Session windows held in the client, and the reads they answer: pure, no I/O.
+
+:mod:`memq.contracts.local` says why an answer from here is never stale;
+this module keeps the windows and recomputes, from a held reply and the
+events appended after it, exactly what the query worker would answer: the
+new event as the persistence worker stores it (its JSON, its token count),
+the merged state as the state rules apply it, and each strategy's cut.
+
+A held ``history`` reply is the strategy's selection ``K``, a suffix of the
+worker's window ``W`` (which the reply does not show). With one more event
+``e``, the worker answers ``select(W + [e])``; this answers
+``select(K + [e])``, which is the same whenever ``e`` answers no tool call
+(or ``K`` is all of ``W``: ``K``'s own cut stays valid and every later cut lies inside
+``K``: the strategies never cut further back when an event is added), and
+``summary_buffer``'s ``needs_summary`` is taken only where ``K`` decides it
+(see :func:`extend_history`). Everywhere else the read asks the service.
+tests/unit/test_local_windows.py checks it against ``select(W + [e])`` over
+random windows.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from memq.contracts import queries as q
+from memq.contracts.schemas import (
+    EventAppended,
+    SessionCreated,
+    StateSet,
+    UserDeleted,
+)
+from memq.workers.memory.context import item_from_event, summary_message
+from memq.workers.memory.state import APP_PREFIX, USER_PREFIX, split_delta
+from memq.workers.memory.strategies import Item, Strategy, select
+from memq.workers.memory.tokens import count_event, message_tokens
+
+MAX_SESSIONS = 1024  # windows held, least recently used dropped first
+MAX_EVENTS = 256  # events held per window (a get_session's, a history's)
+MAX_BYTES = 512 * 1024  # JSON bytes of the events held per window
+MAX_HISTORIES = 8  # history reads (strategies) held per window
+MAX_AGE_S = 30.0  # a window is read again from the service after this long
+
+
+@dataclass
+class HeldHistory:
+    """One history reply and what extending it needs."""
+
+    view: q.HistoryView
+    strategy: Strategy
+    items: list[Item]  # of view.events, as the worker counted them
+    reserved: int  # the checkpoint summary's tokens
+
+
+@dataclass
+class _Window:
+    n: int  # the session subject's last sequence this window is as of
+    seeded_at: float
+    info: q.SessionView | None = None  # the session and its merged state (events kept apart)
+    events: list[q.StoredEvent] | None = None  # its newest events; None: not known
+    complete: bool = False  # events holds every event of the session
+    size: int = 0  # JSON bytes of events
+    histories: dict[str, HeldHistory] = field(default_factory=dict)
+
+    def ids(self) -> set[str]:
+        held = [*(self.events or ()), *(e for h in self.histories.values() for e in h.view.events)]
+        return {e.event.get("id", "") for e in held}
+
+
+def stored_event(seq: int, event: Any) -> q.StoredEvent:
+    """An appended event as a read of it returns it: the JSON the persistence
+    worker stores (``commit_plan.event_row``), parsed back, with its count."""
+    data = event.model_dump(mode="json", exclude_none=True)
+    tokens = count_event(data)
+    return q.StoredEvent.model_construct(seq=seq, tokens=tokens, event=orjson.loads(orjson.dumps(data)))
+
+
+def item_of(e: q.StoredEvent) -> Item:
+    # As the worker's window counts a stored event for the default model.
+    return item_from_event(e.seq, e.event, tokens=e.tokens if e.tokens else None)
+
+
+def extend_history(held: HeldHistory, new: q.StoredEvent) -> HeldHistory | None:
+    """``held`` with ``new`` appended, as the worker would answer it, or None
+    when what is held cannot decide it.
+
+    - ``new`` may carry tool results only where ``K`` is the whole window
+      (:func:`_whole`): a result whose call lies before ``K`` (or whose id a
+      call before ``K`` used first) would move the worker's cut back, out of
+      what is held.
+    - ``summary_buffer``'s ``needs_summary`` depends on the whole window. With
+      at least ``min_recent`` events held, a reply without it had kept the
+      whole window (``K == W``; had it cut anything, the fold would reach
+      into ``W``), so ``K + [e]`` decides; a reply with it keeps it whenever
+      ``K + [e]`` says so (if ``K`` is a proper suffix, the fold still
+      reaches into ``W``); otherwise it is not known here.
+    """
+    item = item_of(new)
+    strategy, items = held.strategy, [*held.items, item]
+    if item.result_ids and not _whole(held):
+        return None
+    selection = select(items, strategy, reserved=held.reserved)
+    needs_summary = False
+    if strategy.from_checkpoint:
+        if len(held.items) < strategy.min_recent:
+            return None
+        if held.view.needs_summary and not selection.needs_summary:
+            return None
+        needs_summary = selection.needs_summary
+    by_seq = {e.seq: e for e in held.view.events} | {new.seq: new}
+    tokens = selection.tokens + held.reserved
+    view = held.view.model_copy(
+        update={
+            "events": [by_seq[it.seq] for it in selection.items],
+            "tokens": tokens,
+            "over_budget": tokens > strategy.budget,
+            "needs_summary": needs_summary,
+            "next_cursor": None,
+            "committed_seq": None,
+        }
+    )
+    return HeldHistory(view, strategy, list(selection.items), held.reserved)
+
+
+def _whole(held: HeldHistory) -> bool:
+    """Is the held selection the worker's whole window (``K == W``)? Always
+    for ``all``; for ``summary_buffer`` when the reply asked for no summary
+    with ``min_recent`` events held (see :func:`extend_history`). Otherwise
+    it is not known, and a tool result may answer a call before ``K`` (the
+    worker pairs a result with the *first* call of its id in ``W``)."""
+    strategy = held.strategy
+    if strategy.rules.keeps_all:
+        return True
+    return strategy.from_checkpoint and not held.view.needs_summary and len(held.items) >= strategy.min_recent
+
+
+def hold_history(view: q.HistoryView) -> HeldHistory | None:
+    """What extending ``view`` needs, or None when its counts are not the
+    default model's (a deployment that counts for another model: the
+    worker's items then differ from the stored counts, and only it knows)."""
+    try:
+        strategy = Strategy.from_dict(view.strategy)
+    except (TypeError, ValueError):
+        return None
+    items = [item_of(e) for e in view.events]
+    reserved = view.tokens - sum(it.tokens for it in items)
+    expected = message_tokens(summary_message(view.summary)) if view.summary is not None else 0
+    if reserved != expected:
+        return None
+    return HeldHistory(view, strategy, items, reserved)
+
+
+def _copied(events: Sequence[q.StoredEvent]) -> list[q.StoredEvent]:
+    """Fresh event dicts (callers may change what they are given, as they
+    may a reply's), in one pass of C; each event a shallow copy of the held
+    one with its new dict (``copy.copy`` of a pydantic model: no validation)."""
+    data = orjson.loads(orjson.dumps([e.event for e in events]))
+    out = []
+    for e, d in zip(events, data, strict=True):
+        fresh = copy.copy(e)
+        fresh.__dict__["event"] = d  # frozen for callers; this copy is not handed out yet
+        out.append(fresh)
+    return out
+
+
+def _size(events: Sequence[q.StoredEvent]) -> int:
+    return sum(len(orjson.dumps(e.event)) for e in events)
+
+
+def _history_key(req: q.HistoryGet) -> str:
+    return req.strategy.model_dump_json(exclude_none=True) if req.strategy is not None else ""
+
+
+def _delta_scopes(delta: Any) -> tuple[bool, bool]:
+    """Does ``delta`` set ``user:`` keys, ``app:`` keys?"""
+    keys = list(delta or ())
+    return any(k.startswith(USER_PREFIX) for k in keys), any(k.startswith(APP_PREFIX) for k in keys)
+
+
+class LocalWindows:
+    """The session windows one :class:`~memq.contracts.client.MemoryClient`
+    holds (``MemoryClient(..., local_reads=LocalWindows())``): see
+    :mod:`memq.contracts.local`.
+
+    :param max_sessions: windows held; the least recently used is dropped
+        first. Default 1024.
+    :param max_events: events held per window (a get_session's newest, a
+        history's selection); a read of more asks the service. Default 256.
+    :param max_bytes: JSON bytes of those events per window. Default 512 KiB.
+    :param max_age: seconds a window answers after the service's reply it
+        grew from; then a read asks the service again (other clients'
+        ``user:``/``app:`` state and user deletes are seen within it).
+        Default 30.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_sessions: int = MAX_SESSIONS,
+        max_events: int = MAX_EVENTS,
+        max_bytes: int = MAX_BYTES,
+        max_age: float = MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.max_sessions = max_sessions
+        self.max_events = max_events
+        self.max_bytes = max_bytes
+        self.max_age = max_age
+        self.clock = clock
+        self.app: str | None = None  # the app of the client they serve (bind)
+        self._windows: OrderedDict[tuple[str, str], _Window] = OrderedDict()
+        self._own: OrderedDict[tuple[str, str], int] = OrderedDict()  # this client's newest write per session
+        # Bumped by every write that changes other sessions' reads (user
+        # state, app state, a user delete): a read that began before it seeds nothing.
+        self._generation = 0
+        self.hits = 0  # reads answered here
+        self.extended = 0  # appends that extended a window
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def bind(self, app: str) -> None:
+        if self.app is not None and self.app != app:
+            raise ValueError(f"these LocalWindows serve app {self.app!r}'s client; give app {app!r}'s its own")
+        self.app = app
+
+    # --- writes -----------------------------------------------------------------
+
+    def expect(self, user: str, session: str) -> int | None:
+        window = self._current((user, session))
+        return window.n if window is not None else None
+
+    def appended(self, user: str, session: str, expect_seq: int | None, seq: int, event: Any) -> None:
+        key = (user, session)
+        self._wrote_session(key, seq)
+        self._changes_others(key, user, event.actions.state_delta)
+        window = self._windows.get(key)
+        if window is None:
+            return
+        if expect_seq is None or expect_seq != window.n or event.id in window.ids():
+            self.forget(user, session)  # an id held already: the worker keeps the first one
+            return
+        new = stored_event(seq, event)
+        if window.info is not None:
+            window.info = window.info.model_copy(
+                update={"updated_at": new.event["timestamp"], "last_seq": seq, "state": self._state(window.info, new)}
+            )
+        if window.events is not None:
+            window.events.append(new)
+            window.size += _size([new])
+            while window.events and (len(window.events) > self.max_events or window.size > self.max_bytes):
+                window.size -= _size(window.events[:1])
+                del window.events[0]
+                window.complete = False
+        for name, held in list(window.histories.items()):
+            extended = extend_history(held, new)
+            if extended is None or len(extended.view.events) > self.max_events:
+                del window.histories[name]
+            else:
+                window.histories[name] = extended
+        window.n = seq
+        self.extended += 1
+        self._windows.move_to_end(key)
+
+    @staticmethod
+    def _state(info: q.SessionView, new: q.StoredEvent) -> dict[str, Any]:
+        """The merged state after the event's delta: it is the session's
+        newest message, so each of its keys wins (higher seq, commit_plan)."""
+        state = dict(info.state)
+        scoped = split_delta((new.event.get("actions") or {}).get("state_delta") or {})
+        state.update(scoped.session)
+        state.update({USER_PREFIX + k: v for k, v in scoped.user.items()})
+        state.update({APP_PREFIX + k: v for k, v in scoped.app.items()})
+        return state
+
+    def wrote(self, message: Any, seq: int | None = None) -> None:
+        user, session = message.user, getattr(message, "session", None)
+        if type(message) is UserDeleted or session is None:
+            # The user's own subject: user:/app: state (StateSet) or a user delete.
+            has_app = type(message) is StateSet and _delta_scopes([*message.delta, *(message.delete or ())])[1]
+            self._drop(lambda key: has_app or key[0] == user)
+            self._generation += 1
+            return
+        key = (user, session)
+        if seq is not None:
+            self._wrote_session(key, seq)
+        self.forget(user, session)
+        if type(message) is EventAppended:
+            self._changes_others(key, user, message.event.actions.state_delta)
+        elif type(message) is SessionCreated:
+            self._changes_others(key, user, message.state)
+        elif type(message) is StateSet:
+            self._changes_others(key, user, [*message.delta, *(message.delete or ())])
+
+    def forget(self, user: str, session: str) -> None:
+        self._windows.pop((user, session), None)
+
+    def _wrote_session(self, key: tuple[str, str], seq: int) -> None:
+        self._own[key] = max(seq, self._own.pop(key, 0))
+        while len(self._own) > 4 * self.max_sessions:
+            self._own.popitem(last=False)
+
+    def _changes_others(self, key: tuple[str, str], user: str, delta: Any) -> None:
+        has_user, has_app = _delta_scopes(delta)
+        if has_user or has_app:
+            self._drop(lambda other: other != key and (has_app or other[0] == user))
+            self._generation += 1
+
+    def _drop(self, which: Callable[[tuple[str, str]], bool]) -> None:
+        for key in [k for k in self._windows if which(k)]:
+            del self._windows[key]
+
+    # --- reads ------------------------------------------------------------------
+
+    def _current(self, key: tuple[str, str]) -> _Window | None:
+        window = self._windows.get(key)
+        if window is not None and self.clock() - window.seeded_at > self.max_age:
+            del self._windows[key]
+            return None
+        return window
+
+    @staticmethod
+    def _plain_session_get(req: q.SessionGet) -> bool:
+        return req.cursor is None and req.after_seq is None and req.after is None and not req.roles
+
+    @staticmethod
+    def _plain_history(req: q.HistoryGet) -> bool:
+        return req.cursor is None and req.after is None and not req.roles and req.model is None
+
+    def answer(self, op: str, request: Any) -> Any | None:
+        if request.consistency == "any" or request.min_seq is not None:
+            return None
+        found: q.SessionView | q.HistoryView | None
+        if op == "session.get" and self._plain_session_get(request):
+            found = self._session_view(request)
+        elif op == "history" and self._plain_history(request):
+            found = self._history_view(request)
+        else:
+            return None
+        if found is not None:
+            self.hits += 1
+            self._windows.move_to_end((request.user, request.session))
+        return found
+
+    def _session_view(self, req: q.SessionGet) -> q.SessionView | None:
+        window = self._current((req.user, req.session))
+        if window is None or window.info is None:
+            return None
+        events: list[q.StoredEvent] = []
+        wanted = req.num_recent_events
+        if req.events or wanted is not None:
+            held = window.events
+            if held is None or not (window.complete or (wanted is not None and wanted <= len(held))):
+                return None
+            events = _copied(held if wanted is None else held[max(0, len(held) - wanted) :] if wanted else [])
+        state = orjson.loads(orjson.dumps(window.info.state))
+        return window.info.model_copy(update={"state": state, "events": events, "next_cursor": None})
+
+    def _history_view(self, req: q.HistoryGet) -> q.HistoryView | None:
+        window = self._current((req.user, req.session))
+        held = window.histories.get(_history_key(req)) if window is not None else None
+        if held is None:
+            return None
+        return held.view.model_copy(update={"events": _copied(held.view.events)})
+
+    def seeds(self, op: str, request: Any) -> Any | None:
+        if op == "session.get" and self._plain_session_get(request):
+            return self._generation
+        if op == "history" and self._plain_history(request):
+            return self._generation
+        return None
+
+    def seed(self, op: str, request: Any, reply: Any, min_seq: int, ticket: Any) -> None:
+        if ticket is None or ticket != self._generation:
+            return  # an own write that changes this read came meanwhile
+        key = (request.user, request.session)
+        own = self._own.get(key, 0)
+        if op == "session.get":
+            n = reply.last_seq
+            if not 0 < n <= min_seq or own > n:
+                self._windows.pop(key, None)  # older than what was just read: of no use
+                return
+            window = self._window(key, n)
+            window.info = reply.model_copy(update={"events": None, "next_cursor": None})
+            if request.events or request.num_recent_events is not None:
+                events = list(reply.events or ())
+                wanted = request.num_recent_events
+                window.complete = wanted is None or len(events) < wanted
+                window.events, window.size = events, _size(events)
+                while window.events and (len(window.events) > self.max_events or window.size > self.max_bytes):
+                    window.size -= _size(window.events[:1])
+                    del window.events[0]
+                    window.complete = False
+        elif op == "history":
+            committed = reply.committed_seq
+            if not own or min_seq < own or (committed is not None and committed < own):
+                return
+            held = hold_history(reply)
+            if held is None or len(reply.events) > self.max_events:
+                return
+            window = self._window(key, own)
+            window.histories[_history_key(request)] = held
+            while len(window.histories) > MAX_HISTORIES:
+                del window.histories[next(iter(window.histories))]
+
+    def _window(self, key: tuple[str, str], n: int) -> _Window:
+        """The window of ``key`` as of ``n``: the held one if it is, else a new one."""
+        window = self._windows.pop(key, None)
+        if window is None or window.n != n:
+            window = _Window(n=n, seeded_at=self.clock())
+        self._windows[key] = window
+        while len(self._windows) > self.max_sessions:
+            self._windows.popitem(last=False)
+        return window
