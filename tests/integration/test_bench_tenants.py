@@ -23,4 +23,4 @@ def test_the_tenants_benchmark_reports_every_op_in_every_phase(tmp_path):
     for op in ("append", "read", "search", "http read"):
         idle = rows["idle", op]
         assert idle["samples"] > 0 and idle["errors"] == 0 and idle["p99_over_idle"] == pytest.approx(1.0)
-    assert result["config"] == {"seconds": 1.0, "backlog": 100, "waiters": 20, "wait_ms": 2000}
+    assert result["config"] == {"seconds": 1.0, "backlog": 100, "waiters": 20, "wait_ms": 2000, "attacker_nice": 0}
