@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -33,6 +34,12 @@ def make_settings(nats_url: str, db_url: str, data_dir: Path, **persistence) -> 
         database={"url": db_url},
         persistence={"retry_delays_s": [0.2, 0.5, 1.0], **persistence},
     )
+
+
+def weaviate_collection(server, prefix: str) -> dict[str, object]:
+    """Weaviate settings for ``server`` with a collection of the test's own
+    (a random name under ``prefix``), so that tests sharing the server never meet."""
+    return {"url": server.url, "grpc_port": server.grpc_port, "collection": f"{prefix}{uuid.uuid4().hex[:10]}"}
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

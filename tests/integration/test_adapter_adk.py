@@ -422,18 +422,24 @@ class ScriptedLlm(BaseLlm):
         )
 
 
+async def three_turns(runner: Runner, user: str, session_id: str) -> list[str]:
+    """The echo agent's replies to three user turns run through ``runner``."""
+    replies = []
+    for text in ("hello", "pineapple pizza please", "thanks"):
+        message = types.Content(role="user", parts=[types.Part(text=text)])
+        async for event in runner.run_async(user_id=user, session_id=session_id, new_message=message):
+            if event.content and event.author == "echo":
+                replies.append(event.content.parts[0].text)
+    return replies
+
+
 async def test_a_runner_holds_a_multi_turn_conversation_on_memq(memq, user):
     agent = LlmAgent(name="echo", model=ScriptedLlm(model="scripted"), instruction="Be brief.", output_key="last")
     sessions, memory = MemqSessionService(memq), MemqMemoryService(memq, mode="keyword")
     runner = Runner(app_name=APP, agent=agent, session_service=sessions, memory_service=memory)
     session = await sessions.create_session(app_name=APP, user_id=user, state={"user:name": "Ann"})
 
-    replies = []
-    for text in ("hello", "pineapple pizza please", "thanks"):
-        message = types.Content(role="user", parts=[types.Part(text=text)])
-        async for event in runner.run_async(user_id=user, session_id=session.id, new_message=message):
-            if event.content and event.author == "echo":
-                replies.append(event.content.parts[0].text)
+    replies = await three_turns(runner, user, session.id)
     # Every turn the model saw the whole conversation so far, read back from memq.
     assert replies == ["[1] you said hello", "[3] you said pineapple pizza please", "[5] you said thanks"]
 
@@ -459,12 +465,7 @@ async def test_a_runners_turns_read_the_session_in_the_client(memq_url, user):
         sessions = MemqSessionService(client, consistency="own")
         runner = Runner(app_name=APP, agent=agent, session_service=sessions)
         session = await sessions.create_session(app_name=APP, user_id=user, state={"user:name": "Ann"})
-        replies = []
-        for text in ("hello", "pineapple pizza please", "thanks"):
-            message = types.Content(role="user", parts=[types.Part(text=text)])
-            async for event in runner.run_async(user_id=user, session_id=session.id, new_message=message):
-                if event.content and event.author == "echo":
-                    replies.append(event.content.parts[0].text)
+        replies = await three_turns(runner, user, session.id)
         assert replies == ["[1] you said hello", "[3] you said pineapple pizza please", "[5] you said thanks"]
         assert local.hits >= 2  # the second and third turns' reads
         held = await sessions.get_session(app_name=APP, user_id=user, session_id=session.id)

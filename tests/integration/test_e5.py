@@ -10,11 +10,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from pathlib import Path
 
 import pytest
-from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for, wait_indexed
+from helpers import (
+    SharedEmbedder,
+    make_settings,
+    running,
+    running_query,
+    running_worker,
+    wait_for,
+    wait_indexed,
+    weaviate_collection,
+)
 from search_stack import open_index, searcher
 
 from memq.contracts import queries as q
@@ -168,9 +176,7 @@ async def test_a_rebuild_migrates_a_minilm_index_to_e5_with_no_failed_search(
     extra = {}
     if backend == "weaviate":
         server = request.getfixturevalue("weaviate_server")
-        extra = {
-            "weaviate": {"url": server.url, "grpc_port": server.grpc_port, "collection": f"M{uuid.uuid4().hex[:10]}"}
-        }
+        extra = {"weaviate": weaviate_collection(server, "M")}
     s.indexing = type(s.indexing).model_validate(
         {**s.indexing.model_dump(), "backend": backend, "batch_wait_s": 0.05, **extra}
     )

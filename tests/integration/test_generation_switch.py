@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import pytest
-from helpers import Letters, make_settings, running, running_query, running_worker, wait_for
+from helpers import Letters, make_settings, running, running_query, running_worker, wait_for, weaviate_collection
 from search_stack import searcher
 
 from memq.contracts import queries as q
@@ -195,9 +195,7 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
     extra = {}
     if backend == "weaviate":
         server = request.getfixturevalue("weaviate_server")
-        extra = {
-            "weaviate": {"url": server.url, "grpc_port": server.grpc_port, "collection": f"B{uuid.uuid4().hex[:10]}"}
-        }
+        extra = {"weaviate": weaviate_collection(server, "B")}
     s.indexing = type(s.indexing).model_validate(
         {**s.indexing.model_dump(), "backend": backend, "batch_wait_s": 0.05, **extra}
     )

@@ -11,7 +11,16 @@ import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import pytest
-from helpers import SharedEmbedder, make_settings, running, running_query, running_worker, wait_for, wait_indexed
+from helpers import (
+    SharedEmbedder,
+    make_settings,
+    running,
+    running_query,
+    running_worker,
+    wait_for,
+    wait_indexed,
+    weaviate_collection,
+)
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotCommitted, Unavailable
@@ -186,9 +195,7 @@ async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp
     extra = {}
     if backend == "weaviate":
         server = request.getfixturevalue("weaviate_server")
-        extra = {
-            "weaviate": {"url": server.url, "grpc_port": server.grpc_port, "collection": f"R{uuid.uuid4().hex[:10]}"}
-        }
+        extra = {"weaviate": weaviate_collection(server, "R")}
     s = settings_for(nats_url, sqlite_url, tmp_path, backend=backend, **extra)
     async with stack(s, embedder, query=False) as (indexing, _):
         async with await MemoryClient.connect(nats_url, app=APP) as client:

@@ -10,12 +10,20 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import uuid
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import nats
 import pytest
-from helpers import MEMQ, SharedEmbedder, WorkerProcess, make_settings, running, settings_env, wait_for
+from helpers import (
+    MEMQ,
+    SharedEmbedder,
+    WorkerProcess,
+    make_settings,
+    running,
+    settings_env,
+    wait_for,
+    weaviate_collection,
+)
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
@@ -60,9 +68,7 @@ def settings(nats_url, sqlite_url, tmp_path, request):
     extra = {}
     if request.param == "weaviate":
         server = request.getfixturevalue("weaviate_server")
-        extra = {
-            "weaviate": {"url": server.url, "grpc_port": server.grpc_port, "collection": f"F{uuid.uuid4().hex[:10]}"}
-        }
+        extra = {"weaviate": weaviate_collection(server, "F")}
     s = make_settings(nats_url, sqlite_url, tmp_path)
     s.indexing = type(s.indexing).model_validate(
         {

@@ -15,12 +15,20 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from contextlib import AsyncExitStack
 
 import nats
 import pytest
-from helpers import Letters, make_settings, run_memq, running, running_query, running_worker, wait_for
+from helpers import (
+    Letters,
+    make_settings,
+    run_memq,
+    running,
+    running_query,
+    running_worker,
+    wait_for,
+    weaviate_collection,
+)
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotCommitted
@@ -80,9 +88,7 @@ def settings(request, nats_url, db_url, tmp_path):
     extra = {}
     if request.param == "weaviate":
         server = request.getfixturevalue("weaviate_server")
-        extra = {
-            "weaviate": {"url": server.url, "grpc_port": server.grpc_port, "collection": f"B{uuid.uuid4().hex[:10]}"}
-        }
+        extra = {"weaviate": weaviate_collection(server, "B")}
     s = make_settings(nats_url, db_url, tmp_path)
     s.indexing = type(s.indexing).model_validate(
         {
