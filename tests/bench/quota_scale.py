@@ -45,7 +45,7 @@ replicas (throttled: quota-bound, at a higher cost per unit), the machine
 (the servers' share), or neither (a lock or the stream: replicas idle
 under their quota while cores were free).
 
-Sizes (full / ``--quick`` / ``--smoke``): E = 20,000 / 4,000 / 300; D and R
+Sizes (full / ``--quick`` / ``--smoke``): E = 20,000 / 4,000 / 1,000; D and R
 = 160 / 48 / 16; C = 16 / 16 / 4, T = 8 / 3 / 1 s. ``--smoke`` is the test
 command's run, at N = 1 and 2. ``--quota 0`` runs without limits: the
 many-core form, for a machine with a core per replica (with ``--replicas
@@ -121,7 +121,7 @@ MODES = {
     "full": Config(events=20_000, sessions=40, docs=160, rebuild_docs=160, concurrency=16, query_s=8.0, warmup_s=2.0),
     "quick": Config(events=4_000, sessions=20, docs=48, rebuild_docs=48, concurrency=16, query_s=3.0, warmup_s=1.0),
     "smoke": Config(
-        events=300, sessions=5, docs=16, rebuild_docs=16, concurrency=4, query_s=1.0, warmup_s=0.5, replicas=(1, 2)
+        events=1_000, sessions=5, docs=16, rebuild_docs=16, concurrency=4, query_s=1.0, warmup_s=0.5, replicas=(1, 2)
     ),
 }
 
@@ -140,6 +140,7 @@ class Step:
     p50_ms: float | None = None
     p99_ms: float | None = None
     replica_cores: list[float] = field(default_factory=list)  # each replica of the kind
+    window_s: float = 0.0  # the wall time the cores are measured over
     throttled: list[float] = field(default_factory=list)  # share of each one's CFS periods throttled
     servers_cores: dict[str, float] = field(default_factory=dict)
     machine_busy: float = 0.0  # share of all cores busy
@@ -170,6 +171,7 @@ class Meter:
 
     def stop(self, step: Step) -> Step:
         wall = now() - self.t0
+        step.window_s = round(wall, 3)
         step.per_s = round(step.units / step.seconds, 1) if step.seconds else 0.0
         w1, q1 = self.fleet.usage(), self._throttling()
         busy1, total1 = fleetlib.machine_ticks()

@@ -20,6 +20,11 @@ QUOTA = 0.25
 STEPS = ["ingest", "indexing", "rebuild", "history", "context"]
 
 
+def within_quota(window_s: float, period_s: float = 0.1, tick_s: float = 0.01) -> float:
+    """The most cores a replica held to QUOTA can show over ``window_s``."""
+    return max(QUOTA * 1.6 + 0.05, (QUOTA * (window_s + 2 * period_s) + 2 * tick_s) / window_s)
+
+
 def quotas_here() -> bool:
     try:
         cpuquota.Quotas(f"memq-test-probe-{os.getpid()}").close()
@@ -57,9 +62,11 @@ def test_the_quota_benchmark_measures_every_kind_at_each_n(tmp_path: Path):
     if limited:
         assert result["measured"]["conditions"].startswith(f"`--smoke`; {QUOTA:g} core per replica")
         for s in steps:
-            # CPU over a step's wall time, read from /proc: a replica held to its quota stays under it
-            assert max(s["replica_cores"]) <= QUOTA * 1.6 + 0.05, (
-                s
-            )  # a quota read over a short window of a loaded VM; unconfined a replica takes 0.5-1 core
+            # A replica held to its quota stays under it, give or take what a window
+            # of a loaded VM lets through: /proc's 10 ms ticks at each end, and the
+            # kernel's quota per 100 ms period, which a window cut across a period
+            # boundary at each end can collect once more at each. Unconfined a
+            # replica takes 0.5-1 core.
+            assert max(s["replica_cores"]) <= within_quota(s["window_s"]), s
             assert len(s["throttled"]) == s["replicas"], s
         assert leftovers() == before  # every cgroup the run made is gone
