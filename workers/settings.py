@@ -550,8 +550,9 @@ class HttpSettings(BaseModel):
         default=128,
         ge=1,
         description=(
-            "requests one app's API key may have in flight on a gateway replica at once, from the key check to "
-            "the end of the answer (reads waiting for a min_seq included); past it, 429 `busy` with Retry-After, "
+            "requests one app's API key may have in flight on a gateway replica (or a `memq mcp --transport http` "
+            "server) at once, from the key check to the end of the answer (reads waiting for a min_seq included); "
+            "past it, 429 `busy` with Retry-After, "
             "the body unread. Each may hold a body of up to max_body_bytes, so this bounds what one app makes the "
             "gateway hold"
         ),

@@ -4,6 +4,7 @@ reaches it (pure ASGI, no server)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -82,3 +83,45 @@ def test_a_server_for_an_app_without_a_key_or_open_off_loopback_is_refused():
     with pytest.raises(ValueError, match="without a key"):
         keyring_for(Settings(), "app-a", "0.0.0.0")
     assert keyring_for(Settings(), "app-a", "127.0.0.1").open
+
+
+async def test_the_apps_key_past_its_in_flight_cap_is_429_busy_unread_and_gives_places_back():
+    release = asyncio.Event()
+    reached: list[str] = []
+    read = 0
+
+    async def inner(scope, receive, send):
+        reached.append(scope["type"])
+        await release.wait()  # a slow answer (a tool waiting on NATS)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive():
+        nonlocal read
+        read += 1
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def through(key: str) -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "path": "/mcp", "root_path": "", "query_string": b"",
+                 "headers": [(b"authorization", f"Bearer {key}".encode())]}  # fmt: skip
+        await check(scope, receive, send)
+        return sent
+
+    check = KeyCheck(inner, keyring(), "app-a", key_inflight=1)
+    held = asyncio.create_task(through(KEYS["app-a"]))
+    while not reached:
+        await asyncio.sleep(0)
+    busy = await through(KEYS["app-a"])
+    assert (busy[0]["status"], dict(busy[0]["headers"])[b"retry-after"], reached, read) == (429, b"1", ["http"], 0)
+    body = json.loads(busy[1]["body"])  # a JSON-RPC error, as the 401/403
+    assert body["id"] is None and body["error"]["data"]["code"] == "busy"
+    assert "http.key_inflight" in body["error"]["message"]
+    assert (await through(KEYS["app-b"]))[0]["status"] == 403  # another key: refused for itself, never counted
+    release.set()
+    assert (await held)[0]["status"] == 200
+    assert (await through(KEYS["app-a"]))[0]["status"] == 200 and check.inflight.count("app-a") == 0

@@ -35,13 +35,14 @@ A refused body is never read: uvicorn stops reading a request the app does
 not read (it pauses at 64 KiB) and discards the rest once the answer is sent,
 for at most ``http.read_timeout_s`` (:mod:`.server`).
 
-:func:`read_body` and :class:`BodyGuard` are the same body checks for another
-ASGI app (``memq mcp --transport http``).
+:func:`read_body` and :class:`BodyGuard` are the same body checks, and
+:class:`KeyInflight` the same count, for another ASGI app (``memq mcp
+--transport http``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from fastapi.security import APIKeyHeader, HTTPBearer
@@ -101,14 +102,15 @@ def too_large(limit: int) -> Response:
     )
 
 
+BUSY_RETRY_AFTER = {"Retry-After": "1"}
+
+
+def busy_message(app: str, cap: int) -> str:
+    return f"app {app!r} has {cap} requests in flight on this server with its key, its cap (http.key_inflight): retry later"
+
+
 def key_busy(app: str, cap: int) -> Response:
-    return error_response(
-        429,
-        "busy",
-        f"app {app!r} has {cap} requests in flight on this gateway with its key, its cap (http.key_inflight): "
-        "retry later",
-        {"Retry-After": "1"},
-    )
+    return error_response(429, "busy", busy_message(app, cap), BUSY_RETRY_AFTER)
 
 
 def over_budget(exc: OverBudget) -> Response:
@@ -204,6 +206,42 @@ class BodyGuard:
         await guarded(self.app, self.limits, scope, receive, send)
 
 
+class KeyInflight:
+    """At most ``cap`` requests of one app's key in flight at once
+    (``http.key_inflight``), from the key check to the end of the answer: the
+    count of :class:`FrontDoor` and of ``memq mcp --transport http``'s key check."""
+
+    def __init__(self, cap: int = HttpSettings().key_inflight):
+        self.caps = Caps(cap)
+
+    @property
+    def cap(self) -> int:
+        return self.caps.cap
+
+    def count(self, owner: str) -> int:
+        return self.caps.count(owner)
+
+    async def serve(
+        self,
+        owner: str,
+        app: ASGIApp,
+        busy: Callable[[str, int], Response],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+    ) -> None:
+        """Call ``app`` holding one of ``owner``'s places, given back however
+        it ends (a client gone away included); past the cap, ``busy(owner,
+        cap)`` answers instead, the body unread."""
+        if not self.caps.take(owner):
+            await busy(owner, self.caps.cap)(scope, receive, send)
+            return
+        try:
+            await app(scope, receive, send)
+        finally:
+            self.caps.give(owner)
+
+
 EMPTY_BODY: Message = {"type": "http.request", "body": b"", "more_body": False}
 
 
@@ -225,7 +263,7 @@ class FrontDoor:
         self.keyring = keyring
         self.limits = limits
         self.public = frozenset(public)
-        self.inflight = Caps(key_inflight)
+        self.inflight = KeyInflight(key_inflight)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -243,13 +281,10 @@ class FrontDoor:
         if owner is None:  # an open gateway: no key to count by
             await guarded(self.app, self.limits, scope, receive, send)
             return
-        if not self.inflight.take(owner):
-            await key_busy(owner, self.inflight.cap)(scope, receive, send)
-            return
-        try:
-            await guarded(self.app, self.limits, scope, receive, send)
-        finally:
-            self.inflight.give(owner)
+        await self.inflight.serve(owner, self._guarded, key_busy, scope, receive, send)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await guarded(self.app, self.limits, scope, receive, send)
 
     async def _owner(self, scope: Scope, path: str) -> str | Response | None:
         """The app whose key the request carries (None on an open gateway),

@@ -7,7 +7,13 @@ gateway's own :class:`~memq.workers.http.keys.Keyring` (``http.apps``) and
 its way of carrying a key (``Authorization: Bearer`` or ``X-API-Key``,
 :func:`~memq.workers.http.door.presented_key`): a missing or unknown key is
 a 401, another app's key a 403, answered as a JSON-RPC error (memq's code
-in its ``data``), which the MCP client shows as the message itself. With
+in its ``data``), which the MCP client shows as the message itself. As at
+the gateway's door, the key has at most ``http.key_inflight`` requests in
+flight at once, from the key check to the end of the answer; past it, 429
+``busy`` with ``Retry-After``, the body unread (the same JSON-RPC error).
+One server serves one app, so this bounds what the app's callers together
+make it hold (each request a body of up to ``http.max_body_bytes`` and a
+wait on NATS), as the gateway bounds each app's share of it. With
 no keys configured the server is open and, as the gateway, may only listen
 on loopback.
 
@@ -34,12 +40,19 @@ from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memq.workers.http.door import BodyGuard, BodyLimits, presented_key
+from memq.workers.http.door import (
+    BUSY_RETRY_AFTER,
+    BodyGuard,
+    BodyLimits,
+    KeyInflight,
+    busy_message,
+    presented_key,
+)
 from memq.workers.http.gateway import HttpPortTaken, bind
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp, check_open_is_local
 from memq.workers.http.server import deadline_protocol
 from memq.workers.mcp.server import app_client, build_server
-from memq.workers.settings import Settings
+from memq.workers.settings import HttpSettings, Settings
 
 log = logging.getLogger("memq.mcp")
 
@@ -51,12 +64,16 @@ class McpPortTaken(OSError):
 
 
 class KeyCheck:
-    """ASGI middleware: only requests carrying ``app``'s key get through."""
+    """ASGI middleware: only requests carrying ``app``'s key get through, at
+    most ``key_inflight`` of them at once (``http.key_inflight``, counted by
+    the gateway's own :class:`~memq.workers.http.door.KeyInflight`; an open
+    server has no key to count)."""
 
-    def __init__(self, inner: ASGIApp, keyring: Keyring, app: str):
+    def __init__(self, inner: ASGIApp, keyring: Keyring, app: str, key_inflight: int = HttpSettings().key_inflight):
         self.inner = inner
         self.keyring = keyring
         self.app = app
+        self.inflight = KeyInflight(key_inflight)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # no transport of ours uses one: closed unread, key or not
@@ -70,6 +87,9 @@ class KeyCheck:
                 return
             except WrongApp as exc:
                 await refusal(403, "not_allowed", str(exc))(scope, receive, send)
+                return
+            if not self.keyring.open:
+                await self.inflight.serve(self.app, self.inner, busy, scope, receive, send)
                 return
         await self.inner(scope, receive, send)
 
@@ -85,6 +105,11 @@ def refusal(status: int, code: str, message: str, headers: dict[str, str] | None
     40). ``id`` is null: the body is refused unread."""
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": REFUSED, "message": message, "data": {"code": code}}}
     return JSONResponse(body, status_code=status, headers=headers)
+
+
+def busy(app: str, cap: int) -> Response:
+    """The gateway's 429 ``busy`` (its message and ``Retry-After``), as a JSON-RPC error."""
+    return refusal(429, "busy", busy_message(app, cap), BUSY_RETRY_AFTER)
 
 
 def keyring_for(settings: Settings, app: str, host: str) -> Keyring:
@@ -112,7 +137,7 @@ def asgi_app(server: MCPServer, keyring: Keyring, app: str, settings: Settings, 
         max_request_body_size=settings.http.max_body_bytes,
         host=host,
     )
-    return KeyCheck(BodyGuard(inner, BodyLimits.from_settings(settings.http)), keyring, app)
+    return KeyCheck(BodyGuard(inner, BodyLimits.from_settings(settings.http)), keyring, app, settings.http.key_inflight)
 
 
 async def serve_http(
