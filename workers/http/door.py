@@ -37,7 +37,8 @@ for at most ``http.read_timeout_s`` (:mod:`.server`).
 
 :func:`read_body` and :class:`BodyGuard` are the same body checks, and
 :class:`KeyInflight` the same count, for another ASGI app (``memq mcp
---transport http``).
+--transport http``), which says how each refusal is answered (a
+:data:`Render`): the same status, code and message in its own body.
 """
 
 from __future__ import annotations
@@ -85,6 +86,12 @@ def error_response(status: int, code: str, message: str, headers: dict[str, str]
     return Response(body.model_dump_json(), status_code=status, media_type="application/json", headers=headers)
 
 
+# How a refusal is answered, from (status, code, message, headers): the
+# gateway's is error_response; `memq mcp` answers a JSON-RPC error, which its
+# client shows (any other body it reports as "Server returned an error response").
+Render = Callable[[int, str, str, dict[str, str] | None], Response]
+
+
 def unauthenticated(exc: Unauthenticated) -> Response:
     return error_response(401, "unauthenticated", str(exc), {"WWW-Authenticate": "Bearer"})
 
@@ -93,12 +100,13 @@ def wrong_app(exc: WrongApp) -> Response:
     return error_response(403, "not_allowed", str(exc))
 
 
-def too_large(limit: int) -> Response:
-    return error_response(
+def too_large(limit: int, render: Render = error_response) -> Response:
+    return render(
         413,
         "oversize",
-        f"the request body is over the gateway's limit of {limit} bytes (http.max_body_bytes): "
+        f"the request body is over the server's limit of {limit} bytes (http.max_body_bytes): "
         "send fewer events per request",
+        None,
     )
 
 
@@ -109,12 +117,12 @@ def busy_message(app: str, cap: int) -> str:
     return f"app {app!r} has {cap} requests in flight on this server with its key, its cap (http.key_inflight): retry later"
 
 
-def key_busy(app: str, cap: int) -> Response:
-    return error_response(429, "busy", busy_message(app, cap), BUSY_RETRY_AFTER)
+def key_busy(app: str, cap: int, render: Render = error_response) -> Response:
+    return render(429, "busy", busy_message(app, cap), BUSY_RETRY_AFTER)
 
 
-def over_budget(exc: OverBudget) -> Response:
-    return error_response(413, "oversize", str(exc))
+def over_budget(exc: OverBudget, render: Render = error_response) -> Response:
+    return render(413, "oversize", str(exc), None)
 
 
 async def presented_key(conn: HTTPConnection) -> str | None:
@@ -138,15 +146,17 @@ def routed_path(scope: Scope) -> str:
     return path[len(root) :] if root and path.startswith(root) else path
 
 
-def declared_too_large(scope: Scope, limits: BodyLimits) -> Response | None:
+def declared_too_large(scope: Scope, limits: BodyLimits, render: Render = error_response) -> Response | None:
     """A 413 for a ``Content-Length`` over the cap, before a byte is read."""
     declared = HTTPConnection(scope).headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_bytes:
-        return too_large(limits.max_bytes)
+        return too_large(limits.max_bytes, render)
     return None
 
 
-async def read_body(receive: Receive, limits: BodyLimits) -> list[Message] | Response | None:
+async def read_body(
+    receive: Receive, limits: BodyLimits, render: Render = error_response
+) -> list[Message] | Response | None:
     """A request's body messages, read up to the cap and counted for JSON;
     the 413 of the first limit it passes (the rest is left unread); None if
     the client disconnected. Held here rather than counted as the app reads:
@@ -161,11 +171,11 @@ async def read_body(receive: Receive, limits: BodyLimits) -> list[Message] | Res
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limits.max_bytes:
-            return too_large(limits.max_bytes)
+            return too_large(limits.max_bytes, render)
         try:
             budget.feed(chunk)  # this chunk's bytes only: no long scan holds the loop
         except OverBudget as exc:
-            return over_budget(exc)
+            return over_budget(exc, render)
         messages.append(message)
         if not message.get("more_body", False):
             return messages
@@ -181,10 +191,17 @@ def replaying(messages: list[Message], receive: Receive) -> Receive:
     return replayed
 
 
-async def guarded(app: ASGIApp, limits: BodyLimits, scope: Scope, receive: Receive, send: Send) -> None:
+async def guarded(
+    app: ASGIApp,
+    limits: BodyLimits,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    render: Render = error_response,
+) -> None:
     """Call ``app`` with the body once it is read within ``limits``, or answer the 413."""
-    refusal = declared_too_large(scope, limits)
-    body = refusal if refusal is not None else await read_body(receive, limits)
+    refusal = declared_too_large(scope, limits, render)
+    body = refusal if refusal is not None else await read_body(receive, limits, render)
     if isinstance(body, Response):
         await body(scope, receive, send)
     elif body is not None:  # None: the client went away
@@ -193,17 +210,19 @@ async def guarded(app: ASGIApp, limits: BodyLimits, scope: Scope, receive: Recei
 
 class BodyGuard:
     """ASGI middleware: the body limits of :class:`FrontDoor` alone, for an
-    app that checks keys itself (``memq mcp --transport http``)."""
+    app that checks keys itself (``memq mcp --transport http``), its 413s
+    answered by ``render``."""
 
-    def __init__(self, app: ASGIApp, limits: BodyLimits = DEFAULT_LIMITS):
+    def __init__(self, app: ASGIApp, limits: BodyLimits = DEFAULT_LIMITS, render: Render = error_response):
         self.app = app
         self.limits = limits
+        self.render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        await guarded(self.app, self.limits, scope, receive, send)
+        await guarded(self.app, self.limits, scope, receive, send, self.render)
 
 
 class KeyInflight:
@@ -225,16 +244,16 @@ class KeyInflight:
         self,
         owner: str,
         app: ASGIApp,
-        busy: Callable[[str, int], Response],
+        render: Render,
         scope: Scope,
         receive: Receive,
         send: Send,
     ) -> None:
         """Call ``app`` holding one of ``owner``'s places, given back however
-        it ends (a client gone away included); past the cap, ``busy(owner,
-        cap)`` answers instead, the body unread."""
+        it ends (a client gone away included); past the cap, 429 ``busy``
+        (:func:`key_busy`, answered by ``render``), the body unread."""
         if not self.caps.take(owner):
-            await busy(owner, self.caps.cap)(scope, receive, send)
+            await key_busy(owner, self.caps.cap, render)(scope, receive, send)
             return
         try:
             await app(scope, receive, send)
@@ -281,7 +300,7 @@ class FrontDoor:
         if owner is None:  # an open gateway: no key to count by
             await guarded(self.app, self.limits, scope, receive, send)
             return
-        await self.inflight.serve(owner, self._guarded, key_busy, scope, receive, send)
+        await self.inflight.serve(owner, self._guarded, error_response, scope, receive, send)
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         await guarded(self.app, self.limits, scope, receive, send)

@@ -15,21 +15,39 @@ closes the connection unless the request's headers and body have all
 arrived in time. It is disarmed as soon as they have, so a slow answer (a
 read waiting for its ``min_seq``) is never cut. A refused request whose body
 the app never read stays armed: uvicorn discards that body as it comes, for
-at most the deadline.
+at most the deadline. The gateway's 408 has no body; ``memq mcp --transport
+http`` has :func:`deadline_protocol` render one (a JSON-RPC error).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from http import HTTPStatus
 from typing import Any
 
+from starlette.responses import Response
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from memq.workers.http.door import Render
 
 log = logging.getLogger("memq.http")
 
 # What a client that never finished its request is told before the close.
 TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+def timed_out_message(read_timeout_s: float) -> str:
+    return f"the request did not arrive whole within {read_timeout_s:g}s (http.read_timeout_s): send it at once"
+
+
+def raw_answer(response: Response) -> bytes:
+    """``response`` as the bytes the protocol writes itself (it is no ASGI app's
+    answer: the app never got the request), the connection then closed."""
+    status = HTTPStatus(response.status_code)
+    lines = [f"HTTP/1.1 {status.value} {status.phrase}".encode()]
+    lines += [name + b": " + value for name, value in response.raw_headers if name != b"connection"]
+    return b"\r\n".join([*lines, b"connection: close", b"", response.body])
 
 
 class _ReadDeadline:
@@ -38,6 +56,7 @@ class _ReadDeadline:
     ``more_body`` turns false once its body has all arrived)."""
 
     read_timeout_s: float
+    timed_out: bytes  # what a request that did not arrive in time is answered
     # uvicorn's protocol's, named for the type checker
     cycle: Any
     loop: asyncio.AbstractEventLoop
@@ -84,7 +103,7 @@ class _ReadDeadline:
             return
         cycle = self.cycle
         if cycle is None or cycle is self._before or not cycle.response_started:
-            self.transport.write(TIMED_OUT)  # nothing answered yet: say why it ends
+            self.transport.write(self.timed_out)  # nothing answered yet: say why it ends
         log.debug(
             "closed the connection of %s: its request did not arrive within %gs (http.read_timeout_s)",
             self.client,
@@ -93,6 +112,13 @@ class _ReadDeadline:
         self.transport.close()
 
 
-def deadline_protocol(read_timeout_s: float) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class with the read deadline, for ``uvicorn.Config(http=…)``."""
-    return type("DeadlineHTTPProtocol", (_ReadDeadline, AutoHTTPProtocol), {"read_timeout_s": float(read_timeout_s)})
+def deadline_protocol(read_timeout_s: float, render: Render | None = None) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class with the read deadline, for
+    ``uvicorn.Config(http=…)``; its 408 has no body, or the one ``render``
+    gives it (``timed_out``, naming the setting)."""
+    if render is None:
+        answer = TIMED_OUT
+    else:
+        answer = raw_answer(render(408, "timed_out", timed_out_message(read_timeout_s), None))
+    attrs = {"read_timeout_s": float(read_timeout_s), "timed_out": answer}
+    return type("DeadlineHTTPProtocol", (_ReadDeadline, AutoHTTPProtocol), attrs)

@@ -25,7 +25,9 @@ Past the key, the body is held to the gateway's limits by its own
 ``http.max_json_elements``/``max_json_depth`` counted as the body arrives:
 the SDK parses a body whole on the event loop, and 4 MiB of ``[{},{},…]``
 cost it ~110 MB), and uvicorn runs with the gateway's deadline for reading a
-request (``http.read_timeout_s``, :mod:`memq.workers.http.server`).
+request (``http.read_timeout_s``, :mod:`memq.workers.http.server`). Each of
+their refusals (413 ``oversize``, 408 ``timed_out``) is the gateway's status
+and message as the same JSON-RPC error (:func:`refusal`), naming the setting.
 """
 
 from __future__ import annotations
@@ -40,14 +42,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memq.workers.http.door import (
-    BUSY_RETRY_AFTER,
-    BodyGuard,
-    BodyLimits,
-    KeyInflight,
-    busy_message,
-    presented_key,
-)
+from memq.workers.http.door import BodyGuard, BodyLimits, KeyInflight, presented_key
 from memq.workers.http.gateway import HttpPortTaken, bind
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp, check_open_is_local
 from memq.workers.http.server import deadline_protocol
@@ -89,27 +84,24 @@ class KeyCheck:
                 await refusal(403, "not_allowed", str(exc))(scope, receive, send)
                 return
             if not self.keyring.open:
-                await self.inflight.serve(self.app, self.inner, busy, scope, receive, send)
+                await self.inflight.serve(self.app, self.inner, refusal, scope, receive, send)
                 return
         await self.inner(scope, receive, send)
 
 
-REFUSED = -32001  # JSON-RPC's range for server errors (-32000..-32099): the key was refused
+REFUSED = -32001  # JSON-RPC's range for server errors (-32000..-32099): the request was refused
 
 
 def refusal(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
-    """A refused key as a JSON-RPC error (memq's error code in ``data``), at
-    the gateway's HTTP status. The mcp package's client raises a JSON-RPC
-    error body as ``MCPError`` with its message; any other body became
-    "Server returned an error response" in a 70-line ExceptionGroup (issue
-    40). ``id`` is null: the body is refused unread."""
+    """A refused request (its key, its count in flight, its body, its
+    deadline) as a JSON-RPC error (memq's error code in ``data``), at the
+    gateway's HTTP status: the :data:`~memq.workers.http.door.Render` of this
+    server. The mcp package's client raises a JSON-RPC error body as
+    ``MCPError`` with its message; any other body became "Server returned an
+    error response" in a 70-line ExceptionGroup (issue 40). ``id`` is null:
+    the body is refused before it is parsed."""
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": REFUSED, "message": message, "data": {"code": code}}}
     return JSONResponse(body, status_code=status, headers=headers)
-
-
-def busy(app: str, cap: int) -> Response:
-    """The gateway's 429 ``busy`` (its message and ``Retry-After``), as a JSON-RPC error."""
-    return refusal(429, "busy", busy_message(app, cap), BUSY_RETRY_AFTER)
 
 
 def keyring_for(settings: Settings, app: str, host: str) -> Keyring:
@@ -137,7 +129,8 @@ def asgi_app(server: MCPServer, keyring: Keyring, app: str, settings: Settings, 
         max_request_body_size=settings.http.max_body_bytes,
         host=host,
     )
-    return KeyCheck(BodyGuard(inner, BodyLimits.from_settings(settings.http)), keyring, app, settings.http.key_inflight)
+    guard = BodyGuard(inner, BodyLimits.from_settings(settings.http), refusal)
+    return KeyCheck(guard, keyring, app, settings.http.key_inflight)
 
 
 async def serve_http(
@@ -166,7 +159,7 @@ async def serve_http(
         api = asgi_app(build_server(app, lambda: client, default_user), keyring, app, settings, host)
         config = uvicorn.Config(
             api,
-            http=deadline_protocol(settings.http.read_timeout_s),
+            http=deadline_protocol(settings.http.read_timeout_s, refusal),
             lifespan="on",
             log_config=None,
             access_log=False,
