@@ -56,6 +56,17 @@ date as the timestamp, a minute apart), published with
 
 ``--quick-raw`` times the raw embedder on the first conversation only.
 
+``--rerank N`` (issue 41, part 3) adds, per backend, rows for a second
+stage measured beside its own first stage: the defaults' hybrid top N
+(in-process) re-ordered by ``(1 - w) * first-stage score + w * e5 cosine``
+(``query: `` question against ``passage: speaker: text``, both min-max
+scaled over the N candidates) for each w in ``--rerank-weights``; w 0 is
+the first stage cut to 10. Passage vectors are cached across weights and
+questions within the run, so the added p50 per question is printed twice:
+as measured (the query plus the candidates not yet cached; most were, by
+then) and with the cache warm (the query alone, as with a stored e5 vector
+per memory), beside the total time e5 spent on passages.
+
 ``--quick`` uses the first conversation only.
 """
 
@@ -76,6 +87,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import helpers
+import numpy as np
 import services
 from rich.table import Table
 
@@ -124,6 +136,7 @@ class BackendResult:
     index_bytes: int = 0  # on disk once indexed (the embedded file with its WAL; Weaviate's data folder)
     # what the floor removed from hybrid's top 10 of the scored questions with evidence
     floor: dict = field(default_factory=dict)
+    rerank: dict = field(default_factory=dict)  # --rerank: candidates, weights, added p50 (cold/warm cache)
 
 
 def indexed_texts(conversations, context_turns: int) -> list[str]:
@@ -322,7 +335,14 @@ async def plain_baseline(conversations, work: Path) -> tuple[dict, dict]:
 
 
 async def run_backend(
-    backend: str, conversations, work: Path, weaviate=None, embedder: str = "local", lean: bool = False
+    backend: str,
+    conversations,
+    work: Path,
+    weaviate=None,
+    embedder: str = "local",
+    lean: bool = False,
+    rerank: int = 0,
+    rerank_weights=(),
 ) -> BackendResult:
     with services.NatsServer(workdir=work / "nats") as nats_server:
         settings = settings_for(backend, nats_server.url, work, weaviate, embedder)
@@ -354,6 +374,11 @@ async def run_backend(
                 in_process[IN_PROCESS] = Searcher(settings)
             try:
                 await score(client, conversations, result, in_process)
+                if rerank:
+                    status(f"  rerank top {rerank} by e5 …")
+                    first = in_process.get(IN_PROCESS) or Searcher(settings)
+                    in_process.setdefault(IN_PROCESS, first)
+                    await rerank_rows(client, conversations, first, rerank, rerank_weights, result)
             finally:
                 for searcher in in_process.values():
                     await searcher.close()
@@ -366,6 +391,59 @@ def index_bytes(backend: str, settings: Settings, work: Path) -> int:
         return sum(p.stat().st_size for p in (work / "weaviate").rglob("*") if p.is_file())
     path = settings.index_path()
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*") if p.is_file())
+
+
+def _scaled(values):
+    lo, hi = min(values), max(values)
+    return [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in values]
+
+
+async def rerank_rows(client, conversations, searcher: Searcher, n: int, weights, result: BackendResult) -> None:
+    """Rows "rerank e5 wW (top N)": the first stage's top ``n`` re-ordered by a
+    blend of its score with the e5 query-passage cosine (see the docstring)."""
+    e5 = offline("e5")
+    cache: dict[str, np.ndarray] = {}
+    recalls = {w: Recalls() for w in weights}
+    cold, warm, passages_s = [], [], 0.0
+    for c in conversations:
+        for q in c.questions:
+            found = await searcher.search(
+                qs.Search(app=client.app, user=c.sample_id, query=q.question, mode="hybrid", k=n)
+            )
+            hits = found.results
+            t0 = time.perf_counter()
+            qv = e5.queries([q.question])[0]
+            t1 = time.perf_counter()
+            missing = [h for h in hits if h.event_id not in cache]
+            if missing:
+                vectors = e5.docs([f"{h.author}: {h.content}" for h in missing])
+                cache.update({h.event_id: v for h, v in zip(missing, vectors, strict=True)})
+            t2 = time.perf_counter()
+            passages_s += t2 - t1
+            warm.append((t1 - t0) * 1000)
+            cold.append((t2 - t0) * 1000)
+            if not hits:
+                for w in weights:
+                    recalls[w].add(c, q, [])
+                continue
+            first = _scaled([h.score for h in hits])
+            cosine = _scaled([float(cache[h.event_id] @ qv) for h in hits])
+            for w in weights:
+                blended = [(1 - w) * f + w * s for f, s in zip(first, cosine, strict=True)]
+                order = sorted(range(len(hits)), key=lambda i: -blended[i])
+                recalls[w].add(c, q, [hits[i].event_id for i in order][: max(KS)])
+    for w in weights:
+        mode = f"rerank e5 w{w:g} (top {n})"
+        result.recall[mode] = recalls[w].means()
+        result.session_recall[mode] = recalls[w].means("session")
+    result.rerank = {
+        "candidates": n,
+        "weights": list(weights),
+        "added_p50_ms_cold": statistics.median(cold),
+        "added_p50_ms_warm": statistics.median(warm),
+        "passages_embedded": len(cache),
+        "passages_s": passages_s,
+    }
 
 
 def below_baseline(result: BackendResult, baseline: dict) -> list[str]:
@@ -388,6 +466,7 @@ def print_recall_table(r: BackendResult, cats: list[str], baseline: dict, level:
     for mode in (
         *MODES,
         *(m for m in (ONE_SEARCH, NO_FLOOR, NO_NEIGHBOURS, IN_PROCESS) if m in recalls),
+        *(m for m in recalls if m.startswith("rerank ")),
         BASELINE,
     ):
         recall = baseline if mode == BASELINE else recalls[mode]
@@ -421,6 +500,12 @@ def print_results(
             console.print(
                 f"the relevance floor removed {r.floor['results_removed']} results from hybrid's top 10 of "
                 f"{r.floor['questions']} scored questions with evidence, {r.floor['evidence_removed']} of them evidence"
+            )
+        if r.rerank:
+            console.print(
+                f"rerank (top {r.rerank['candidates']}): added p50 {r.rerank['added_p50_ms_cold']:.1f} ms per question "
+                f"as measured (uncached candidates embedded then), {r.rerank['added_p50_ms_warm']:.1f} ms with all cached "
+                f"({r.rerank['passages_embedded']} passages embedded by e5 in {r.rerank['passages_s']:.1f} s)"
             )
         console.print(f"index size on disk: {r.index_bytes / 1e6:.1f} MB")
         console.print(
@@ -473,6 +558,7 @@ async def main(args) -> int:
             "rss_mb": embedder_rss_mb(kind, indexed_texts(conversations[:1], 1)[:64]),
         }
     results = []
+    rerank_args = (args.rerank, tuple(args.rerank_weights))
     with tempfile.TemporaryDirectory(prefix="memq-retrieval-") as tmp:
         status("plain baseline …")
         baseline, session_baseline = await plain_baseline(conversations, Path(tmp))
@@ -483,9 +569,11 @@ async def main(args) -> int:
                 work.mkdir()
                 if backend == "weaviate":
                     with services.Weaviate(workdir=work / "weaviate") as weaviate:
-                        results.append(await run_backend(backend, conversations, work, weaviate, kind, args.lean))
+                        results.append(
+                            await run_backend(backend, conversations, work, weaviate, kind, args.lean, *rerank_args)
+                        )
                 else:
-                    results.append(await run_backend(backend, conversations, work, None, kind, args.lean))
+                    results.append(await run_backend(backend, conversations, work, None, kind, args.lean, *rerank_args))
     print_results(results, raw, machine, baseline, session_baseline)
     if args.json:
         args.json.write_text(
@@ -523,6 +611,12 @@ def parse_args() -> argparse.Namespace:
         "--embedders", nargs="+", default=["local"], choices=KINDS, help="indexing.embedder of each run (in order)"
     )
     parser.add_argument("--lean", action="store_true", help="leave out the rows of older rankings (one search, …)")
+    parser.add_argument(
+        "--rerank", type=int, default=0, metavar="N", help="add rows re-ranking hybrid's top N by e5 cosine (0: off)"
+    )
+    parser.add_argument(
+        "--rerank-weights", type=float, nargs="+", default=[0.0, 0.3, 0.5, 0.7], help="the e5 cosine's weights"
+    )
     return parser.parse_args()
 
 
