@@ -51,10 +51,10 @@ class Tenants:
         """A connection as ``app``'s own user, as an agent connects."""
         return await self.connect(security.app_user_name(app), inbox_prefix=app_inbox_prefix(app))
 
-    async def client(self, app: str) -> MemoryClient:
+    async def client(self, app: str, **options) -> MemoryClient:
         user = security.app_user_name(app)
         return await MemoryClient.connect(
-            self.server.url, app=app, user=user, password=self.passwords[user], max_reconnect_attempts=0
+            self.server.url, app=app, user=user, password=self.passwords[user], max_reconnect_attempts=0, **options
         )
 
     async def stored(self, subject: str) -> int:

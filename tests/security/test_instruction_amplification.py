@@ -151,7 +151,9 @@ async def test_counting_a_window_for_another_model_does_not_stall_others(tenants
     """A names a new model in each read of a long session of its own: each
     is a miss of every cache (the window's, the answer's) and counts the
     whole window again for that model, ~0.3 s of tiktoken; in a thread now."""
-    a, b = await tenants.client(A), await tenants.client(B)
+    # A's 3.4 MB session takes a slow machine more than the default 2 s to
+    # commit (CI: 768 of 1,201 events), and A's first read waits for all of it.
+    a, b = await tenants.client(A, wait_ms=30_000), await tenants.client(B)
     try:
         said = Event(author="user", message=Message(role="user", parts=[TextPart(text="hello")]))
         await b.append("bob", "b-model", said)
