@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from sqlalchemy import func, select
@@ -297,3 +299,27 @@ class SharedEmbedder:
 
     async def close(self) -> None:
         pass
+
+
+@contextmanager
+def mcp_http(env: dict[str, str], app: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`memq mcp --transport http` for ``app`` on a free loopback port, with
+    exactly ``env``: its URL, read from its ready line, and its process."""
+    command = [str(MEMQ), "mcp", "--transport", "http", "--port", "0", "--app", app, "--user", "u"]
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        deadline, lines = time.monotonic() + 60, []
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            assert line, f"memq mcp exited: {''.join(lines)}"
+            lines.append(line)
+            if found := re.search(r"ready: app \S+ on (http://\S+)", line):
+                break
+        else:
+            raise AssertionError(f"memq mcp not ready: {''.join(lines)}")
+        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe from filling
+        yield found[1], proc
+    finally:
+        proc.terminate()
+        proc.wait(30)

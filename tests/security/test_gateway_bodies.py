@@ -36,7 +36,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import MEMQ, WorkerProcess, make_settings
+from helpers import WorkerProcess, make_settings, mcp_http
 from services import NatsServer
 from services import running as running_service
 
@@ -129,28 +129,8 @@ def mcp(stack) -> Iterator[Server]:
     """`memq mcp --transport http` for app A, its URL from its ready line."""
     settings, env = stack
     full = WorkerProcess(settings, Path(os.devnull), env=env).env  # os.environ, the settings, env
-    proc = subprocess.Popen(
-        [str(MEMQ), "mcp", "--transport", "http", "--port", "0", "--app", A, "--user", "u"],
-        env=full,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stderr is not None
-        deadline, lines = time.monotonic() + 60, []
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            assert line, f"memq mcp exited: {''.join(lines)}"
-            lines.append(line)
-            if found := re.search(r"ready: app \S+ on (http://\S+)", line):
-                break
-        else:
-            raise AssertionError(f"memq mcp not ready: {''.join(lines)}")
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe from filling
-        yield Server(found[1], proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with mcp_http(full, A) as (url, proc):
+        yield Server(url, proc.pid)
 
 
 def key(app: str) -> dict[str, str]:

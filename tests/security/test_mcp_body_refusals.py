@@ -10,18 +10,14 @@ refused before any tool runs, so no worker is needed."""
 from __future__ import annotations
 
 import json
-import re
 import socket
-import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx2
 import pytest
-from helpers import MEMQ, make_settings, settings_env
+from helpers import make_settings, mcp_http, settings_env
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -46,24 +42,8 @@ def url(tmp_path_factory) -> Iterator[str]:
     with running_service(NatsServer) as nats:
         settings = make_settings(nats.url, f"sqlite+aiosqlite:///{tmp}/memq.db", tmp)
         env = settings_env(settings) | LIMITS | {"MEMQ_HTTP__APPS": json.dumps({APP: {"api_key": KEY}})}
-        command = [str(MEMQ), "mcp", "--transport", "http", "--port", "0", "--app", APP, "--user", "u"]
-        proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-        try:
-            assert proc.stderr is not None
-            deadline, lines = time.monotonic() + 60, []
-            while time.monotonic() < deadline:
-                line = proc.stderr.readline()
-                assert line, f"memq mcp exited: {''.join(lines)}"
-                lines.append(line)
-                if found := re.search(r"ready: app \S+ on (http://\S+)", line):
-                    break
-            else:
-                raise AssertionError(f"memq mcp not ready: {''.join(lines)}")
-            threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe from filling
-            yield found[1]
-        finally:
-            proc.terminate()
-            proc.wait(30)
+        with mcp_http(env, APP) as (url, _):
+            yield url
 
 
 def nested(depth: int) -> list:

@@ -13,10 +13,7 @@ app's own other callers, and the server's memory grows without bound."""
 from __future__ import annotations
 
 import json
-import re
 import socket
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -25,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from helpers import MEMQ, make_settings, settings_env
+from helpers import make_settings, mcp_http, settings_env
 from services import NatsServer
 from services import running as running_service
 
@@ -47,24 +44,8 @@ def mcp_server(settings: Settings, app: str) -> Iterator[str]:
         "MEMQ_HTTP__APPS": json.dumps({a: {"api_key": k} for a, k in KEYS.items()}),
         "MEMQ_HTTP__KEY_INFLIGHT": str(CAP),
     }
-    command = [str(MEMQ), "mcp", "--transport", "http", "--port", "0", "--app", app, "--user", "u"]
-    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr is not None
-        deadline, lines = time.monotonic() + 60, []
-        while time.monotonic() < deadline:
-            line = proc.stderr.readline()
-            assert line, f"memq mcp exited: {''.join(lines)}"
-            lines.append(line)
-            if found := re.search(r"ready: app \S+ on (http://\S+)", line):
-                break
-        else:
-            raise AssertionError(f"memq mcp not ready: {''.join(lines)}")
-        threading.Thread(target=proc.stderr.read, daemon=True).start()  # keep its pipe from filling
-        yield found[1]
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    with mcp_http(env, app) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")
