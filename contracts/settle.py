@@ -24,7 +24,6 @@ building; the client is its only user.
 from __future__ import annotations
 
 import asyncio
-import random
 import re
 import time
 
@@ -34,6 +33,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from memq.contracts.backoff import doubling, equal_jitter
 from memq.contracts.errors import (
     Conflict,
     Forbidden,
@@ -91,10 +91,11 @@ class PublishSettling:
         subject = messages[0][0]
         acks: list[PubAck | None] = [None] * len(messages)
         started = time.monotonic()
-        delay = RETRY_DELAYS[0]
+        retries = 0
         wait = self.timeout
         maybe_stored = False  # a try got no answer: a later refusal does not prove it was not stored
         while True:
+            delay = doubling(retries, *RETRY_DELAYS)
             failures = await self._try(messages, [i for i, ack in enumerate(acks) if ack is None], acks, wait)
             if not failures:
                 break
@@ -107,8 +108,8 @@ class PublishSettling:
                 raise self._failed(
                     exc, subject, unacked if maybe_stored else (), time.monotonic() - started, wait
                 ) from exc
-            await asyncio.sleep(random.uniform(delay / 2, delay))  # jitter: clients cut together retry apart
-            delay = min(2 * delay, RETRY_DELAYS[1])
+            await asyncio.sleep(equal_jitter(delay))  # clients cut off together retry apart
+            retries += 1
             if timed_out:
                 # Acks slower than the timeout (a loaded server or machine):
                 # wait twice as long next time, within the deadline, rather
