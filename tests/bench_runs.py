@@ -1,4 +1,4 @@
-"""What the benchmarks' smoke tests (tests/integration/test_bench_*.py) share:
+"""What the benchmarks' smoke tests (tests/bench_smoke/test_bench_*.py) share:
 the command that runs a benchmark as the docs show it, one run that must exit 0
 and write its JSON, and a LoCoMo-shaped file small enough for a test."""
 

@@ -1,5 +1,6 @@
 """Backoff for the HTTP clients of OpenAI-compatible endpoints (embeddings,
-chat): exponential with jitter, or the server's Retry-After, capped.
+chat): exponential with jitter (:mod:`memq.contracts.backoff`), or the
+server's Retry-After, capped.
 
 Written here rather than taken from a retry library: two call sites, a
 dozen lines, and the server's Retry-After must win over the schedule.
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 
 import httpx
+
+from memq.contracts.backoff import doubling, spread
 
 log = logging.getLogger("memq.http")
 
@@ -41,8 +43,8 @@ def retry_after(reply: httpx.Response | None) -> float | None:
 def delay(attempt: int, base_s: float, max_s: float, server_says: float | None = None) -> float:
     """Seconds before attempt ``attempt + 1``: ``base_s * 2**attempt`` ±25 %,
     or what the server asked for, never above ``max_s``."""
-    wait = base_s * 2**attempt * random.uniform(0.75, 1.25) if server_says is None else max(server_says, 0.0)
-    return min(max_s, wait)
+    wait = spread(doubling(attempt, base_s), 0.25) if server_says is None else max(server_says, 0.0)
+    return min(max_s, wait)  # after the spread: a capped delay is never spread below the cap
 
 
 EXCERPT_CHARS = 200

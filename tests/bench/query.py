@@ -179,7 +179,7 @@ QUICK = Config(
     paired_hits=400,
     paired_misses=120,
 )
-SMOKE = Config(  # tests/integration/test_bench_query.py: every path once, no figure worth reading
+SMOKE = Config(  # tests/bench_smoke/test_bench_query.py: every path once, no figure worth reading
     seconds=0.3,
     seconds_c1=0.1,
     list_sessions=PAGE * 11,

@@ -4,6 +4,7 @@ gives the bytes, subjects, dedupe ids and errors of encoding them one by one."""
 from __future__ import annotations
 
 import pytest
+from fakes import FakeNats
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.codec import encode, event_encoder
@@ -35,13 +36,6 @@ def test_event_encoder_gives_the_bytes_of_encode():
     evs = events()
     encode_event = event_encoder(one_by_one(evs[0]))
     assert [encode_event(e) for e in evs] == [encode(one_by_one(e)) for e in evs]
-
-
-class FakeNats:
-    max_payload = 1024 * 1024
-
-    def jetstream(self, timeout: float):
-        return None
 
 
 def test_append_many_prepares_what_single_appends_prepare():

@@ -4,7 +4,8 @@ again, not when the retry delay has passed (up to 30 s by default)."""
 from __future__ import annotations
 
 import time
-from types import SimpleNamespace
+
+from fakes import FakeMsg
 
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable
 from memq.workers.indexing.worker import IndexingWorker
@@ -28,21 +29,12 @@ class ComesBack:
         return META
 
 
-class Msg:
-    def __init__(self):
-        self.metadata = SimpleNamespace(num_delivered=1, sequence=SimpleNamespace(stream=1))
-        self.naks: list[float | None] = []
-
-    async def nak(self, delay: float | None = None) -> None:
-        self.naks.append(delay)
-
-
 async def test_a_batch_goes_back_once_the_index_answers():
     settings = Settings(indexing={"retry_delays_s": [DELAY_S], "ack_wait_s": 4 * DELAY_S})
     index = ComesBack(down=3)
     worker = IndexingWorker(settings, backend=index)  # type: ignore[arg-type]
     worker._generation = META
-    msgs = [Msg(), Msg()]
+    msgs = [FakeMsg(), FakeMsg()]
     t0 = time.monotonic()
 
     async def down(_: object) -> None:
@@ -58,7 +50,7 @@ async def test_a_batch_goes_back_once_the_index_answers():
 def test_a_batch_holding_a_message_delivered_before_is_rewritten():
     from memq.workers.indexing.indexer import redelivered
 
-    first, again = Msg(), Msg()
+    first, again = FakeMsg(), FakeMsg()
     again.metadata.num_delivered = 2
     assert not redelivered([first])
     assert redelivered([first, again])

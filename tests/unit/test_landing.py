@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from fakes import FakeNats
 from nats.js.api import PubAck, RawStreamMsg
 from nats.js.errors import NotFoundError
 
@@ -84,23 +85,13 @@ async def test_a_fresh_id_taken_too_fails_rather_than_reporting_success():
         await publish_landed(js, "ev.b", b"body", {MSG_ID: "id-1"}, "S", fresh="id-1.guessed")
 
 
-class FakeConnection:
-    max_payload = 1 << 20
-
-    def __init__(self, js: FakeStream) -> None:
-        self.js = js
-
-    def jetstream(self, timeout: float | None = None) -> FakeStream:
-        return self.js
-
-
 @pytest.mark.parametrize("verify", [True, False])
 async def test_the_client_verifies_duplicates_only_when_told(verify):
     """``memq import`` (verify_duplicates) gets its message stored; an app's
     client, which may not read the stream, takes the duplicate as its own."""
     js = FakeStream()
     await js.publish("ev.a", b"body", headers={MSG_ID: "id-1"})
-    client = MemoryClient(FakeConnection(js), "app", verify_duplicates=verify)
+    client = MemoryClient(FakeNats(js), "app", verify_duplicates=verify)
     seqs = await client._settle([("ev.b", b"body", {MSG_ID: "id-1"}), ("ev.b", b"next", {MSG_ID: "id-2"})])
     if verify:
         assert seqs == [3, 2] and client.squatted == 1 and js.messages[3][:2] == ("ev.b", b"body")

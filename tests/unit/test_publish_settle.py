@@ -5,9 +5,9 @@ than resending the same messages every ``timeout`` until the deadline."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import nats.errors
+from fakes import FakeNats
 from nats.js.api import PubAck
 
 from memq.contracts.client import MemoryClient
@@ -51,10 +51,7 @@ class SlowJetStream:
 
 
 def client(js: SlowJetStream) -> MemoryClient:
-    nc = SimpleNamespace(
-        jetstream=lambda timeout: js, last_error=None, new_inbox=lambda: "_INBOX.x", max_payload=1024 * 1024
-    )
-    return MemoryClient(nc, "app", timeout=TIMEOUT_S, publish_deadline=3.0)  # type: ignore[arg-type]
+    return MemoryClient(FakeNats(js), "app", timeout=TIMEOUT_S, publish_deadline=3.0)  # type: ignore[arg-type]
 
 
 def events(n: int) -> list[Event]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from fakes import Written
+
 from memq.contracts import queries as q
 from memq.workers.query.cache import MemoryBackend, QueryCache
 from memq.workers.query.service import QueryLive, QueryWorker
@@ -38,15 +40,6 @@ class Floor:
     async def wait_for(self, seq: int, timeout_s: float) -> int:
         self.value = max(self.value, seq)  # as if the commit landed
         return self.value
-
-
-class Written:
-    """A stream whose last sequence is past every min_seq asked here."""
-
-    last = 1_000
-
-    async def reaches(self, seq: int) -> bool:
-        return seq <= self.last
 
 
 class CountingBackend(MemoryBackend):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import nats.errors
 import orjson
+from fakes import Written
 from sqlalchemy import exc as sa_exc
 
 from memq.contracts import queries as q
@@ -19,15 +20,6 @@ class FailingFloor:
 
     async def wait_for(self, seq: int, timeout_s: float) -> None:
         raise self.exc
-
-
-class Written:
-    """A stream whose last sequence is past every min_seq asked here."""
-
-    last = 1_000
-
-    async def reaches(self, seq: int) -> bool:
-        return seq <= self.last
 
 
 async def answer_with(exc: Exception, tmp_path) -> dict:

@@ -62,14 +62,31 @@ def test_no_import_needs_a_noqa_e402():
 NO_SMOKE: dict[str, str] = {}
 
 
+SMOKE = TESTS / "bench_smoke"  # the benchmarks' smoke tests, apart from the behaviour tests
+RUNS_A_BENCHMARK = re.compile(r"(?:bench_command|run_bench|run_bench_output)\(\s*\"(\w+)\"")
+
+
 def test_every_benchmark_has_a_smoke_test():
-    """Each benchmark tests/run_bench.py runs is run by a test (through
-    bench_runs.py), or NO_SMOKE says why not: a benchmark no test runs rots."""
+    """Each benchmark tests/run_bench.py runs is run by a test in
+    tests/bench_smoke/ (through bench_runs.py), or NO_SMOKE says why not: a
+    benchmark no test runs rots."""
     ran = set()
-    for path in TESTS.rglob("test_*.py"):
-        ran |= set(re.findall(r"(?:bench_command|run_bench|run_bench_output)\(\s*\"(\w+)\"", path.read_text()))
+    for path in SMOKE.glob("test_*.py"):
+        ran |= set(RUNS_A_BENCHMARK.findall(path.read_text()))
     names = set(run_bench.benchmarks())
     assert names - ran == set(NO_SMOKE), f"benchmarks without a smoke test: {sorted(names - ran - set(NO_SMOKE))}"
+
+
+def test_benchmark_smoke_tests_live_in_their_own_folder():
+    """A test that runs a benchmark is a smoke test: it goes in tests/bench_smoke/
+    (docs/contributing.md, "Where a test goes"), and every test there runs one."""
+    tests = sorted(TESTS.rglob("test_*.py"))
+    elsewhere = [
+        str(p.relative_to(TESTS)) for p in tests if p.parent != SMOKE and RUNS_A_BENCHMARK.search(p.read_text())
+    ]
+    assert elsewhere == []
+    idle = [p.name for p in tests if p.parent == SMOKE and not RUNS_A_BENCHMARK.search(p.read_text())]
+    assert idle == []
 
 
 def test_the_runner_names_its_benchmarks_and_refuses_others(capsys):

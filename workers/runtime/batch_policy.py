@@ -40,6 +40,7 @@ from typing import TypeVar
 
 from nats.aio.msg import Msg
 
+from memq.contracts.backoff import stepped
 from memq.workers import metrics
 from memq.workers.runtime.dlq import DeadLetters
 from memq.workers.runtime.until_up import until_up
@@ -132,7 +133,7 @@ def retry_delay(msgs: Sequence[Msg], delays: Sequence[float]) -> float:
     """The delay for this batch's next try: the schedule's entry for its most
     delivered message (JetStream counts the deliveries), the last one after."""
     attempt = max((m.metadata.num_delivered or 1) for m in msgs)
-    return delays[min(attempt - 1, len(delays) - 1)]
+    return stepped(delays, attempt - 1)
 
 
 # --- the batch and the hooks --------------------------------------------------------

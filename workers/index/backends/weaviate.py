@@ -51,6 +51,7 @@ from weaviate.exceptions import (
     WeaviateQueryError,
 )
 
+from memq.contracts.backoff import stepped
 from memq.contracts.ids import scope_key
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable, UnknownGeneration
 from memq.workers.index.stems import stemmed_grams, stemmed_query_grams, stems
@@ -315,7 +316,7 @@ class WeaviateIndex:
             now = time.monotonic()
             if now < self._next_attempt:
                 raise IndexUnavailable(f"Weaviate at {self.settings.url}: reconnecting")
-            self._next_attempt = now + RECONNECT_DELAYS_S[min(self._attempts, len(RECONNECT_DELAYS_S) - 1)]
+            self._next_attempt = now + stepped(RECONNECT_DELAYS_S, self._attempts)
             self._attempts += 1
             old, self._client = self._client, None
             if old is not None:
