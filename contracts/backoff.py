@@ -15,6 +15,13 @@ import workers: ``contracts-light``). Two shapes:
   Retry-After win).
 
 ``attempt`` counts from 0: the delay before the second try is ``attempt=0``.
+
+Why not tenacity (which some extras pull in) or backoff: their wait
+strategies come with a retry loop around a call, and memq's callers keep
+their own loops (the client's publish settling decides per error whether to
+try again, batch redelivery is JetStream's ``nak(delay)``); the four
+functions here are the only part they share, and the client, which agents
+install, stays without a dependency for them.
 """
 
 from __future__ import annotations
