@@ -380,7 +380,7 @@ class QueryWorker(Component[QueryLive]):
         return error_body(scrubbed)
 
     async def _respond(
-        self, op: str, req: q._Request, key: str | None, request: Request, started: float, slot: Slot
+        self, op: str, req: q.Request, key: str | None, request: Request, started: float, slot: Slot
     ) -> None:
         try:
             await slot.ready()  # queued while the replica's slots are all taken
@@ -396,7 +396,7 @@ class QueryWorker(Component[QueryLive]):
             slot.close()
 
     async def _answer(
-        self, op: str, req: q._Request, key: str | None, slot: Slot
+        self, op: str, req: q.Request, key: str | None, slot: Slot
     ) -> tuple[bytes, Awaitable[None] | None]:
         """The reply to a valid request (``key``: its cache key, or None when
         the op or the settings do not cache), and the cache fill of a miss
@@ -493,7 +493,7 @@ class QueryWorker(Component[QueryLive]):
                 if not possible.cancel() and not possible.cancelled():
                     possible.exception()  # retrieved: a failed read only meant waiting on
 
-    async def _with_every_writer(self, req: q._Request) -> q._Request:
+    async def _with_every_writer(self, req: q.Request) -> q.Request:
         """``req`` waiting also for the newest write any client had
         acknowledged in its scope (:mod:`memq.workers.query.consistency`)."""
         newest = await last_acknowledged(self.live.js, self.settings.streams.events, read_scope(req))
@@ -501,7 +501,7 @@ class QueryWorker(Component[QueryLive]):
             return req
         return req.model_copy(update={"min_seq": newest})
 
-    async def _index_reaches(self, op: str, req: q._Request, slot: Slot) -> bool:
+    async def _index_reaches(self, op: str, req: q.Request, slot: Slot) -> bool:
         """Whether the index reaches ``req.min_seq`` within ``query.search_grace_ms``.
         An indexer that keeps up does so in milliseconds, and then the index
         answers alone, ranked exactly as ever; only an index really behind (a
@@ -532,7 +532,7 @@ class QueryWorker(Component[QueryLive]):
         metrics.SEARCH_UNINDEXED.inc()
         return reply
 
-    def _tail(self, op: str, req: q._Request) -> Tail | None:
+    def _tail(self, op: str, req: q.Request) -> Tail | None:
         """The uncommitted tail this read adds instead of waiting for the
         commit, when it can: the writes the caller carries
         (:mod:`memq.workers.query.carried`), else the session's messages held
@@ -550,7 +550,7 @@ class QueryWorker(Component[QueryLive]):
             return None
         return tails.reader(req.app, req.user, session, after=floor, upto=req.min_seq)
 
-    def _parse(self, op: str, subject: str, data: bytes) -> q._Request:
+    def _parse(self, op: str, subject: str, data: bytes) -> q.Request:
         try:
             app = decode_token(subject.split(".")[3], "app")
             raw = orjson.loads(data)
@@ -568,7 +568,7 @@ class QueryWorker(Component[QueryLive]):
             raise Forbidden(f"request for app {req.app!r} sent on a subject of app {app!r}")
         return req
 
-    async def _run(self, op: str, req: q._Request, **extra: Any) -> q._Reply:
+    async def _run(self, op: str, req: q.Request, **extra: Any) -> q.Reply:
         handler = HANDLERS[op]
         if not handler.sql:
             return await handler.run(None, req, self.ctx)
@@ -585,7 +585,7 @@ class QueryWorker(Component[QueryLive]):
             async with reads.connect() as conn:
                 return await handler.run(conn, req, self.ctx, **extra)
 
-    def _local_hit(self, req: q._Request, key: str) -> bytes | None:
+    def _local_hit(self, req: q.Request, key: str) -> bytes | None:
         """The answer if this replica's own tier has it, fresh enough for the
         request's min_seq by what is already known of the commit floor; else
         None, and the request takes the full path."""
@@ -598,7 +598,7 @@ class QueryWorker(Component[QueryLive]):
         return entry.body
 
     async def _cached(
-        self, op: str, req: q._Request, key: str, *, shared: bool = True
+        self, op: str, req: q.Request, key: str, *, shared: bool = True
     ) -> tuple[bytes, Awaitable[None] | None]:
         cache = self.live.cache
         session = getattr(req, "session", None)
@@ -654,12 +654,12 @@ def _notice(msg: Msg) -> CommittedRanges | None:
         return None
 
 
-def _request_key(op: str, req: q._Request) -> str:
+def _request_key(op: str, req: q.Request) -> str:
     key_fields = req.model_dump(mode="json", exclude=set(q.NOT_WHAT_IS_ASKED), exclude_none=True)
     return hashlib.sha1(orjson.dumps([op, key_fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _lists(req: q._Request) -> bool:
+def _lists(req: q.Request) -> bool:
     """A page of sessions: cached under its listing's counters (see cache.listing_gen_keys)."""
     return isinstance(req, q.SessionsList)
 
