@@ -11,10 +11,10 @@ from collections import Counter
 import pytest
 
 from memq.workers.cli import WorkerKind
-from memq.workers.runtime.app import Resources
 from memq.workers.runtime.component import Component, NotOpened
 from memq.workers.runtime.health import durable_of
 from memq.workers.runtime.kinds import KINDS, Kind
+from memq.workers.runtime.resources import Resources
 from memq.workers.settings import Settings
 
 
@@ -98,3 +98,14 @@ def test_every_component_is_built_from_settings_and_has_the_lifecycle():
             assert inspect.iscoroutinefunction(getattr(cls, hook)), (name, hook)
         component = kind.make(s)
         assert component.router() is not None and component.nc is None  # nothing connects before start
+
+
+def test_the_process_drives_the_lifecycle_and_no_kind_rewrites_it():
+    # open/start/stop are the process's (typing.final, which mypy holds);
+    # a kind writes the hooks they call.
+    for name, kind in KINDS.items():
+        cls = kind.component_class()
+        for method in ("open", "start", "stop"):
+            assert getattr(getattr(Component, method), "__final__", False), method
+            assert all(method not in vars(c) for c in cls.__mro__ if c is not Component), (name, method)
+        assert isinstance(cls.DESCRIPTION, str) and cls.DESCRIPTION, name

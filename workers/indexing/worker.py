@@ -77,8 +77,8 @@ from memq.workers.runtime.lease import Lease
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
-    from memq.workers.runtime.app import Resources
     from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.resources import Resources
 
 SQL_RETRY_DELAYS_S = [0.2, 0.5, 1.0]  # a database outage: reconnecting is cheap, the batch is small
 log = logging.getLogger("memq.indexing")

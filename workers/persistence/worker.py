@@ -80,8 +80,8 @@ if TYPE_CHECKING:
     from faststream.nats.publisher.usecase import LogicPublisher
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from memq.workers.runtime.app import Resources
     from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.resources import Resources
 
 log = logging.getLogger("memq.persistence")
 

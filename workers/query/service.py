@@ -128,8 +128,8 @@ from memq.workers.sql.engine import is_disconnect, reader
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from memq.workers.runtime.app import Resources
     from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.resources import Resources
 
 log = logging.getLogger("memq.query")
 

@@ -64,8 +64,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from memq.workers.memory.strategies import Fold
-    from memq.workers.runtime.app import Resources
     from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.resources import Resources
 
 log = logging.getLogger("memq.summarizer")
 
