@@ -29,7 +29,7 @@ def test_health_takes_durables_from_the_registry():
 
 
 def test_a_kind_added_to_the_registry_has_no_durable_unless_it_says(monkeypatch):
-    monkeypatch.setitem(KINDS, "probe", Kind("probe", "a test kind", "builtins:object"))
+    monkeypatch.setitem(KINDS, "probe", Kind("probe", "builtins:object"))
     assert durable_of("probe", Settings()) is None
 
 
