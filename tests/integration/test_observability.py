@@ -218,7 +218,7 @@ async def test_lag_gauge_counts_what_nobody_consumes_and_drops_to_zero(nats_url,
     async with running_worker(s) as p, monitored(s, persistence=p) as monitor:
         base = monitor.url
         await until(base, "/readyz", 200)
-        await p.consumer.stop()  # this replica stops fetching; it is still connected and watched
+        await p.live.consumer.stop()  # this replica stops fetching; it is still connected and watched
         body = await until(base, "/readyz", 503)
         assert body["failed"] == {"persistence.consumer": "the consumer is not fetching"}
         async with await MemoryClient.connect(nats_url, app=APP) as client:

@@ -158,7 +158,7 @@ async def test_a_second_replica_takes_a_share_of_the_rebuild(settings, embedder,
         # Only the workers pull: the CLI's --no-pull.
         result = await rebuild(settings, nc, indexer, work=False)
         assert result.generation != first
-        names = {w.follower.name for w in workers}
+        names = {w.prepared.follower.name for w in workers if w.prepared is not None}
         assert {s.replica for s in result.shares} == names, result.shares
         per_replica = sorted(s.docs for s in result.shares)
         print("docs embedded by each replica:", per_replica)

@@ -172,8 +172,7 @@ class QueryWorker(Component[QueryLive]):
         self.slots = RequestSlots(settings.query.max_inflight, settings.query.app_share, settings.query.app_waiting)
         self.replies = ReplyFence(trusted_prefixes(settings.query.trusted_inboxes, settings.nats.inbox_prefix))
         self._tasks: set[asyncio.Task] = set()
-        self._notices: Subscription | None = None  # the committed notices (start())
-        self._index_notices: Subscription | None = None  # the indexing replicas' (start())
+        self._subscriptions: list[Subscription] = []  # the committed notices, persistence's and indexing's (run())
         # Reads wait for one of the pool's kept connections rather than open
         # an overflow one: a commit notice wakes every read waiting on it at
         # once, and the pool closes overflow connections as they come back,
@@ -264,12 +263,11 @@ class QueryWorker(Component[QueryLive]):
         live = self.live
         if self.settings.query.commit_notices:
             # No queue group: every replica keeps its own commit floor.
-            self._notices = await live.nc.subscribe(
-                committed_subject(self.settings.persistence.durable), cb=self._on_committed
-            )
-            self._index_notices = await live.nc.subscribe(
-                committed_subject(self.settings.indexing.durable), cb=self._on_indexed
-            )
+            for durable, cb in (
+                (self.settings.persistence.durable, self._on_committed),
+                (self.settings.indexing.durable, self._on_indexed),
+            ):
+                self._subscriptions.append(await live.nc.subscribe(committed_subject(durable), cb=cb))
         if live.tails is not None:
             await bus.patiently("the events stream's tail", live.tails.start)
         # Pages of session.get, history and context fit this server's max_payload.
@@ -291,11 +289,10 @@ class QueryWorker(Component[QueryLive]):
     async def halt(self) -> None:
         if self._tasks:  # reads waiting on the floor still hear the notices
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for sub in (self._notices, self._index_notices):
-            if sub is not None:
-                with contextlib.suppress(NatsError):  # the connection is already gone
-                    await sub.unsubscribe()
-        self._notices = self._index_notices = None
+        subscriptions, self._subscriptions = self._subscriptions, []
+        for sub in subscriptions:
+            with contextlib.suppress(NatsError):  # the connection is already gone
+                await sub.unsubscribe()
         await self.searcher.close()
         if self._live is not None:
             if self._live.tails is not None:
