@@ -59,7 +59,7 @@ async def measure(args: argparse.Namespace, nats_url: str, data: Path, weaviate:
     embedder = LocalEmbedder(LocalEmbedderSettings())
     async with (
         running_worker(s),
-        running(IndexingWorker(s, embedder=SharedEmbedder(embedder))) as indexing,
+        running(IndexingWorker(s), embedder=SharedEmbedder(embedder)) as indexing,
         running_query(s) as query,
         await MemoryClient.connect(nats_url, app=APP) as client,
     ):

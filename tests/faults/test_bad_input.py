@@ -118,7 +118,7 @@ def embedder():
 
 
 async def start_indexing(exits, settings, embedder) -> IndexingWorker:
-    worker = await exits.enter_async_context(running(IndexingWorker(settings, embedder=SharedEmbedder(embedder))))
+    worker = await exits.enter_async_context(running(IndexingWorker(settings), embedder=SharedEmbedder(embedder)))
     await asyncio.wait_for(worker.ready.wait(), 60)
     return worker
 

@@ -183,7 +183,7 @@ async def test_a_rebuild_migrates_a_minilm_index_to_e5_with_no_failed_search(
     minilm, e5 = embedders["local"], embedders["e5"]
     async with (
         running_worker(s),
-        running(IndexingWorker(s, embedder=SharedEmbedder(minilm))) as indexing,
+        running(IndexingWorker(s), embedder=SharedEmbedder(minilm)) as indexing,
         running_query(s) as query,
         await MemoryClient.connect(nats_url, app=APP) as client,
     ):

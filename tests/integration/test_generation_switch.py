@@ -202,7 +202,7 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
     embedder = Letters()
     async with (
         running_worker(s),
-        running(IndexingWorker(s, embedder=embedder)) as indexing,
+        running(IndexingWorker(s), embedder=embedder) as indexing,
         running_query(s) as query,
         await MemoryClient.connect(nats_url, app=APP) as client,
     ):

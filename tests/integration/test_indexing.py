@@ -74,7 +74,7 @@ def settings_for(nats_url, sqlite_url, tmp_path, **indexing):
 async def stack(settings, embedder, *, query: bool = True):
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(running_worker(settings))
-        indexing = await stack.enter_async_context(running(IndexingWorker(settings, embedder=SharedEmbedder(embedder))))
+        indexing = await stack.enter_async_context(running(IndexingWorker(settings), embedder=SharedEmbedder(embedder)))
         await asyncio.wait_for(indexing.ready.wait(), 60)
         q = await stack.enter_async_context(running_query(settings)) if query else None
         if q is not None:
@@ -252,8 +252,8 @@ async def test_a_model_change_is_detected_and_rebuilds(nats_url, sqlite_url, tmp
             await indexed(client, seq)
             old = await indexing.live.backend.live()
             # A worker with another model: it must not write into this index.
-            other = IndexingWorker(s, embedder=Renamed(embedder, "local:renamed-model"))
-            async with running(other):
+            other = IndexingWorker(s)
+            async with running(other, embedder=Renamed(embedder, "local:renamed-model")):
                 await asyncio.wait_for(other.ready.wait(), 60)
                 new = await other.live.backend.live()
                 assert new.model == "local:renamed-model" and new.generation != old.generation
@@ -299,7 +299,7 @@ async def test_search_with_its_indexer_stopped_is_a_typed_error(nats_url, sqlite
     async with running_worker(s), running_query(s) as q:
         q.searcher.embedder = SharedEmbedder(embedder)
         async with await MemoryClient.connect(nats_url, app=APP, wait_ms=300) as client:
-            async with running(IndexingWorker(s, embedder=SharedEmbedder(embedder))) as indexing:
+            async with running(IndexingWorker(s), embedder=SharedEmbedder(embedder)) as indexing:
                 await asyncio.wait_for(indexing.ready.wait(), 60)
                 await client.append("alice", "s", text("user", "indexed"))
                 await client.search("alice", "indexed")
@@ -411,7 +411,7 @@ async def test_an_unexpected_error_while_preparing_is_said_and_retried(
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(running_worker(s))
         indexing = await stack.enter_async_context(
-            running(IndexingWorker(s, backend=backend, embedder=SharedEmbedder(embedder)))
+            running(IndexingWorker(s), index=backend, embedder=SharedEmbedder(embedder))
         )
         await asyncio.wait_for(indexing.ready.wait(), 60)
     assert not failures

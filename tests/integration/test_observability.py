@@ -278,7 +278,7 @@ async def test_indexing_reports_embed_latency(nats_url, sqlite_url, tmp_path):
         {**s.indexing.model_dump(), "backend": "embedded", "batch_wait_s": 0.05, "retry_delays_s": [0.2, 0.5]}
     )
     embedder = await asyncio.to_thread(LocalEmbedder, LocalEmbedderSettings())
-    async with running_worker(s), running(IndexingWorker(s, embedder=embedder)) as ix:
+    async with running_worker(s), running(IndexingWorker(s), embedder=embedder) as ix:
         await asyncio.wait_for(ix.ready.wait(), 60)
         async with monitored(s, indexing=ix) as monitor:
             base = monitor.url

@@ -89,6 +89,23 @@ async def test_the_embedder_loads_once_however_many_ask_at_once(tmp_path, monkey
     assert loads == ["loaded", "closed"]
 
 
+async def test_an_index_and_embedder_handed_in_are_used_and_closed(tmp_path):
+    closed: list[str] = []
+
+    class Part:
+        def __init__(self, name: str):
+            self.name = name
+
+        async def close(self) -> None:
+            closed.append(self.name)
+
+    index, embedder = Part("index"), Part("embedder")
+    resources = Resources(Settings(data_dir=tmp_path), Counter(["index", "embedder"]), index=index, embedder=embedder)  # type: ignore[arg-type]
+    assert resources.index is index and await resources.embedder() is embedder
+    await resources.close()
+    assert closed == ["embedder", "index"]
+
+
 def test_every_component_is_built_from_settings_and_has_the_lifecycle():
     s = Settings(database={"url": "inmemory"})
     for name, kind in KINDS.items():

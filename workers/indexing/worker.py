@@ -114,9 +114,9 @@ def _said_if_failed(task: asyncio.Task) -> None:
 class IndexingWorker(Component[IndexingLive]):
     """The indexing component of a worker process (:mod:`memq.workers.runtime.app`).
 
-    :param settings: everything; ``settings.indexing`` above all.
-    :param backend: the index (default: the process's); one given here is closed here.
-    :param embedder: the embedder (default: the process's); one given here is closed here.
+    :param settings: everything; ``settings.indexing`` above all. The index
+        and the embedder are the process's
+        (:class:`~memq.workers.runtime.resources.Resources`).
     """
 
     KIND = "indexing"
@@ -125,9 +125,8 @@ class IndexingWorker(Component[IndexingLive]):
     PREPARES = True  # ready once the index is usable and the consumer runs
     stop_grace_s = 5.0  # how long stop() lets the batch in hand finish before cutting it short
 
-    def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
+    def __init__(self, settings: Settings):
         super().__init__(settings)
-        self._given = (backend, embedder)  # build() uses them instead of the process's; halt() closes them
         self._generation: IndexMeta | None = None  # where live writes go; set by preparing the index
         self.prepared: Prepared | None = None  # once the index is prepared
         # In the background: preparing the index (run()), then following rebuilds.
@@ -176,9 +175,7 @@ class IndexingWorker(Component[IndexingLive]):
 
     async def build(self, nc: NATS, resources: Resources) -> IndexingLive:
         js = nc.jetstream()
-        backend, embedder = self._given
-        backend = backend or resources.index
-        embedder = embedder or await resources.embedder()
+        backend, embedder = resources.index, await resources.embedder()
         return IndexingLive(nc, js, backend, embedder, make_indexer(self.settings, backend, embedder, js))
 
     def checks(self) -> dict[str, Check]:
@@ -210,11 +207,6 @@ class IndexingWorker(Component[IndexingLive]):
                 log.warning("stopping: the batch in hand took over %.0fs; it is redelivered", self.stop_grace_s)
         if self._live is not None and self._live.indexer.previous is not None:
             await self._live.indexer.previous.engine.dispose()
-        backend, embedder = self._given  # the process's are closed by the process
-        if backend is not None:
-            await backend.close()
-        if embedder is not None:
-            await embedder.close()
 
     async def _prepare_and_consume(self) -> None:
         delays = self.settings.indexing.retry_delays_s

@@ -54,7 +54,7 @@ from pydantic import ValidationError
 from memq.workers.runtime import bus
 from memq.workers.runtime.component import Component, Live
 from memq.workers.runtime.kinds import KINDS, Kind, kind_of
-from memq.workers.runtime.resources import Resources
+from memq.workers.runtime.resources import Need, Resources
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.app")
@@ -129,7 +129,9 @@ class MemqBroker(NatsBroker):
 class Process:
     """One worker process: its components in one FastStream app (see the
     module doc). ``on_starting(kind)`` is called before each component opens
-    (the CLI prints a line: a first start can be slow)."""
+    (the CLI prints a line: a first start can be slow). ``resources``: the
+    shared dependencies (default: made from what the components need; a
+    test hands in ones that hold its own index or embedder)."""
 
     def __init__(
         self,
@@ -137,12 +139,13 @@ class Process:
         components: Sequence[Component[Live]],
         *,
         on_starting: Callable[[str], None] | None = None,
+        resources: Resources | None = None,
     ):
         self.settings = settings
         self.components = list(components)
         self.kinds: list[Kind] = [kind_of(c) for c in self.components]
         self.on_starting = on_starting
-        self.resources = Resources(settings, Counter(need for c in self.components for need in c.NEEDS))
+        self.resources = resources or Resources(settings, needs_of(self.components))
         name = self.kinds[0].name if len(self.kinds) == 1 else "workers"
         self.broker = MemqBroker(settings, name, on_reconnected=self._reconnected)
         for component in self.components:
@@ -205,6 +208,11 @@ class Process:
     async def _reconnected(self) -> None:
         for component in self.components:
             await component.reconnected()
+
+
+def needs_of(components: Iterable[Component[Live]]) -> Counter[Need]:
+    """What ``components`` need of the process, counted (an SQL pool is sized by the count)."""
+    return Counter(need for c in components for need in c.NEEDS)
 
 
 def make_components(settings: Settings, kinds: Iterable[str]) -> list[Component[Live]]:

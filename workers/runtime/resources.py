@@ -33,14 +33,25 @@ class Resources:
     components declare (``Component.NEEDS``), each on first use, and closed
     once when the process stops: one SQL engine (its pool sized for every
     component that needs SQL), one index and one embedder. Asking for one
-    that no component declared is a bug, and says so."""
+    that no component declared is a bug, and says so.
 
-    def __init__(self, settings: Settings, needs: Counter[Need] | None = None):
+    An ``index`` or ``embedder`` handed in is used instead of the one the
+    settings name (a test's, shared by its workers or slowed down) and
+    closed the same way."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        needs: Counter[Need] | None = None,
+        *,
+        index: IndexBackend | None = None,
+        embedder: Embedder | None = None,
+    ):
         self.settings = settings
         self.needs: Counter[Need] = needs if needs is not None else Counter(("sql", "index", "embedder"))
         self._engine: AsyncEngine | None = None
-        self._index: IndexBackend | None = None
-        self._embedder: Embedder | None = None
+        self._index: IndexBackend | None = index
+        self._embedder: Embedder | None = embedder
         self._embedding = asyncio.Lock()  # the model loads once, however many ask at once
 
     def _declared(self, need: Need) -> None:
