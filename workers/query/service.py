@@ -133,9 +133,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memq.query")
 
-SERVICE_NAME = "memq-query"
-# Fields that change when an answer may be served, not what the answer is.
-
 
 @dataclass
 class QueryLive(Live):
