@@ -20,7 +20,7 @@ A write is kept until a reply says it is committed (its ``committed_seq``,
 or the ``min_seq`` a read waited for), not for a fixed time: the commit
 floor is one for the whole stream, so behind another app's backlog of huge
 events a commit takes seconds, not milliseconds, and a write dropped after
-a second made the read wait for that backlog after all (issue 38). The caps
+a second made the read wait for that backlog after all. The caps
 bound what is kept and carried instead: ``MAX_CARRIED`` writes and
 ``MAX_BYTES`` per session (a write larger than that is never kept: it could
 not be carried, so ``after`` passes it at once). Dropping one too early is

@@ -1,4 +1,4 @@
-"""Reads answered in the client: a turn that costs one publish (issue 43).
+"""Reads answered in the client: a turn that costs one publish.
 
 An agent's turn is an append, then a read that must hold it. The client
 already holds what it wrote; if it also holds the session as of stream

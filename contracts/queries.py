@@ -58,7 +58,9 @@ MAX_PAGE = 500
 MAX_K = 100
 
 
-class _Request(BaseModel):
+class Request(BaseModel):
+    """What every op's request has: the scope it reads and when it may be answered."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     v: Literal[1] = QUERY_VERSION
@@ -127,20 +129,20 @@ class _Paged(BaseModel):
     )
 
 
-class SessionGet(_Paged, _EventFilters, _Request):
+class SessionGet(_Paged, _EventFilters, Request):
     session: SessionId
     events: bool = False
     num_recent_events: int | None = Field(default=None, ge=0, le=100_000)
     after_seq: int | None = Field(default=None, ge=0)
 
 
-class SessionsList(_Request):
+class SessionsList(Request):
     user: UserId | None = None  # type: ignore[assignment]  # filter: any user of the app when unset
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
     cursor: str | None = Field(default=None, max_length=512)
 
 
-class StateGet(_Request):
+class StateGet(Request):
     session: SessionId | None = None
 
 
@@ -177,14 +179,14 @@ class Carried(BaseModel):
     user_seq: int = Field(default=0, ge=0)
 
 
-class HistoryGet(_Paged, _EventFilters, _Request):
+class HistoryGet(_Paged, _EventFilters, Request):
     session: SessionId
     strategy: StrategySpec | None = None
     model: str | None = Field(default=None, max_length=128)
     carried: Carried | None = Field(default=None, description="the caller's writes not known to be committed")
 
 
-class ContextGet(_Paged, _Request):
+class ContextGet(_Paged, Request):
     session: SessionId
     strategy: StrategySpec | None = None
     model: str | None = Field(default=None, max_length=128)
@@ -199,17 +201,17 @@ class ContextGet(_Paged, _Request):
     carried: Carried | None = Field(default=None, description="the caller's writes not known to be committed")
 
 
-class ArtifactsList(_Request):
+class ArtifactsList(Request):
     session: SessionId
 
 
-class ArtifactGet(_Request):
+class ArtifactGet(Request):
     session: SessionId
     filename: NoNul = Field(min_length=1, max_length=1024)
     version: int | None = Field(default=None, ge=0, description="default: the latest")
 
 
-class Search(_Request):
+class Search(Request):
     """Long-term memory search, always within one app and user.
 
     ``min_seq`` here waits for the *indexing* worker (search sees a write
@@ -229,17 +231,19 @@ class Search(_Request):
 # --- replies -------------------------------------------------------------------
 
 
-class _Reply(BaseModel):
+class Reply(BaseModel):
+    """The base of every op's reply (and the models in one): fields a newer service adds are ignored."""
+
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
-class StoredEvent(_Reply):
+class StoredEvent(Reply):
     seq: int
     tokens: int = 0
     event: dict[str, Any]
 
 
-class SessionInfo(_Reply):
+class SessionInfo(Reply):
     app: str
     user: str
     session: str
@@ -261,16 +265,16 @@ class SessionView(SessionInfo):
     events_total: int | None = None  # deprecated: always None
 
 
-class SessionsPage(_Reply):
+class SessionsPage(Reply):
     sessions: list[SessionInfo]
     next_cursor: str | None = None
 
 
-class StateView(_Reply):
+class StateView(Reply):
     state: dict[str, Any]
 
 
-class HistoryView(_Reply):
+class HistoryView(Reply):
     """A session's events as a strategy keeps them; in pages when they do
     not fit one reply (``next_cursor``: a continuation page carries only
     ``strategy`` and the next ``events``)."""
@@ -288,7 +292,7 @@ class HistoryView(_Reply):
     committed_seq: int | None = None
 
 
-class ContextView(_Reply):
+class ContextView(Reply):
     """A model context. ``budget``, ``over_budget`` and ``note`` come in every
     format: a context is within its budget unless the strategy is ``all``
     or ``buffer_window`` (which do not count tokens) or the instruction alone
@@ -309,7 +313,7 @@ class ContextView(_Reply):
     committed_seq: int | None = None  # as in HistoryView
 
 
-class ArtifactInfo(_Reply):
+class ArtifactInfo(Reply):
     filename: str
     versions: int
     latest_seq: int
@@ -317,11 +321,11 @@ class ArtifactInfo(_Reply):
     size: int
 
 
-class ArtifactsView(_Reply):
+class ArtifactsView(Reply):
     artifacts: list[ArtifactInfo]
 
 
-class ArtifactView(_Reply):
+class ArtifactView(Reply):
     filename: str
     version: int
     seq: int
@@ -334,7 +338,7 @@ class ArtifactView(_Reply):
     model_config = ConfigDict(extra="ignore", frozen=True, ser_json_bytes="base64", val_json_bytes="base64")
 
 
-class SearchResult(_Reply):
+class SearchResult(Reply):
     """Hector's SearchResult fields; ``metadata`` adds app, user, seq, role."""
 
     session_id: str
@@ -346,7 +350,7 @@ class SearchResult(_Reply):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
-class SearchResults(_Reply):
+class SearchResults(Reply):
     results: list[SearchResult]  # best first
     mode: SearchMode  # what answered (see note)
     model: str | None = None  # the embedding model of the index
@@ -365,8 +369,8 @@ class QueryOp:
     these names."""
 
     name: str
-    request: type[_Request]
-    reply: type[_Reply]
+    request: type[Request]
+    reply: type[Reply]
     summary: str
     # Whose progress a request's ``min_seq`` waits for: the persistence
     # worker's commits (read-your-writes), or the indexing worker's.

@@ -20,7 +20,8 @@ from sqlalchemy import func, select
 
 from memq.workers.index.embedders.base import embed_queries
 from memq.workers.persistence.worker import PersistenceWorker
-from memq.workers.runtime.app import Process
+from memq.workers.runtime.app import Process, needs_of
+from memq.workers.runtime.resources import Resources
 from memq.workers.settings import Settings
 from memq.workers.sql import models
 from memq.workers.sql.engine import create_engine, migrate
@@ -61,10 +62,15 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 @asynccontextmanager
-async def running(worker):
+async def running(worker, *, index=None, embedder=None):
     """Run one worker component (any kind) as a worker process would: alone
-    in its own FastStream app, on its own NATS connection; stop it after."""
-    process = Process(worker.settings, [worker])
+    in its own FastStream app, on its own NATS connection; stop it after.
+    ``index``, ``embedder``: the process's, instead of the ones the settings
+    name (a model the test loaded once, a slowed-down one); closed with it."""
+    resources = None
+    if index is not None or embedder is not None:
+        resources = Resources(worker.settings, needs_of([worker]), index=index, embedder=embedder)
+    process = Process(worker.settings, [worker], resources=resources)
     try:
         await process.start()
         yield worker

@@ -1,7 +1,7 @@
 """Tokenizing a caller's long text off the event loop.
 
 One event loop answers every app of a worker process, so counting one app's
-long text on it delays every other app's reads by as long (issue 38). tiktoken
+long text on it delays every other app's reads by as long. tiktoken
 releases the GIL while it encodes, so in a thread the count runs beside the
 loop; short texts, nearly every request's, stay on the loop, where they cost
 less than the hop.

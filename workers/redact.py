@@ -5,7 +5,7 @@ Errors are often built from exceptions, and an exception's text names what
 the server knows: a file under the data directory, a database URL with its
 password, the host of an internal service. Such a message is fine in the
 server's log and wrong in a reply: it tells an outsider where things are
-(issue 32: a search error carried the path of the embedded index).
+(a search error once carried the path of the embedded index).
 :class:`Redactor` is applied where messages leave the server (the query
 worker's error replies, the HTTP gateway's error responses); the code that
 builds a message should still keep such detail out of it, this is the net.
@@ -19,7 +19,7 @@ Each message is scrubbed once: the redactor keeps the last
 message). The query worker scrubs every error reply, and a flood of one
 app's refusals is the same few messages over and over: scrubbing each anew
 (a regex pass per configured value, 40-80 µs) was a sixth of the query
-worker's time while one app's refused reads kept it busy (issue 38).
+worker's time while one app's refused reads kept it busy.
 Only short messages are kept (``MEMO_CHARS``), so the memo stays small.
 """
 

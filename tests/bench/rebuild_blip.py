@@ -59,7 +59,7 @@ async def measure(args: argparse.Namespace, nats_url: str, data: Path, weaviate:
     embedder = LocalEmbedder(LocalEmbedderSettings())
     async with (
         running_worker(s),
-        running(IndexingWorker(s, embedder=SharedEmbedder(embedder))) as indexing,
+        running(IndexingWorker(s), embedder=SharedEmbedder(embedder)) as indexing,
         running_query(s) as query,
         await MemoryClient.connect(nats_url, app=APP) as client,
     ):
@@ -77,7 +77,7 @@ async def measure(args: argparse.Namespace, nats_url: str, data: Path, weaviate:
             ]
             last = max(await client.append_many(user, f"s{i // 50}", turns))
         await wait_for(lambda: _indexed_to(indexing, last), timeout=1800, what="the events to be indexed")
-        before = (await indexing.backend.live()).generation
+        before = (await indexing.live.backend.live()).generation
 
         outcomes: Counter[str] = Counter()
         errors: list[str] = []
@@ -102,7 +102,7 @@ async def measure(args: argparse.Namespace, nats_url: str, data: Path, weaviate:
         try:
             started = time.monotonic()
             result = await rebuild(
-                s, indexing.nc, make_indexer(s, own, SharedEmbedder(embedder), indexing.js, engine=engine)
+                s, indexing.nc, make_indexer(s, own, SharedEmbedder(embedder), indexing.live.js, engine=engine)
             )
             took = time.monotonic() - started
             await asyncio.sleep(args.after_s)

@@ -205,7 +205,7 @@ async def index_all(
             seqs = await client.append_many(c.sample_id, session, [c.event(t) for t in turns])
             n += len(seqs)
             last = max(last, *seqs)
-    js = indexing.js
+    js = indexing.live.js
 
     async def caught_up() -> bool:
         info = await js.consumer_info(settings.streams.events, settings.indexing.durable)
@@ -354,7 +354,7 @@ async def run_backend(
             client = await stack.enter_async_context(await MemoryClient.connect(nats_server.url, app="locomo"))
             status(f"  indexing {sum(len(c.turns) for c in conversations)} turns …")
             n, seconds = await index_all(settings, client, conversations, indexing)
-            result = BackendResult(backend, n, seconds, n / seconds, embedder, indexing.embedder.model)
+            result = BackendResult(backend, n, seconds, n / seconds, embedder, indexing.live.embedder.model)
             status(f"  {n / seconds:.1f} events/s; searching …")
             result.index_bytes = index_bytes(backend, settings, work)
             in_process = {}

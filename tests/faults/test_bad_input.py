@@ -118,7 +118,7 @@ def embedder():
 
 
 async def start_indexing(exits, settings, embedder) -> IndexingWorker:
-    worker = await exits.enter_async_context(running(IndexingWorker(settings, embedder=SharedEmbedder(embedder))))
+    worker = await exits.enter_async_context(running(IndexingWorker(settings), embedder=SharedEmbedder(embedder)))
     await asyncio.wait_for(worker.ready.wait(), 60)
     return worker
 
@@ -257,7 +257,7 @@ async def still_serving(stack: StreamStack) -> None:
 
     async def stored() -> bool:
         return event.id in [
-            e.event_id for e in await reads.events(stack.worker.engine, "fuzz-sentinel", "u", "sentinel")
+            e.event_id for e in await reads.events(stack.worker.live.engine, "fuzz-sentinel", "u", "sentinel")
         ]
 
     await wait_for(stored, timeout=30, what="a fresh valid event after the fuzz batch")
@@ -310,7 +310,7 @@ async def test_every_message_is_committed_or_dead_lettered_with_a_typed_reason(s
             message = case.message or decode_from_subject(case.subject, case.payload, max_bytes=MAX_BYTES)
             assert message.kind == "event", f"{where}: {mine[0].headers}"
             # Its own state delta was never applied: the kept event's row is what must be there.
-            missing = await committed(stack.worker.engine, message, state=False)
+            missing = await committed(stack.worker.live.engine, message, state=False)
             assert missing is None, f"{where}: no event holds its id ({missing})"
             outcomes["dead-lettered"] += 1
             stack.totals[case.expect] += 1
@@ -318,7 +318,7 @@ async def test_every_message_is_committed_or_dead_lettered_with_a_typed_reason(s
         if code is None:
             assert not mine, f"{where}: valid but dead-lettered: {[dict(m.headers) for m in mine]}"
             missing = await committed(
-                stack.worker.engine,
+                stack.worker.live.engine,
                 case.message or decode_from_subject(case.subject, case.payload, max_bytes=MAX_BYTES),
             )
             assert missing is None, f"{where}: acked but not committed: {missing}"

@@ -37,7 +37,7 @@ async def test_reads_never_miss_their_writes_with_replicas_committing_out_of_ord
     floor_ahead_of_gaps = 0  # notices that arrived with a gap below them
 
     def recorded(worker: PersistenceWorker, delay_s: float):
-        commit = worker.store.commit
+        commit = worker.live.store.commit
 
         async def commit_then_record(items, *args):
             if delay_s:
@@ -46,7 +46,7 @@ async def test_reads_never_miss_their_writes_with_replicas_committing_out_of_ord
             committed.update(item.seq for item in items)
             return result
 
-        worker.store.commit = commit_then_record  # type: ignore[method-assign]
+        worker.live.store.commit = commit_then_record  # type: ignore[method-assign]
 
     async with AsyncExitStack() as stack:
         query = await stack.enter_async_context(running_query(settings))

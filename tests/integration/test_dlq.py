@@ -66,7 +66,7 @@ async def test_list_shows_reasons_and_replay_commits_once_fixed(nats_url, sqlite
         replay = memq(nats_url, tmp_path, "dlq", "replay", "--all", "--code", "oversize")
         assert replay.returncode == 0, replay.stderr
         assert "1 replayed" in replay.stdout
-        await wait_for(lambda: _has(worker.engine, big.event.id), what="the replayed event in SQL")
+        await wait_for(lambda: _has(worker.live.engine, big.event.id), what="the replayed event in SQL")
         assert await dlq_count(js) == 1  # the garbage stays
 
         # Garbage replayed is dead-lettered again, with its reason: never lost.
@@ -79,7 +79,7 @@ async def test_list_shows_reasons_and_replay_commits_once_fixed(nats_url, sqlite
 
         # Replaying the same event again does not double it (keyed by event id).
         await js.publish(codec.subject_for(big), codec.encode(big))
-        events = await reads.events(worker.engine, APP, "u", "s")
+        events = await reads.events(worker.live.engine, APP, "u", "s")
         assert [e.event_id for e in events].count(big.event.id) == 1
     await nc.close()
 
@@ -138,7 +138,7 @@ async def test_a_decoder_bug_dead_letters_one_message_and_the_batch_goes_on(
     async with running_worker(make_settings(nats_url, sqlite_url, tmp_path)) as worker:
         for message in (bad, good):  # one batch
             await js.publish(codec.subject_for(message), codec.encode(message))
-        await wait_for(lambda: _has(worker.engine, good.event.id), what="the good event")
+        await wait_for(lambda: _has(worker.live.engine, good.event.id), what="the good event")
         await wait_for(lambda: _equals(dlq_count(js), 1), what="the bad one dead-lettered")
         (letter,) = json.loads(memq(nats_url, tmp_path, "dlq", "list", "--json").stdout)
         assert letter["code"] == "internal" and "TypeError" in letter["reason"]

@@ -183,7 +183,7 @@ async def test_a_rebuild_migrates_a_minilm_index_to_e5_with_no_failed_search(
     minilm, e5 = embedders["local"], embedders["e5"]
     async with (
         running_worker(s),
-        running(IndexingWorker(s, embedder=SharedEmbedder(minilm))) as indexing,
+        running(IndexingWorker(s), embedder=SharedEmbedder(minilm)) as indexing,
         running_query(s) as query,
         await MemoryClient.connect(nats_url, app=APP) as client,
     ):
@@ -193,7 +193,7 @@ async def test_a_rebuild_migrates_a_minilm_index_to_e5_with_no_failed_search(
         for i, m in enumerate(CASES["memories"]):
             seq = await client.append(USER, f"s{i % 3}", _say(m["text"]))
         await wait_indexed(client, seq)
-        before = await indexing.backend.live()
+        before = await indexing.live.backend.live()
         assert before.model == minilm.model
 
         questions = {"keyword": "golden retriever puppy", "vector": "Who adopted a puppy?", "hybrid": "my puppy Max"}
@@ -220,7 +220,7 @@ async def test_a_rebuild_migrates_a_minilm_index_to_e5_with_no_failed_search(
         try:
             await wait_for(lambda: _some(answers), what="the first answers")
             result = await rebuild(
-                e5_settings, indexing.nc, make_indexer(e5_settings, own, e5, indexing.js, engine=engine)
+                e5_settings, indexing.nc, make_indexer(e5_settings, own, e5, indexing.live.js, engine=engine)
             )
             switched = time.monotonic()
             await asyncio.sleep(3)  # past the query worker's LIVE_REFRESH_S: it has seen the switch
@@ -229,7 +229,7 @@ async def test_a_rebuild_migrates_a_minilm_index_to_e5_with_no_failed_search(
             await searching
             await own.close()
             await engine.dispose()
-        live = await indexing.backend.live()
+        live = await indexing.live.backend.live()
         assert result.generation == live.generation != before.generation
         assert (live.model, live.min_similarity) == (e5.model, floor_for(e5.model))
         assert not errors, errors[:5]

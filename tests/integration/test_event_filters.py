@@ -73,7 +73,7 @@ async def test_session_and_history_filtered_by_time_and_role(request, db, nats_u
     settings = make_settings(nats_url, url, tmp_path)
     async with running_worker(settings) as worker, running_query(settings):
         # The migration made the (session, timestamp) index on this dialect.
-        async with worker.engine.connect() as conn:
+        async with worker.live.engine.connect() as conn:
             indexes = await conn.run_sync(lambda c: sa_inspect(c).get_indexes("memq_events"))
         assert ["session_key", "timestamp"] in [i["column_names"] for i in indexes]
 

@@ -136,7 +136,7 @@ async def test_an_index_rebuild_from_the_stream_or_sql_does_not_bring_it_back(st
     seqs = await three_turns(memq, user, "s")
     await memq.forget_event(user, "s", seqs[1])
     assert await found(memq, user, "zebra42") == []
-    backend = stack.indexing.backend
+    backend = stack.indexing.live.backend
 
     async def mine() -> set[tuple]:
         return {(d.seq, d.text, d.search_text) async for d in backend.export(app=APP, user=user)}
@@ -146,7 +146,7 @@ async def test_an_index_rebuild_from_the_stream_or_sql_does_not_bring_it_back(st
     engine = create_engine(stack.settings.database_url())
     embedder = await open_embedder(stack.settings.indexing)
     try:
-        indexer = make_indexer(stack.settings, backend, embedder, stack.indexing.js, engine=engine)
+        indexer = make_indexer(stack.settings, backend, embedder, stack.indexing.live.js, engine=engine)
         for source in ("stream", "sql"):
             await rebuild(stack.settings, stack.indexing.nc, indexer, source=source, engine=engine)
             assert await mine() == live, source  # the next turn's context too

@@ -202,7 +202,7 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
     embedder = Letters()
     async with (
         running_worker(s),
-        running(IndexingWorker(s, embedder=embedder)) as indexing,
+        running(IndexingWorker(s), embedder=embedder) as indexing,
         running_query(s) as query,
         await MemoryClient.connect(nats_url, app=APP) as client,
     ):
@@ -218,7 +218,7 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
                 ],
             )
         await client.search(USER, "note", mode="keyword", min_seq=max(seqs))  # all indexed
-        before = (await indexing.backend.live()).generation
+        before = (await indexing.live.backend.live()).generation
 
         answers: list[tuple[float, int]] = []  # (when, hits)
         errors: list[str] = []
@@ -241,7 +241,7 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
         try:
             await wait_for(lambda: _some(answers), what="the first answers")
             started = time.monotonic()
-            result = await rebuild(s, indexing.nc, make_indexer(s, own, embedder, indexing.js, engine=engine))
+            result = await rebuild(s, indexing.nc, make_indexer(s, own, embedder, indexing.live.js, engine=engine))
             switched = time.monotonic()
             await asyncio.sleep(3)  # past the query worker's LIVE_REFRESH_S: it has seen the switch
         finally:
@@ -249,7 +249,7 @@ async def test_searches_every_few_ms_through_a_whole_rebuild_never_fail_nor_come
             await searching
             await own.close()
             await engine.dispose()
-        assert result.generation != before and (await indexing.backend.live()).generation == result.generation
+        assert result.generation != before and (await indexing.live.backend.live()).generation == result.generation
         during = [n for t, n in answers if started < t <= switched]
         after = [n for t, n in answers if t > switched]
         print(f"{len(answers)} answers ({len(during)} during the rebuild, {len(after)} after), {len(errors)} errors")

@@ -74,7 +74,7 @@ def settings_for(nats_url, sqlite_url, tmp_path, **indexing):
 async def stack(settings, embedder, *, query: bool = True):
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(running_worker(settings))
-        indexing = await stack.enter_async_context(running(IndexingWorker(settings, embedder=SharedEmbedder(embedder))))
+        indexing = await stack.enter_async_context(running(IndexingWorker(settings), embedder=SharedEmbedder(embedder)))
         await asyncio.wait_for(indexing.ready.wait(), 60)
         q = await stack.enter_async_context(running_query(settings)) if query else None
         if q is not None:
@@ -209,7 +209,7 @@ async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp
             await client.append("bob", "again", text("user", "bob is back"))
             seq = await client.append("alice", "s1", text("user", "last words"))
             await wait_for(lambda: _indexed_to(indexing, seq), what="indexing")
-        backend = indexing.backend
+        backend = indexing.live.backend
 
         async def snapshot():
             return {
@@ -221,7 +221,7 @@ async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp
         assert len(live) == 5 * 2 + 1 + 1  # alice s1, s3 (+ last words), bob's new session
         contexts = {d[4].split("\n", 1)[1] if "\n" in d[4] else None for d in live if d[0]}
         assert "(after user: alice note 4 in s1)" in contexts  # "last words" follows note 4
-        js = indexing.js
+        js = indexing.live.js
         engine = create_engine(s.database_url())
         try:
             indexer = make_indexer(s, backend, SharedEmbedder(embedder), js, engine=engine)
@@ -240,7 +240,7 @@ async def test_rebuild_from_stream_and_sql_equals_live(nats_url, sqlite_url, tmp
 
 
 async def _indexed_to(worker: IndexingWorker, seq: int) -> bool:
-    info = await worker.js.consumer_info(worker.settings.streams.events, worker.settings.indexing.durable)
+    info = await worker.live.js.consumer_info(worker.settings.streams.events, worker.settings.indexing.durable)
     return info.ack_floor.stream_seq >= seq
 
 
@@ -250,14 +250,14 @@ async def test_a_model_change_is_detected_and_rebuilds(nats_url, sqlite_url, tmp
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             seq = await client.append("alice", "s", text("user", "the spare key is under the flower pot"))
             await indexed(client, seq)
-            old = await indexing.backend.live()
+            old = await indexing.live.backend.live()
             # A worker with another model: it must not write into this index.
-            other = IndexingWorker(s, embedder=Renamed(embedder, "local:renamed-model"))
-            async with running(other):
+            other = IndexingWorker(s)
+            async with running(other, embedder=Renamed(embedder, "local:renamed-model")):
                 await asyncio.wait_for(other.ready.wait(), 60)
-                new = await other.backend.live()
+                new = await other.live.backend.live()
                 assert new.model == "local:renamed-model" and new.generation != old.generation
-                assert await other.backend.count() == 1  # rebuilt from the stream
+                assert await other.live.backend.count() == 1  # rebuilt from the stream
                 # The query worker still embeds with the old model: keyword, said so.
                 query.searcher._live = None
                 found = await client.search("alice", "where is the key?")
@@ -268,7 +268,7 @@ async def test_a_model_change_is_detected_and_rebuilds(nats_url, sqlite_url, tmp
                 await client.append("alice", "s", text("user", "a second fact about keys"))
 
                 async def both_indexed() -> bool:
-                    return await other.backend.count() == 2
+                    return await other.live.backend.count() == 2
 
                 await wait_for(both_indexed, timeout=30, what="the new model's worker to index it")
                 assert indexing.indexed == before
@@ -299,7 +299,7 @@ async def test_search_with_its_indexer_stopped_is_a_typed_error(nats_url, sqlite
     async with running_worker(s), running_query(s) as q:
         q.searcher.embedder = SharedEmbedder(embedder)
         async with await MemoryClient.connect(nats_url, app=APP, wait_ms=300) as client:
-            async with running(IndexingWorker(s, embedder=SharedEmbedder(embedder))) as indexing:
+            async with running(IndexingWorker(s), embedder=SharedEmbedder(embedder)) as indexing:
                 await asyncio.wait_for(indexing.ready.wait(), 60)
                 await client.append("alice", "s", text("user", "indexed"))
                 await client.search("alice", "indexed")
@@ -411,7 +411,7 @@ async def test_an_unexpected_error_while_preparing_is_said_and_retried(
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(running_worker(s))
         indexing = await stack.enter_async_context(
-            running(IndexingWorker(s, backend=backend, embedder=SharedEmbedder(embedder)))
+            running(IndexingWorker(s), index=backend, embedder=SharedEmbedder(embedder))
         )
         await asyncio.wait_for(indexing.ready.wait(), 60)
     assert not failures

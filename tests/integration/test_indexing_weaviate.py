@@ -28,7 +28,7 @@ def weaviate_settings(nats_url, sqlite_url, tmp_path, server):
 
 
 async def floor(indexing) -> int:
-    info = await indexing.js.consumer_info(indexing.settings.streams.events, indexing.settings.indexing.durable)
+    info = await indexing.live.js.consumer_info(indexing.settings.streams.events, indexing.settings.indexing.durable)
     return info.ack_floor.stream_seq
 
 
@@ -66,7 +66,7 @@ async def test_weaviate_outage_loses_nothing(nats_url, sqlite_url, tmp_path, emb
                 assert await floor(indexing) < seqs[-1]  # nothing acked while Weaviate is down
                 server.start()
                 await wait_for(lambda: _at_least(indexing, seqs[-1]), timeout=120, what="catch-up after restart")
-                assert await indexing.backend.count() == 50
+                assert await indexing.live.backend.count() == 50
 
 
 async def _at_least(indexing, seq: int) -> bool:

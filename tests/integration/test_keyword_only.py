@@ -63,7 +63,7 @@ async def test_keyword_only_index_searches_and_recalls_without_a_model(
             seq = await client.append("alice", "new", said("user", "What should I get my daughter for her birthday?"))
             await wait_indexed(client, seq)
 
-            live = await indexing.backend.live()
+            live = await indexing.live.backend.live()
             assert (live.model, live.dim) == ("none", 0)
 
             found = await client.search("alice", "daughter Emma", mode="keyword", k=3)

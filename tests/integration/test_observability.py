@@ -218,7 +218,7 @@ async def test_lag_gauge_counts_what_nobody_consumes_and_drops_to_zero(nats_url,
     async with running_worker(s) as p, monitored(s, persistence=p) as monitor:
         base = monitor.url
         await until(base, "/readyz", 200)
-        await p.consumer.stop()  # this replica stops fetching; it is still connected and watched
+        await p.live.consumer.stop()  # this replica stops fetching; it is still connected and watched
         body = await until(base, "/readyz", 503)
         assert body["failed"] == {"persistence.consumer": "the consumer is not fetching"}
         async with await MemoryClient.connect(nats_url, app=APP) as client:
@@ -278,7 +278,7 @@ async def test_indexing_reports_embed_latency(nats_url, sqlite_url, tmp_path):
         {**s.indexing.model_dump(), "backend": "embedded", "batch_wait_s": 0.05, "retry_delays_s": [0.2, 0.5]}
     )
     embedder = await asyncio.to_thread(LocalEmbedder, LocalEmbedderSettings())
-    async with running_worker(s), running(IndexingWorker(s, embedder=embedder)) as ix:
+    async with running_worker(s), running(IndexingWorker(s), embedder=embedder) as ix:
         await asyncio.wait_for(ix.ready.wait(), 60)
         async with monitored(s, indexing=ix) as monitor:
             base = monitor.url

@@ -65,11 +65,11 @@ async def test_round_trip_10000_events_in_publish_order(request, db, nats_url, t
                 await client.append_many("user-1", session, events)
 
             await asyncio.gather(*(one_session(i) for i in range(100)))
-        await wait_for(lambda: _committed(worker.engine, 10_000), timeout=240, what="10,000 events in SQL")
+        await wait_for(lambda: _committed(worker.live.engine, 10_000), timeout=240, what="10,000 events in SQL")
         for session, ids in published.items():
-            stored = await reads.events(worker.engine, APP, "user-1", session)
+            stored = await reads.events(worker.live.engine, APP, "user-1", session)
             assert [e.event_id for e in stored] == ids
-            assert (await reads.state(worker.engine, APP, "user-1", session))["turn"] == 99
+            assert (await reads.state(worker.live.engine, APP, "user-1", session))["turn"] == 99
 
 
 # Batches of one session's stream (by seq), in the order replicas commit them.
@@ -191,10 +191,10 @@ async def test_duplicates_are_stored_once(nats_url, sqlite_url, tmp_path):
         marker = text_event("after")
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             await client.append("u", "s", marker)
-        await wait_for(lambda: _has(worker.engine, "s", marker.id), what="marker event")
+        await wait_for(lambda: _has(worker.live.engine, "s", marker.id), what="marker event")
         # Redelivery of a batch already committed (as after a crash before the ack).
-        await worker.store.commit([Incoming(first, msg), Incoming(ack.seq, msg)])
-        stored = await reads.events(worker.engine, APP, "u", "s")
+        await worker.live.store.commit([Incoming(first, msg), Incoming(ack.seq, msg)])
+        stored = await reads.events(worker.live.engine, APP, "u", "s")
         assert [e.event_id for e in stored] == [event.id, marker.id]
 
 
@@ -227,7 +227,7 @@ async def test_bad_input_is_dead_lettered_with_reason_and_worker_goes_on(nats_ur
         js = nc.jetstream()
         seqs = [(await js.publish(subject, payload)).seq for subject, payload, _ in cases]
         await js.publish(codec.subject_for(good), codec.encode(good))
-        await wait_for(lambda: _has(worker.engine, "s", good.event.id), what="the good event after bad ones")
+        await wait_for(lambda: _has(worker.live.engine, "s", good.event.id), what="the good event after bad ones")
         dlq = await js.stream_info("MEMQ_DLQ")
         assert dlq.state.messages == len(cases)
         by_seq = {}
@@ -249,7 +249,7 @@ async def test_state_scopes_follow_adk(nats_url, pg_url, tmp_path):
             await client.create_session("bob", "b1", state={"temp:scratch": 1})
             await client.append("bob", "b1", text_event("hi", **{"app:model": "m2", "temp:t": 2}))
             last = await client.append("alice", "a2", text_event("done"))
-        e = worker.engine
+        e = worker.live.engine
         await wait_committed(nats_url, last)
         assert await reads.state(e, APP, "alice", "a1") == {"topic": "x", "user:lang": "fr", "app:model": "m2"}
         assert await reads.state(e, APP, "alice", "a2") == {"user:lang": "fr", "app:model": "m2"}
@@ -266,10 +266,10 @@ async def test_final_state_equals_stream_order_with_3_replicas(nats_url, pg_url,
     async with running_worker(settings) as w1, running_worker(settings) as w2, running_worker(settings) as w3:
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             await client.append_many("u", "s", [text_event(str(i), **d) for i, d in enumerate(deltas)])
-        await wait_for(lambda: _committed(w1.engine, len(deltas)), timeout=120, what="all events")
+        await wait_for(lambda: _committed(w1.live.engine, len(deltas)), timeout=120, what="all events")
         assert sum(w.committed for w in (w1, w2, w3)) >= len(deltas)
         assert sum(w.committed > 0 for w in (w1, w2, w3)) >= 2, "the replicas did not share the work"
-        assert await reads.state(w1.engine, APP, "u", "s") == apply_in_order(deltas)
+        assert await reads.state(w1.live.engine, APP, "u", "s") == apply_in_order(deltas)
 
 
 async def test_delete_session_and_user_remove_rows_and_stream_subjects(nats_url, pg_url, tmp_path):
@@ -277,7 +277,7 @@ async def test_delete_session_and_user_remove_rows_and_stream_subjects(nats_url,
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     async with running_worker(settings) as worker:
-        e = worker.engine
+        e = worker.live.engine
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             for session in ("s1", "s2"):
                 await client.create_session("carol", session, state={"k": 1, "user:u": 1, "app:a": 1})
@@ -314,10 +314,10 @@ async def test_recreated_session_after_delete_is_visible_again(nats_url, sqlite_
             await client.append("u", "s", text_event("old"))
             await client.delete_session("u", "s", missing_ok=True)
             seq = await client.append("u", "s", text_event("new"))
-        await wait_for(lambda: _has_seq(worker.engine, "u", "s", seq), what="new event")
-        stored = await reads.events(worker.engine, APP, "u", "s")
+        await wait_for(lambda: _has_seq(worker.live.engine, "u", "s", seq), what="new event")
+        stored = await reads.events(worker.live.engine, APP, "u", "s")
         assert [ev.data["message"]["parts"][0]["text"] for ev in stored] == ["new"]
-        assert await reads.session_exists(worker.engine, APP, "u", "s")
+        assert await reads.session_exists(worker.live.engine, APP, "u", "s")
 
 
 def test_engine_for_inmemory_backend_is_shared(tmp_path):
@@ -347,7 +347,7 @@ async def test_artifacts_are_versioned_and_large_ones_deleted_with_their_session
             last = await client.save_artifact("u", "s", "big.bin", big)
             await wait_committed(nats_url, last, timeout=120)
             t = models.Artifact.__table__
-            async with worker.engine.connect() as conn:
+            async with worker.live.engine.connect() as conn:
                 rows = (await conn.execute(select(t).order_by(t.c.seq))).all()
             assert [(r.filename, r.inline) for r in rows[:2]] == [("notes.txt", b"v0"), ("notes.txt", b"v1")]
             assert rows[2].seq == last and rows[2].inline is None and rows[2].size == len(big)
@@ -356,7 +356,7 @@ async def test_artifacts_are_versioned_and_large_ones_deleted_with_their_session
             assert (await store.get_info(rows[2].object_name)).size == len(big)
 
             await wait_committed(nats_url, await client.delete_session("u", "s", missing_ok=True))
-        async with worker.engine.connect() as conn:
+        async with worker.live.engine.connect() as conn:
             assert (await conn.execute(select(t))).all() == []
         with pytest.raises(NotFoundError):  # nats-py's way of saying "no objects"
             await store.list(ignore_deletes=True)
@@ -369,7 +369,7 @@ async def test_a_message_the_database_rejects_is_dead_lettered_not_retried_forev
     # operator added, a schema drift. One message must not stall the others.
     settings = make_settings(nats_url, pg_url, tmp_path)
     async with running_worker(settings) as worker:
-        async with worker.engine.begin() as conn:
+        async with worker.live.engine.begin() as conn:
             await conn.execute(
                 sa_text("ALTER TABLE memq_events ADD CONSTRAINT no_rejects CHECK (author <> 'rejected')")
             )
@@ -378,7 +378,7 @@ async def test_a_message_the_database_rejects_is_dead_lettered_not_retried_forev
                 "u", "s", Event(author="rejected", message=Message(role="user", parts=[TextPart(text="x")]))
             )
             good = await client.append("u", "s", text_event("stored"))
-        await wait_for(lambda: _has_seq(worker.engine, "u", "s", good), what="the good event")
+        await wait_for(lambda: _has_seq(worker.live.engine, "u", "s", good), what="the good event")
         nc = await nats.connect(nats_url)
         js = nc.jetstream()
 

@@ -85,7 +85,7 @@ async def test_postgres_outage_while_publishing_loses_nothing(nats_url, postgres
                     await asyncio.sleep(0.05)
 
             await publish(10)
-            await wait_for(lambda: _exactly(worker.engine, 1000), timeout=60, what="first 1000 events")
+            await wait_for(lambda: _exactly(worker.live.engine, 1000), timeout=60, what="first 1000 events")
             postgres.stop()
             try:
                 await publish(20)  # publishing needs only NATS
@@ -93,8 +93,10 @@ async def test_postgres_outage_while_publishing_loses_nothing(nats_url, postgres
             finally:
                 postgres.restart()
             await publish(10)
-        await wait_for(lambda: _exactly(worker.engine, len(published)), timeout=120, what="every event after restart")
-        stored = await reads.events(worker.engine, APP, "u", "outage")
+        await wait_for(
+            lambda: _exactly(worker.live.engine, len(published)), timeout=120, what="every event after restart"
+        )
+        stored = await reads.events(worker.live.engine, APP, "u", "outage")
         assert [e.event_id for e in stored] == published
 
 
@@ -112,7 +114,7 @@ async def test_commits_resume_soon_after_the_database_returns(nats_url, tmp_path
         async with running_worker(settings) as worker:
             async with await MemoryClient.connect(nats_url, app=APP) as client:
                 await client.append_many("u", "resume", events(10, "before"))
-                await wait_for(lambda: _exactly(worker.engine, 10), timeout=60, what="the first events")
+                await wait_for(lambda: _exactly(worker.live.engine, 10), timeout=60, what="the first events")
                 pg.kill()
                 failed = retried._value.get()
                 await client.append_many("u", "resume", events(10, "during"))
@@ -123,7 +125,7 @@ async def test_commits_resume_soon_after_the_database_returns(nats_url, tmp_path
                 await wait_for(holding, timeout=30, what="a commit failing")
                 await asyncio.to_thread(pg.start)
                 back = time.monotonic()
-                await wait_for(lambda: _exactly(worker.engine, 20), timeout=2 * HOLD_S, what="the held events")
+                await wait_for(lambda: _exactly(worker.live.engine, 20), timeout=2 * HOLD_S, what="the held events")
                 took = time.monotonic() - back
     print(f"committed {took:.1f}s after PostgreSQL was back")
     assert took < HOLD_S / 2, f"commits resumed {took:.1f}s after PostgreSQL was back"

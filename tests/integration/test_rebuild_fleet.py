@@ -150,15 +150,15 @@ async def test_a_second_replica_takes_a_share_of_the_rebuild(settings, embedder,
     async with AsyncExitStack() as stack:
         workers = []
         for _ in range(2):
-            w = IndexingWorker(settings, embedder=Slow(embedder, 0.05))
-            workers.append(await stack.enter_async_context(running(w)))
+            w = IndexingWorker(settings)
+            workers.append(await stack.enter_async_context(running(w, embedder=Slow(embedder, 0.05))))
             await asyncio.wait_for(w.ready.wait(), 120)
         nc, indexer = await stack.enter_async_context(coordinator(settings, SharedEmbedder(embedder)))
         first = (await indexer.backend.live()).generation
         # Only the workers pull: the CLI's --no-pull.
         result = await rebuild(settings, nc, indexer, work=False)
         assert result.generation != first
-        names = {w.follower.name for w in workers}
+        names = {w.prepared.follower.name for w in workers if w.prepared is not None}
         assert {s.replica for s in result.shares} == names, result.shares
         per_replica = sorted(s.docs for s in result.shares)
         print("docs embedded by each replica:", per_replica)
@@ -310,7 +310,7 @@ async def test_a_scoped_rebuild_keeps_what_other_users_wrote_during_it(settings,
     async with AsyncExitStack() as stack:
         nc, indexer = await stack.enter_async_context(coordinator(settings, SharedEmbedder(embedder)))
         await rebuild(settings, nc, indexer)
-        worker = await stack.enter_async_context(running(IndexingWorker(settings, embedder=SharedEmbedder(embedder))))
+        worker = await stack.enter_async_context(running(IndexingWorker(settings), embedder=SharedEmbedder(embedder)))
         await asyncio.wait_for(worker.ready.wait(), 120)
         store = JobStore(nc.jetstream())
         task = asyncio.create_task(rebuild(settings, nc, indexer, app=APP, user="u", work=False))

@@ -108,7 +108,7 @@ async def test_backlog_of_one_app_does_not_stall_another_apps_search(settings):
     slow = Slow(delay_s=0.25)  # 16 events a batch: A's 3,000 take about 47 s
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(running_worker(settings))
-        indexing = await stack.enter_async_context(running(IndexingWorker(settings, embedder=slow)))
+        indexing = await stack.enter_async_context(running(IndexingWorker(settings), embedder=slow))
         await asyncio.wait_for(indexing.ready.wait(), 60)
         query = await stack.enter_async_context(running_query(settings))
         query.searcher.embedder = Letters()  # the same model as the index, at full speed

@@ -64,7 +64,7 @@ async def test_idle_session_expires_everywhere_active_one_stays(nats_url, sqlite
         try:
             # Indexed well within the TTL (a keyword-only index), so its removal below means something.
             await wait_for(lambda: _found(client, "idle"), timeout=4, what="the idle session indexed")
-            engine = persistence.engine
+            engine = persistence.live.engine
             await wait_for(
                 lambda: _gone(engine, APP, "idle"), timeout=30, what="the idle session deleted by the sweeper"
             )
@@ -73,7 +73,7 @@ async def test_idle_session_expires_everywhere_active_one_stays(nats_url, sqlite
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
-        assert persistence.sweeper is not None and persistence.sweeper.expired >= 1
+        assert persistence.live.sweeper is not None and persistence.live.sweeper.expired >= 1
         assert await reads.session_exists(engine, APP, "alice", "active")
         assert await reads.session_exists(engine, KEPT, "alice", "old")  # idle longer than the TTL, its app opted out
         assert await reads.count_events(engine, APP, "alice", "idle") == 0
@@ -102,15 +102,15 @@ async def test_one_sweeper_at_a_time(nats_url, sqlite_url, tmp_path):
     s = make_settings(nats_url, sqlite_url, tmp_path)
     s.expiry = ExpirySettings(session_ttl_s=3600, sweep_interval_s=0.1, lease_ttl_s=1.5)
     async with running_worker(s) as first:
-        sweepers = [SessionSweeper(s, first.nc, first.engine) for _ in range(2)]
+        sweepers = [SessionSweeper(s, first.nc, first.live.engine) for _ in range(2)]
         for sweeper in sweepers:
             sweeper.start()
         try:
             await asyncio.sleep(1.0)
             holding = [sweeper._holding for sweeper in sweepers]
             # The worker's own sweeper holds the lease (started first): these two wait.
-            assert first.sweeper is not None and first.sweeper._holding and holding == [False, False]
-            await first.sweeper.stop()  # released: one of the others takes over
+            assert first.live.sweeper is not None and first.live.sweeper._holding and holding == [False, False]
+            await first.live.sweeper.stop()  # released: one of the others takes over
             await wait_for(lambda: _one_holds(sweepers), timeout=10, what="a sweeper taking over")
         finally:
             for sweeper in sweepers:

@@ -55,15 +55,15 @@ async def test_deleted_keys_are_gone_and_a_later_set_brings_them_back(request, d
                 "app:tone": "formal",
             }
             # SQL as the worker left it: the same merged state.
-            assert await reads.state(worker.engine, APP, "u", "s") == await client.get_state("u", "s")
+            assert await reads.state(worker.live.engine, APP, "u", "s") == await client.get_state("u", "s")
 
             # A lagging replica commits a set from before a delete after it:
             # the tombstone's seq is newer, so the key stays deleted.
             gone = await client.delete_state("u", ["mood", "user:lang", "app:tone"], session="s")
             await client.get_state("u", "s")  # committed
             stale = StateSet(app=APP, user="u", session="s", delta={"mood": "angry", "user:lang": "x", "app:tone": "y"})
-            await SqlStore(worker.engine).commit([Incoming(gone - 1, stale)])
-            assert await reads.state(worker.engine, APP, "u", "s") == {"topic": "travel", "nothing": None}
+            await SqlStore(worker.live.engine).commit([Incoming(gone - 1, stale)])
+            assert await reads.state(worker.live.engine, APP, "u", "s") == {"topic": "travel", "nothing": None}
 
             with pytest.raises(InvalidMessage):
                 await client.delete_state("u", ["topic"])  # a session key needs a session

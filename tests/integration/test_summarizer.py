@@ -9,6 +9,7 @@ import asyncio
 import random
 import socket
 import threading
+from collections import Counter
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from sqlalchemy import select
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
+from memq.workers.runtime.resources import Resources
 from memq.workers.sql import models
 from memq.workers.sql.engine import create_engine
 from memq.workers.summarizer.base import SummarizerError
@@ -239,12 +241,17 @@ async def test_the_sweep_counts_the_summary_in_the_budget(request, db, nats_url,
             # "any": the checkpoint came from another connection, not this client.
             view = await client.history("u", "s", min_seq=seqs[-1], consistency="any")
             assert view.needs_summary and view.checkpoint_seq == first
-        worker = SummarizerWorker(s)
-        worker.engine = create_engine(s.database_url())  # what a process would hand it; not started
+        # Opened as a process would open it (its engine from the process's
+        # resources), and never started: no sweep of its own, no notices.
+        worker, resources = SummarizerWorker(s), Resources(s, Counter(["sql"]))
+        nc = await nats.connect(nats_url)
         try:
+            await worker.open(nc, resources)
             assert await worker.sessions_over_threshold() == [(APP, "u", "s")]
         finally:
-            await worker.engine.dispose()
+            await worker.stop()
+            await resources.close()
+            await nc.close()
 
 
 class SilentEndpoint:

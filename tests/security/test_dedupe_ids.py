@@ -66,10 +66,10 @@ async def test_another_app_using_an_id_first_does_not_drop_the_write(nats_url, s
             b_seq = await b.append("bob", "bsess", victim)
             assert b_seq > a_seq and b.duplicates == 0
             await wait_for(
-                lambda: _has(worker.engine, B, "bob", "bsess", victim.id), timeout=30, what="B's event in SQL"
+                lambda: _has(worker.live.engine, B, "bob", "bsess", victim.id), timeout=30, what="B's event in SQL"
             )
-        assert (await stored_texts(worker.engine, B, "bob", "bsess"))[victim.id] == "B's own words"
-        assert (await stored_texts(worker.engine, A, "mallory", "asess"))[victim.id] == "A's squatting"
+        assert (await stored_texts(worker.live.engine, B, "bob", "bsess"))[victim.id] == "B's own words"
+        assert (await stored_texts(worker.live.engine, A, "mallory", "asess"))[victim.id] == "A's squatting"
 
 
 async def test_the_same_id_in_two_apps_and_two_sessions_is_stored_each_time(nats_url, sqlite_url, tmp_path):
@@ -84,8 +84,10 @@ async def test_the_same_id_in_two_apps_and_two_sessions_is_stored_each_time(nats
                 assert client.duplicates == 0
         assert len(set(seqs)) == len(places)
         for app, user, session in places:
-            await wait_for(lambda p=(app, user, session): _has(worker.engine, *p, "e-1"), timeout=30, what=str(app))
-            assert (await stored_texts(worker.engine, app, user, session))["e-1"] == f"in {app}/{user}/{session}"
+            await wait_for(
+                lambda p=(app, user, session): _has(worker.live.engine, *p, "e-1"), timeout=30, what=str(app)
+            )
+            assert (await stored_texts(worker.live.engine, app, user, session))["e-1"] == f"in {app}/{user}/{session}"
 
 
 async def test_a_retry_of_the_same_message_returns_its_sequence(nats_url, sqlite_url, tmp_path):
@@ -100,9 +102,9 @@ async def test_a_retry_of_the_same_message_returns_its_sequence(nats_url, sqlite
             assert await client.append_many("u", "s", [event]) == [first]
             assert client.duplicates == 2
             marker = await client.append("u", "s", text_event("after"))
-        js = worker.js
-        await wait_for(lambda: _committed_to(worker.engine, "u", "s", 2), timeout=30, what="both events")
-        assert (await reads.events(worker.engine, A, "u", "s"))[0].seq == first
+        js = worker.live.js
+        await wait_for(lambda: _committed_to(worker.live.engine, "u", "s", 2), timeout=30, what="both events")
+        assert (await reads.events(worker.live.engine, A, "u", "s"))[0].seq == first
         assert marker > first and not await dead_letters(js, "duplicate_id")
 
 
@@ -131,13 +133,13 @@ async def test_the_same_id_with_other_content_is_dead_lettered(nats_url, sqlite_
                 await nc.close()
             # In one batch: a new id twice, with two contents.
             both = await client.append_many("u", "s", [text_event("one", id="dup-2"), text_event("two", id="dup-2")])
-        js = worker.js
+        js = worker.live.js
         await wait_for(lambda: _count(dead_letters(js, "duplicate_id"), 3), timeout=30, what="three dead letters")
         letters = await dead_letters(js, "duplicate_id")
         assert sorted(x.original_seq for x in letters) == sorted([other_seq, other_seq + 2, both[1]])
         assert all(x.worker == "persistence" and "already stored in this session" in x.reason for x in letters)
         assert f"at seq {first_seq}" in next(x.reason for x in letters if x.original_seq == other_seq)
-        texts = await stored_texts(worker.engine, A, "u", "s")
+        texts = await stored_texts(worker.live.engine, A, "u", "s")
         assert texts == {"dup-1": "first", "dup-2": "one"}
 
 
@@ -190,7 +192,7 @@ async def test_a_predicted_checkpoint_id_does_not_suppress_summaries(nats_url, s
             await bus.settle(nc)  # every look is counted: the summarizer publishes on its own connection
             async with running(SummarizerWorker(s)) as summarizer:
                 summarizer.schedule(B, "bob", "bsess")
-                await wait_for(lambda: _summarized(worker.engine, b_key), timeout=60, what="B's checkpoint in SQL")
+                await wait_for(lambda: _summarized(worker.live.engine, b_key), timeout=60, what="B's checkpoint in SQL")
                 await asyncio.sleep(2)  # a hot loop would go on here
                 assert summarizer.stats.failures == 0
             assert looks.n <= 10, f"{looks.n} looks at one session: a retry loop"
@@ -229,7 +231,7 @@ async def test_a_checkpoint_that_does_not_take_is_retried_later_not_at_once(nats
                 await asyncio.sleep(3)
                 assert summarizer.stats.failures <= 6
             assert looks.n <= 10, f"{looks.n} looks at one session: a retry loop"
-            async with worker.engine.connect() as conn:
+            async with worker.live.engine.connect() as conn:
                 assert (await reads.latest_checkpoint(conn, key)).up_to_seq == 1
     finally:
         await nc.close()

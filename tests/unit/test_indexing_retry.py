@@ -8,7 +8,7 @@ import time
 from fakes import FakeMsg
 
 from memq.workers.index.backends.base import IndexMeta, IndexUnavailable
-from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.indexing.worker import IndexingLive, IndexingWorker
 from memq.workers.settings import Settings
 
 DELAY_S = 20.0
@@ -32,7 +32,9 @@ class ComesBack:
 async def test_a_batch_goes_back_once_the_index_answers():
     settings = Settings(indexing={"retry_delays_s": [DELAY_S], "ack_wait_s": 4 * DELAY_S})
     index = ComesBack(down=3)
-    worker = IndexingWorker(settings, backend=index)  # type: ignore[arg-type]
+    worker = IndexingWorker(settings)
+    # Its running parts as open() would make them; one batch needs only the index.
+    worker._live = IndexingLive(nc=None, js=None, backend=index, embedder=None, indexer=None)  # type: ignore[arg-type]
     worker._generation = META
     msgs = [FakeMsg(), FakeMsg()]
     t0 = time.monotonic()

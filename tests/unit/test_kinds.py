@@ -11,10 +11,10 @@ from collections import Counter
 import pytest
 
 from memq.workers.cli import WorkerKind
-from memq.workers.runtime.app import Resources
 from memq.workers.runtime.component import Component, NotOpened
 from memq.workers.runtime.health import durable_of
 from memq.workers.runtime.kinds import KINDS, Kind
+from memq.workers.runtime.resources import Resources
 from memq.workers.settings import Settings
 
 
@@ -29,7 +29,7 @@ def test_health_takes_durables_from_the_registry():
 
 
 def test_a_kind_added_to_the_registry_has_no_durable_unless_it_says(monkeypatch):
-    monkeypatch.setitem(KINDS, "probe", Kind("probe", "a test kind", "builtins:object"))
+    monkeypatch.setitem(KINDS, "probe", Kind("probe", "builtins:object"))
     assert durable_of("probe", Settings()) is None
 
 
@@ -89,6 +89,23 @@ async def test_the_embedder_loads_once_however_many_ask_at_once(tmp_path, monkey
     assert loads == ["loaded", "closed"]
 
 
+async def test_an_index_and_embedder_handed_in_are_used_and_closed(tmp_path):
+    closed: list[str] = []
+
+    class Part:
+        def __init__(self, name: str):
+            self.name = name
+
+        async def close(self) -> None:
+            closed.append(self.name)
+
+    index, embedder = Part("index"), Part("embedder")
+    resources = Resources(Settings(data_dir=tmp_path), Counter(["index", "embedder"]), index=index, embedder=embedder)  # type: ignore[arg-type]
+    assert resources.index is index and await resources.embedder() is embedder
+    await resources.close()
+    assert closed == ["embedder", "index"]
+
+
 def test_every_component_is_built_from_settings_and_has_the_lifecycle():
     s = Settings(database={"url": "inmemory"})
     for name, kind in KINDS.items():
@@ -98,3 +115,14 @@ def test_every_component_is_built_from_settings_and_has_the_lifecycle():
             assert inspect.iscoroutinefunction(getattr(cls, hook)), (name, hook)
         component = kind.make(s)
         assert component.router() is not None and component.nc is None  # nothing connects before start
+
+
+def test_the_process_drives_the_lifecycle_and_no_kind_rewrites_it():
+    # open/start/stop are the process's (typing.final, which mypy holds);
+    # a kind writes the hooks they call.
+    for name, kind in KINDS.items():
+        cls = kind.component_class()
+        for method in ("open", "start", "stop"):
+            assert getattr(getattr(Component, method), "__final__", False), method
+            assert all(method not in vars(c) for c in cls.__mro__ if c is not Component), (name, method)
+        assert isinstance(cls.DESCRIPTION, str) and cls.DESCRIPTION, name

@@ -68,7 +68,7 @@ class Request:
         self.replies.append(body)
 
 
-async def reply(worker: QueryWorker, req: q._Request, key: str) -> bytes:
+async def reply(worker: QueryWorker, req: q.Request, key: str) -> bytes:
     """The request answered as a replica answers it (cache fill included)."""
     request = Request()
     await worker._respond("state.get", req, key, request, 0.0, worker.slots.admit(req.app, "state.get"))
@@ -85,7 +85,7 @@ def worker_with(shared: MemoryBackend, tmp_path) -> QueryWorker:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
     worker._live = live(QueryCache(local=None, shared=shared, ttl_s=60))
 
-    async def run(op: str, req: q._Request, **extra) -> q.StateView:
+    async def run(op: str, req: q.Request, **extra) -> q.StateView:
         return q.StateView(state={"k": 1})
 
     worker._run = run  # type: ignore[method-assign]

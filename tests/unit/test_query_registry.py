@@ -22,7 +22,7 @@ def test_every_op_of_the_contract_has_a_handler_and_no_handler_lacks_an_op():
 def test_the_registry_names_each_op_once_with_its_own_models():
     for name, op in q.OPS.items():
         assert op.name == name and op.summary
-        assert issubclass(op.request, q._Request) and issubclass(op.reply, q._Reply)
+        assert issubclass(op.request, q.Request) and issubclass(op.reply, q.Reply)
     assert len({op.request for op in q.OPS.values()}) == len(q.OPS)
 
 

@@ -56,7 +56,7 @@ AfterOpt = Annotated[
 RoleOpt = Annotated[
     list[str] | None, option("history", "roles", "--role", help="Only events with this role (repeatable).")
 ]
-# Every read's --min-seq (its bounds are the same in each request: _Request's).
+# Every read's --min-seq (its bounds are the same in each request: Request's).
 MinSeqOpt = Annotated[
     int | None,
     option("context", "min_seq", help="Answer once this stream sequence (a write's seq) is committed."),

@@ -40,8 +40,8 @@ from memq.workers.runtime.component import Component, Live
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
-    from memq.workers.runtime.app import Resources
     from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.resources import Resources
 
 log = logging.getLogger("memq.http")
 

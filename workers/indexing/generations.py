@@ -29,7 +29,7 @@ class GenerationRow:
     state: str  # live, rebuilding, abandoned
     created_at: float
     note: str = ""  # rebuilding: its scope and how many messages it has left
-    min_similarity: float | None = None  # the relevance floor it recorded for its model (None: before issue 41)
+    min_similarity: float | None = None  # the relevance floor recorded for its model (None: an older generation)
 
 
 async def list_generations(backend: IndexBackend, js: JetStreamContext, settings: Settings) -> list[GenerationRow]:

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING
 from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 from sqlalchemy import exc as sa_exc
@@ -77,13 +76,12 @@ from memq.workers.runtime.lease import Lease
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
-    from memq.workers.runtime.app import Resources
     from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.resources import Resources
 
 SQL_RETRY_DELAYS_S = [0.2, 0.5, 1.0]  # a database outage: reconnecting is cheap, the batch is small
 log = logging.getLogger("memq.indexing")
 
-WORKER = "indexing"
 PROGRESS_EVERY_S = 10.0  # how often a startup rebuild logs how far it is
 
 
@@ -96,6 +94,16 @@ class IndexingLive(Live):
     indexer: Indexer
 
 
+@dataclass
+class Prepared:
+    """What the indexing worker runs once its index is prepared (in the
+    background: see :meth:`IndexingWorker.run`): the batch consumer, and its
+    part in rebuilds (:class:`~memq.workers.indexing.replica.RebuildFollower`)."""
+
+    consumer: BatchConsumer
+    follower: RebuildFollower
+
+
 def _said_if_failed(task: asyncio.Task) -> None:
     """A background task that ends in an error says so: the replica is then
     never ready, and its log is where an operator looks first."""
@@ -106,9 +114,9 @@ def _said_if_failed(task: asyncio.Task) -> None:
 class IndexingWorker(Component[IndexingLive]):
     """The indexing component of a worker process (:mod:`memq.workers.runtime.app`).
 
-    :param settings: everything; ``settings.indexing`` above all.
-    :param backend: the index (default: the process's); one given here is closed here.
-    :param embedder: the embedder (default: the process's); one given here is closed here.
+    :param settings: everything; ``settings.indexing`` above all. The index
+        and the embedder are the process's
+        (:class:`~memq.workers.runtime.resources.Resources`).
     """
 
     KIND = "indexing"
@@ -117,39 +125,16 @@ class IndexingWorker(Component[IndexingLive]):
     PREPARES = True  # ready once the index is usable and the consumer runs
     stop_grace_s = 5.0  # how long stop() lets the batch in hand finish before cutting it short
 
-    def __init__(self, settings: Settings, *, backend: IndexBackend | None = None, embedder: Embedder | None = None):
+    def __init__(self, settings: Settings):
         super().__init__(settings)
-        self._given = (backend, embedder)  # used instead of the process's, and closed here
         self._generation: IndexMeta | None = None  # where live writes go; set by preparing the index
-        self.consumer: BatchConsumer | None = None
-        self._main: asyncio.Task | None = None
-        self.follower: RebuildFollower | None = None  # this replica's part in rebuilds; set once ready
-        self._following: asyncio.Task | None = None
-        self._stopping = asyncio.Event()
+        self.prepared: Prepared | None = None  # once the index is prepared
+        # In the background: preparing the index (run()), then following rebuilds.
+        self._tasks: list[asyncio.Task] = []
 
     @property
     def indexed(self) -> int:
         return self._live.indexer.totals.docs if self._live is not None else 0
-
-    # The batch handling's names for the running parts.
-
-    @property
-    def backend(self) -> IndexBackend:
-        given = self._given[0]  # usable before open() (a test of one batch)
-        return given if given is not None else self.live.backend
-
-    @property
-    def embedder(self) -> Embedder:
-        given = self._given[1]
-        return given if given is not None else self.live.embedder
-
-    @property
-    def indexer(self) -> Indexer:
-        return self.live.indexer
-
-    @property
-    def js(self) -> JetStreamContext:
-        return self.live.js
 
     @property
     def generation(self) -> IndexMeta:
@@ -190,52 +175,45 @@ class IndexingWorker(Component[IndexingLive]):
 
     async def build(self, nc: NATS, resources: Resources) -> IndexingLive:
         js = nc.jetstream()
-        backend, embedder = self._given
-        backend = backend or resources.index
-        embedder = embedder or await resources.embedder()
+        backend, embedder = resources.index, await resources.embedder()
         return IndexingLive(nc, js, backend, embedder, make_indexer(self.settings, backend, embedder, js))
 
     def checks(self) -> dict[str, Check]:
         return {
             **super().checks(),
             "index": readiness.index(self.ready, lambda: self.live.backend),
-            "consumer": readiness.consumer(lambda: self.consumer),
+            "consumer": readiness.consumer(lambda: self.prepared.consumer if self.prepared is not None else None),
         }
 
     async def run(self) -> None:
         """Prepare the index and consume in the background: an index server
         that is down at start delays indexing, not the worker."""
-        self._main = asyncio.create_task(self._prepare_and_consume(), name="indexing main")
-        self._main.add_done_callback(_said_if_failed)
+        main = asyncio.create_task(self._prepare_and_consume(), name="indexing main")
+        main.add_done_callback(_said_if_failed)
+        self._tasks.append(main)
 
     async def halt(self) -> None:
-        self._stopping.set()
-        for task in (self._main, self._following):
-            if task is not None:
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        if self.consumer is not None:
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        prepared, self.prepared = self.prepared, None
+        if prepared is not None:
             try:
                 # Embedding a batch can take many seconds on a busy machine:
                 # cut it short (handle naks it) rather than hold the stop.
-                await asyncio.wait_for(self.consumer.stop(), self.stop_grace_s)
+                await asyncio.wait_for(prepared.consumer.stop(), self.stop_grace_s)
             except TimeoutError:
                 log.warning("stopping: the batch in hand took over %.0fs; it is redelivered", self.stop_grace_s)
-            self.consumer = None
         if self._live is not None and self._live.indexer.previous is not None:
             await self._live.indexer.previous.engine.dispose()
-        backend, embedder = self._given  # the process's are closed by the process
-        if backend is not None:
-            await backend.close()
-        if embedder is not None:
-            await embedder.close()
 
     async def _prepare_and_consume(self) -> None:
         delays = self.settings.indexing.retry_delays_s
         attempt = 0
         while True:
             try:
-                await self.backend.open()
+                await self.live.backend.open()
                 start_seq = await self._ensure_generation()
                 break
             except (IndexUnavailable, EmbedderError, OSError) as exc:
@@ -253,8 +231,9 @@ class IndexingWorker(Component[IndexingLive]):
                 attempt += 1
                 await asyncio.sleep(delay)
         s = self.settings.indexing
-        self.consumer = BatchConsumer(
-            self.live.nc,
+        live = self.live
+        consumer = BatchConsumer(
+            live.nc,
             stream=self.settings.streams.events,
             subject=EVENTS_WILDCARD,
             config=self.consumer_config(start_seq),
@@ -262,72 +241,70 @@ class IndexingWorker(Component[IndexingLive]):
             batch_size=s.batch_size,
             batch_wait_s=s.batch_wait_s,
         )
-        await self.consumer.start()
-        self.follower = RebuildFollower(
-            self.live.nc,
-            self.settings,
-            self.indexer,
-            JobStore(self.js, replicas=self.settings.streams.replicas),
+        follower = RebuildFollower(
+            live.nc, self.settings, live.indexer, JobStore(live.js, replicas=self.settings.streams.replicas)
         )
-        self._following = asyncio.create_task(self.follower.run(), name="indexing rebuilds")
+        self.prepared = Prepared(consumer, follower)  # halt() stops the consumer, even one cut short starting
+        await consumer.start()
+        self._tasks.append(asyncio.create_task(follower.run(), name="indexing rebuilds"))
         self.ready.set()
         log.info(
             "indexing worker started (durable %s, %s index %s, %s, scope %s)",
             s.durable,
-            self.backend.name,
+            self.live.backend.name,
             self.generation.generation,
-            self.embedder.model,
+            self.live.embedder.model,
             s.storage_scope,
         )
 
     def _matches(self, meta: IndexMeta | None) -> bool:
-        return meta is not None and (meta.model, meta.dim) == (self.embedder.model, self.embedder.dim)
+        return meta is not None and (meta.model, meta.dim) == (self.live.embedder.model, self.live.embedder.dim)
 
     async def _ensure_generation(self) -> int | None:
         """Make the live generation hold our model's vectors, rebuilding if it
         does not. Returns where a *new* durable should start (after what a
         rebuild replayed), or None to start from the beginning."""
-        live = await self.backend.live()
+        live = await self.live.backend.live()
         if self._matches(live):
             self._generation = live
             return None
         # Everything up to here is replayed by the rebuild below.
         events = self.settings.streams.events
-        replayed_to = (await patiently("reading the stream", lambda: self.js.stream_info(events))).state.last_seq
+        replayed_to = (await patiently("reading the stream", lambda: self.live.js.stream_info(events))).state.last_seq
         async with Lease(
-            self.js,
+            self.live.js,
             REBUILD_LEASE,
             ttl_s=self.settings.indexing.rebuild_lease_ttl_s,
             replicas=self.settings.streams.replicas,
         ):
-            live = await self.backend.live()  # another replica may have rebuilt meanwhile
+            live = await self.live.backend.live()  # another replica may have rebuilt meanwhile
             if not self._matches(live):
                 if live is None:
-                    log.info("no index yet: building it from the stream (%s)", self.embedder.model)
+                    log.info("no index yet: building it from the stream (%s)", self.live.embedder.model)
                 else:
                     log.warning(
                         "the index holds %s/%d vectors and this worker embeds with %s/%d: rebuilding from the stream",
                         live.model,
                         live.dim,
-                        self.embedder.model,
-                        self.embedder.dim,
+                        self.live.embedder.model,
+                        self.live.embedder.dim,
                     )
                 result = await rebuild(
                     self.settings,
                     self.live.nc,
-                    self.indexer,
+                    self.live.indexer,
                     progress=self._progress(),
                     lease=False,
                     conflict="restart",  # an unfinished rebuild of another model cannot serve this worker
                 )
                 log.info("rebuilt %d docs from %d messages in %.1fs", result.docs, result.replayed, result.seconds)
-            self._generation = await self.backend.live()
+            self._generation = await self.live.backend.live()
         # A durable that does not exist yet need not re-index what the rebuild
         # just replayed; an existing one keeps its position (re-indexing is
         # idempotent).
         try:
             durable = self.settings.indexing.durable
-            await patiently("reading the consumer", lambda: self.js.consumer_info(events, durable))
+            await patiently("reading the consumer", lambda: self.live.js.consumer_info(events, durable))
             return None
         except NotFoundError:
             return replayed_to + 1 if replayed_to else None
@@ -369,19 +346,19 @@ class IndexingWorker(Component[IndexingLive]):
                     ]
                 ),
                 AdjustRetry(self._follow_generation),
-                Measure(WORKER),
+                Measure(self.KIND),
                 BackOff("indexing", ack_wait_s=s.ack_wait_s),
                 NakOnCancel(),
             ]
         )
 
     async def handle(self, msgs: list[Msg]) -> None:
-        metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
-        items = self.indexer.decode(msgs)
+        metrics.BATCH_SIZE.labels(self.KIND).observe(len(msgs))
+        items = self.live.indexer.decode(msgs)
         rewrite = redelivered(msgs)  # an earlier try may have written part of it
 
         async def index(_: list[Msg]) -> None:
-            await self.indexer.apply(items, generation=self.generation.generation, rewrite=rewrite)
+            await self.live.indexer.apply(items, generation=self.generation.generation, rewrite=rewrite)
 
         await self._policy.run(msgs, index, self._ack)
 
@@ -398,7 +375,7 @@ class IndexingWorker(Component[IndexingLive]):
         """A switch to another generation also fails writes: follow it at once
         if it holds our model, and stop writing (loudly) if it does not."""
         try:
-            live = await self.backend.live()
+            live = await self.live.backend.live()
         except Exception:
             return retry
         if live is None or live.generation == self.generation.generation:
@@ -412,11 +389,11 @@ class IndexingWorker(Component[IndexingLive]):
             "not indexing until it is restarted with the same embedder",
             live.model,
             live.dim,
-            self.embedder.model,
-            self.embedder.dim,
+            self.live.embedder.model,
+            self.live.embedder.dim,
         )
         return replace(retry, delay=max(retry.delays), wait_for=None)
 
     async def _index_live(self) -> bool:
-        await self.backend.live()  # raises IndexUnavailable while it is away
+        await self.live.backend.live()  # raises IndexUnavailable while it is away
         return True

@@ -98,7 +98,7 @@ def refusal(status: int, code: str, message: str, headers: dict[str, str] | None
     gateway's HTTP status: the :data:`~memq.workers.http.door.Render` of this
     server. The mcp package's client raises a JSON-RPC error body as
     ``MCPError`` with its message; any other body became "Server returned an
-    error response" in a 70-line ExceptionGroup (issue 40). ``id`` is null:
+    error response" in a 70-line ExceptionGroup. ``id`` is null:
     the body is refused before it is parsed."""
     body = {"jsonrpc": "2.0", "id": None, "error": {"code": REFUSED, "message": message, "data": {"code": code}}}
     return JSONResponse(body, status_code=status, headers=headers)

@@ -136,8 +136,8 @@ def search_text(author: str, text: str, timestamp: float | None, previous: Turn 
 
 # BM25 weight of the previous turn's words against the turn's own (1.0): the
 # context helps a turn be found, but a turn that says the words ranks above
-# one that only follows a turn that does (issue 40: "Nice." came second for
-# "Python"). Both backends index the two parts apart (split_search_text).
+# one that only follows a turn that does (with equal weights "Nice." came
+# second for "Python"). Both backends index the two parts apart (split_search_text).
 CONTEXT_WEIGHT = 0.5
 
 

@@ -1,7 +1,7 @@
 """Fair shares of one pool among apps: the query worker's request slots.
 
 The slots of a replica (``query.max_inflight``) are shared by every app it
-serves. One app must never hold them all (issue 38: 260 reads that waited
+serves. One app must never hold them all (once, 260 reads that waited
 30 s each for a sequence nobody would write took every slot, and every other
 app's reads queued behind them), so:
 

@@ -36,7 +36,6 @@ from typing import TYPE_CHECKING
 from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from sqlalchemy import exc as sa_exc
@@ -77,15 +76,13 @@ from memq.workers.runtime.dlq import DeadLetters
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
-    from faststream.nats.publisher.usecase import LogicPublisher
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from memq.workers.runtime.app import Resources
     from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.resources import Resources
 
 log = logging.getLogger("memq.persistence")
 
-WORKER = "persistence"
 MAX_CONFLICT_RETRIES = 5
 COUNT_OFF_LOOP_BYTES = 16 * 1024  # a batch's message bytes above which its tokens are counted in a thread
 YIELD_BYTES = 256 * 1024  # decoded bytes after which the event loop runs before the next message
@@ -93,11 +90,15 @@ YIELD_BYTES = 256 * 1024  # decoded bytes after which the event loop runs before
 
 @dataclass
 class PersistenceLive(Live):
-    """What a running persistence worker uses: the process's engine and what is made from it."""
+    """What a running persistence worker uses: the process's engine and
+    what is made from it, the batch consumer (started by run()) and the
+    session sweeper (when ``expiry.enabled``)."""
 
     engine: AsyncEngine
     store: SqlStore
     dlq: DeadLetters
+    consumer: BatchConsumer
+    sweeper: SessionSweeper | None
 
 
 class PersistenceWorker(Component[PersistenceLive]):
@@ -111,35 +112,7 @@ class PersistenceWorker(Component[PersistenceLive]):
 
     def __init__(self, settings: Settings):
         super().__init__(settings)
-        self.consumer: BatchConsumer | None = None
-        # The commit-notice publisher, declared by router() for the AsyncAPI
-        # document; _announce publishes on the connection itself.
-        self.notices: LogicPublisher | None = None
-        self.finished_notices: LogicPublisher | None = None  # the same, for CommittedRanges
         self.committed = 0  # messages committed by this process (for status and tests)
-        self.sweeper: SessionSweeper | None = None  # session expiry, when configured
-
-    # The batch handling's names for the running parts.
-
-    @property
-    def engine(self) -> AsyncEngine:
-        return self.live.engine
-
-    @property
-    def store(self) -> SqlStore:
-        return self.live.store
-
-    @property
-    def js(self) -> JetStreamContext:
-        return self.live.js
-
-    @property
-    def dlq(self) -> DeadLetters:
-        return self.live.dlq
-
-    @property
-    def _nats(self) -> NATS:
-        return self.live.nc
 
     # --- lifecycle (driven by the process's FastStream hooks) ------------------
 
@@ -157,14 +130,16 @@ class PersistenceWorker(Component[PersistenceLive]):
     def router(self) -> NatsRouter:
         """What this kind says on FastStream: the commit notices it publishes."""
         router = NatsRouter()
-        self.notices = router.publisher(
+        # Declared for the AsyncAPI document: _announce and _announce_finished
+        # publish on the connection itself.
+        router.publisher(
             CHANGED_WILDCARD,
             schema=CommitNotice,
             title="memq.v1.changed.<app>.<user>[.<session>]:publish",
             description="After every commit: what a session or user committed (caches drop it, "
             "the summarizer looks whether a summary is due). Core NATS.",
         )
-        self.finished_notices = router.publisher(
+        router.publisher(
             committed_subject(self.settings.persistence.durable),
             schema=CommittedRanges,
             title="memq.v1.committed.<durable>:publish",
@@ -175,47 +150,48 @@ class PersistenceWorker(Component[PersistenceLive]):
         return router
 
     async def build(self, nc: NATS, resources: Resources) -> PersistenceLive:
+        s = self.settings
         js = nc.jetstream()
         engine = resources.engine
-        return PersistenceLive(nc, js, engine, SqlStore(engine), DeadLetters(js, WORKER))
-
-    def checks(self) -> dict[str, Check]:
-        return {
-            **super().checks(),
-            "consumer": readiness.consumer(lambda: self.consumer),
-            "database": readiness.database(lambda: self.live.engine),
-        }
-
-    async def run(self) -> None:
-        s = self.settings
-        # Every event's tokens are counted at commit, and loading the encoding
-        # takes ~0.2 s: not in the first batch's commit.
-        await asyncio.to_thread(encoding_for)
-        self.consumer = BatchConsumer(
-            self._nats,
+        consumer = BatchConsumer(
+            nc,
             stream=s.streams.events,
             subject=EVENTS_WILDCARD,
             config=self.consumer_config(),
             handler=self._handle_batch,
             batch_size=s.persistence.batch_size,
             batch_wait_s=s.persistence.batch_wait_s,
-            concurrency=1 if self.engine.dialect.name == "sqlite" else s.persistence.concurrency,
+            concurrency=1 if engine.dialect.name == "sqlite" else s.persistence.concurrency,
         )
-        await self.consumer.start()
-        if s.expiry.enabled:  # why here and not in another kind: see expiry.py
-            self.sweeper = SessionSweeper(s, self._nats, self.engine)
-            self.sweeper.start()
-        log.info("persistence worker started (durable %s)", s.persistence.durable)
+        # Why expiry runs here and not in another kind: see expiry.py.
+        sweeper = SessionSweeper(s, nc, engine) if s.expiry.enabled else None
+        return PersistenceLive(nc, js, engine, SqlStore(engine), DeadLetters(js, self.KIND), consumer, sweeper)
+
+    def checks(self) -> dict[str, Check]:
+        return {
+            **super().checks(),
+            "consumer": readiness.consumer(lambda: self._live.consumer if self._live is not None else None),
+            "database": readiness.database(lambda: self.live.engine),
+        }
+
+    async def run(self) -> None:
+        live = self.live
+        # Every event's tokens are counted at commit, and loading the encoding
+        # takes ~0.2 s: not in the first batch's commit.
+        await asyncio.to_thread(encoding_for)
+        await live.consumer.start()
+        if live.sweeper is not None:
+            live.sweeper.start()
+        log.info("persistence worker started (durable %s)", self.settings.persistence.durable)
 
     async def halt(self) -> None:
         """Finish and ack the batch in hand; the process then drains the
         connection (acks and notices go out) and disposes of the engine."""
-        if self.sweeper is not None:
-            await self.sweeper.stop()
-            self.sweeper = None
-        if self.consumer is not None:
-            await self.consumer.stop()  # the batch in hand finishes and is acked
-            self.consumer = None
+        if (live := self._live) is None:  # open() was cut short
+            return
+        if live.sweeper is not None:
+            await live.sweeper.stop()
+        await live.consumer.stop()  # the batch in hand finishes and is acked
 
     # --- one batch ------------------------------------------------------------
 
@@ -230,7 +206,7 @@ class PersistenceWorker(Component[PersistenceLive]):
             await self._announce_finished(outcome)
 
     async def handle(self, msgs: list[Msg], outcome: _Outcome) -> None:
-        metrics.BATCH_SIZE.labels(WORKER).observe(len(msgs))
+        metrics.BATCH_SIZE.labels(self.KIND).observe(len(msgs))
         items: list[Incoming] = []
         raw: list[Msg] = []
         unyielded = 0  # bytes decoded since the loop last ran
@@ -266,7 +242,7 @@ class PersistenceWorker(Component[PersistenceLive]):
         if not keys:
             return items, raw
         try:
-            reused = reused_event_ids(items, await self.store.stored_events(keys.values()))
+            reused = reused_event_ids(items, await self.live.store.stored_events(keys.values()))
         except Exception:
             # The commit that follows finds out whether the database is down.
             log.exception("checking %d event ids for reuse failed; committing without the check", len(keys))
@@ -294,9 +270,9 @@ class PersistenceWorker(Component[PersistenceLive]):
                         Poison("storage_rejected", _reason),
                     ]
                 ),
-                Measure(WORKER),
+                Measure(self.KIND),
                 BackOff("commit", ack_wait_s=p.ack_wait_s),
-                DeadLetterPoison(self.dlq, retry_delay_s=p.retry_delays_s[0]),
+                DeadLetterPoison(self.live.dlq, retry_delay_s=p.retry_delays_s[0]),
             ]
         )
 
@@ -328,7 +304,7 @@ class PersistenceWorker(Component[PersistenceLive]):
         which concurrent replicas can cause and which succeed on a retry."""
         for attempt in range(MAX_CONFLICT_RETRIES):
             try:
-                return await self.store.commit(items, tokens)
+                return await self.live.store.commit(items, tokens)
             except sa_exc.OperationalError as exc:
                 if not _is_conflict(exc) or attempt == MAX_CONFLICT_RETRIES - 1:
                     raise
@@ -337,7 +313,7 @@ class PersistenceWorker(Component[PersistenceLive]):
 
     async def _database_ok(self) -> bool:
         try:
-            async with self.engine.connect() as conn:
+            async with self.live.engine.connect() as conn:
                 await conn.execute(text("SELECT 1"))
             return True
         except Exception:
@@ -367,12 +343,12 @@ class PersistenceWorker(Component[PersistenceLive]):
         prefixes: list[str] = []
         for session_key, seq in result.plan.session_deletes.items():
             s = result.scopes.sessions[session_key]
-            await self.js.purge_stream(stream, subject=events_subject(s.app, s.user, s.session), seq=seq)
+            await self.live.js.purge_stream(stream, subject=events_subject(s.app, s.user, s.session), seq=seq)
             prefixes.append(f"{s.user_key}/{session_key}/")
         for user_key, seq in result.plan.user_deletes.items():
             u = result.scopes.users[user_key]
             for subject in user_events_filter(u.app, u.user):
-                await self.js.purge_stream(stream, subject=subject, seq=seq)
+                await self.live.js.purge_stream(stream, subject=subject, seq=seq)
             prefixes.append(f"{user_key}/")
         await self._delete_objects(prefixes)
 
@@ -387,19 +363,19 @@ class PersistenceWorker(Component[PersistenceLive]):
             subject = events_subject(s.app, s.user, s.session)
             for seq in sorted(forgotten):
                 try:
-                    raw = await self.js.get_msg(stream, seq=seq)
+                    raw = await self.live.js.get_msg(stream, seq=seq)
                 except NotFoundError:
                     continue
                 if raw.subject != subject or not _is_event(raw.subject, raw.data, self.settings):
                     continue
                 try:
-                    await self.js.delete_msg(stream, seq)
+                    await self.live.js.delete_msg(stream, seq)
                 except NotFoundError:  # another replica's redelivery deleted it meanwhile
                     pass
 
     async def _delete_objects(self, prefixes: list[str]) -> None:
         try:
-            store = await self.js.object_store(ARTIFACT_BUCKET)
+            store = await self.live.js.object_store(ARTIFACT_BUCKET)
             infos = await store.list(ignore_deletes=True)
         except (BucketNotFoundError, NotFoundError):
             return  # no objects at all
@@ -411,7 +387,7 @@ class PersistenceWorker(Component[PersistenceLive]):
         """Say which sequences this batch finished (after their acks, on the
         same connection): one small notice per batch, whatever it held."""
         # On the connection, like _announce: router() declares it for the docs.
-        await announce_finished(self._nats, self.settings.persistence.durable, outcome.finished, outcome.changed)
+        await announce_finished(self.live.nc, self.settings.persistence.durable, outcome.finished, outcome.changed)
 
     async def _announce(self, result: CommitResult, outcome: _Outcome) -> None:
         """Tell caches and the summarizer what changed: one notice per session
@@ -436,7 +412,7 @@ class PersistenceWorker(Component[PersistenceLive]):
             if publish:
                 # Straight on the connection, in the batch's hot path: the publisher
                 # router() declares documents the notice (AsyncAPI) at no cost per batch.
-                await self._nats.publish(changed_subject(app, user, session), body.encode())
+                await self.live.nc.publish(changed_subject(app, user, session), body.encode())
 
         for session_key, touch in plan.touched.items():
             s = scopes.sessions[session_key]

@@ -28,7 +28,7 @@ from memq.contracts.ids import encode_token
 from memq.contracts.subjects import PREFIX, user_events_filter
 
 
-def read_scope(req: q._Request) -> list[str]:
+def read_scope(req: q.Request) -> list[str]:
     """The stream subjects whose writes a read with ``consistency="any"`` must see."""
     user = getattr(req, "user", None)
     if user is None:  # sessions.list of the whole app

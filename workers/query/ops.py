@@ -141,11 +141,11 @@ def _sized(e: reads.StoredEvent) -> tuple[q.StoredEvent, int]:
     return _stored(e), paging.json_size({"seq": e.seq, "tokens": e.tokens, "event": e.data})
 
 
-def _encode(op: str, req: q._Request, cursor: paging.Cursor | None) -> str | None:
+def _encode(op: str, req: q.Request, cursor: paging.Cursor | None) -> str | None:
     return None if cursor is None else paging.encode(op, req, cursor)
 
 
-def _first_events(op: str, req: q._Request, view: Paged, chosen: list[reads.StoredEvent], room: int) -> Paged:
+def _first_events(op: str, req: q.Request, view: Paged, chosen: list[reads.StoredEvent], room: int) -> Paged:
     """The first page of events already read (a window, the newest N): those
     that fit ``room``, and a cursor for the rest. ``chosen`` is always the
     newest of what the filters keep, so the rest is exactly what passes them
@@ -160,7 +160,7 @@ def _first_events(op: str, req: q._Request, view: Paged, chosen: list[reads.Stor
 
 async def _next_events(
     op: str,
-    req: q._Request,
+    req: q.Request,
     conn: AsyncConnection,
     key: str,
     cursor: paging.Cursor,
@@ -293,7 +293,8 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext, tail
 def _instruction(req: q.ContextGet, template: str, state: Mapping[str, Any], ctx: OpContext) -> str:
     """The rendered instruction, refused before it is built when it would be
     longer than ``query.max_instruction_chars`` or than one reply carries: a
-    few KB of ``{k}`` with a large ``k`` render hundreds of MB (issue 38)."""
+    few KB of ``{k}`` with a large ``k`` render hundreds of MB, and one app's
+    render would hold every other app's reads meanwhile."""
     size = rendered_size(template, state)
     copies = 2 if req.format == "memq" else 1  # memq's format carries it in messages and in context
     room = ctx.reply_bytes // copies  # a character is at least one byte of the reply's JSON
@@ -450,7 +451,7 @@ async def artifact_get(conn: AsyncConnection, req: q.ArtifactGet, ctx: OpContext
     )
 
 
-def reads_tail(op: str, req: q._Request) -> bool:
+def reads_tail(op: str, req: q.Request) -> bool:
     """Can this read add the session's uncommitted appends instead of
     waiting for their commit (:mod:`memq.workers.query.tail`)? Only what
     depends on the session's events alone: the first page of a history
@@ -486,7 +487,7 @@ class Handler:
     facts the contract leaves to the worker."""
 
     # (connection, request, context): each handler takes its own request type
-    run: Callable[..., Awaitable[q._Reply]]
+    run: Callable[..., Awaitable[q.Reply]]
     # The answer is cached until a commit makes it stale: one session's (or
     # one user's state); a page of sessions, until any session of its user
     # (or app) is committed or deleted (the cache's listing counters).

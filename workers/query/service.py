@@ -128,13 +128,10 @@ from memq.workers.sql.engine import is_disconnect, reader
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from memq.workers.runtime.app import Resources
     from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.resources import Resources
 
 log = logging.getLogger("memq.query")
-
-SERVICE_NAME = "memq-query"
-# Fields that change when an answer may be served, not what the answer is.
 
 
 @dataclass
@@ -172,8 +169,7 @@ class QueryWorker(Component[QueryLive]):
         self.slots = RequestSlots(settings.query.max_inflight, settings.query.app_share, settings.query.app_waiting)
         self.replies = ReplyFence(trusted_prefixes(settings.query.trusted_inboxes, settings.nats.inbox_prefix))
         self._tasks: set[asyncio.Task] = set()
-        self._notices: Subscription | None = None  # the committed notices (start())
-        self._index_notices: Subscription | None = None  # the indexing replicas' (start())
+        self._subscriptions: list[Subscription] = []  # the committed notices, persistence's and indexing's (run())
         # Reads wait for one of the pool's kept connections rather than open
         # an overflow one: a commit notice wakes every read waiting on it at
         # once, and the pool closes overflow connections as they come back,
@@ -264,12 +260,11 @@ class QueryWorker(Component[QueryLive]):
         live = self.live
         if self.settings.query.commit_notices:
             # No queue group: every replica keeps its own commit floor.
-            self._notices = await live.nc.subscribe(
-                committed_subject(self.settings.persistence.durable), cb=self._on_committed
-            )
-            self._index_notices = await live.nc.subscribe(
-                committed_subject(self.settings.indexing.durable), cb=self._on_indexed
-            )
+            for durable, cb in (
+                (self.settings.persistence.durable, self._on_committed),
+                (self.settings.indexing.durable, self._on_indexed),
+            ):
+                self._subscriptions.append(await live.nc.subscribe(committed_subject(durable), cb=cb))
         if live.tails is not None:
             await bus.patiently("the events stream's tail", live.tails.start)
         # Pages of session.get, history and context fit this server's max_payload.
@@ -291,11 +286,10 @@ class QueryWorker(Component[QueryLive]):
     async def halt(self) -> None:
         if self._tasks:  # reads waiting on the floor still hear the notices
             await asyncio.gather(*self._tasks, return_exceptions=True)
-        for sub in (self._notices, self._index_notices):
-            if sub is not None:
-                with contextlib.suppress(NatsError):  # the connection is already gone
-                    await sub.unsubscribe()
-        self._notices = self._index_notices = None
+        subscriptions, self._subscriptions = self._subscriptions, []
+        for sub in subscriptions:
+            with contextlib.suppress(NatsError):  # the connection is already gone
+                await sub.unsubscribe()
         await self.searcher.close()
         if self._live is not None:
             if self._live.tails is not None:
@@ -380,7 +374,7 @@ class QueryWorker(Component[QueryLive]):
         return error_body(scrubbed)
 
     async def _respond(
-        self, op: str, req: q._Request, key: str | None, request: Request, started: float, slot: Slot
+        self, op: str, req: q.Request, key: str | None, request: Request, started: float, slot: Slot
     ) -> None:
         try:
             await slot.ready()  # queued while the replica's slots are all taken
@@ -396,7 +390,7 @@ class QueryWorker(Component[QueryLive]):
             slot.close()
 
     async def _answer(
-        self, op: str, req: q._Request, key: str | None, slot: Slot
+        self, op: str, req: q.Request, key: str | None, slot: Slot
     ) -> tuple[bytes, Awaitable[None] | None]:
         """The reply to a valid request (``key``: its cache key, or None when
         the op or the settings do not cache), and the cache fill of a miss
@@ -493,7 +487,7 @@ class QueryWorker(Component[QueryLive]):
                 if not possible.cancel() and not possible.cancelled():
                     possible.exception()  # retrieved: a failed read only meant waiting on
 
-    async def _with_every_writer(self, req: q._Request) -> q._Request:
+    async def _with_every_writer(self, req: q.Request) -> q.Request:
         """``req`` waiting also for the newest write any client had
         acknowledged in its scope (:mod:`memq.workers.query.consistency`)."""
         newest = await last_acknowledged(self.live.js, self.settings.streams.events, read_scope(req))
@@ -501,7 +495,7 @@ class QueryWorker(Component[QueryLive]):
             return req
         return req.model_copy(update={"min_seq": newest})
 
-    async def _index_reaches(self, op: str, req: q._Request, slot: Slot) -> bool:
+    async def _index_reaches(self, op: str, req: q.Request, slot: Slot) -> bool:
         """Whether the index reaches ``req.min_seq`` within ``query.search_grace_ms``.
         An indexer that keeps up does so in milliseconds, and then the index
         answers alone, ranked exactly as ever; only an index really behind (a
@@ -532,7 +526,7 @@ class QueryWorker(Component[QueryLive]):
         metrics.SEARCH_UNINDEXED.inc()
         return reply
 
-    def _tail(self, op: str, req: q._Request) -> Tail | None:
+    def _tail(self, op: str, req: q.Request) -> Tail | None:
         """The uncommitted tail this read adds instead of waiting for the
         commit, when it can: the writes the caller carries
         (:mod:`memq.workers.query.carried`), else the session's messages held
@@ -550,7 +544,7 @@ class QueryWorker(Component[QueryLive]):
             return None
         return tails.reader(req.app, req.user, session, after=floor, upto=req.min_seq)
 
-    def _parse(self, op: str, subject: str, data: bytes) -> q._Request:
+    def _parse(self, op: str, subject: str, data: bytes) -> q.Request:
         try:
             app = decode_token(subject.split(".")[3], "app")
             raw = orjson.loads(data)
@@ -568,7 +562,7 @@ class QueryWorker(Component[QueryLive]):
             raise Forbidden(f"request for app {req.app!r} sent on a subject of app {app!r}")
         return req
 
-    async def _run(self, op: str, req: q._Request, **extra: Any) -> q._Reply:
+    async def _run(self, op: str, req: q.Request, **extra: Any) -> q.Reply:
         handler = HANDLERS[op]
         if not handler.sql:
             return await handler.run(None, req, self.ctx)
@@ -585,7 +579,7 @@ class QueryWorker(Component[QueryLive]):
             async with reads.connect() as conn:
                 return await handler.run(conn, req, self.ctx, **extra)
 
-    def _local_hit(self, req: q._Request, key: str) -> bytes | None:
+    def _local_hit(self, req: q.Request, key: str) -> bytes | None:
         """The answer if this replica's own tier has it, fresh enough for the
         request's min_seq by what is already known of the commit floor; else
         None, and the request takes the full path."""
@@ -598,7 +592,7 @@ class QueryWorker(Component[QueryLive]):
         return entry.body
 
     async def _cached(
-        self, op: str, req: q._Request, key: str, *, shared: bool = True
+        self, op: str, req: q.Request, key: str, *, shared: bool = True
     ) -> tuple[bytes, Awaitable[None] | None]:
         cache = self.live.cache
         session = getattr(req, "session", None)
@@ -654,12 +648,12 @@ def _notice(msg: Msg) -> CommittedRanges | None:
         return None
 
 
-def _request_key(op: str, req: q._Request) -> str:
+def _request_key(op: str, req: q.Request) -> str:
     key_fields = req.model_dump(mode="json", exclude=set(q.NOT_WHAT_IS_ASKED), exclude_none=True)
     return hashlib.sha1(orjson.dumps([op, key_fields], option=orjson.OPT_SORT_KEYS)).hexdigest()
 
 
-def _lists(req: q._Request) -> bool:
+def _lists(req: q.Request) -> bool:
     """A page of sessions: cached under its listing's counters (see cache.listing_gen_keys)."""
     return isinstance(req, q.SessionsList)
 

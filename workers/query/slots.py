@@ -1,8 +1,8 @@
 """The query worker's request slots, shared fairly among apps, and its reads
 waiting for a ``min_seq``, which hold none.
 
-A replica answers at most ``query.max_inflight`` requests at once. Before
-issue 38 that was one semaphore, taken inside the subscription's callback:
+A replica answers at most ``query.max_inflight`` requests at once. That was
+once one semaphore, taken inside the subscription's callback:
 an app that sent 260 reads waiting 30 s each for a sequence nobody would
 write held every slot, and since nats-py runs a subscription's callbacks one
 at a time, every other app's requests queued unread behind them. Now:

@@ -3,7 +3,7 @@ last sequence.
 
 A ``min_seq`` beyond anything the stream holds names a write nobody made:
 waiting for it could only time out, after up to ``wait_ms`` (30 s) of a
-caller's waiting read (issue 38: an app held every request slot that way).
+caller's waiting read (and an app once held every request slot that way).
 Such a read is refused instead. A sequence at or below the last one read is
 possible for good (the stream's sequences only grow), so the stream is
 asked only about a sequence above it, and always by a read that begins after

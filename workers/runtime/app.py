@@ -10,7 +10,8 @@ r"""How a worker process is assembled: one FastStream app, one NATS connection.
   contributing one ``NatsRouter`` with its low-rate subscribers and
   publishers (commit notices, summarizer triggers, status events, typed by
   :mod:`memq.contracts.notices`), included in the broker;
-- the process's shared dependencies (:class:`Resources`): the settings,
+- the process's shared dependencies
+  (:class:`~memq.workers.runtime.resources.Resources`): the settings,
   one SQL engine, one index and one embedder, made as the components
   declare them (``Component.NEEDS``) and handed to each component when it
   opens (the components are :class:`~memq.workers.runtime.component.Component`\ s);
@@ -37,12 +38,11 @@ around the app.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from faststream import FastStream
 from faststream.middlewares import AckPolicy, ExceptionMiddleware
@@ -52,15 +52,10 @@ from nats.errors import Error as NatsError
 from pydantic import ValidationError
 
 from memq.workers.runtime import bus
-from memq.workers.runtime.component import Component, Live, Need
+from memq.workers.runtime.component import Component, Live
 from memq.workers.runtime.kinds import KINDS, Kind, kind_of
+from memq.workers.runtime.resources import Need, Resources
 from memq.workers.settings import Settings
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncEngine
-
-    from memq.workers.index.backends.base import IndexBackend
-    from memq.workers.index.embedders.base import Embedder
 
 log = logging.getLogger("memq.app")
 
@@ -131,78 +126,12 @@ class MemqBroker(NatsBroker):
             self.config.disconnect()
 
 
-class Resources:
-    """The dependencies a process's components share, made by what the
-    components declare (``Component.NEEDS``), each on first use, and closed
-    once when the process stops: one SQL engine (its pool sized for every
-    component that needs SQL), one index and one embedder. Asking for one
-    that no component declared is a bug, and says so."""
-
-    def __init__(self, settings: Settings, needs: Counter[Need] | None = None):
-        self.settings = settings
-        self.needs: Counter[Need] = needs if needs is not None else Counter(("sql", "index", "embedder"))
-        self._engine: AsyncEngine | None = None
-        self._index: IndexBackend | None = None
-        self._embedder: Embedder | None = None
-        self._embedding = asyncio.Lock()  # the model loads once, however many ask at once
-
-    def _declared(self, need: Need) -> None:
-        if not self.needs[need]:
-            raise RuntimeError(f"no component of this process declared that it needs {need!r} (Component.NEEDS)")
-
-    @property
-    def engine(self) -> AsyncEngine:
-        if self._engine is None:
-            self._declared("sql")
-            from memq.workers.sql.engine import create_engine
-
-            db = self.settings.database
-            self._engine = create_engine(
-                self.settings.database_url(), pool_size=db.pool_size * self.needs["sql"], echo=db.echo
-            )
-        return self._engine
-
-    @property
-    def index(self) -> IndexBackend:
-        """The index backend, not opened yet (opening is idempotent: its user opens it)."""
-        if self._index is None:
-            self._declared("index")
-            from memq.workers.index.backends import open_backend
-
-            self._index = open_backend(self.settings)
-        return self._index
-
-    async def embedder(self) -> Embedder:
-        """The embedder the settings name, loaded on first call."""
-        async with self._embedding:
-            if self._embedder is None:
-                self._declared("embedder")
-                from memq.workers.index.embedders import open_embedder
-
-                self._embedder = await open_embedder(self.settings.indexing)
-            return self._embedder
-
-    async def close(self) -> None:
-        embedder, index, engine = self._embedder, self._index, self._engine
-        self._embedder = self._index = self._engine = None
-        closers: list[tuple[str, Callable[[], Awaitable[None]] | None]] = [
-            ("embedder", embedder.close if embedder is not None else None),
-            ("index", index.close if index is not None else None),
-            ("engine", engine.dispose if engine is not None else None),
-        ]
-        for what, close in closers:
-            if close is None:  # never made
-                continue
-            try:
-                await close()
-            except Exception:  # one failure must not leave the others open
-                log.exception("closing the %s failed", what)
-
-
 class Process:
     """One worker process: its components in one FastStream app (see the
     module doc). ``on_starting(kind)`` is called before each component opens
-    (the CLI prints a line: a first start can be slow)."""
+    (the CLI prints a line: a first start can be slow). ``resources``: the
+    shared dependencies (default: made from what the components need; a
+    test hands in ones that hold its own index or embedder)."""
 
     def __init__(
         self,
@@ -210,12 +139,13 @@ class Process:
         components: Sequence[Component[Live]],
         *,
         on_starting: Callable[[str], None] | None = None,
+        resources: Resources | None = None,
     ):
         self.settings = settings
         self.components = list(components)
         self.kinds: list[Kind] = [kind_of(c) for c in self.components]
         self.on_starting = on_starting
-        self.resources = Resources(settings, Counter(need for c in self.components for need in c.NEEDS))
+        self.resources = resources or Resources(settings, needs_of(self.components))
         name = self.kinds[0].name if len(self.kinds) == 1 else "workers"
         self.broker = MemqBroker(settings, name, on_reconnected=self._reconnected)
         for component in self.components:
@@ -278,6 +208,11 @@ class Process:
     async def _reconnected(self) -> None:
         for component in self.components:
             await component.reconnected()
+
+
+def needs_of(components: Iterable[Component[Live]]) -> Counter[Need]:
+    """What ``components`` need of the process, counted (an SQL pool is sized by the count)."""
+    return Counter(need for c in components for need in c.NEEDS)
 
 
 def make_components(settings: Settings, kinds: Iterable[str]) -> list[Component[Live]]:

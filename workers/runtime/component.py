@@ -1,6 +1,12 @@
 """The seam between the process (:mod:`memq.workers.runtime.app`) and a worker kind.
 
-A kind is a :class:`Component` subclass. The process calls, in order:
+A kind is a :class:`Component` subclass. Two vocabularies, never mixed:
+the process calls ``open``, ``start`` and ``stop`` (final: no kind
+overrides them, mypy holds it), and a kind writes the hooks they call,
+``router``, ``build``, ``run``, ``serve``, ``halt``, ``reconnected``,
+``service_options`` and ``checks``, and states ``KIND`` (its name in
+:data:`memq.workers.runtime.kinds.KINDS`), ``DESCRIPTION`` and ``NEEDS``.
+The process calls, in order:
 
 1. ``router()`` when it is assembled: the kind's FastStream subscribers and
    publishers (default: none);
@@ -26,7 +32,7 @@ from __future__ import annotations
 import asyncio
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Generic, Literal, TypeVar
+from typing import ClassVar, Generic, TypeVar, final
 
 from faststream.nats import NatsRouter
 from nats.aio.client import Client as NATS
@@ -36,13 +42,8 @@ from nats.micro.service import Service
 
 from memq.workers import VERSION
 from memq.workers.runtime import bus, readiness
+from memq.workers.runtime.resources import Need, Resources
 from memq.workers.settings import Settings
-
-if TYPE_CHECKING:
-    from memq.workers.runtime.app import Resources
-
-# What a kind may ask the process for (Resources makes each once per process).
-Need = Literal["sql", "index", "embedder"]
 
 
 @dataclass
@@ -63,8 +64,8 @@ class NotOpened(RuntimeError):
 class Component(ABC, Generic[L]):
     """One worker kind inside a process; see the module doc."""
 
-    KIND: ClassVar[str]
-    DESCRIPTION: ClassVar[str]  # of its NATS micro service
+    KIND: ClassVar[str]  # its name in runtime.kinds.KINDS; also its metrics' and dead letters' label
+    DESCRIPTION: ClassVar[str]  # what it does, in one line (its NATS micro service's, in `memq status`)
     NEEDS: ClassVar[frozenset[Need]] = frozenset()
     # True: start() leaves work in the background (the indexing worker
     # prepares its index) and the kind sets `ready` once it is done.
@@ -113,12 +114,14 @@ class Component(ABC, Generic[L]):
         """The readiness checks, by name; each reads the running parts when it runs."""
         return {"nats": readiness.nats(lambda: self.nc)}
 
-    # --- the lifecycle the process drives ---------------------------------------
+    # --- the lifecycle the process drives (final: a kind writes the hooks above) ---
 
+    @final
     async def open(self, nc: NATS, resources: Resources) -> None:
         self.nc = nc
         self._live = await self.build(nc, resources)
 
+    @final
     async def start(self) -> None:
         await self.run()
         self.service = await add_service(
@@ -133,6 +136,7 @@ class Component(ABC, Generic[L]):
         if not self.PREPARES:
             self.ready.set()
 
+    @final
     async def stop(self) -> None:
         service, self.service = self.service, None
         if service is not None:

@@ -5,7 +5,7 @@ dicts) beside a large heap built once (imported modules, SQLAlchemy metadata,
 tiktoken's rank tables). With CPython's defaults a young collection runs every
 700 allocations, so the objects of a batch in flight get promoted, and full
 collections walk the whole heap again and again: 15-20 % of a persistence
-worker's CPU under load (measured with py-spy and per-event CPU, issue 13).
+worker's CPU under load (measured with py-spy and per-event CPU).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Here: each kind's name, the component that does the work (a
 :class:`~memq.workers.runtime.component.Component`, imported only when the
 kind runs: the indexing kind loads an ML stack) and the durable consumer it
-reads the event log with, if any (for the consumer gauges). What a kind needs
-(SQL, the index, the embedder) and its readiness checks are the component's
-own. The process runtime
+reads the event log with, if any (for the consumer gauges). What a kind does
+(``DESCRIPTION``), what it needs (SQL, the index, the embedder) and its
+readiness checks are the component's own: stated once, there. The process runtime
 (:mod:`memq.workers.runtime.app`), the health monitor and the CLI take them from
 here; none of them names a kind.
 
@@ -33,7 +33,6 @@ def _no_durable(settings: Settings) -> str | None:
 @dataclass(frozen=True)
 class Kind:
     name: str
-    description: str
     component: str  # "module:Class", a Component subclass taking (settings)
     durable: Callable[[Settings], str | None] = field(default=_no_durable)
 
@@ -49,33 +48,11 @@ class Kind:
 KINDS: dict[str, Kind] = {
     kind.name: kind
     for kind in (
-        Kind(
-            "persistence",
-            "commits the event log to SQL, the source of truth",
-            "memq.workers.persistence.worker:PersistenceWorker",
-            durable=lambda s: s.persistence.durable,
-        ),
-        Kind(
-            "indexing",
-            "embeds the event log into the long-term memory index",
-            "memq.workers.indexing.worker:IndexingWorker",
-            durable=lambda s: s.indexing.durable,
-        ),
-        Kind(
-            "summarizer",
-            "checkpoint summaries that keep long sessions within budget",
-            "memq.workers.summarizer.worker:SummarizerWorker",
-        ),
-        Kind(
-            "query",
-            "sessions, history, context and search over request/reply",
-            "memq.workers.query.service:QueryWorker",
-        ),
-        Kind(
-            "http",
-            "REST over the query service and the event log, an API key per app",
-            "memq.workers.http.gateway:HttpGateway",
-        ),
+        Kind("persistence", "memq.workers.persistence.worker:PersistenceWorker", lambda s: s.persistence.durable),
+        Kind("indexing", "memq.workers.indexing.worker:IndexingWorker", lambda s: s.indexing.durable),
+        Kind("summarizer", "memq.workers.summarizer.worker:SummarizerWorker"),
+        Kind("query", "memq.workers.query.service:QueryWorker"),
+        Kind("http", "memq.workers.http.gateway:HttpGateway"),
     )
 }
 

@@ -59,17 +59,15 @@ from memq.workers.summarizer.summarizers import open_summarizer
 
 if TYPE_CHECKING:
     from faststream.nats.publisher.usecase import LogicPublisher
-    from nats.js import JetStreamContext
     from nats.js.api import PubAck
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from memq.workers.memory.strategies import Fold
-    from memq.workers.runtime.app import Resources
     from memq.workers.runtime.readiness import Check
+    from memq.workers.runtime.resources import Resources
 
 log = logging.getLogger("memq.summarizer")
 
-WORKER = "summarizer"
 COMMIT_WAIT_S = 10.0  # how long a published checkpoint may take to reach SQL
 
 
@@ -126,7 +124,6 @@ class SummarizerWorker(Component[SummarizerLive]):
     def __init__(self, settings: Settings, *, summarizer: Summarizer | None = None):
         super().__init__(settings)
         self._given = summarizer  # used instead of the one the settings name
-        self._engine: AsyncEngine | None = None  # a test's, for a worker it does not open
         self._status_publisher: LogicPublisher | None = None  # declared by router()
         self.stats = Stats()
         self._slots = asyncio.Semaphore(settings.summarizer.max_concurrent)
@@ -138,28 +135,6 @@ class SummarizerWorker(Component[SummarizerLive]):
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
         self._triggered = False  # open: notices may schedule work
-
-    # The summarizing's names for the running parts.
-
-    @property
-    def engine(self) -> AsyncEngine:
-        return self._engine if self._engine is not None else self.live.engine
-
-    @engine.setter
-    def engine(self, engine: AsyncEngine) -> None:  # a test may hand one to a worker it does not open
-        self._engine = engine
-
-    @property
-    def summarizer(self) -> Summarizer:
-        return self.live.summarizer
-
-    @property
-    def js(self) -> JetStreamContext:
-        return self.live.js
-
-    @property
-    def floor(self) -> CommitFloor:
-        return self.live.floor
 
     @property
     def status(self) -> LogicPublisher:
@@ -200,7 +175,7 @@ class SummarizerWorker(Component[SummarizerLive]):
         return live
 
     def checks(self) -> dict[str, Check]:
-        return {**super().checks(), "database": readiness.database(lambda: self.engine)}
+        return {**super().checks(), "database": readiness.database(lambda: self.live.engine)}
 
     async def run(self) -> None:
         self._sweeper = asyncio.create_task(self._sweep_forever(), name="summarizer sweep")
@@ -261,7 +236,7 @@ class SummarizerWorker(Component[SummarizerLive]):
         ]
         if not limits:
             return []
-        async with self.engine.connect() as conn:
+        async with self.live.engine.connect() as conn:
             return await reads.sessions_over_tokens(conn, min(limits))
 
     def _strategy(self, app: str | None) -> Strategy:
@@ -301,7 +276,7 @@ class SummarizerWorker(Component[SummarizerLive]):
         if await self._plan(session_key, strategy) is None:
             return None
         lease = Lease(
-            self.js,
+            self.live.js,
             f"summarize.{session_key}",
             ttl_s=self.settings.summarizer.lease_ttl_s,
             replicas=self.settings.streams.replicas,
@@ -320,7 +295,7 @@ class SummarizerWorker(Component[SummarizerLive]):
             try:
                 started = time.perf_counter()
                 summary = await self._fold(turns, previous, plan.summary_tokens)
-                metrics.SUMMARY_SECONDS.labels(self.summarizer.name).observe(time.perf_counter() - started)
+                metrics.SUMMARY_SECONDS.labels(self.live.summarizer.name).observe(time.perf_counter() - started)
             except SummarizerError:
                 await self._status(app, user, session, "failed", up_to_seq=up_to)
                 raise
@@ -330,7 +305,7 @@ class SummarizerWorker(Component[SummarizerLive]):
             # Hold the lease until the checkpoint is in SQL: a plan made
             # before that would fold the same events again.
             try:
-                await self.floor.wait_for(ack.seq, COMMIT_WAIT_S)
+                await self.live.floor.wait_for(ack.seq, COMMIT_WAIT_S)
             except NotCommitted:
                 log.warning("checkpoint at seq %d not committed after %.0fs", ack.seq, COMMIT_WAIT_S)
             else:
@@ -350,7 +325,7 @@ class SummarizerWorker(Component[SummarizerLive]):
         publish again, a tight loop (as when a message with this checkpoint's
         id took its place). Raised, it is a failure retried after
         ``retry_after_s``."""
-        async with self.engine.connect() as conn:
+        async with self.live.engine.connect() as conn:
             latest = await reads.latest_checkpoint(conn, session_key)
         if latest is None or latest.up_to_seq < up_to:
             raise CheckpointNotStored(
@@ -361,7 +336,7 @@ class SummarizerWorker(Component[SummarizerLive]):
 
     async def _plan(self, session_key: str, strategy: Strategy) -> tuple[Fold, str | None, list[Turn]] | None:
         """What is due (the fold, the previous summary, the turns to fold), or None."""
-        async with self.engine.connect() as conn:
+        async with self.live.engine.connect() as conn:
             window = await load_window(conn, session_key, strategy, self.settings.memory.model)
         plan = fold(window.items, strategy, reserved=window.checkpoint.tokens if window.checkpoint else 0)
         if plan is None:
@@ -387,7 +362,7 @@ class SummarizerWorker(Component[SummarizerLive]):
             chunked, turns, self.settings.summarizer.max_input_tokens, self.settings.memory.model
         )
         for chunk in chunks:
-            summary = await self.summarizer.summarize(chunk, previous=summary, target_tokens=target)
+            summary = await self.live.summarizer.summarize(chunk, previous=summary, target_tokens=target)
         return summary or ""
 
     async def _publish(self, app: str, user: str, session: str, session_key: str, summary: str, up_to: int) -> PubAck:
@@ -403,7 +378,7 @@ class SummarizerWorker(Component[SummarizerLive]):
         data = encode(message)
         # The id holds a digest of the summary and timestamp, and a duplicate
         # ack is still read back: only this very checkpoint counts as stored.
-        where = await publish_landed(self.js, subject_for(message), data, {MSG_ID: msg_id(message, data)})
+        where = await publish_landed(self.live.js, subject_for(message), data, {MSG_ID: msg_id(message, data)})
         if where.squatted is not None:
             metrics.SQUATTED_IDS.labels("summarizer").inc()
             log.warning(

@@ -26,7 +26,7 @@ class IndexMeta:
     """What a generation holds: vectors of ``model`` with ``dim`` dimensions,
     and ``min_similarity``, the relevance floor calibrated for that model when
     the generation was created (:mod:`memq.workers.index.embedders.floors`;
-    None: a generation from before issue 41, which takes its model's)."""
+    None: a generation older than the recorded floor, which takes its model's)."""
 
     generation: str
     model: str

@@ -19,7 +19,7 @@ Layout of the file:
   token each), kept in sync by triggers. Tokens are Porter-stemmed, so
   "research" finds "researching" (on LoCoMo dev that took multi-hop
   recall@10 from ~0.48 to ~0.53); a generation created before keeps its
-  tokenizer until ``memq index rebuild``. Since issue 29 a generation also
+  tokenizer until ``memq index rebuild``. A generation created now also
   indexes a ``grams`` column (:mod:`memq.workers.index.grams`: bigrams of
   Chinese, Japanese, Korean, Thai… text, '' for other text), so a word
   inside unspaced text is found; its tokenizer keeps combining marks in
@@ -145,7 +145,7 @@ CREATE TABLE IF NOT EXISTS generations (
     model TEXT NOT NULL,
     dim INTEGER NOT NULL,
     created_at REAL NOT NULL,
-    min_similarity REAL  -- the relevance floor of its model's vectors (issue 41)
+    min_similarity REAL  -- the relevance floor of its model's vectors (NULL in an older file: the model's)
 );
 CREATE TABLE IF NOT EXISTS live (
     one INTEGER PRIMARY KEY CHECK (one = 1),
@@ -163,11 +163,10 @@ CREATE TABLE IF NOT EXISTS versions (
 
 # One generation. rid is an explicit INTEGER PRIMARY KEY because the FTS index
 # refers to it and VACUUM may renumber an implicit rowid; uuid is the doc's key.
-# {extra_cols}/{fts_cols}/...: a generation created since issue 29 also indexes
+# {extra_cols}/{fts_cols}/...: a generation created now also indexes
 # ``grams`` (grams.py: bigrams of unspaced scripts, '' for other text), with
-# combining marks as part of words (Thai vowel signs stay in their bigram);
-# one created since issue 40 keeps the previous turn apart (``context`` and
-# its ``context_grams``): search_text then holds the turn's own text only,
+# combining marks as part of words (Thai vowel signs stay in their bigram),
+# and keeps the previous turn apart (``context`` and its ``context_grams``): search_text then holds the turn's own text only,
 # and a read gives back ``search_text || context``, the doc's search_text.
 _GENERATION_SCHEMA = """
 CREATE TABLE docs_{n} (
@@ -437,8 +436,8 @@ class EmbeddedIndex:
 
     def _with_grams(self, gen: _Gen) -> _Gen:
         """``gen`` knowing whether its tables have the grams column (a
-        generation created before issue 29 has not, until a rebuild) and the
-        previous turn's columns (one created before issue 40 has not)."""
+        generation created before grams were indexed has not, until a rebuild) and
+        the previous turn's columns (one created before turns kept it apart has not)."""
         has = self._columns.get(gen.id)
         if has is None:
             cols = {r[0] for r in self._conn.execute(f"SELECT name FROM pragma_table_info('docs_{gen.id}')")}
@@ -504,7 +503,7 @@ class EmbeddedIndex:
             db.execute("PRAGMA synchronous = FULL")
             with _Transaction(db, "IMMEDIATE"):
                 _script(db, _SCHEMA)
-                # A file from before issue 41: its generations record no floor (NULL: their model's).
+                # A file older than the recorded floor: its generations record none (NULL: their model's).
                 if "min_similarity" not in {
                     r[0] for r in db.execute("SELECT name FROM pragma_table_info('generations')")
                 }:

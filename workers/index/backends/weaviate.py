@@ -189,7 +189,7 @@ def _doc(obj: Any, vector: bool = False) -> Doc:
 
 def _index_meta(name: str, d: dict) -> IndexMeta:
     """A generation's meta from its collection's description (no
-    ``min_similarity`` in one created before issue 41)."""
+    ``min_similarity`` in one created before generations recorded their floor)."""
     floor = d.get("min_similarity")
     return IndexMeta(name, d["model"], int(d["dim"]), float(d["created_at"]), None if floor is None else float(floor))
 
@@ -213,9 +213,9 @@ def _tenant_missing(exc: BaseException) -> bool:
 class _Target:
     name: str  # a collection, or the alias for the live generation
     scoping: Scoping
-    stems: bool = False  # BM25 searches the "stems" property (generations created since issue 14)
-    grams: bool = False  # ... and the "grams" property (generations created since issue 29)
-    context: bool = False  # ... and the previous turn's apart (generations created since issue 40)
+    stems: bool = False  # BM25 searches the "stems" property (its description says so; older generations lack it)
+    grams: bool = False  # ... and the "grams" property (likewise: unspaced scripts' bigrams)
+    context: bool = False  # ... and the previous turn's apart (likewise: the turn's own words rank first)
 
     @property
     def tenants(self) -> bool:
