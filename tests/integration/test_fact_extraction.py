@@ -56,7 +56,7 @@ async def test_a_conversation_yields_facts_citing_its_turns(llama_server):
     for c in candidates:
         assert isinstance(c, Candidate) and (c.app, c.user) == ("a", "caroline")
         assert c.statement.strip() and c.sources and set(c.sources) <= given
-    assert llm.usage and llm.usage[0].prompt_tokens > 0 and llm.usage[0].completion_tokens > 0
+    assert llm.usage.calls == 1 and llm.usage.prompt_tokens > 0 and llm.usage.completion_tokens > 0
     # and they reconcile: added, every one with its sources
     facts, log = replay((c, Decision("add")) for c in candidates)
     assert facts and all(f.sources and set(f.sources) <= given for f in facts.values())

@@ -72,7 +72,7 @@ async def test_extract_sends_labelled_turns_and_a_schema_and_maps_sources_back()
         entities=("Denver",),
         sources=(TURNS[0].source, TURNS[2].source),
     )
-    assert facts.usage == [Usage(90, 30)]
+    assert facts.usage == Usage(calls=1, prompt_tokens=90, completion_tokens=30)
     (body,) = script.sent
     assert script.headers[0]["authorization"] == f"Bearer {KEY}"
     assert [m["role"] for m in body["messages"]] == ["system", "user"] and body["model"] == "m"

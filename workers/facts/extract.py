@@ -91,10 +91,18 @@ class Said:
 
 @dataclass(frozen=True)
 class Usage:
-    """Tokens the endpoint reports for one call (0 where it reports none)."""
+    """Calls made and the tokens the endpoint reported for them (none counted where it reports none)."""
 
+    calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.calls + other.calls,
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+        )
 
 
 class FactLLM:
@@ -121,7 +129,7 @@ class FactLLM:
         self.settings = s = settings
         self.model = s.model
         self.response_format = response_format
-        self.usage: list[Usage] = []  # one per call made, for metrics
+        self.usage = Usage()  # since this client was made, for metrics
         self._url = s.base_url.rstrip("/") + "/chat/completions"
         self._where = mask_url(self._url)
         headers = {"Authorization": f"Bearer {s.api_key.get_secret_value()}"} if s.api_key else {}
@@ -216,7 +224,7 @@ class FactLLM:
         except (ValueError, KeyError, IndexError, TypeError):
             raise FactReplyInvalid("not a chat completion reply", raw) from None
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        self.usage.append(Usage(_count(usage, "prompt_tokens"), _count(usage, "completion_tokens")))
+        self.usage += Usage(1, _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"))
         if not isinstance(content, str) or not content.strip():
             raise FactReplyInvalid("the reply has no content", raw)
         if choice.get("finish_reason") == "length":

@@ -231,7 +231,8 @@ def reconcile(facts: Mapping[str, Fact], candidate: Candidate, decision: Decisio
     if decision.action == "merge":
         assert decision.merge_into is not None
         had = facts.get(decision.merge_into)
-        if had is not None and {s.key for s in candidate.sources} <= {s.key for s in had.sources}:
+        mine = had is not None and (had.app, had.user) == (candidate.app, candidate.user)
+        if mine and {s.key for s in candidate.sources} <= {s.key for s in had.sources}:
             return []  # a redelivery: merged before
         target = _target(facts, candidate, decision.merge_into, "merge into")
         merged = replace(
