@@ -18,9 +18,10 @@ The rules:
 - **Nothing is overwritten in place.** Every change is a new *revision* of one
   fact (``revision`` counts from 1), returned as a :class:`Change`; a store
   appends revisions, and :func:`replay` returns the log beside the state.
-  A merge only appends sources (and entities); an invalidation only sets
-  ``invalid_from``/``invalidated_by``. An invalidated fact stays readable with
-  its interval ``[valid_from, invalid_from)``.
+  A merge only appends sources and entities (``valid_from`` follows the
+  earliest source); an invalidation only sets ``invalid_from`` and
+  ``invalidated_by``. An invalidated fact stays readable with its interval
+  ``[valid_from, invalid_from)``.
 - **Decisions** (:class:`Decision`): ``add`` the candidate as a new fact;
   ``merge`` it into a current fact (its sources join that fact; the existing
   statement is kept); ``invalidate`` facts it contradicts (the candidate is
@@ -231,8 +232,11 @@ def reconcile(facts: Mapping[str, Fact], candidate: Candidate, decision: Decisio
     if decision.action == "merge":
         assert decision.merge_into is not None
         had = facts.get(decision.merge_into)
-        mine = had is not None and (had.app, had.user) == (candidate.app, candidate.user)
-        if mine and {s.key for s in candidate.sources} <= {s.key for s in had.sources}:
+        if (
+            had is not None
+            and (had.app, had.user) == (candidate.app, candidate.user)
+            and {s.key for s in candidate.sources} <= {s.key for s in had.sources}
+        ):
             return []  # a redelivery: merged before
         target = _target(facts, candidate, decision.merge_into, "merge into")
         merged = replace(
