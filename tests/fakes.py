@@ -4,6 +4,9 @@ as helpers.py is: ``from fakes import FakeMsg``."""
 
 from __future__ import annotations
 
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
 
@@ -49,3 +52,47 @@ class Written:
 
     async def reaches(self, seq: int) -> bool:
         return seq <= self.last
+
+
+class ChatStub:
+    """An HTTP server on 127.0.0.1 answering ``POST .../chat/completions`` from a script
+    of ``(status, headers, body)``; records each request's headers and JSON body."""
+
+    def __init__(self, script: list[tuple[int, dict, object]]):
+        self.script = list(script)
+        self.requests: list[tuple[dict, dict]] = []
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.requests.append((dict(self.headers), body))
+                status, headers, reply = stub.script.pop(0)
+                if reply == "ECHO":  # a careless server echoing what it was sent
+                    reply = {"error": {"message": f"invalid: {self.headers['Authorization']}"}}
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                for name, value in {"Content-Type": "application/json", **headers}.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def completion(content) -> dict:
+    return {
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
+    }

@@ -3,7 +3,8 @@ pyproject.toml ([tool.importlinter]):
 
 - ``contracts`` (what an agent installs) never imports ``workers``;
 - ``workers/memory/`` is pure: no I/O package, not even through another module;
-- the worker kinds (persistence, indexing, summarizer, query, http) are peers: none
+- the worker kinds (persistence, indexing, summarizer, query, http, and facts,
+  not yet a kind but built as one) are peers: none
   imports another, directly or through a shared module;
 - the process runtime (``workers/runtime/``) imports no kind;
 - no import cycle among the modules and packages of any one package.
@@ -102,9 +103,9 @@ def test_the_kind_rules_name_every_registered_kind():
 # --- the same contracts on a synthetic memq ---------------------------------------
 
 FAKE = "fakeq"
-KINDS = ("persistence", "indexing", "summarizer", "query", "http")
+KINDS = ("persistence", "indexing", "summarizer", "query", "http", "facts")
 
-# A clean tree shaped like memq: contracts, pure memory, SQL, four worker kinds.
+# A clean tree shaped like memq: contracts, pure memory, SQL, the worker kinds.
 CLEAN = {
     "contracts/__init__.py": "",
     "contracts/errors.py": "class MemqError(Exception): ...\n",

@@ -33,6 +33,18 @@ class Turn:
     timestamp: float | None = None
 
 
+def format_turn(turn: Turn) -> str:
+    """``[YYYY-MM-DD] Author: text`` (no date without a timestamp, no author prefix without an author)."""
+    date = ""
+    if turn.timestamp is not None:
+        try:
+            date = f"[{datetime.fromtimestamp(turn.timestamp, tz=UTC):%Y-%m-%d}] "
+        except (OverflowError, OSError, ValueError):
+            pass  # a nonsense timestamp loses its date, not the turn
+    author = " ".join((turn.author or "").split())
+    return f"{date}{author + ': ' if author else ''}{' '.join(turn.text.split())}"
+
+
 # --- sentences -----------------------------------------------------------------
 
 # A sentence ends at . ! ? (maybe followed by a closing quote or bracket) and

@@ -16,12 +16,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 import httpx
 
 from memq.workers import http_retry
-from memq.workers.memory.extractive import Turn
+from memq.workers.memory.extractive import Turn, format_turn
 from memq.workers.memory.tokens import count_text
 from memq.workers.settings import LLMSettings, mask_url
 from memq.workers.summarizer.base import SummarizerError
@@ -138,18 +137,6 @@ class LLMSummarizer:
     @property
     def _secret(self) -> str | None:
         return self.settings.api_key.get_secret_value() if self.settings.api_key else None
-
-
-def format_turn(turn: Turn) -> str:
-    """``[YYYY-MM-DD] Author: text`` (no date without a timestamp, no author prefix without an author)."""
-    date = ""
-    if turn.timestamp is not None:
-        try:
-            date = f"[{datetime.fromtimestamp(turn.timestamp, tz=UTC):%Y-%m-%d}] "
-        except (OverflowError, OSError, ValueError):
-            pass  # a nonsense timestamp loses its date, not the turn
-    author = " ".join((turn.author or "").split())
-    return f"{date}{author + ': ' if author else ''}{' '.join(turn.text.split())}"
 
 
 def _content(reply: httpx.Response, where: str) -> str:
