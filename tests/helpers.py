@@ -161,6 +161,8 @@ async def wait_for(check: Callable[[], Awaitable[bool]], timeout: float = 60.0, 
         try:
             if await check():
                 return
+        except (AttributeError, NameError, TypeError):  # a bug in the check: polling cannot mend it
+            raise
         except Exception:  # the database may be restarting: keep polling
             if time.monotonic() > deadline:
                 raise

@@ -123,7 +123,7 @@ async def measure(args: argparse.Namespace, nats_url: str, data: Path, weaviate:
 
 
 async def _indexed_to(worker: IndexingWorker, seq: int) -> bool:
-    info = await worker.js.consumer_info(worker.settings.streams.events, worker.settings.indexing.durable)
+    info = await worker.live.js.consumer_info(worker.settings.streams.events, worker.settings.indexing.durable)
     return info.ack_floor.stream_seq >= seq
 
 
