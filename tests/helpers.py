@@ -83,7 +83,7 @@ def running_worker(settings: Settings):
 
 
 def running_query(settings: Settings):
-    from memq.workers.query.service import QueryWorker
+    from memq.workers.query.worker import QueryWorker
 
     return running(QueryWorker(settings))
 
@@ -269,7 +269,7 @@ async def index_reached(client, seq: int, durable: str = "memq-indexing") -> boo
     """Whether the indexing consumer's ack floor has reached ``seq``: every
     message up to it is in the index. A search's ``min_seq`` no longer says
     so: a search whose own user has nothing unindexed is answered at once
-    (workers/query/unindexed.py), so searching as an idle user waits for nothing."""
+    (workers/query/stream_unindexed.py), so searching as an idle user waits for nothing."""
     from memq.contracts.subjects import EVENTS_STREAM
 
     info = await client.nc.jetstream().consumer_info(EVENTS_STREAM, durable)

@@ -423,7 +423,7 @@ class NatsServer(Server):
     def _popen_kwargs(self) -> dict:
         # The threads `memq up` gives its server (half the cores), so that
         # tests and benchmarks run nats-server as memq ships it.
-        from memq.workers.embedded import server_env
+        from memq.workers.runtime.embedded_nats import server_env
 
         kw = super()._popen_kwargs()
         kw["env"] = server_env(0, kw["env"])

@@ -163,7 +163,7 @@ QUERY_ERRORS = Counter(
 )
 QUERY_REPLIES_REFUSED = Counter(
     "memq_query_replies_refused",
-    "Requests dropped unanswered: their reply subject was not the app's inbox (workers/query/replies.py)",
+    "Requests dropped unanswered: their reply subject was not the app's inbox (workers/query/reply_subjects.py)",
     ["op"],
     registry=REGISTRY,
 )
@@ -179,7 +179,7 @@ QUERY_TAIL_WAIT = QUERY_TAIL.labels(outcome="wait")
 SEARCH_UNINDEXED = Counter(
     "memq_search_unindexed",
     "Searches with min_seq above the indexing floor answered at once, from the index plus the caller's own "
-    "messages it has not reached yet (workers/query/unindexed.py)",
+    "messages it has not reached yet (workers/query/stream_unindexed.py)",
     registry=REGISTRY,
 )
 

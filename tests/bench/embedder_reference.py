@@ -150,7 +150,7 @@ def compare(ref: Reference, texts: list[str], threads: int = 0, batch_size: int 
 
     ``threads`` and ``batch_size`` are the ``LocalEmbedderSettings`` of the int8 side.
     """
-    from memq.workers.index.embedders.local import LocalEmbedder
+    from memq.workers.index.embedders.minilm import LocalEmbedder
     from memq.workers.settings import LocalEmbedderSettings
 
     local = LocalEmbedder(LocalEmbedderSettings(threads=threads, batch_size=batch_size))

@@ -29,7 +29,7 @@ def offline(kind: str, threads: int = 0) -> Offline:
 
         e5 = E5Embedder(E5EmbedderSettings(threads=threads))
         return Offline(kind, e5.model, e5.embed_sync, lambda texts: e5.embed_sync(texts, query=True))
-    from memq.workers.index.embedders.local import LocalEmbedder
+    from memq.workers.index.embedders.minilm import LocalEmbedder
 
     minilm = LocalEmbedder(LocalEmbedderSettings(threads=threads))
     return Offline(kind, minilm.model, minilm.embed_sync, minilm.embed_sync)

@@ -33,7 +33,7 @@ from bench import locomo
 from bench.benchlib import console, status
 from memq.contracts import queries as qs
 from memq.workers.index.backends.embedded import EmbeddedIndex
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.memory.recall import Doc, Turn, search_text
 from memq.workers.query.search import Searcher
 from memq.workers.settings import LocalEmbedderSettings, RecallSettings, Settings

@@ -60,7 +60,7 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, EventAppended, Message, TextPart
 from memq.contracts.subjects import EVENTS_WILDCARD
 from memq.workers.index.backends import open_backend
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.indexing.indexer import Indexer
 from memq.workers.indexing.rebuild import rebuild
 from memq.workers.indexing.worker import IndexingWorker

@@ -33,7 +33,7 @@ from bench.benchlib import console, machine_info, status, warn_if_busy, write_js
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.index.backends import open_backend
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.indexing.indexer import make_indexer
 from memq.workers.indexing.rebuild import rebuild
 from memq.workers.indexing.worker import IndexingWorker

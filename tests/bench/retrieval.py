@@ -98,7 +98,7 @@ from memq.contracts import queries as qs
 from memq.contracts.client import MemoryClient
 from memq.workers.index.backends.embedded import EmbeddedIndex
 from memq.workers.index.embedders.base import embed_queries
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.memory.recall import Doc, SearchQuery, Turn, search_text
 from memq.workers.query.search import Searcher

@@ -66,7 +66,7 @@ from memq.contracts.errors import (
 )
 from memq.contracts.ids import scope_key
 from memq.contracts.schemas import Event, Message, TextPart
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.runtime import bus
 from memq.workers.settings import LocalEmbedderSettings

@@ -28,7 +28,7 @@ async def test_reads_never_miss_their_writes_with_replicas_committing_out_of_ord
     nats_url, pg_url, tmp_path, read_tail
 ):
     """Waiting on the floor; and with the uncommitted tail read from the
-    stream (memq.workers.query.tail), which answers before the commit."""
+    stream (memq.workers.query.stream_tail), which answers before the commit."""
     settings = make_settings(nats_url, pg_url, tmp_path, batch_size=8)
     settings.query.commit_notices = True
     settings.query.read_tail = read_tail

@@ -31,7 +31,7 @@ from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.index.backends import open_backend
 from memq.workers.index.embedders.e5 import E5Embedder
 from memq.workers.index.embedders.floors import floor_for
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.indexing.indexer import make_indexer
 from memq.workers.indexing.rebuild import rebuild
 from memq.workers.indexing.worker import IndexingWorker

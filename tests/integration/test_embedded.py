@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from memq.workers.embedded import EmbeddedError, EmbeddedNats, _port_is_free, server_env
 from memq.workers.runtime import bus
+from memq.workers.runtime.embedded_nats import EmbeddedError, EmbeddedNats, _port_is_free, server_env
 from memq.workers.settings import Settings
 
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from helpers import make_settings, running, running_query, running_worker
 
-from memq.workers.http.gateway import HttpGateway
+from memq.workers.http.worker import HttpGateway
 from memq.workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(300)

@@ -19,7 +19,7 @@ from services import LlamaServer
 
 from memq.workers.facts import extract
 from memq.workers.facts.extract import FactLLM, FactLLMError, Said
-from memq.workers.facts.replies import FactReplyInvalid
+from memq.workers.facts.llm_replies import FactReplyInvalid
 from memq.workers.memory.extractive import Turn
 from memq.workers.memory.facts import Candidate, Decision, Source, replay
 from memq.workers.settings import LLMSettings

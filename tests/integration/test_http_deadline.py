@@ -1,4 +1,4 @@
-"""The read deadline of the gateway's uvicorn (workers/http/server.py) on a
+"""The read deadline of the gateway's uvicorn (workers/http/uvicorn_server.py) on a
 real uvicorn and loopback sockets: a request must *arrive* in time, and
 nothing else is cut: not a slow answer, not a kept-alive connection between
 requests, not pipelined requests."""
@@ -13,7 +13,7 @@ import time
 import pytest
 import uvicorn
 
-from memq.workers.http.server import deadline_protocol
+from memq.workers.http.uvicorn_server import deadline_protocol
 
 DEADLINE_S = 0.5
 pytestmark = pytest.mark.timeout(60)

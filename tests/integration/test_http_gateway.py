@@ -12,7 +12,7 @@ import httpx
 import pytest
 from helpers import make_settings, running, running_query, running_worker
 
-from memq.workers.http.gateway import HttpGateway
+from memq.workers.http.worker import HttpGateway
 from memq.workers.settings import Settings
 
 KEYS = {"app-a": "key-of-a-0123456789", "app-b": "key-of-b-9876543210"}

@@ -27,9 +27,9 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Forbidden
 from memq.contracts.subjects import events_subject, request_subject
 from memq.workers import security
-from memq.workers.http.gateway import HttpGateway
+from memq.workers.http.worker import HttpGateway
 from memq.workers.persistence.worker import PersistenceWorker
-from memq.workers.query.service import QueryWorker
+from memq.workers.query.worker import QueryWorker
 from memq.workers.settings import Settings
 
 pytestmark = pytest.mark.timeout(180)

@@ -27,7 +27,7 @@ from memq.contracts.errors import NotCommitted, Unavailable
 from memq.contracts.schemas import CheckpointSaved, Event, Message, TextPart, ToolCallPart, ToolResultPart
 from memq.contracts.tools import SEARCH_MEMORY, run_search_memory
 from memq.workers.index.backends import open_backend
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.indexing.indexer import make_indexer
 from memq.workers.indexing.rebuild import rebuild
 from memq.workers.indexing.worker import IndexingWorker

@@ -31,7 +31,7 @@ async def test_keyword_only_index_searches_and_recalls_without_a_model(
     request, backend, nats_url, sqlite_url, tmp_path, monkeypatch
 ):
     # Any attempt to load the local model (or ONNX Runtime) raises ImportError.
-    monkeypatch.setitem(sys.modules, "memq.workers.index.embedders.local", None)
+    monkeypatch.setitem(sys.modules, "memq.workers.index.embedders.minilm", None)
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     s = make_settings(nats_url, sqlite_url, tmp_path)
     indexing = {"embedder": "none", "backend": backend, "batch_wait_s": 0.05, "retry_delays_s": [0.2, 0.5]}

@@ -29,7 +29,7 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotFound
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.contracts.subjects import events_subject, request_subject
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.runtime.health import Monitor
 from memq.workers.settings import LocalEmbedderSettings, MetricsSettings, Settings

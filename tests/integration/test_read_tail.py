@@ -1,4 +1,4 @@
-"""Read-your-writes from the stream (memq.workers.query.tail): with the
+"""Read-your-writes from the stream (memq.workers.query.stream_tail): with the
 persistence worker stopped, a history or context with ``min_seq`` is
 answered from SQL plus the session's uncommitted messages, and the answer is
 the one the same read gives once those messages are committed. What needs

@@ -28,7 +28,7 @@ from helpers import (
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.index.backends import open_backend
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.indexing import replica as replica_module
 from memq.workers.indexing.generations import drop_generations, list_generations
 from memq.workers.indexing.indexer import Indexer

@@ -8,7 +8,7 @@ the test and then drains in seconds); app B appends and searches its own
 write with read-your-writes (``min_seq``) again and again. Before the fix
 every one of B's searches failed with ``NotCommitted`` after its 2 s wait.
 Now each answers at once, holding B's write, from the index plus B's own
-unindexed messages (workers/query/unindexed.py); and once the index has
+unindexed messages (workers/query/stream_unindexed.py); and once the index has
 caught up, it answers the same."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 from search_stack import open_index, searcher
 
 from memq.contracts import queries as q
-from memq.workers.index.embedders.local import LocalEmbedder
+from memq.workers.index.embedders.minilm import LocalEmbedder
 from memq.workers.memory.recall import Doc, search_text
 from memq.workers.query.search import Searcher
 from memq.workers.settings import LocalEmbedderSettings

@@ -31,7 +31,7 @@ from memq.contracts.subjects import events_subject, request_subject, status_subj
 from memq.workers import security
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.persistence.worker import PersistenceWorker
-from memq.workers.query.service import QueryWorker
+from memq.workers.query.worker import QueryWorker
 from memq.workers.runtime import bus
 from memq.workers.status import collect_status
 from memq.workers.summarizer.worker import SummarizerWorker

@@ -20,7 +20,7 @@ from helpers import running, wait_for
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.index.backends.embedded import EmbeddedIndex
-from memq.workers.index.embedders.local import DIM, MODEL
+from memq.workers.index.embedders.minilm import DIM, MODEL
 from memq.workers.indexing.rebuild import FETCH
 from memq.workers.indexing.worker import IndexingWorker
 from memq.workers.runtime import bus

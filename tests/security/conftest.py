@@ -27,7 +27,7 @@ from services import running as running_service
 from memq.contracts.client import MemoryClient, app_inbox_prefix
 from memq.workers import security
 from memq.workers.persistence.worker import PersistenceWorker
-from memq.workers.query.service import QueryWorker
+from memq.workers.query.worker import QueryWorker
 from memq.workers.settings import Settings
 from memq.workers.summarizer.worker import SummarizerWorker
 

@@ -22,7 +22,7 @@ from memq.contracts.ids import scope_key
 from memq.contracts.schemas import CheckpointSaved, Event, EventAppended, Message, TextPart
 from memq.contracts.subjects import DLQ_STREAM, dedupe_id, events_subject, status_subject
 from memq.workers.runtime import bus
-from memq.workers.runtime.dlq import DeadLetterFilter, iter_dead_letters
+from memq.workers.runtime.dead_letters import DeadLetterFilter, iter_dead_letters
 from memq.workers.sql import reads
 from memq.workers.summarizer.worker import SummarizerWorker, checkpoint_id
 

@@ -26,7 +26,7 @@ from memq.contracts.ids import scope_key
 from memq.contracts.schemas import Event, EventAppended, Message, SessionDeleted, TextPart
 from memq.contracts.subjects import dedupe_id, events_subject
 from memq.workers.persistence.expiry import SessionSweeper, expiry_message, idle_sessions
-from memq.workers.runtime.dlq import DeadLetterFilter, list_dead_letters, replay_dead_letters
+from memq.workers.runtime.dead_letters import DeadLetterFilter, list_dead_letters, replay_dead_letters
 from memq.workers.settings import ExpirySettings
 from memq.workers.sql import reads
 from memq.workers.sql.engine import create_engine

@@ -23,7 +23,7 @@ import trustme
 import yaml
 from helpers import make_settings
 
-from memq.workers.embedded import EmbeddedNats
+from memq.workers.runtime.embedded_nats import EmbeddedNats
 
 ROOT = Path(__file__).parents[2]
 NATS_DIR = ROOT / "infra" / "nats"

@@ -38,7 +38,7 @@ from memq.contracts.queries import MAX_CARRIED
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers import security
 from memq.workers.persistence.worker import PersistenceWorker
-from memq.workers.query.service import QueryWorker
+from memq.workers.query.worker import QueryWorker
 
 from .conftest import A, B, Tenants
 

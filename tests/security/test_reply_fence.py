@@ -1,4 +1,4 @@
-"""The query worker's own check of reply subjects (workers/query/replies.py),
+"""The query worker's own check of reply subjects (workers/query/reply_subjects.py),
 which holds without accounts: on a server with no auth, and so on a
 one-account config from before `memq nats accounts` made one per app. Every
 reply subject is watched by a plain subscriber (no auth: anyone may listen).

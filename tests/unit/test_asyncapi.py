@@ -23,7 +23,7 @@ from memq.contracts.errors import NotFound
 from memq.contracts.notices import CommitNotice, StatusEvent
 from memq.contracts.replies import error_body, ok_body
 from memq.contracts.schemas import KINDS
-from memq.workers import asyncapi
+from memq.workers.cli import asyncapi_document as asyncapi
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ that names the caller's own backlog with an ETA, and `memq status`'s rates."""
 
 from __future__ import annotations
 
-from memq.workers.query.unindexed import index_behind
+from memq.workers.query.stream_unindexed import index_behind
 from memq.workers.runtime.commit_floor import CommitFloor
 from memq.workers.status import ConsumerStatus, backlog_text, duration, with_rates
 

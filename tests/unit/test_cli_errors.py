@@ -35,10 +35,10 @@ def memq_error_classes() -> list[type[Exception]]:
     for module in pkgutil.walk_packages(memq.contracts.__path__, "memq.contracts."):
         if ".adapters" not in module.name:  # adapters need their frameworks; they raise the contracts' errors
             importlib.import_module(module.name)
-    for name in ("memq.workers.memory.template", "memq.workers.runtime.bus", "memq.workers.embedded"):
+    for name in ("memq.workers.memory.template", "memq.workers.runtime.bus", "memq.workers.runtime.embedded_nats"):
         importlib.import_module(name)
-    from memq.workers.embedded import EmbeddedError, NatsNotFound
     from memq.workers.runtime.bus import NatsTLSError
+    from memq.workers.runtime.embedded_nats import EmbeddedError, NatsNotFound
 
     classes = {MemqError, *_subclasses(MemqError), EmbeddedError, NatsNotFound, NatsTLSError}
     return sorted(classes, key=lambda c: f"{c.__module__}.{c.__qualname__}")

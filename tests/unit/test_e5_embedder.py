@@ -12,7 +12,7 @@ import pytest
 
 from memq.workers.index.embedders import LOCAL_MODELS, embed_queries, floors, open_embedder, open_local
 from memq.workers.index.embedders import e5 as e5_mod
-from memq.workers.index.embedders import local as local_mod
+from memq.workers.index.embedders import minilm as local_mod
 from memq.workers.index.embedders.base import Embedder
 from memq.workers.index.embedders.e5 import E5Embedder
 from memq.workers.index.embedders.files import ModelFileError

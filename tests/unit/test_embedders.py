@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
-from memq.workers.index.embedders import local as local_mod
+from memq.workers.index.embedders import minilm as local_mod
 from memq.workers.index.embedders import open_embedder
 from memq.workers.index.embedders import openai as openai_mod
 from memq.workers.index.embedders.base import Embedder, EmbedderError
-from memq.workers.index.embedders.local import LocalEmbedder, ModelFileError
+from memq.workers.index.embedders.minilm import LocalEmbedder, ModelFileError
 from memq.workers.index.embedders.openai import OpenAIEmbedder
 from memq.workers.settings import (
     IndexingSettings,
@@ -154,7 +154,7 @@ async def main():
     await embedder.close()
 
 asyncio.run(main())
-loaded = sorted(m for m in sys.modules if m.startswith(("memq.workers.index.embedders.local", "tokenizers", "httpx")))
+loaded = sorted(m for m in sys.modules if m.startswith(("memq.workers.index.embedders.minilm", "tokenizers", "httpx")))
 assert not loaded, loaded
 """
 

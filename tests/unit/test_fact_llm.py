@@ -12,7 +12,7 @@ from pydantic import SecretStr
 
 from memq.workers.facts import extract
 from memq.workers.facts.extract import FactLLM, FactLLMError, Said, Usage
-from memq.workers.facts.replies import RAW_CHARS, DecisionReply, Extraction, FactReplyInvalid, sent_schema
+from memq.workers.facts.llm_replies import RAW_CHARS, DecisionReply, Extraction, FactReplyInvalid, sent_schema
 from memq.workers.memory.extractive import Turn
 from memq.workers.memory.facts import Candidate, Decision, Fact, Source
 from memq.workers.settings import LLMSettings

@@ -48,7 +48,7 @@ def test_every_typed_error_says_its_http_status() -> None:
     """Each error class carries its status: only a bug (or an error no
     class names) is a 500, and every other status is one the API documents."""
     from memq.contracts.errors import ERRORS_BY_CODE, Internal, MemqError
-    from memq.workers.http.errors import DOCUMENTED as _ERRORS
+    from memq.workers.http.error_responses import DOCUMENTED as _ERRORS
 
     statuses = {code: cls.http_status for code, cls in ERRORS_BY_CODE.items()}
     assert {code for code, status in statuses.items() if status == 500} == {MemqError.code, Internal.code}

@@ -10,7 +10,7 @@ from fakes import Written
 
 from memq.contracts import queries as q
 from memq.workers.query.cache import MemoryBackend, QueryCache
-from memq.workers.query.service import QueryLive, QueryWorker
+from memq.workers.query.worker import QueryLive, QueryWorker
 from memq.workers.settings import Settings
 
 

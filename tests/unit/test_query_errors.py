@@ -8,7 +8,7 @@ from fakes import Written
 from sqlalchemy import exc as sa_exc
 
 from memq.contracts import queries as q
-from memq.workers.query.service import QueryLive, QueryWorker
+from memq.workers.query.worker import QueryLive, QueryWorker
 from memq.workers.settings import Settings
 
 

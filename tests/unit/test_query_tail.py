@@ -1,4 +1,4 @@
-"""The query worker's held stream tail (memq.workers.query.tail), fed by
+"""The query worker's held stream tail (memq.workers.query.stream_tail), fed by
 hand: what it holds, what it drops, and when a read must wait."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from memq.contracts.codec import encode
 from memq.contracts.schemas import Event, EventAppended, Message, StateSet, TextPart
 from memq.contracts.subjects import events_subject
 from memq.workers.memory.tail import MustWait
-from memq.workers.query.tail import StreamTail
+from memq.workers.query.stream_tail import StreamTail
 
 S = events_subject("a", "u", "s")
 U = events_subject("a", "u")

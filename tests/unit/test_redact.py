@@ -112,7 +112,7 @@ def test_every_secret_and_path_of_the_settings_is_found(settings):
 
 
 def test_the_query_worker_replies_with_the_scrubbed_message_and_logs_the_full_one(settings, caplog):
-    from memq.workers.query.service import QueryWorker
+    from memq.workers.query.worker import QueryWorker
 
     worker = QueryWorker(settings)
     path = f"{settings.data_dir}/index.db"

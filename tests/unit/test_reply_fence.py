@@ -1,10 +1,10 @@
-"""Which reply subjects the query worker answers (memq.workers.query.replies)."""
+"""Which reply subjects the query worker answers (memq.workers.query.reply_subjects)."""
 
 from __future__ import annotations
 
 from memq.contracts.client import app_inbox_prefix
 from memq.contracts.subjects import events_subject, request_subject
-from memq.workers.query.replies import ReplyFence, trusted_prefixes
+from memq.workers.query.reply_subjects import ReplyFence, trusted_prefixes
 
 ON_A = request_subject("team.a", "history")  # an app whose token is escaped
 

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from memq.contracts.errors import InvalidRequest
-from memq.workers.query.service import QueryLive, QueryWorker
 from memq.workers.query.stream_end import StreamEnd
+from memq.workers.query.worker import QueryLive, QueryWorker
 from memq.workers.settings import Settings
 
 

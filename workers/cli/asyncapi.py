@@ -1,5 +1,5 @@
 """`memq asyncapi`: write (or check) the AsyncAPI document of memq
-(:mod:`memq.workers.asyncapi`)."""
+(:mod:`memq.workers.cli.asyncapi_document`)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def asyncapi_command(
     ] = False,
 ) -> None:
     """Write the AsyncAPI 3.0 document: every subject memq reads or writes, with its schemas."""
-    from memq.workers import asyncapi  # builds the worker app: only for this command
+    from memq.workers.cli import asyncapi_document as asyncapi  # builds the worker app: only for this command
 
     path = out or asyncapi.DEFAULT_PATH
     if check:

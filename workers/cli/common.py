@@ -182,8 +182,8 @@ def failure_line(exc: BaseException) -> str | None:
     message), NATS that cannot be found, reached or used, the embedded
     server's start; None for anything else (a bug, shown with its traceback).
     tests/unit/test_cli_errors.py holds every memq error class to it."""
-    from memq.workers.embedded import EmbeddedError  # imported at an error only: the cost is no one's
     from memq.workers.runtime import bus
+    from memq.workers.runtime.embedded_nats import EmbeddedError  # imported at an error only: the cost is no one's
 
     if isinstance(exc, bus.NatsTLSError):
         return f"[red]{escape(str(exc))}[/]: check MEMQ_NATS__TLS__CA_FILE / CERT_FILE / KEY_FILE"

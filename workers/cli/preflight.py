@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from memq.workers.embedded import EmbeddedError, nats_server_binary, running_pid
+from memq.workers.runtime.embedded_nats import EmbeddedError, nats_server_binary, running_pid
 from memq.workers.settings import Settings
 
 INSTALL = "pip install 'memq[workers]'"

@@ -168,7 +168,7 @@ def up(
     problem stops it with one line before anything starts.
     """
     from memq.workers.cli.datadir import describe_backlog, describe_data, is_fresh
-    from memq.workers.embedded import EmbeddedError, EmbeddedNats
+    from memq.workers.runtime.embedded_nats import EmbeddedError, EmbeddedNats
 
     # The options go through the settings, which check the ports' range.
     overrides: dict[str, Any] = {}
@@ -203,7 +203,7 @@ def up(
     )
 
     async def ready() -> None:
-        from memq.workers.demo import memq_command  # not before the checks: it imports the client and SQLAlchemy
+        from memq.workers.cli.demo import memq_command  # not before the checks: it imports the client and SQLAlchemy
 
         # the gateway writes its URL once bound (port 0 picks any free one)
         http_url = settings.run_dir / "http.url"
@@ -283,7 +283,7 @@ def init() -> None:
 @app.command()
 def demo(events: int = typer.Option(100, "--events", "-n", min=1, help="Events to publish.")) -> None:
     """Publish a sample conversation, read it back from SQL, check it (exit 1 if wrong)."""
-    from memq.workers.demo import run_demo
+    from memq.workers.cli.demo import run_demo
 
     settings = _settings()
     # Its errors (NATS gone for good, a publish never acknowledged) are the
@@ -300,7 +300,7 @@ def show_config() -> None:
     the embedded server of a running `memq up` (or "not running: …"), and
     the SQLite file in the data dir.
     """
-    from memq.workers.embedded import NatsNotFound, nats_url  # not bus: no nats-py for this
+    from memq.workers.runtime.embedded_nats import NatsNotFound, nats_url  # not bus: no nats-py for this
 
     settings = _settings()
     shown = settings.public_dict()

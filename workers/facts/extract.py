@@ -15,7 +15,7 @@ the labels shown. The structured output is ``response_format`` either
 ``llama-server``: the default) or ``{"type": "json_object", "schema": {...}}``
 (llama-cpp-python's server, which refuses ``json_schema`` with an HTTP 500,
 and llama-server too). A reply that is not what was asked raises
-:class:`~memq.workers.facts.replies.FactReplyInvalid`; an endpoint that cannot
+:class:`~memq.workers.facts.llm_replies.FactReplyInvalid`; an endpoint that cannot
 be reached or answers an error raises :class:`FactLLMError`. HTTP and retries
 are :func:`memq.workers.http_retry.post_json`'s, as the LLM summarizer's.
 
@@ -32,7 +32,7 @@ from typing import Any, Literal
 import httpx
 
 from memq.workers import http_retry
-from memq.workers.facts.replies import (
+from memq.workers.facts.llm_replies import (
     DecisionReply,
     Extraction,
     FactReplyInvalid,

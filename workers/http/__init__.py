@@ -1,2 +1,2 @@
 """The HTTP gateway: REST over memq's operations, one API key per app
-(:mod:`.gateway` is the worker kind, :mod:`.api` the routes)."""
+(:mod:`.worker` is the worker kind, :mod:`.api` the routes)."""

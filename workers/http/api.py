@@ -30,7 +30,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from memq.contracts.client import MemoryClient
-from memq.workers.http import errors
+from memq.workers.http import error_responses
 from memq.workers.http.door import DEFAULT_LIMITS, BodyLimits, FrontDoor
 from memq.workers.http.keys import Keyring
 from memq.workers.http.paths import RawSegments
@@ -68,7 +68,7 @@ def build_api(
         openapi_url="/openapi.json",
         docs_url="/docs",
         redoc_url=None,
-        responses=errors.DOCUMENTED,
+        responses=error_responses.DOCUMENTED,
     )
     wire(api, Wiring(keyring=keyring, client_for=client_for, redact=redact))
     documents = (api.openapi_url, api.docs_url, api.swagger_ui_oauth2_redirect_url)
@@ -76,7 +76,7 @@ def build_api(
         FrontDoor, keyring=keyring, limits=limits, public=[p for p in documents if p], key_inflight=key_inflight
     )
     api.add_middleware(RawSegments)  # added last: outermost, so the door sees the segments as sent
-    errors.install(api)
+    error_responses.install(api)
     for router in ROUTERS:
         api.include_router(router)
     return api

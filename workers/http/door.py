@@ -33,7 +33,7 @@ a stream of its own) in front of the routes:
 
 A refused body is never read: uvicorn stops reading a request the app does
 not read (it pauses at 64 KiB) and discards the rest once the answer is sent,
-for at most ``http.read_timeout_s`` (:mod:`.server`).
+for at most ``http.read_timeout_s`` (:mod:`.uvicorn_server`).
 
 :func:`read_body` and :class:`BodyGuard` are the same body checks, and
 :class:`KeyInflight` the same count, for another ASGI app (``memq mcp

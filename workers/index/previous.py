@@ -5,7 +5,7 @@ has passed the batch: then every earlier event is there, so a doc's context
 is the same whichever replica indexes it, in whatever batch, and in a
 rebuild. (Tracking turns in the indexer's memory would depend on which
 replica saw what.) The query worker reads them the same way for a search's
-memories the index has not reached yet (:mod:`memq.workers.query.unindexed`),
+memories the index has not reached yet (:mod:`memq.workers.query.stream_unindexed`),
 so those are the docs the indexer will write.
 """
 

@@ -25,7 +25,7 @@ Past the key, the body is held to the gateway's limits by its own
 ``http.max_json_elements``/``max_json_depth`` counted as the body arrives:
 the SDK parses a body whole on the event loop, and 4 MiB of ``[{},{},…]``
 cost it ~110 MB), and uvicorn runs with the gateway's deadline for reading a
-request (``http.read_timeout_s``, :mod:`memq.workers.http.server`). Each of
+request (``http.read_timeout_s``, :mod:`memq.workers.http.uvicorn_server`). Each of
 their refusals (413 ``oversize``, 408 ``timed_out``) is the gateway's status
 and message as the same JSON-RPC error (:func:`refusal`), naming the setting.
 """
@@ -43,9 +43,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memq.workers.http.door import BodyGuard, BodyLimits, KeyInflight, presented_key
-from memq.workers.http.gateway import HttpPortTaken, bind
 from memq.workers.http.keys import Keyring, Unauthenticated, WrongApp, check_open_is_local
-from memq.workers.http.server import deadline_protocol
+from memq.workers.http.uvicorn_server import deadline_protocol
+from memq.workers.http.worker import HttpPortTaken, bind
 from memq.workers.mcp.server import app_client, build_server
 from memq.workers.settings import HttpSettings, Settings
 

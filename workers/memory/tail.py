@@ -3,7 +3,7 @@
 A read with ``min_seq`` above the commit floor need not wait for the commit
 when all that lies between the floor and ``min_seq`` on the session's
 subject only appends events: the query worker holds those messages as the
-stream delivers them (:mod:`memq.workers.query.tail`) and adds the events to
+stream delivers them (:mod:`memq.workers.query.stream_tail`) and adds the events to
 what SQL holds, exactly as the persistence worker will write them. Anything else
 that changes which events a read sees (a delete, a new session, a
 checkpoint, a forgotten event) makes the read wait for the commit instead, as every read did

@@ -5,7 +5,7 @@ order, so one app's backlog holds every other app's writes behind it. A
 search whose ``min_seq`` is above the indexing floor therefore need not wait
 for the indexer when what lies between the floor and ``min_seq`` in the
 caller's own user scope only adds memories: the query worker reads those
-messages from the stream (:mod:`memq.workers.query.unindexed`), makes them
+messages from the stream (:mod:`memq.workers.query.stream_unindexed`), makes them
 the docs the indexer will make (:func:`tail_docs`), and ranks them with the
 index's hits (:meth:`memq.workers.query.search.Searcher.hits`). Anything
 that removes memories (a forget, a session or user delete) makes the search

@@ -72,7 +72,7 @@ from memq.workers.runtime.batch_policy import (
 from memq.workers.runtime.commit_floor import announce_finished
 from memq.workers.runtime.component import Component, Live
 from memq.workers.runtime.consumer import BatchConsumer
-from memq.workers.runtime.dlq import DeadLetters
+from memq.workers.runtime.dead_letters import DeadLetters
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:

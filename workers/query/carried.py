@@ -2,7 +2,7 @@
 carries: its own writes to the session that may not be committed yet
 (:mod:`memq.contracts.carry`), added to what SQL holds at the commit floor.
 
-The same reads as :mod:`memq.workers.query.tail` (a history or context's
+The same reads as :mod:`memq.workers.query.stream_tail` (a history or context's
 first page), through the same interface, so the ops need not know which
 tail they extend. The stream tail holds every writer's messages; this one
 only the caller's, so it serves reads that promise the caller's own writes
@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from memq.contracts import queries as q
 from memq.contracts.ids import scope_key
 from memq.workers.memory.tail import carried_events
-from memq.workers.query.tail import not_stored_elsewhere
+from memq.workers.query.stream_tail import not_stored_elsewhere
 from memq.workers.sql import reads
 
 

@@ -25,7 +25,7 @@ from memq.workers.memory.template import render, rendered_size
 from memq.workers.memory.tokens import event_messages, event_text
 from memq.workers.offload import off_loop
 from memq.workers.query import paging
-from memq.workers.query.tail import Tail
+from memq.workers.query.stream_tail import Tail
 from memq.workers.query.windows import WindowCache
 from memq.workers.settings import MemorySettings
 from memq.workers.sql import reads
@@ -67,7 +67,7 @@ async def _session_window(
     checkpoint (extended from this replica's last read of it, if any: see
     :mod:`memq.workers.query.windows`); NotFound as from :func:`_session`.
     With a ``tail``, also the session's uncommitted appends (see
-    :mod:`memq.workers.query.tail`); MustWait when they need the commit."""
+    :mod:`memq.workers.query.stream_tail`); MustWait when they need the commit."""
     key = scope_key(req.app, req.user, req.session)
     rows = await tail.appended() if tail is not None else []
     ids = [r["event_id"] for r in rows] or None
@@ -453,7 +453,7 @@ async def artifact_get(conn: AsyncConnection, req: q.ArtifactGet, ctx: OpContext
 
 def reads_tail(op: str, req: q.Request) -> bool:
     """Can this read add the session's uncommitted appends instead of
-    waiting for their commit (:mod:`memq.workers.query.tail`)? Only what
+    waiting for their commit (:mod:`memq.workers.query.stream_tail`)? Only what
     depends on the session's events alone: the first page of a history
     without filters (they are applied in SQL), or of a context without an
     instruction (its state is read from SQL)."""

@@ -42,7 +42,7 @@ from nats.aio.msg import Msg
 
 from memq.contracts.backoff import stepped
 from memq.workers import metrics
-from memq.workers.runtime.dlq import DeadLetters
+from memq.workers.runtime.dead_letters import DeadLetters
 from memq.workers.runtime.until_up import until_up
 
 log = logging.getLogger("memq.batch")

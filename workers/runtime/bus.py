@@ -24,8 +24,8 @@ from pydantic import ValidationError
 from memq.contracts.connection import NatsUnreachable, connect_nats  # noqa: F401 (what connect raises)
 from memq.contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
 
-# Where NATS is, without nats-py: `memq config` reads it (memq.workers.embedded).
-from memq.workers.embedded import NatsNotFound, nats_url  # noqa: F401 (re-exported)
+# Where NATS is, without nats-py: `memq config` reads it (memq.workers.runtime.embedded_nats).
+from memq.workers.runtime.embedded_nats import NatsNotFound, nats_url  # noqa: F401 (re-exported)
 from memq.workers.settings import NatsSettings, Settings, StreamSettings, mask_url
 
 T = TypeVar("T")

@@ -51,8 +51,8 @@ KINDS: dict[str, Kind] = {
         Kind("persistence", "memq.workers.persistence.worker:PersistenceWorker", lambda s: s.persistence.durable),
         Kind("indexing", "memq.workers.indexing.worker:IndexingWorker", lambda s: s.indexing.durable),
         Kind("summarizer", "memq.workers.summarizer.worker:SummarizerWorker"),
-        Kind("query", "memq.workers.query.service:QueryWorker"),
-        Kind("http", "memq.workers.http.gateway:HttpGateway"),
+        Kind("query", "memq.workers.query.worker:QueryWorker"),
+        Kind("http", "memq.workers.http.worker:HttpGateway"),
     )
 }
 

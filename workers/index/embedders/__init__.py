@@ -56,6 +56,6 @@ async def _open_offline(kind: str, settings: IndexingSettings) -> Embedder:
         from memq.workers.index.embedders.e5 import E5Embedder
 
         return await asyncio.to_thread(E5Embedder, settings.e5)
-    from memq.workers.index.embedders.local import LocalEmbedder
+    from memq.workers.index.embedders.minilm import LocalEmbedder
 
     return await asyncio.to_thread(LocalEmbedder, settings.local)

@@ -6,7 +6,7 @@ micro service (``memq-query``: ping, info and stats for `memq status`). For
 each request it:
 
 1. drops, unanswered, a request whose reply subject is not the app's own
-   inbox (:mod:`memq.workers.query.replies`), then validates the body and
+   inbox (:mod:`memq.workers.query.reply_subjects`), then validates the body and
    refuses one that names another app than its subject;
 2. admits it to one of the replica's request slots without waiting, within
    its app's share of them, or refuses it ``busy`` at once
@@ -20,7 +20,7 @@ each request it:
    them), and a ``min_seq`` beyond the stream's last sequence is refused at
    once (:mod:`memq.workers.query.stream_end`). With
    ``query.read_tail``, a history or context instead adds the session's
-   uncommitted appends, held from the stream (:mod:`memq.workers.query.tail`),
+   uncommitted appends, held from the stream (:mod:`memq.workers.query.stream_tail`),
    and does not wait at all;
 4. answers from the cache, or from SQL through the op in :mod:`memq.workers.query.ops`
    and fills the cache;
@@ -110,12 +110,12 @@ from memq.workers.query.cache import Entry, QueryCache, build_cache, cache_backe
 from memq.workers.query.carried import CarriedTail
 from memq.workers.query.consistency import last_acknowledged, read_scope
 from memq.workers.query.ops import HANDLERS, OpContext, reads_tail
-from memq.workers.query.replies import ReplyFence, trusted_prefixes
+from memq.workers.query.reply_subjects import ReplyFence, trusted_prefixes
 from memq.workers.query.search import Searcher, recall_skipped
 from memq.workers.query.slots import RequestSlots, Slot
 from memq.workers.query.stream_end import StreamEnd
-from memq.workers.query.tail import StreamTail, Tail
-from memq.workers.query.unindexed import OwnBacklog, Unindexed, index_behind
+from memq.workers.query.stream_tail import StreamTail, Tail
+from memq.workers.query.stream_unindexed import OwnBacklog, Unindexed, index_behind
 from memq.workers.query.windows import WindowCache
 from memq.workers.redact import Redactor
 from memq.workers.runtime import bus, readiness
@@ -310,7 +310,7 @@ class QueryWorker(Component[QueryLive]):
 
         async def handle(request: Request) -> None:
             # First: a reply the requester could not receive itself is a
-            # write somewhere else (workers/query/replies.py), never answered.
+            # write somewhere else (workers/query/reply_subjects.py), never answered.
             reply = request._msg.reply  # nats micro's Request has no public accessor
             if not self.replies.allows(request.subject, reply):
                 self.replies.refused(op, request.subject, reply)
@@ -513,7 +513,7 @@ class QueryWorker(Component[QueryLive]):
 
     async def _search_unindexed(self, req: q.Search) -> q.SearchResults:
         """``req`` answered now from the index plus the memories of its own
-        user scope the index has not reached (:mod:`memq.workers.query.unindexed`);
+        user scope the index has not reached (:mod:`memq.workers.query.stream_unindexed`);
         raises MustWait when it must wait for the indexer instead."""
         if self.searcher is None:
             raise MustWait("no searcher")
@@ -530,7 +530,7 @@ class QueryWorker(Component[QueryLive]):
         """The uncommitted tail this read adds instead of waiting for the
         commit, when it can: the writes the caller carries
         (:mod:`memq.workers.query.carried`), else the session's messages held
-        from the stream (:mod:`memq.workers.query.tail`, ``query.read_tail``)."""
+        from the stream (:mod:`memq.workers.query.stream_tail`, ``query.read_tail``)."""
         if req.min_seq is None or not reads_tail(op, req):
             return None
         floor = self.live.floor.value

@@ -201,7 +201,7 @@ app.add_typer(dlq_app, name="dlq")
 
 
 def _dlq_filter(worker: str | None, code: str | None, seqs: list[int] | None):
-    from memq.workers.runtime.dlq import DeadLetterFilter
+    from memq.workers.runtime.dead_letters import DeadLetterFilter
 
     return DeadLetterFilter(worker=worker, code=code, seqs=frozenset(seqs) if seqs else None)
 
@@ -216,7 +216,7 @@ def dlq_list(
     """List dead letters, oldest first, with why each was given up on."""
     from rich.table import Table
 
-    from memq.workers.runtime.dlq import list_dead_letters, summarize
+    from memq.workers.runtime.dead_letters import list_dead_letters, summarize
 
     settings = _settings()
     where = _dlq_filter(worker, code, None)
@@ -262,7 +262,7 @@ def dlq_replay(
     Fix the cause first (a setting, a worker bug, the database): a message
     that fails again is dead-lettered again, with its new reason.
     """
-    from memq.workers.runtime.dlq import replay_dead_letters
+    from memq.workers.runtime.dead_letters import replay_dead_letters
 
     if not seqs and not all_:
         err.print(

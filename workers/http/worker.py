@@ -33,7 +33,7 @@ from memq.workers.http.api import build_api
 from memq.workers.http.clients import AppClients
 from memq.workers.http.door import BodyLimits
 from memq.workers.http.keys import Keyring, check_open_is_local
-from memq.workers.http.server import deadline_protocol
+from memq.workers.http.uvicorn_server import deadline_protocol
 from memq.workers.redact import Redactor
 from memq.workers.runtime import readiness
 from memq.workers.runtime.component import Component, Live

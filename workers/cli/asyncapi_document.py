@@ -1,7 +1,7 @@
 """The AsyncAPI 3.0 document of memq: every subject an agent in any language
 writes or reads, with the schema of what travels on it.
 
-``memq asyncapi`` (or ``python -m memq.workers.asyncapi``) writes it to
+``memq asyncapi`` (or ``python -m memq.workers.cli.asyncapi_document``) writes it to
 ``contracts/asyncapi.json``, where it ships with the contracts package;
 ``--check`` fails when the committed file differs from a fresh one (CI runs
 it through tests/unit/test_asyncapi.py).
@@ -25,7 +25,7 @@ publishers: the commit notices and the status events, typed by
   JetStream directly, with their headers (:mod:`memq.contracts.dlq`);
 - the query workers' side of the committed notices (the persistence
   replicas' and the indexing replicas'), nats-py subscriptions on the
-  read-your-writes path (see :mod:`memq.workers.query.service`).
+  read-your-writes path (see :mod:`memq.workers.query.worker`).
 """
 
 from __future__ import annotations
