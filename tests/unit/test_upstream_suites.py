@@ -67,3 +67,8 @@ def test_table_has_a_row_per_suite_and_mode(harness):
     rows = harness.table([outcome]).splitlines()
     assert rows[0].startswith("| suite | mode | collected | run on memq | passed | failed | known difference (xfail) |")
     assert rows[2] == "| adk | memq-local | 11 | 5 | 3 | 1 | 1 | 0 | 6 |"
+
+
+def test_junit_name_is_how_read_junit_names_a_node(harness):
+    node = "tests/memory/test_session.py::test_session_limit_zero[run_sync]"
+    assert harness.junit_name(node) == "tests.memory.test_session::test_session_limit_zero[run_sync]"
