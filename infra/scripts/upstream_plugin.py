@@ -125,6 +125,9 @@ def agents_reason(item: pytest.Item) -> str | None:
     return AGENTS_DESELECTED.get(getattr(item, "originalname", item.name))
 
 
+CHOSEN = pytest.StashKey[tuple[dict[str, str], dict[str, str]]]()  # (deselected, expected to fail): node id -> why
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     reason_of = adk_reason if SUITE == "adk" else agents_reason
     kept, dropped, why, expected = [], [], {}, {}
@@ -142,8 +145,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
+    config.stash[CHOSEN] = (why, expected)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Write what was left out and what is expected to fail, once every
+    selection (``-k`` included) is made."""
+    why, expected = session.config.stash.get(CHOSEN, ({}, {}))
+    running = {item.nodeid for item in session.items}
     out = os.environ.get("MEMQ_UPSTREAM_DESELECTED")
     if out:
+        expected = {node: reason for node, reason in expected.items() if node in running}
         Path(out).write_text(json.dumps({"deselected": why, "expected_to_fail": expected}, indent=1))
 
 
