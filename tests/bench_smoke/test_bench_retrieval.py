@@ -1,12 +1,15 @@
 """tests/bench/retrieval.py runs on a tiny LoCoMo-shaped conversation against
 the embedded index, with each offline embedder, and reports turn-level and
 session-level recalls in [0, 1] for every mode and category, over every
-question and every turn of the file."""
+question and every turn of the file; with ``--rerank``, the rows of every
+second stage (e5, the sparse head, both, the sparse head fused) at each
+weight, held to the same checks."""
 
 from __future__ import annotations
 
 import pytest
 from bench import locomo
+from bench.retrieval import STAGES
 from bench_runs import run_bench, tiny_locomo
 
 pytestmark = pytest.mark.timeout(180)
@@ -18,6 +21,7 @@ def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tm
     result = run_bench(
         "retrieval",
         *("--data", str(data), "--quick", "--backends", "embedded", "--embedders", "local", "e5", "--lean"),
+        *("--rerank", "5", "--rerank-weights", "0", "0.5", "--rerank-stage", *STAGES),
         out=tmp_path / "r.json",
     )
 
@@ -31,6 +35,10 @@ def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tm
     scored = [q for q in conv.questions if q.category in locomo.SCORED]
     for run in runs:
         assert run["events"] == len(conv.turns) and run["events_per_s"] > 0
+        assert list(run["rerank"]) == list(STAGES)
+        for stage in STAGES:
+            assert {f"rerank {stage} w0 (top 5)", f"rerank {stage} w0.5 (top 5)"} <= set(run["recall"]), stage
+            assert run["rerank"][stage]["added_p50_ms_warm"] > 0, stage
         assert run["questions"]["overall"] == len(scored) == run["floor"]["questions"]
         assert sum(n for cat, n in run["questions"].items() if cat != "overall") == len(scored)
         for level, baseline in (("recall", "recall"), ("session_recall", "session_recall")):
