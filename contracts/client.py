@@ -90,6 +90,7 @@ from memq.contracts.errors import (
     Oversize,
     PublishFailed,
     Unavailable,
+    WrongEventLoop,
     validation_details,
 )
 from memq.contracts.ids import encode_token, validate_id
@@ -331,6 +332,8 @@ class MemoryClient(PublishSettling):
         self._js = nc.jetstream(timeout=timeout)
         self._objects: ObjectStore | None = None
         self._owns_connection = False
+        # The event loop the connection serves: connect()'s, or the first call's.
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     async def connect(
@@ -393,7 +396,23 @@ class MemoryClient(PublishSettling):
             local_reads=local_reads,
         )
         client._owns_connection = True
+        client._loop = asyncio.get_running_loop()
         return client
+
+    def _on_its_loop(self) -> None:
+        """Refuse a call from another event loop at once: nats-py's
+        connection answers only the loop it was opened on, and from another
+        a request would wait out its timeout and read as "no service"."""
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise WrongEventLoop(
+                f"this MemoryClient (app {self.app!r}) is connected on another event loop than the one calling it, "
+                "e.g. from another thread's asyncio.run or a framework's run_sync; its NATS connection serves only "
+                "its own loop: connect a client in this loop, or run the call on the client's loop "
+                "(asyncio.run_coroutine_threadsafe)"
+            )
 
     async def close(self) -> None:
         """Close the connection if this client opened it (flushing pending data)."""
@@ -1213,6 +1232,7 @@ class MemoryClient(PublishSettling):
         carry: bool = False,
         **fields: Any,
     ) -> Any:
+        self._on_its_loop()
         min_seq = self._min_seq(op, min_seq)
         if (consistency or self.consistency) == "any":  # "own" is sent as before: older services know no field
             fields["consistency"] = "any"
@@ -1323,9 +1343,11 @@ class MemoryClient(PublishSettling):
         return seq
 
     async def _send(self, prepared: Prepared) -> int:
+        self._on_its_loop()
         return (await self._settle([prepared]))[0]
 
     async def _publish_chunk(self, chunk: list[Prepared]) -> list[int]:
+        self._on_its_loop()
         return await self._settle(chunk)
 
     async def _put_object(self, name: str, data: bytes) -> None:

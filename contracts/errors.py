@@ -167,6 +167,15 @@ class TemplateKeyMissing(MemqError):
     http_status = 422
 
 
+class WrongEventLoop(MemqError):
+    """A client called from an event loop other than the one its NATS
+    connection was opened on (another thread's ``asyncio.run``, a framework's
+    ``run_sync``): nats-py's connection serves only its own loop, so the call
+    would wait its whole timeout and fail as if no service answered."""
+
+    code = "wrong_event_loop"
+
+
 class Internal(MemqError):
     """A bug in the worker, not in the request; its log has the traceback."""
 

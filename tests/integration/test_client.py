@@ -27,6 +27,7 @@ from memq.contracts.errors import (
     Oversize,
     PublishFailed,
     PublishOutcomeUnknown,
+    WrongEventLoop,
 )
 from memq.contracts.schemas import ArtifactSaved, Event, Message, TextPart
 from memq.contracts.subjects import ARTIFACT_BUCKET, EVENTS_STREAM, artifact_object_name, dedupe_id, events_subject
@@ -554,3 +555,19 @@ async def test_a_definite_refusal_raises_at_once_without_a_retry(nats_url, nc) -
     for raised in (missing, elsewhere, overflow):
         assert not isinstance(raised.value, PublishOutcomeUnknown)
     assert await copies_seen(nc, tries) == 3  # one try each, and the one that fit
+
+
+async def test_a_call_from_another_event_loop_is_refused_at_once_and_its_own_loop_still_works(nats_url: str) -> None:
+    # As the Agents SDK's Runner.run_sync in a thread calls a session: without
+    # the check, the request waited out its timeout and said no service answered.
+    async with await MemoryClient.connect(nats_url, app=APP) as client:
+        await ensure_streams(client.nc.jetstream(), StreamSettings())
+
+        def from_another_loop() -> float:
+            started = time.monotonic()
+            with pytest.raises(WrongEventLoop, match="another event loop"):
+                asyncio.run(client.append_text("u", "s", "user", "hello"))
+            return time.monotonic() - started
+
+        assert await asyncio.to_thread(from_another_loop) < 1.0
+        assert await client.append_text("u", "s", "user", "hello") >= 1  # its own loop is served as before
