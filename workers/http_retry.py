@@ -1,6 +1,8 @@
 """Backoff for the HTTP clients of OpenAI-compatible endpoints (embeddings,
 chat): exponential with jitter (:mod:`memq.contracts.backoff`), or the
-server's Retry-After, capped.
+server's Retry-After, capped; and :class:`ChatEndpoint`, the chat endpoint
+the summarizer and the fact extractor both post to (kinds may not import
+each other, so it lives here).
 
 Written here rather than taken from a retry library: two call sites, a
 dozen lines, and the server's Retry-After must win over the schedule.
@@ -16,6 +18,7 @@ from email.utils import parsedate_to_datetime
 import httpx
 
 from memq.contracts.backoff import doubling, spread
+from memq.workers.settings import LLMSettings, mask_url
 
 log = logging.getLogger("memq.http")
 
@@ -106,3 +109,43 @@ async def post_json(
         logger.warning("%s: %s from %s, retry %d in %.2fs", what, reason, where, attempt + 1, wait)
         await asyncio.sleep(wait)
     raise AssertionError("unreachable")
+
+
+class ChatEndpoint:
+    """``POST {base_url}/chat/completions`` of one ``LLMSettings``: the
+    Bearer header (never logged), a timeout per attempt, retries as
+    :func:`post_json`, failures raised as ``error``. ``transport``: httpx's
+    (tests answer from a script)."""
+
+    def __init__(
+        self, settings: LLMSettings, *, error: type[Exception], transport: httpx.AsyncBaseTransport | None = None
+    ):
+        self.settings = settings
+        self.error = error
+        self.url = settings.base_url.rstrip("/") + "/chat/completions"
+        self.where = mask_url(self.url)  # for messages: no password of the URL
+        self.secret = settings.api_key.get_secret_value() if settings.api_key else None
+        headers = {"Authorization": f"Bearer {self.secret}"} if self.secret else {}
+        self.client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(settings.timeout_s), transport=transport)
+
+    async def post(
+        self, body: dict, *, what: str, base_s: float, max_s: float, logger: logging.Logger = log
+    ) -> httpx.Response:
+        """The 200 reply to ``body`` (``base_s``/``max_s``: the caller's backoff, which its tests shorten)."""
+        return await post_json(
+            self.client,
+            self.url,
+            body,
+            error=self.error,
+            where=self.where,
+            what=what,
+            attempts=self.settings.retries + 1,
+            base_s=base_s,
+            max_s=max_s,
+            timeout_s=self.settings.timeout_s,
+            secret=self.secret,
+            logger=logger,
+        )
+
+    async def close(self) -> None:
+        await self.client.aclose()

@@ -63,7 +63,7 @@ def capture(summarizer: LLMSummarizer) -> list[dict]:
     async def hook(request: httpx.Request) -> None:
         sent.append(json.loads(request.content))
 
-    summarizer._client.event_hooks["request"].append(hook)
+    summarizer._endpoint.client.event_hooks["request"].append(hook)
     return sent
 
 
@@ -113,7 +113,7 @@ async def test_summarizer_model_is_the_model_sent(llama_server):
     async def on_reply(response: httpx.Response) -> None:
         echoed.append(json.loads(await response.aread())["model"])
 
-    summarizer._client.event_hooks["response"].append(on_reply)
+    summarizer._endpoint.client.event_hooks["response"].append(on_reply)
     try:
         assert await summarizer.summarize(turns(4), previous=None, target_tokens=24)
     finally:

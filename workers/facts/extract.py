@@ -42,7 +42,7 @@ from memq.workers.facts.llm_replies import (
 )
 from memq.workers.memory.extractive import Turn, format_turn
 from memq.workers.memory.facts import Candidate, Decision, Fact, Source
-from memq.workers.settings import LLMSettings, mask_url
+from memq.workers.settings import LLMSettings
 
 log = logging.getLogger("memq.facts.llm")
 
@@ -130,11 +130,7 @@ class FactLLM:
         self.model = s.model
         self.response_format = response_format
         self.usage = Usage()  # since this client was made, for metrics
-        self._url = s.base_url.rstrip("/") + "/chat/completions"
-        self._where = mask_url(self._url)
-        headers = {"Authorization": f"Bearer {s.api_key.get_secret_value()}"} if s.api_key else {}
-        timeout = httpx.Timeout(s.timeout_s)
-        self._client = httpx.AsyncClient(headers=headers, timeout=timeout, transport=transport)
+        self._endpoint = http_retry.ChatEndpoint(s, error=FactLLMError, transport=transport)
 
     async def extract(self, app: str, user: str, turns: Sequence[Said]) -> list[Candidate]:
         """Candidate facts about ``user`` stated in ``turns`` (none for no turns)."""
@@ -182,7 +178,7 @@ class FactLLM:
         return Decision(reply.action)  # add or none: the other fields do not matter
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._endpoint.close()
 
     # --- one call ------------------------------------------------------------------
 
@@ -199,20 +195,7 @@ class FactLLM:
             "temperature": self.settings.temperature,
             "response_format": self.response_format_for(name, schema),
         }
-        reply = await http_retry.post_json(
-            self._client,
-            self._url,
-            body,
-            error=FactLLMError,
-            where=self._where,
-            what=name,
-            attempts=self.settings.retries + 1,
-            base_s=RETRY_BASE_S,
-            max_s=RETRY_MAX_S,
-            timeout_s=self.settings.timeout_s,
-            secret=self.settings.api_key.get_secret_value() if self.settings.api_key else None,
-            logger=log,
-        )
+        reply = await self._endpoint.post(body, what=name, base_s=RETRY_BASE_S, max_s=RETRY_MAX_S, logger=log)
         return self._content(reply)
 
     def _content(self, reply: httpx.Response) -> str:

@@ -22,7 +22,7 @@ import httpx
 from memq.workers import http_retry
 from memq.workers.memory.extractive import Turn, format_turn
 from memq.workers.memory.tokens import count_text
-from memq.workers.settings import LLMSettings, mask_url
+from memq.workers.settings import LLMSettings
 from memq.workers.summarizer.base import SummarizerError
 
 log = logging.getLogger("memq.summarizer.llm")
@@ -78,10 +78,7 @@ class LLMSummarizer:
         self.model = s.summarizer_model or s.model
         self.name = f"llm:{self.model}"
         self.token_model = token_model
-        self._url = s.base_url.rstrip("/") + "/chat/completions"
-        self._where = mask_url(self._url)  # for messages: no password of the URL
-        headers = {"Authorization": f"Bearer {s.api_key.get_secret_value()}"} if s.api_key else {}
-        self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(s.timeout_s))
+        self._endpoint = http_retry.ChatEndpoint(s, error=SummarizerError)
 
     async def summarize(self, turns: Sequence[Turn], *, previous: str | None, target_tokens: int) -> str:
         """A summary of ``previous`` then ``turns`` in at most ``target_tokens``
@@ -95,10 +92,10 @@ class LLMSummarizer:
             "max_tokens": self.settings.max_tokens or target_tokens,
             "temperature": self.settings.temperature,
         }
-        text = _content(await self._post(body), self._where)
+        text = _content(await self._post(body), self._endpoint.where)
         summary = fit(text, target_tokens, self.token_model)
         if not summary:
-            raise SummarizerError(f"{self._where}: not a word of the reply fits {target_tokens} tokens")
+            raise SummarizerError(f"{self._endpoint.where}: not a word of the reply fits {target_tokens} tokens")
         return summary
 
     def render(self, turns: Sequence[Turn], *, previous: str | None, target_tokens: int) -> str:
@@ -114,29 +111,12 @@ class LLMSummarizer:
         return pattern.sub(lambda m: values[m.group()], self.settings.prompt or DEFAULT_PROMPT)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._endpoint.close()
 
     # --- one request, with retries -------------------------------------------
 
     async def _post(self, body: dict) -> httpx.Response:
-        return await http_retry.post_json(
-            self._client,
-            self._url,
-            body,
-            error=SummarizerError,
-            where=self._where,
-            what="summary",
-            attempts=self.settings.retries + 1,
-            base_s=RETRY_BASE_S,
-            max_s=RETRY_MAX_S,
-            timeout_s=self.settings.timeout_s,
-            secret=self._secret,
-            logger=log,
-        )
-
-    @property
-    def _secret(self) -> str | None:
-        return self.settings.api_key.get_secret_value() if self.settings.api_key else None
+        return await self._endpoint.post(body, what="summary", base_s=RETRY_BASE_S, max_s=RETRY_MAX_S, logger=log)
 
 
 def _content(reply: httpx.Response, where: str) -> str:
