@@ -136,6 +136,7 @@ from memq.contracts.settle import PUBLISH_DEADLINE, Prepared, PublishSettling, e
 from memq.contracts.subjects import (
     ARTIFACT_BUCKET,
     EVENTS_STREAM,
+    app_events_stream,
     artifact_object_name,
     dedupe_id,
     request_subject,
@@ -250,8 +251,10 @@ class MemoryClient(PublishSettling):
     :param max_message_bytes: encoded messages above this size raise
         :class:`~memq.contracts.errors.Oversize` before publishing. Default 1 MiB (the workers'
         limit), capped by the server's ``max_payload`` minus ``HEADER_ROOM``.
-    :param stream: the stream expected to capture the events. Default
-        ``MEMQ_EVENTS``.
+    :param stream: the stream expected to capture the events. Default:
+        ``MEMQ_EVENTS``, or the app's own ``MEMQ_EVENTS_<app>`` where the
+        deployment gives each app one (the first refusal that says the
+        subject is in another stream switches to it, and nothing was stored).
     :param consistent: read-your-writes by default. Default True: every read
         without an explicit ``min_seq`` carries :attr:`last_seq`, so the query
         service answers only once this client's own writes are committed (or
@@ -300,7 +303,7 @@ class MemoryClient(PublishSettling):
         publish_deadline: float = PUBLISH_DEADLINE,
         inline_artifact_limit: int = 256 * 1024,
         max_message_bytes: int = DEFAULT_MAX_BYTES,
-        stream: str = EVENTS_STREAM,
+        stream: str | None = None,
         consistent: bool = True,
         wait_ms: int = 2000,
         consistency: Consistency = "own",
@@ -314,7 +317,10 @@ class MemoryClient(PublishSettling):
         self.publish_deadline = publish_deadline
         self.inline_artifact_limit = inline_artifact_limit
         self.max_message_bytes = max_message_bytes
-        self.stream = stream
+        # Where the app's events go: MEMQ_EVENTS, or the app's own stream
+        # where the deployment gives it one (tried second, then kept).
+        self._streams = (stream,) if stream is not None else (EVENTS_STREAM, app_events_stream(self.app))
+        self.stream = self._streams[0]
         self.consistent = consistent
         self.wait_ms = wait_ms
         self.consistency = consistency
@@ -345,7 +351,7 @@ class MemoryClient(PublishSettling):
         publish_deadline: float = PUBLISH_DEADLINE,
         inline_artifact_limit: int = 256 * 1024,
         max_message_bytes: int = DEFAULT_MAX_BYTES,
-        stream: str = EVENTS_STREAM,
+        stream: str | None = None,
         consistent: bool = True,
         wait_ms: int = 2000,
         consistency: Consistency = "own",

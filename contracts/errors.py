@@ -76,6 +76,16 @@ class PublishFailed(MemqError):
     retry_later = True
 
 
+class QuotaExceeded(PublishFailed):
+    """The app's own stream is full: its quota is reached (a deployment that
+    gives each app a stream, ``streams.apps``). Other apps are not affected;
+    the write was not stored."""
+
+    code = "quota_exceeded"
+    http_status = 507  # Insufficient Storage: retrying will not help until space is freed
+    retry_later = False
+
+
 class PublishOutcomeUnknown(PublishFailed):
     """A publish was tried until its deadline and never acknowledged, and at
     least one try may have been stored (its ack was lost). Publishing the

@@ -42,10 +42,13 @@ from memq.contracts.errors import (
     Oversize,
     PublishFailed,
     PublishOutcomeUnknown,
+    QuotaExceeded,
 )
 from memq.contracts.landing import MSG_ID, fresh_id, holds
+from memq.contracts.subjects import app_events_stream
 
 EXPECTED_STREAM_MISMATCH = 10060  # JetStream err_code: the subject is in another stream
+STREAM_FULL = (10077, 10078)  # JetStream err_codes: maximum bytes / messages exceeded (discard new)
 JS_TEMPORARILY_UNAVAILABLE = 10008  # JetStream err_code (a 503; other 503s, such as a full stream, are final)
 PUBLISH_DEADLINE = 30.0  # seconds to settle a publish; well inside the default 120 s duplicate window
 RETRY_DELAYS = (0.05, 1.0)  # backoff between tries of one publish: first, most (doubling, jittered)
@@ -60,7 +63,11 @@ class PublishSettling:
 
     nc: Client
     _js: JetStreamContext
+    app: str
+    # The stream expected to capture the app's subjects (Nats-Expected-Stream),
+    # the first of ``_streams`` until JetStream says it is another.
     stream: str
+    _streams: tuple[str, ...]
     timeout: float
     publish_deadline: float
     verify_duplicates: bool
@@ -99,6 +106,8 @@ class PublishSettling:
             failures = await self._try(messages, [i for i, ack in enumerate(acks) if ack is None], acks, wait)
             if not failures:
                 break
+            if self._elsewhere(failures):
+                continue  # nothing was stored: the same messages, expecting the app's other stream
             definite = [f for f in failures if not self._transient(f, subject)]
             timed_out = any(isinstance(f, TimeoutError) and f not in definite for f in failures)
             maybe_stored |= timed_out
@@ -184,6 +193,18 @@ class PublishSettling:
                 acks[i] = future.result()
         return failures
 
+    def _elsewhere(self, failures: list[BaseException]) -> bool:
+        """Whether a refusal said the subject is in another stream and the
+        app has another stream name to expect (``MEMQ_EVENTS``, or its own
+        ``MEMQ_EVENTS_<app>`` in a deployment that gives it one); if so, the
+        next try expects that one, and later publishes too."""
+        if not any(isinstance(f, nats.js.errors.APIError) and f.err_code == EXPECTED_STREAM_MISMATCH for f in failures):
+            return False
+        later = self._streams[self._streams.index(self.stream) + 1 :]
+        # Neither: the refusal stands, and the next publish starts again from the first.
+        self.stream = later[0] if later else self._streams[0]
+        return bool(later)
+
     def _published(self, seq: int) -> None:
         # max: concurrent publishes may be acked out of order, and a duplicate
         # gets its original (older) sequence back.
@@ -223,10 +244,21 @@ class PublishSettling:
             return Forbidden(f"publish to {subject} refused by NATS: {denied}")
         if isinstance(exc, nats.errors.MaxPayloadError):
             return Oversize(f"publish to {subject} refused: larger than the server's max_payload")
+        streams = " or ".join(self._streams)
+        if (
+            isinstance(exc, nats.js.errors.APIError)
+            and exc.err_code in STREAM_FULL
+            and self.stream == app_events_stream(self.app)
+        ):
+            return QuotaExceeded(
+                f"publish to {subject} refused: app {self.app!r}'s stream {self.stream} is full "
+                f"({exc.description}): its quota (streams.apps.<app>.max_bytes, or streams.app_max_bytes) is "
+                "reached. Deleting sessions frees space; the operator can raise the quota"
+            )
         if isinstance(exc, nats.js.errors.NoStreamResponseError):
-            why = f"stream {self.stream} not found: run `memq init` or start a worker"
+            why = f"stream {streams} not found: run `memq init` or start a worker"
         elif isinstance(exc, nats.js.errors.APIError) and exc.err_code == EXPECTED_STREAM_MISMATCH:
-            why = f"the subject is not captured by stream {self.stream} ({exc.description})"
+            why = f"the subject is not captured by stream {streams} ({exc.description})"
         elif isinstance(exc, TimeoutError):
             why = f"no acknowledgement from JetStream within {wait or self.timeout:g}s"
         else:

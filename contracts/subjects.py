@@ -5,8 +5,9 @@
 - ``memq.v1.ev.<app>.<user>``            user-scoped messages (delete user,
   user/app state), captured by ``MEMQ_EVENTS``
 - ``memq.v1.changed.<app>.<user>.<session>``  core NATS notice after a commit
-- ``memq.v1.committed.<durable>``        core NATS: the stream sequences a
-  persistence replica finished with in one batch (read-your-writes)
+- ``memq.v1.committed.<durable>[.<stream>]``  core NATS: the stream sequences a
+  replica finished with in one batch (read-your-writes); ``.<stream>`` for an
+  app's own stream (``MEMQ_EVENTS_<app>``), none for the shared one
 - ``memq.v1.q.<app>.<op>``               requests (core NATS, in no stream)
 - ``memq.v1.dlq.<worker>``               dead letters, captured by ``MEMQ_DLQ``
 """
@@ -82,10 +83,32 @@ def changed_subject(app: str, user: str, session: str | None = None) -> str:
     return base if session is None else f"{base}.{encode_token(session, 'session')}"
 
 
-def committed_subject(durable: str) -> str:
-    """Where the replicas sharing the durable consumer ``durable`` say which
-    stream sequences they have finished with (:class:`memq.contracts.notices.CommittedRanges`)."""
-    return f"{PREFIX}.committed.{durable}"
+def committed_subject(durable: str, stream: str | None = None) -> str:
+    """Where the replicas sharing the durable consumer ``durable`` (of
+    ``stream``; None: the shared events stream) say which stream sequences
+    they have finished with (:class:`memq.contracts.notices.CommittedRanges`).
+    Sequences are per stream, so each stream has a subject of its own."""
+    return f"{PREFIX}.committed.{durable}" if stream is None else f"{PREFIX}.committed.{durable}.{stream}"
+
+
+# A stream name's limit is the server's directory name (255 bytes); a long
+# app token is replaced by its digest there.
+_MAX_STREAM_TOKEN = 64
+
+
+def app_events_stream(app: str) -> str:
+    """The name of ``app``'s own events stream, where a deployment gives each
+    app one (``streams.apps``): ``MEMQ_EVENTS_<app as a token>``, or the
+    token's digest for a long id."""
+    token = encode_token(app, "app")
+    if len(token) > _MAX_STREAM_TOKEN:
+        token = "h" + hashlib.sha256(token.encode()).hexdigest()[:40]
+    return f"{EVENTS_STREAM}_{token}"
+
+
+def app_events_wildcard(app: str) -> str:
+    """Every events subject of ``app``: what its own stream captures."""
+    return f"{PREFIX}.ev.{encode_token(app, 'app')}.>"
 
 
 def status_subject(app: str, user: str, session: str) -> str:

@@ -76,8 +76,28 @@ class NatsSettings(BaseModel):
     )
 
 
+class AppStreamSettings(BaseModel):
+    """One app's own events stream (``streams.apps``)."""
+
+    max_bytes: int | None = Field(
+        default=None, ge=-1, description="the app's quota in bytes (-1: unlimited); default `streams.app_max_bytes`"
+    )
+
+
 class StreamSettings(BaseModel):
-    events: str = Field(default="MEMQ_EVENTS", description="the event log stream")
+    events: str = Field(
+        default="MEMQ_EVENTS",
+        description="the shared event log stream: every app's events, unless the app has its own (`apps`)",
+    )
+    apps: dict[str, AppStreamSettings] = Field(
+        default_factory=dict,
+        description="apps with a stream of their own, MEMQ_EVENTS_<app> (a multi-tenant deployment lists every "
+        "app it has an account for): a quota each, a duplicate window each, and expectation headers and sequences "
+        "that see only the app's own messages. With any app here, the shared stream captures no new events",
+    )
+    app_max_bytes: int = Field(
+        default=-1, ge=-1, description="an app stream's quota in bytes unless it sets its own (-1: unlimited)"
+    )
     dlq: str = Field(default="MEMQ_DLQ", description="the dead-letter stream")
     replicas: int = Field(default=1, ge=1, le=5, description="R3 in production clusters")
     storage: Literal["file", "memory"] = Field(default="file", description="`file` or `memory`")

@@ -1,7 +1,9 @@
 """NATS connection and idempotent JetStream setup, from settings.
 
-``MEMQ_EVENTS`` keeps every message (Limits retention) so an index can be
-rebuilt by replay; ``MEMQ_DLQ`` keeps dead letters with their reason.
+The events streams (``MEMQ_EVENTS``, and one per app where
+``streams.apps`` lists apps: :mod:`memq.workers.runtime.event_streams`) keep
+every message (Limits retention) so an index can be rebuilt by replay;
+``MEMQ_DLQ`` keeps dead letters with their reason.
 """
 
 from __future__ import annotations
@@ -12,17 +14,19 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 from pydantic import ValidationError
 
 from memq.contracts.connection import NatsUnreachable, connect_nats  # noqa: F401 (what connect raises)
-from memq.contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD, EVENTS_WILDCARD
+from memq.contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD
+from memq.workers.runtime import event_streams
 
 # Where NATS is, without nats-py: `memq config` reads it (memq.workers.runtime.embedded_nats).
 from memq.workers.runtime.embedded_nats import NatsNotFound, nats_url  # noqa: F401 (re-exported)
@@ -139,22 +143,6 @@ async def connect(settings: Settings, name: str, **callbacks: Any) -> NATS:
     return await open_connection({**connect_options(settings, name), **callbacks})
 
 
-def events_stream_config(s: StreamSettings) -> StreamConfig:
-    return StreamConfig(
-        name=s.events,
-        description="memq: every message of every session, in order (the log)",
-        subjects=[EVENTS_WILDCARD],
-        retention=RetentionPolicy.LIMITS,  # replay needs the log kept after acks
-        discard=DiscardPolicy.OLD,
-        max_age=s.max_age_days * DAY,
-        max_bytes=s.max_bytes,
-        max_msg_size=s.max_message_bytes * 2,  # oversize ones still reach the DLQ
-        storage=StorageType(s.storage),
-        num_replicas=s.replicas,
-        duplicate_window=s.duplicate_window_s,
-    )
-
-
 def dlq_stream_config(s: StreamSettings) -> StreamConfig:
     return StreamConfig(
         name=s.dlq,
@@ -182,17 +170,24 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> str:
         log.info("created stream %s", config.name)
         return "created"
     current = info.config
-    wanted = {k: v for k, v in config.as_dict().items() if k not in ("name",)}
+    # first_seq is where a stream starts, given once at its creation
+    wanted = {k: v for k, v in config.as_dict().items() if k not in ("name", "first_seq")}
     have = current.as_dict()
-    if all(have.get(k) == v for k, v in wanted.items()):
+    if all(_same(k, have.get(k), v) for k, v in wanted.items()):
         return "unchanged"
     try:
-        await js.update_stream(config)
+        await js.update_stream(replace(config, first_seq=None))
     except BadRequestError as exc:  # e.g. storage type cannot change
         log.warning("stream %s differs from settings but cannot be updated: %s", config.name, exc)
         return "unchanged"
     log.info("updated stream %s", config.name)
     return "updated"
+
+
+def _same(key: str, have: Any, wanted: Any) -> bool:
+    if key == "metadata":  # the server adds keys of its own (_nats.*)
+        return all((have or {}).get(k) == v for k, v in (wanted or {}).items())
+    return bool(have == wanted)
 
 
 # JetStream busy or without a leader for a moment (a cluster electing one, or
@@ -240,10 +235,15 @@ async def ensure_streams(js: JetStreamContext, s: StreamSettings, patience_s: fl
 
 
 async def _ensure_streams(js: JetStreamContext, s: StreamSettings) -> dict[str, str]:
-    result = {
-        s.events: await ensure_stream(js, events_stream_config(s)),
-        s.dlq: await ensure_stream(js, dlq_stream_config(s)),
-    }
+    # The shared stream first: in per-app mode its subjects are retired
+    # before the apps' streams take them (JetStream refuses overlaps).
+    result = {s.events: await ensure_stream(js, event_streams.shared_stream_config(s))}
+    if s.apps:
+        first_seq = (await js.stream_info(s.events)).state.last_seq + 1
+        for app in sorted(s.apps):
+            config = event_streams.app_stream_config(s, app, first_seq)
+            result[str(config.name)] = await ensure_stream(js, config)
+    result[s.dlq] = await ensure_stream(js, dlq_stream_config(s))
     try:
         await js.object_store(ARTIFACT_BUCKET)
         result[ARTIFACT_BUCKET] = "unchanged"
