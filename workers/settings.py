@@ -93,7 +93,8 @@ class StreamSettings(BaseModel):
         default_factory=dict,
         description="apps with a stream of their own, MEMQ_EVENTS_<app> (a multi-tenant deployment lists every "
         "app it has an account for): a quota each, a duplicate window each, and expectation headers and sequences "
-        "that see only the app's own messages. With any app here, the shared stream captures no new events",
+        "that see only the app's own messages. With any app here, the shared stream captures no new events. "
+        'E.g. MEMQ_STREAMS__APPS=\'{"my-app": {"max_bytes": 1073741824}, "other-app": {}}\'',
     )
     app_max_bytes: int = Field(
         default=-1, ge=-1, description="an app stream's quota in bytes unless it sets its own (-1: unlimited)"

@@ -3,6 +3,9 @@ with the config `memq nats accounts --app <A> --app <B>` writes, and the
 persistence, query and summarizer workers as the ``workers`` user. The
 attacks run as app A with only A's own credentials (``Tenants.app``).
 
+Each app has a stream of its own (``streams.apps``), as
+``memq nats accounts`` tells an operator to configure: C's with a small quota.
+
 The stack is shared by the package's tests (starting it costs seconds); each
 test uses sessions of its own. ``Tenants.stored`` and ``Tenants.dead_letters``
 read the stream as ``admin``, the operator.
@@ -25,13 +28,17 @@ from services import NatsServer
 from services import running as running_service
 
 from memq.contracts.client import MemoryClient, app_inbox_prefix
+from memq.contracts.ids import decode_token
 from memq.workers import security
 from memq.workers.persistence.worker import PersistenceWorker
 from memq.workers.query.worker import QueryWorker
-from memq.workers.settings import Settings
+from memq.workers.runtime.event_streams import stream_of
+from memq.workers.settings import AppStreamSettings, Settings
 from memq.workers.summarizer.worker import SummarizerWorker
 
 A, B = "app-a", "team.b"  # B's id is escaped in subjects, as real ids often are
+C = "app-c"  # a third tenant, with a small quota: the one that fills its stream
+C_QUOTA = 2 * 1024 * 1024  # bytes
 SUMMARY_BUDGET = 150  # tokens: a dozen short turns put a session over its threshold
 
 
@@ -59,7 +66,9 @@ class Tenants:
 
     async def stored(self, subject: str) -> int:
         """Messages in the events stream on ``subject`` (a filter)."""
-        info = await self.admin.jetstream().stream_info(self.settings.streams.events, subjects_filter=subject)
+        app = decode_token(subject.split(".")[3], "app")  # memq.v1.ev.<app>.…, perhaps a wildcard after it
+        stream = stream_of(self.settings.streams, app)
+        info = await self.admin.jetstream().stream_info(stream, subjects_filter=subject)
         return sum((info.state.subjects or {}).values())
 
     async def dead_letters(self) -> int:
@@ -68,14 +77,16 @@ class Tenants:
 
 @pytest.fixture(scope="package")
 async def tenants(tmp_path_factory) -> AsyncIterator[Tenants]:
-    names = security.user_names([A, B])
+    names = security.user_names([A, B, C])
     passwords, hashed = security.generate_passwords(names)
-    memq_users, system_users = security.build_users([A, B], hashed)
+    memq_users, system_users = security.build_users([A, B, C], hashed)
     config = security.render_accounts(memq_users, system_users)
     tmp: Path = tmp_path_factory.mktemp("tenants")
     with running_service(functools.partial(NatsServer, config=config)) as server:
         s = make_settings(server.url, f"sqlite+aiosqlite:///{tmp}/memq.db", tmp)
         s.nats = s.nats.model_copy(update={"user": security.WORKERS, "password": SecretStr(passwords["workers"])})
+        apps = {A: AppStreamSettings(), B: AppStreamSettings(), C: AppStreamSettings(max_bytes=C_QUOTA)}
+        s.streams = s.streams.model_copy(update={"apps": apps})
         s.summarizer = s.summarizer.model_copy(update={"sweep_interval_s": 0.5, "retry_after_s": 0.5})
         budget = {"strategy": "summary_buffer", "budget": SUMMARY_BUDGET}
         s.query = s.query.model_copy(update={"apps": {A: budget, B: budget}})

@@ -437,7 +437,13 @@ def test_nats_jetstream_triggers_use_what_the_scaler_reads(tools: Path) -> None:
 # --- KEDA and NATS against memq ---------------------------------------------------
 
 
+def security_apps() -> set[str]:
+    """The apps that have an account in infra/nats/accounts.conf."""
+    return set(re.findall(r'^  "APP_([^"]+)": \{', (NATS_DIR / "accounts.conf").read_text(), re.M))
+
+
 def test_scaledobjects_watch_the_durable_consumer_of_the_worker_they_scale() -> None:
+    from memq.workers.runtime.event_streams import stream_of
     from memq.workers.settings import IndexingSettings, PersistenceSettings, StreamSettings
 
     durable = {"persistence": PersistenceSettings().durable, "indexing": IndexingSettings().durable}
@@ -446,12 +452,19 @@ def test_scaledobjects_watch_the_durable_consumer_of_the_worker_they_scale() -> 
         target = named("Deployment", resource["spec"]["scaleTargetRef"]["name"])
         (container,) = pod_spec(target)["containers"]
         kind = check_command(container["args"], target["metadata"]["name"])
-        (trigger,) = resource["spec"]["triggers"]
-        meta = trigger["metadata"]
-        assert trigger["type"] == "nats-jetstream"
-        assert meta["stream"] == StreamSettings().events
-        assert meta["consumer"] == durable[kind], f"{kind} consumes with durable {durable[kind]!r}"
-        assert meta["account"] == jetstream_account((NATS_DIR / "accounts.conf").read_text())
+        # One trigger per app's own stream (the config's MEMQ_STREAMS__APPS); the
+        # shared stream holds only history from before apps had streams.
+        apps = json.loads(named("ConfigMap", "memq-config")["data"]["MEMQ_STREAMS__APPS"])
+        streams = StreamSettings(apps=apps)
+        assert apps and set(apps) == set(security_apps()), "every app of accounts.conf has a stream of its own"
+        watched = []
+        for trigger in resource["spec"]["triggers"]:
+            meta = trigger["metadata"]
+            assert trigger["type"] == "nats-jetstream"
+            assert meta["consumer"] == durable[kind], f"{kind} consumes with durable {durable[kind]!r}"
+            assert meta["account"] == jetstream_account((NATS_DIR / "accounts.conf").read_text())
+            watched.append(meta["stream"])
+        assert sorted(watched) == sorted(stream_of(streams, app) for app in apps)
         scaled[kind] = resource
     assert set(scaled) == set(durable), "persistence and indexing scale on their consumer lag"
 

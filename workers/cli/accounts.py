@@ -78,6 +78,14 @@ def nats_accounts(
         f.write(json.dumps(doc, indent=2) + "\n")
     os.replace(tmp, targets[1])
     console.print(f"wrote {out}, and the passwords to {targets[1]} (mode 0600): keep that out of git", soft_wrap=True)
+    # Each app's own stream (quota, sequences, expectation headers of its own)
+    # is the workers' setting, not the server's: say what to set.
+    streams = json.dumps({name: {} for name in apps}, separators=(",", ":"))
+    console.print(
+        f"give each app a stream of its own: set MEMQ_STREAMS__APPS='{escape(streams)}' for every worker and "
+        "`memq init` (a quota each: streams.app_max_bytes, or streams.apps.<app>.max_bytes)",
+        soft_wrap=True,
+    )
     if env_passwords:
         console.print("the server needs (server_env in that file): " + " ".join(doc["server_env"]), soft_wrap=True)
     console.print("users: " + ", ".join(u.name for u in memq_users + system_users), soft_wrap=True)

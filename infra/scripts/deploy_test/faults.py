@@ -1,5 +1,5 @@
 """Faults inside the Compose deployment under a steady client (issue 39, item 3):
-stop the NATS node that leads MEMQ_EVENTS, then a persistence replica, then
+stop the NATS node that leads the app's events stream (MEMQ_EVENTS_support-bot), then a persistence replica, then
 an indexing replica, then PostgreSQL, each for a while, and start it again.
 Afterwards every acknowledged append is in SQL exactly once, at the sequence
 its ack named (counted in PostgreSQL against the client's acks), the
@@ -19,6 +19,8 @@ import nats
 import stack
 from podctl import Failed, healthy, podman, say
 
+EVENTS = f"MEMQ_EVENTS_{stack.APP}"  # the app's own events stream (MEMQ_STREAMS__APPS in the stack's settings)
+
 DOWN_S = 10.0  # each fault lasts this long (the issue: PostgreSQL for 10 s)
 
 
@@ -35,7 +37,7 @@ async def admin(env: dict[str, str]):
 async def stream_leader(env: dict[str, str]) -> str:
     nc = await admin(env)
     try:
-        return str((await nc.jetstream().stream_info("MEMQ_EVENTS")).cluster.leader)
+        return str((await nc.jetstream().stream_info(EVENTS)).cluster.leader)
     finally:
         await nc.close()
 
@@ -48,8 +50,9 @@ async def consumers_drained(env: dict[str, str], timeout: float = 180) -> dict[s
         while True:
             lag = {}
             for durable in ("memq-persistence", "memq-indexing"):
-                info = await js.consumer_info("MEMQ_EVENTS", durable)
-                lag[durable] = int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+                for stream in ("MEMQ_EVENTS", EVENTS):
+                    info = await js.consumer_info(stream, durable)
+                    lag[durable] = lag.get(durable, 0) + int(info.num_pending or 0) + int(info.num_ack_pending or 0)
             if not any(lag.values()):
                 return lag
             if time.monotonic() > deadline:
@@ -115,7 +118,7 @@ async def run(secrets: stack.Secrets, env: dict[str, str], down_s: float = DOWN_
         await asyncio.sleep(5)
         leader = await stream_leader(env)
         for label, container in (
-            (f"NATS node {leader} (the MEMQ_EVENTS leader)", stack.name(leader)),
+            (f"NATS node {leader} (the {EVENTS} leader)", stack.name(leader)),
             ("a persistence replica", stack.name("persistence", 1)),
             ("an indexing replica", stack.name("indexing", 1)),
             ("PostgreSQL", stack.name("postgres")),

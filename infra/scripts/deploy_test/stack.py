@@ -205,8 +205,8 @@ def check_streams(env: dict[str, str]) -> dict[str, int]:
                 if info.config.num_replicas != 3 or len(set(peers)) != 3:
                     raise Failed(f"stream {info.config.name}: R{info.config.num_replicas}, current on {peers}")
                 found[info.config.name] = len(set(peers))
-            if "MEMQ_EVENTS" not in found:
-                raise Failed(f"no MEMQ_EVENTS stream: {sorted(found)}")
+            if missing := {"MEMQ_EVENTS", f"MEMQ_EVENTS_{APP}"} - found.keys():
+                raise Failed(f"no {', '.join(sorted(missing))} stream: {sorted(found)}")
             return found
         finally:
             await nc.close()
