@@ -10,9 +10,12 @@ import workers: ``contracts-light``). Two shapes:
 - doubling from a first delay up to a cap (:func:`doubling`), spread by a
   jitter so that clients cut off together do not retry together:
   :func:`equal_jitter` (between half the delay and all of it: the client's
-  publish retries) or :func:`spread` (± a fraction: the HTTP clients of
+  publish retries), :func:`spread` (± a fraction: the HTTP clients of
   OpenAI-compatible endpoints, which cap after the spread and let a server's
-  Retry-After win).
+  Retry-After win), or full jitter (``uniform(0, delay)``: LangGraph's racing
+  puts of one item); unjittered where one process waits alone (JetStream's
+  startup patience in ``bus.patiently``, the client's wait for slow acks, the
+  commit floor's poll, the importer's wait for its stream).
 
 ``attempt`` counts from 0: the delay before the second try is ``attempt=0``.
 

@@ -99,6 +99,7 @@ class PublishSettling:
         acks: list[PubAck | None] = [None] * len(messages)
         started = time.monotonic()
         retries = 0
+        slow = 0  # tries whose acks did not come within their wait
         wait = self.timeout
         maybe_stored = False  # a try got no answer: a later refusal does not prove it was not stored
         while True:
@@ -123,8 +124,9 @@ class PublishSettling:
                 # Acks slower than the timeout (a loaded server or machine):
                 # wait twice as long next time, within the deadline, rather
                 # than resend the same messages every `timeout` and load it more.
+                slow += 1
                 left = started + self.publish_deadline - time.monotonic()
-                wait = max(self.timeout, min(2 * wait, left))
+                wait = max(self.timeout, min(doubling(slow, self.timeout), left))
         if self.verify_duplicates:
             await self._verify(messages, acks)
         seqs = [ack.seq for ack in acks if ack is not None]

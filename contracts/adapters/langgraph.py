@@ -83,6 +83,7 @@ from langgraph.store.base import (
 )
 
 from memq.contracts.adapters.client_loop import ClientLoop
+from memq.contracts.backoff import doubling
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Conflict, NotFound
 from memq.contracts.ids import MAX_ID_BYTES
@@ -440,8 +441,7 @@ class MemqStore(BaseStore):
         between makes it start again, so the session never holds two."""
         ref = self.ref(op.namespace, op.key)
         event = None if op.value is None else self._event(op)
-        delay = PUT_BACKOFF[0]
-        for _ in range(PUT_TRIES):
+        for attempt in range(PUT_TRIES):
             deleted = await self.client.delete_session(ref.user, ref.session, missing_ok=True)
             if event is None:
                 return
@@ -449,8 +449,8 @@ class MemqStore(BaseStore):
                 await self.client.append(ref.user, ref.session, event, expect_seq=deleted)
                 return
             except Conflict:
-                await asyncio.sleep(random.uniform(0, delay))
-                delay = min(2 * delay, PUT_BACKOFF[1])
+                # full jitter: racing puts of one item must not retry in step
+                await asyncio.sleep(random.uniform(0, doubling(attempt, *PUT_BACKOFF)))
         raise Conflict(f"{PUT_TRIES} puts of item {ref.key!r} in {ref.namespace} met other writers' puts: try again")
 
     def _event(self, op: PutOp) -> Event:

@@ -24,6 +24,7 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, BucketNotFoundError, NotFoundError, ServiceUnavailableError
 from pydantic import ValidationError
 
+from memq.contracts.backoff import doubling
 from memq.contracts.connection import NatsUnreachable, connect_nats  # noqa: F401 (what connect raises)
 from memq.contracts.subjects import ARTIFACT_BUCKET, DLQ_WILDCARD
 from memq.workers.runtime import event_streams
@@ -201,16 +202,17 @@ async def patiently(what: str, call: Callable[[], Awaitable[T]], patience_s: flo
     a worker cannot start without (seen in tests/faults: a worker starting
     beside others on a fresh 3-node cluster timed out and exited)."""
     deadline = time.monotonic() + patience_s
-    delay = 0.5
+    attempt = 0
     while True:
         try:
             return await call()
         except _TRANSIENT as exc:
+            delay = doubling(attempt, 0.5, 5.0)
             if time.monotonic() + delay > deadline:
                 raise
             log.warning("JetStream unavailable (%s); %s again in %.1fs", type(exc).__name__, what, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            attempt += 1
 
 
 async def settle(nc: NATS) -> None:
