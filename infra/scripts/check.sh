@@ -36,7 +36,8 @@ types() {
 run "mypy" types
 
 if grep -q '^\[tool\.importlinter\]' pyproject.toml; then
-  run "import layering" "$BIN/lint-imports" --no-cache
+  # infra/scripts holds the contract types that read the kinds' registry
+  PYTHONPATH="infra/scripts${PYTHONPATH:+:$PYTHONPATH}" run "import layering" "$BIN/lint-imports" --no-cache
 fi
 
 if ((${#failed[@]})); then

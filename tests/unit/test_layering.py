@@ -52,10 +52,19 @@ def configured() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
 
 
+# The contract types that read the kinds' registry (pyproject's contract_types).
+CONTRACT_TYPES = ROOT / "infra" / "scripts"
+
+
+def with_contract_types(pythonpath: Path | None = None) -> dict[str, str]:
+    paths = [str(CONTRACT_TYPES)] + ([str(pythonpath)] if pythonpath is not None else [])
+    if os.environ.get("PYTHONPATH"):
+        paths.append(os.environ["PYTHONPATH"])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
 def run_check(config: Path, pythonpath: Path | None = None) -> dict[str, bool]:
-    env = dict(os.environ)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+    env = with_contract_types(pythonpath)
     proc = subprocess.run(
         [sys.executable, "-c", CHECK, str(config)],
         cwd=config.parent,
@@ -76,6 +85,7 @@ def test_memq_keeps_its_layers():
             "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True))",
         ],
         cwd=ROOT,
+        env=with_contract_types(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -89,18 +99,26 @@ def test_every_rule_is_configured():
     assert ids == {"contracts-light", "memory-pure", "kinds-are-peers", "runtime-names-no-kind", "acyclic"}
 
 
-def test_the_kind_rules_name_every_registered_kind():
-    # import-linter cannot read the registry: its two lists of kinds are kept
-    # in step with it here (a new kind is added to both).
+def test_the_kind_rules_read_every_registered_kind_from_the_registry():
+    # A new kind is registered in kinds.py alone: both rules take the kinds'
+    # packages from there (infra/scripts/kind_contracts.py), plus the
+    # folders they list themselves.
+    sys.path.insert(0, str(CONTRACT_TYPES))
+    try:
+        from kind_contracts import kind_packages
+    finally:
+        sys.path.remove(str(CONTRACT_TYPES))
     from memq.workers.runtime.kinds import KINDS
 
     packages = {kind.component.partition(":")[0].rpartition(".")[0] for kind in KINDS.values()}
-    # A kind's folder may come before its worker does: the fact kind's LLM
-    # side exists, its Component not yet (it is not in KINDS).
-    packages |= {"memq.workers.facts"}
     contracts = {c["id"]: c for c in configured()["contracts"]}
-    assert set(contracts["kinds-are-peers"]["modules"]) == packages
-    assert packages <= set(contracts["runtime-names-no-kind"]["forbidden_modules"])
+    for id, field in (("kinds-are-peers", "modules"), ("runtime-names-no-kind", "forbidden_modules")):
+        assert contracts[id]["type"].startswith("kinds_")
+        assert (
+            set(kind_packages(contracts[id]["registry"])) == packages == set(kind_packages(contracts[id]["registry"]))
+        )
+        assert not packages & set(contracts[id][field]), f"{id} lists a registered kind again"
+    assert "memq.workers.facts" in contracts["kinds-are-peers"]["modules"]  # a kind's folder before its worker
 
 
 # --- the same contracts on a synthetic memq ---------------------------------------
@@ -119,6 +137,9 @@ CLEAN = {
     "workers/sql/reads.py": "import sqlalchemy\nfrom fakeq.workers.memory import strategies\n",
     "workers/shared.py": "import nats\n",
     "workers/runtime/__init__.py": "",
+    # The registry the kind rules read (as memq's kinds.py: "module:Class" strings; facts is not registered).
+    "workers/runtime/kinds.py": "from types import SimpleNamespace as Kind\n\nKINDS = {k: Kind(component=f'fakeq.workers.{k}.worker:W') for k in %r}\n"
+    % (KINDS[:-1],),
     "workers/runtime/app.py": "import importlib\nfrom fakeq.workers import shared\n",
     **{f"workers/{kind}/__init__.py": "" for kind in KINDS},
     **{
