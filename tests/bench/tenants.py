@@ -69,6 +69,7 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.errors import MemqError
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers import security
+from memq.workers.settings import AppStreamSettings
 
 A, B = "bench-attacker", "bench-victim"
 KEYS = {A: "key-of-the-attacker-0123456789", B: "key-of-the-victim-9876543210"}
@@ -320,6 +321,9 @@ async def run(cfg: Config, work: Path) -> list[Probe]:
         config = security.render_accounts(memq_users, system_users)
         server = stack.enter_context(services.NatsServer(config=config))
         settings = helpers.make_settings(server.url, f"sqlite+aiosqlite:///{work / 'memq.db'}", work)
+        settings.streams = settings.streams.model_copy(
+            update={"apps": {A: AppStreamSettings(), B: AppStreamSettings()}}
+        )
         apps = {
             app: {"api_key": KEYS[app], "nats_user": security.app_user_name(app), "nats_password": passwords[user]}
             for app in (A, B)
@@ -333,6 +337,8 @@ async def run(cfg: Config, work: Path) -> list[Probe]:
             "MEMQ_CACHE__BACKEND": "memory",
             "MEMQ_HTTP__PORT": "0",
             "MEMQ_HTTP__APPS": json.dumps(apps),
+            # A stream each, as `memq nats accounts` tells an operator: A's backlog is in its own stream
+            "MEMQ_STREAMS__APPS": json.dumps({A: {}, B: {}}),
         }
         procs = []
         for kind in ("persistence", "query", "indexing", "http"):
