@@ -15,8 +15,8 @@ class FakeMsg:
     """A JetStream message: its stream sequence and delivery count, and the
     naks (with their delays) and acks it got."""
 
-    def __init__(self, seq: int = 1, delivered: int = 1):
-        self.metadata = SimpleNamespace(num_delivered=delivered, sequence=SimpleNamespace(stream=seq))
+    def __init__(self, seq: int = 1, delivered: int = 1, stream: str = "MEMQ_EVENTS"):
+        self.metadata = SimpleNamespace(num_delivered=delivered, sequence=SimpleNamespace(stream=seq), stream=stream)
         self.naks: list[float | None] = []
         self.acks = 0
 

@@ -81,22 +81,25 @@ SQUATTED_IDS = Counter(
 CONSUMER_LAG = Gauge(
     "memq_consumer_lag",
     "Messages in the stream not yet delivered to the durable consumer (num_pending)",
-    ["consumer"],
+    ["consumer", "stream"],
     registry=REGISTRY,
 )
 CONSUMER_ACK_PENDING = Gauge(
     "memq_consumer_ack_pending",
     "Messages delivered to the consumer and not yet acknowledged",
-    ["consumer"],
+    ["consumer", "stream"],
     registry=REGISTRY,
 )
 CONSUMER_REDELIVERED = Gauge(
-    "memq_consumer_redelivered", "Unacknowledged messages delivered more than once", ["consumer"], registry=REGISTRY
+    "memq_consumer_redelivered",
+    "Unacknowledged messages delivered more than once",
+    ["consumer", "stream"],
+    registry=REGISTRY,
 )
 CONSUMER_ACK_FLOOR = Gauge(
     "memq_consumer_ack_floor",
     "Stream sequence up to which every message is acknowledged",
-    ["consumer"],
+    ["consumer", "stream"],
     registry=REGISTRY,
 )
 DLQ_MESSAGES = Gauge(
@@ -197,11 +200,13 @@ def embedded(model: str, texts: int, seconds: float) -> None:
     EMBED_TEXTS.labels(model).inc(texts)
 
 
-def set_consumer(name: str, pending: int, ack_pending: int, redelivered: int, ack_floor: int) -> None:
-    CONSUMER_LAG.labels(name).set(pending)
-    CONSUMER_ACK_PENDING.labels(name).set(ack_pending)
-    CONSUMER_REDELIVERED.labels(name).set(redelivered)
-    CONSUMER_ACK_FLOOR.labels(name).set(ack_floor)
+def set_consumer(name: str, stream: str, pending: int, ack_pending: int, redelivered: int, ack_floor: int) -> None:
+    """A durable consumer's gauges on one events stream (each app's stream
+    has its own consumer of each durable, and its own sequences)."""
+    CONSUMER_LAG.labels(name, stream).set(pending)
+    CONSUMER_ACK_PENDING.labels(name, stream).set(ack_pending)
+    CONSUMER_REDELIVERED.labels(name, stream).set(redelivered)
+    CONSUMER_ACK_FLOOR.labels(name, stream).set(ack_floor)
 
 
 def dlq_depth_by_worker(subjects: dict[str, int], prefix: str) -> dict[str, int]:

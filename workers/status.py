@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from memq.workers.runtime.event_streams import event_streams
 from memq.workers.settings import StreamSettings
 
 DISCOVERY_WAIT_S = 0.3
@@ -70,8 +71,18 @@ class Instance:
 
 
 @dataclass
-class Status:
+class StreamStatus:
+    """An events stream and its durable consumers."""
+
     stream: str
+    last_seq: int | None  # None: the stream does not exist yet
+    messages: int | None
+    consumers: list[ConsumerStatus]
+
+
+@dataclass
+class Status:
+    stream: str  # the shared events stream (all of the log unless apps have streams of their own)
     last_seq: int | None  # None: the stream does not exist yet
     messages: int | None
     consumers: list[ConsumerStatus]
@@ -79,11 +90,15 @@ class Status:
     dlq: str
     dlq_messages: int | None
     dlq_by_subject: dict[str, int]
+    app_streams: list[StreamStatus] = field(default_factory=list)  # each listed app's own (streams.apps)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         for shown, c in zip(out["consumers"], self.consumers, strict=True):
             shown["backlog"] = c.backlog
+        for shown_stream, own in zip(out["app_streams"], self.app_streams, strict=True):
+            for shown, c in zip(shown_stream["consumers"], own.consumers, strict=True):
+                shown["backlog"] = c.backlog
         return out
 
 
@@ -198,18 +213,20 @@ def backlog_text(consumers: list[ConsumerStatus]) -> str:
     return "; ".join(parts)
 
 
+async def stream_status(js: JetStreamContext, stream: str, wait_s: float) -> StreamStatus:
+    """``stream``'s end and its consumers, with their rates over ``wait_s``."""
+    try:
+        state = (await js.stream_info(stream)).state
+        return StreamStatus(stream, state.last_seq, state.messages, await consumers_with_rates(js, stream, wait_s))
+    except NotFoundError:
+        return StreamStatus(stream, None, None, [])
+
+
 async def collect_status(nc: NATS, streams: StreamSettings, wait_s: float = DISCOVERY_WAIT_S) -> Status:
     js = nc.jetstream()
     # Discovery waits anyway: let it run while JetStream is asked (twice, for the rates).
     discovery = asyncio.create_task(discover_instances(nc, wait_s))
-    last_seq = messages = None
-    consumers: list[ConsumerStatus] = []
-    try:
-        state = (await js.stream_info(streams.events)).state
-        last_seq, messages = state.last_seq, state.messages
-        consumers = await consumers_with_rates(js, streams.events, wait_s)
-    except NotFoundError:
-        pass
+    shared, *apps = await asyncio.gather(*(stream_status(js, name, wait_s) for name in event_streams(streams)))
     dlq_messages, by_subject = None, {}
     try:
         dlq = await js.stream_info(streams.dlq, subjects_filter=">")
@@ -217,10 +234,11 @@ async def collect_status(nc: NATS, streams: StreamSettings, wait_s: float = DISC
     except NotFoundError:
         pass
     return Status(
-        stream=streams.events,
-        last_seq=last_seq,
-        messages=messages,
-        consumers=consumers,
+        stream=shared.stream,
+        last_seq=shared.last_seq,
+        messages=shared.messages,
+        consumers=shared.consumers,
+        app_streams=apps,
         instances=await discovery,
         dlq=streams.dlq,
         dlq_messages=dlq_messages,
@@ -252,26 +270,32 @@ def _table(title: str) -> Table:
     return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title_justify="left")
 
 
+def _render_stream(status: StreamStatus, console: Console) -> None:
+    if status.last_seq is None:
+        console.print(f"[yellow]stream {status.stream} does not exist yet:[/] run `memq init` or start a worker")
+        return
+    consumers = _table(f"{status.stream}: last seq {status.last_seq}, {status.messages} messages")
+    consumers.add_column("consumer", no_wrap=True)
+    for column in ("lag", "ack pending", "redelivered", "ack floor"):
+        consumers.add_column(column, justify="right", no_wrap=True)
+    for c in status.consumers:
+        lag = f"[yellow]{c.pending}[/]" if c.pending else "0"
+        consumers.add_row(c.name, lag, str(c.ack_pending), str(c.redelivered), str(c.ack_floor))
+    if not status.consumers:
+        consumers.caption = "no durable consumer yet: no worker has started"
+    elif backlog := backlog_text(status.consumers):  # a caption folds; an ETA column broke 80 columns
+        consumers.caption = f"backlog: {escape(backlog)}"
+    console.print(consumers)
+
+
 def render(status: Status, console: Console, now: datetime | None = None) -> None:
     """Print one table per section, readable at 80 columns and in a pipe:
     names and numbers are never wrapped; only the last column (what an
     instance serves, its last error) is folded or cut."""
     now = now or datetime.now(UTC)
-    if status.last_seq is None:
-        console.print(f"[yellow]stream {status.stream} does not exist yet:[/] run `memq init` or start a worker")
-    else:
-        consumers = _table(f"{status.stream}: last seq {status.last_seq}, {status.messages} messages")
-        consumers.add_column("consumer", no_wrap=True)
-        for column in ("lag", "ack pending", "redelivered", "ack floor"):
-            consumers.add_column(column, justify="right", no_wrap=True)
-        for c in status.consumers:
-            lag = f"[yellow]{c.pending}[/]" if c.pending else "0"
-            consumers.add_row(c.name, lag, str(c.ack_pending), str(c.redelivered), str(c.ack_floor))
-        if not status.consumers:
-            consumers.caption = "no durable consumer yet: no worker has started"
-        elif backlog := backlog_text(status.consumers):  # a caption folds; an ETA column broke 80 columns
-            consumers.caption = f"backlog: {escape(backlog)}"
-        console.print(consumers)
+    shared = StreamStatus(status.stream, status.last_seq, status.messages, status.consumers)
+    for stream in (shared, *status.app_streams):
+        _render_stream(stream, console)
 
     instances = _table("worker instances (NATS micro services)")
     instances.add_column("service", no_wrap=True)

@@ -50,7 +50,7 @@ async def test_reads_never_miss_their_writes_with_replicas_committing_out_of_ord
 
     async with AsyncExitStack() as stack:
         query = await stack.enter_async_context(running_query(settings))
-        floor: CommitFloor = query.live.floor
+        floor: CommitFloor = query.live.of(APP).floor
         finished = floor.finished
 
         def checked_finished(ranges) -> None:

@@ -338,7 +338,7 @@ async def test_the_indexing_floor_moves_on_the_indexing_notices(nats_url, sqlite
     s = settings_for(nats_url, sqlite_url, tmp_path)
     s.query = s.query.model_copy(update={"search_tail": 0})  # every search waits for the index
     async with stack(s, embedder) as (_, query):
-        floor = query.live.index_floor
+        floor = query.live.of(APP).index_floor
         floor.poll_from_s = floor.poll_max_s = 3600.0
         read_at = floor._read_at  # when the ack floor was last read (the worker's start)
         # wait_ms far below the fallback: a search is answered by a notice, or fails

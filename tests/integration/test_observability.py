@@ -170,9 +170,9 @@ async def test_counters_and_histograms_move_by_what_was_done(nats_url, sqlite_ur
                     base,
                     {
                         ("memq_dlq_messages", ("worker", "persistence")): 1,
-                        ("memq_consumer_lag", ("consumer", "memq-persistence")): 0,
-                        ("memq_consumer_ack_pending", ("consumer", "memq-persistence")): 0,
-                        ("memq_consumer_ack_floor", ("consumer", "memq-persistence")): total,
+                        ("memq_consumer_lag", ("consumer", "memq-persistence"), ("stream", "MEMQ_EVENTS")): 0,
+                        ("memq_consumer_ack_pending", ("consumer", "memq-persistence"), ("stream", "MEMQ_EVENTS")): 0,
+                        ("memq_consumer_ack_floor", ("consumer", "memq-persistence"), ("stream", "MEMQ_EVENTS")): total,
                     },
                 )
                 d = delta(before, after)
@@ -214,7 +214,7 @@ async def _true(value: bool) -> bool:
 
 async def test_lag_gauge_counts_what_nobody_consumes_and_drops_to_zero(nats_url, sqlite_url, tmp_path):
     s = metrics_settings(nats_url, sqlite_url, tmp_path)
-    lag = ("memq_consumer_lag", ("consumer", "memq-persistence"))
+    lag = ("memq_consumer_lag", ("consumer", "memq-persistence"), ("stream", "MEMQ_EVENTS"))
     async with running_worker(s) as p, monitored(s, persistence=p) as monitor:
         base = monitor.url
         await until(base, "/readyz", 200)
@@ -223,9 +223,17 @@ async def test_lag_gauge_counts_what_nobody_consumes_and_drops_to_zero(nats_url,
         assert body["failed"] == {"persistence.consumer": "the consumer is not fetching"}
         async with await MemoryClient.connect(nats_url, app=APP) as client:
             seqs = await client.append_many(USER, SESSION, [said(i) for i in range(15)])
-        await gauges_reach(base, {lag: 15, ("memq_consumer_ack_floor", ("consumer", "memq-persistence")): 0})
+        await gauges_reach(
+            base, {lag: 15, ("memq_consumer_ack_floor", ("consumer", "memq-persistence"), ("stream", "MEMQ_EVENTS")): 0}
+        )
         async with running_worker(s):  # another replica takes over
-            await gauges_reach(base, {lag: 0, ("memq_consumer_ack_floor", ("consumer", "memq-persistence")): seqs[-1]})
+            await gauges_reach(
+                base,
+                {
+                    lag: 0,
+                    ("memq_consumer_ack_floor", ("consumer", "memq-persistence"), ("stream", "MEMQ_EVENTS")): seqs[-1],
+                },
+            )
 
 
 async def test_readiness_follows_a_nats_outage(fresh_nats, sqlite_url, tmp_path):
@@ -291,8 +299,8 @@ async def test_indexing_reports_embed_latency(nats_url, sqlite_url, tmp_path):
             after = await gauges_reach(
                 base,
                 {
-                    ("memq_consumer_lag", ("consumer", "memq-indexing")): 0,
-                    ("memq_consumer_ack_floor", ("consumer", "memq-indexing")): seqs[-1],
+                    ("memq_consumer_lag", ("consumer", "memq-indexing"), ("stream", "MEMQ_EVENTS")): 0,
+                    ("memq_consumer_ack_floor", ("consumer", "memq-indexing"), ("stream", "MEMQ_EVENTS")): seqs[-1],
                 },
             )
             d = delta(before, after)
@@ -457,8 +465,8 @@ async def test_memq_up_serves_every_worker_from_one_registry(tmp_path):
         await gauges_reach(
             base,
             {
-                ("memq_consumer_ack_floor", ("consumer", "memq-persistence")): seqs[-1],
-                ("memq_consumer_ack_floor", ("consumer", "memq-indexing")): seqs[-1],
+                ("memq_consumer_ack_floor", ("consumer", "memq-persistence"), ("stream", "MEMQ_EVENTS")): seqs[-1],
+                ("memq_consumer_ack_floor", ("consumer", "memq-indexing"), ("stream", "MEMQ_EVENTS")): seqs[-1],
                 ("memq_events_processed_total", ("worker", "persistence"), ("outcome", "ok")): 4,
                 ("memq_events_processed_total", ("worker", "indexing"), ("outcome", "ok")): 4,
             },

@@ -179,7 +179,7 @@ async def test_a_bad_commit_notice_is_logged_and_the_next_one_still_works(nats_u
             await publisher.publish(subject, CommittedRanges.of([1, 2, 3], [good]).encode())
             await publisher.flush()
             # It drops the stale answers first, then moves the commit floor.
-            await wait_for(lambda: _true(query.live.floor.value == 3), timeout=10, what="the good notice")
+            await wait_for(lambda: _true(query.live.of(APP).floor.value == 3), timeout=10, what="the good notice")
         assert dropped == [
             {"app": APP, "user": "ada", "session": "s1", "app_state": False, "user_state": False, "listing": True}
         ]

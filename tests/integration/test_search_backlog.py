@@ -138,7 +138,7 @@ async def test_backlog_of_one_app_does_not_stall_another_apps_search(settings):
             found = await b.search("bea", query_text, k=5, min_seq=written[-1][0])
             answers[query_text] = [r.event_id for r in found.results]
         # The backlog was there all along: A's events are still waiting.
-        assert query.live.index_floor.value < a_last - 500
+        assert query.live.of(A).index_floor.value < a_last - 500
 
         # A, whose own backlog it is, gets an error that says so.
         with pytest.raises(NotCommitted, match=r"of them are this user's own.*min-seq 0"):
@@ -159,7 +159,7 @@ async def test_backlog_of_one_app_does_not_stall_another_apps_search(settings):
         assert f"{settings.indexing.durable} {behind.backlog} waiting, about" in backlog_text(status.consumers)
 
         slow.delay_s = 0  # let the indexer catch up
-        floor = query.live.index_floor
+        floor = query.live.of(A).index_floor
 
         async def caught_up() -> bool:
             return await floor.refresh() >= written[-1][0]

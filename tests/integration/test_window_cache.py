@@ -77,7 +77,7 @@ async def test_extended_windows_keep_what_a_fresh_read_keeps(request: pytest.Fix
     try:
         await migrate(engine)
         log = Log(SqlStore(engine), rng)
-        cache = WindowCache(lambda: log.floor, max_windows=16)
+        cache = WindowCache(lambda _app: log.floor, max_windows=16)
         extended = 0
         for step in range(60):
             what = rng.random()
@@ -97,7 +97,7 @@ async def test_extended_windows_keep_what_a_fresh_read_keeps(request: pytest.Fix
             async with reader(engine).connect() as conn:
                 for strategy in STRATEGIES:
                     cached = cache._windows.get((KEY, strategy, None, NO_FILTER))
-                    got = await cache.load(conn, KEY, strategy, None)
+                    got = await cache.load(conn, APP, KEY, strategy, None)
                     fresh = await load_session_window(conn, KEY, strategy, None)
                     assert (got is None) == (fresh is None), f"step {step}"
                     if fresh is None:

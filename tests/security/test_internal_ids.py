@@ -27,6 +27,7 @@ from memq.contracts.schemas import Event, EventAppended, Message, SessionDeleted
 from memq.contracts.subjects import dedupe_id, events_subject
 from memq.workers.persistence.expiry import SessionSweeper, expiry_message, idle_sessions
 from memq.workers.runtime.dead_letters import DeadLetterFilter, list_dead_letters, replay_dead_letters
+from memq.workers.runtime.event_streams import stream_of
 from memq.workers.settings import ExpirySettings
 from memq.workers.sql import reads
 from memq.workers.sql.engine import create_engine
@@ -188,12 +189,10 @@ async def test_a_squatted_replay_id_does_not_swallow_the_operator_s_replay(tenan
         await a.close()
 
     before = await tenants.stored(b_subject)
-    result = await replay_dead_letters(
-        js, dlq, tenants.settings.streams.events, DeadLetterFilter(seqs=frozenset({dead.seq}))
-    )
+    result = await replay_dead_letters(js, dlq, tenants.settings.streams, DeadLetterFilter(seqs=frozenset({dead.seq})))
     assert await tenants.stored(b_subject) == before + 1, "the replay did not land on B's subject"
     assert result.replayed == [dead.seq] and result.squatted == [dead.seq] and not result.skipped
-    last = await js.get_last_msg(tenants.settings.streams.events, b_subject)
+    last = await js.get_last_msg(stream_of(tenants.settings.streams, B), b_subject)
     assert last.data == dead.data and (last.headers or {}).get(REPLAYED_FROM) == str(dead.seq)
     assert orjson.loads(last.data)["event"]["id"] == "reused"
     assert dead.seq not in [x.seq for x in await list_dead_letters(js, dlq)]

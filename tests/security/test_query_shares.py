@@ -245,7 +245,7 @@ async def test_a_valid_pending_min_seq_still_waits_and_is_answered_during_a_floo
                 read = asyncio.create_task(b.history("bob", "s", min_seq=seq))
 
                 async def waiting() -> bool:  # B's read is on the commit floor, not stuck before it
-                    return any(waiter[0] == seq for waiter in query.live.floor._waiters)
+                    return any(waiter[0] == seq for waiter in query.live.of(B).floor._waiters)
 
                 await wait_for(waiting, 15, "B's read waiting for its min_seq")
                 assert not read.done()

@@ -10,8 +10,8 @@ from fakes import Written
 
 from memq.contracts import queries as q
 from memq.workers.query.cache import MemoryBackend, QueryCache
-from memq.workers.query.worker import QueryLive, QueryWorker
-from memq.workers.settings import Settings
+from memq.workers.query.worker import QueryLive, QueryWorker, StreamReads
+from memq.workers.settings import Settings, StreamSettings
 
 
 class SlowStoreBackend(MemoryBackend):
@@ -78,7 +78,15 @@ async def reply(worker: QueryWorker, req: q.Request, key: str) -> bytes:
 def live(cache: QueryCache) -> QueryLive:
     """Running parts with no connection: the requests here need none."""
     floor = Floor()
-    return QueryLive(None, None, None, None, cache, floor, floor, None, None, Written())  # type: ignore[arg-type]
+    return QueryLive(
+        None,
+        None,
+        None,
+        None,
+        cache,
+        {"MEMQ_EVENTS": StreamReads(floor, floor, None, None, Written())},
+        StreamSettings(),
+    )  # type: ignore[arg-type]
 
 
 def worker_with(shared: MemoryBackend, tmp_path) -> QueryWorker:

@@ -8,8 +8,8 @@ from fakes import Written
 from sqlalchemy import exc as sa_exc
 
 from memq.contracts import queries as q
-from memq.workers.query.worker import QueryLive, QueryWorker
-from memq.workers.settings import Settings
+from memq.workers.query.worker import QueryLive, QueryWorker, StreamReads
+from memq.workers.settings import Settings, StreamSettings
 
 
 class FailingFloor:
@@ -25,7 +25,15 @@ class FailingFloor:
 async def answer_with(exc: Exception, tmp_path) -> dict:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
     floor = FailingFloor(exc)
-    worker._live = QueryLive(None, None, None, None, None, floor, floor, None, None, Written())  # type: ignore[arg-type]
+    worker._live = QueryLive(
+        None,
+        None,
+        None,
+        None,
+        None,
+        {"MEMQ_EVENTS": StreamReads(floor, floor, None, None, Written())},
+        StreamSettings(),
+    )  # type: ignore[arg-type]
     req = q.HistoryGet(app="a", user="u", session="s", min_seq=5)
     body, _ = await worker._answer("history", req, None, worker.slots.admit("a", "history"))
     return orjson.loads(body)["error"]

@@ -11,10 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
+from memq.contracts import queries as q
 from memq.contracts.errors import InvalidRequest
 from memq.workers.query.stream_end import StreamEnd
-from memq.workers.query.worker import QueryLive, QueryWorker
-from memq.workers.settings import Settings
+from memq.workers.query.worker import QueryLive, QueryWorker, StreamReads
+from memq.workers.settings import Settings, StreamSettings
 
 
 class Stream:
@@ -77,8 +78,14 @@ class Floor:
 def worker_on(js: Stream, floor: Floor, tmp_path) -> QueryWorker:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
     end = StreamEnd(js, "MEMQ_EVENTS")  # type: ignore[arg-type]
-    worker._live = QueryLive(None, None, None, None, None, floor, floor, None, None, end)  # type: ignore[arg-type]
+    worker._live = QueryLive(
+        None, None, None, None, None, {"MEMQ_EVENTS": StreamReads(floor, floor, None, None, end)}, StreamSettings()
+    )  # type: ignore[arg-type]
     return worker
+
+
+def read(min_seq: int) -> q.HistoryGet:
+    return q.HistoryGet(app="a", user="u", session="s", min_seq=min_seq)
 
 
 async def test_a_wait_for_a_sequence_never_written_ends_at_once(tmp_path):
@@ -87,7 +94,7 @@ async def test_a_wait_for_a_sequence_never_written_ends_at_once(tmp_path):
     slot = worker.slots.admit("a", "history")
     started = time.monotonic()
     with pytest.raises(InvalidRequest, match=r"history: min_seq 1000000000000 is beyond .* last sequence 10"):
-        await worker._wait("history", 10**12, 30_000, floor, slot)  # type: ignore[arg-type]
+        await worker._wait("history", read(10**12), 30_000, floor, slot)  # type: ignore[arg-type]
     assert time.monotonic() - started < 5  # not its 30 s
     assert worker.slots.waits.count("a") == 0 and not slot.held
     slot.close()
@@ -98,7 +105,7 @@ async def test_a_wait_whose_commit_comes_first_never_asks_the_stream(tmp_path):
     worker = worker_on(js, floor, tmp_path)
     slot = worker.slots.admit("a", "history")
     floor.moved.set()  # the commit lands before the read's question would be sent
-    await worker._wait("history", 9, 30_000, floor, slot)  # type: ignore[arg-type]
+    await worker._wait("history", read(9), 30_000, floor, slot)  # type: ignore[arg-type]
     await asyncio.sleep(0.1)
     assert js.reads == 0
     assert slot.held  # back in a slot, to answer

@@ -264,7 +264,8 @@ def _add_commit_floor(doc: dict[str, Any], server: list[dict[str, str]], setting
         committed_subject(settings.persistence.durable),
         "Query worker: drop this replica's cached answers that the batch made stale, then move "
         "the commit floor (read-your-writes) over the sequences a persistence replica finished with, and wake "
-        "the reads waiting on them. Every replica hears every notice (no queue group).",
+        "the reads waiting on them. Every replica hears every notice (no queue group). An app with a stream of "
+        "its own (streams.apps) has its own floor and notices, on this subject with `.<stream>` appended.",
     )
     _add_notice_subscription(
         doc,
@@ -272,7 +273,8 @@ def _add_commit_floor(doc: dict[str, Any], server: list[dict[str, str]], setting
         f"{PREFIX}.committed.<indexing durable>:query",
         committed_subject(settings.indexing.durable),
         "Query worker: move the indexing floor over the sequences an indexing replica finished "
-        "with, and wake the searches waiting on them (a search's min_seq). Every replica hears every notice.",
+        "with, and wake the searches waiting on them (a search's min_seq). Every replica hears every notice. "
+        "An app's own stream: `.<stream>` appended.",
     )
 
 

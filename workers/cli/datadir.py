@@ -38,13 +38,15 @@ async def describe_data(settings: Settings, fresh: bool) -> str:
     """:func:`data_line` with the event stream's size and creation time
     (asked of NATS: a SQL server's data dir holds only NATS')."""
     from memq.workers.runtime import bus
+    from memq.workers.runtime.event_streams import event_streams
 
     events = since = None
     with contextlib.suppress(Exception):  # a ready line without counts rather than none
         nc = await bus.open_connection({**bus.connect_options(settings, "up"), "max_reconnect_attempts": 1})
         try:
-            info = await nc.jetstream(timeout=2).stream_info(settings.streams.events)
-            events, since = info.state.messages, info.created
+            js = nc.jetstream(timeout=2)
+            infos = [await js.stream_info(stream) for stream in event_streams(settings.streams)]
+            events, since = sum(i.state.messages for i in infos), infos[0].created  # the shared one's
         finally:
             await nc.close()
     return data_line(settings.data_dir, fresh, events, since)
@@ -55,12 +57,20 @@ async def describe_backlog(settings: Settings, wait_s: float = 1.0) -> str:
     a data dir that ``memq up`` opens with a stream full of unindexed events
     (``memq demo --events 20000``) answers searches late, and says so here."""
     from memq.workers.runtime import bus
+    from memq.workers.runtime.event_streams import event_streams
     from memq.workers.status import backlog_text, consumers_with_rates
 
     with contextlib.suppress(Exception):  # a ready line without a backlog rather than none
         nc = await bus.open_connection({**bus.connect_options(settings, "up"), "max_reconnect_attempts": 1})
         try:
-            return backlog_text(await consumers_with_rates(nc.jetstream(timeout=2), settings.streams.events, wait_s))
+            js = nc.jetstream(timeout=2)
+            streams = event_streams(settings.streams)
+            parts = []
+            for stream in streams:  # each app's stream has consumers of its own
+                text = backlog_text(await consumers_with_rates(js, stream, wait_s))
+                if text:
+                    parts.append(text if len(streams) == 1 else f"{stream}: {text}")
+            return "; ".join(parts)
         finally:
             await nc.close()
     return ""

@@ -277,7 +277,7 @@ def dlq_replay(
 
     result = _with_nats(
         lambda nc: replay_dead_letters(
-            nc.jetstream(), settings.streams.dlq, settings.streams.events, where, keep=keep, on_replayed=replayed
+            nc.jetstream(), settings.streams.dlq, settings.streams, where, keep=keep, on_replayed=replayed
         )
     )
     for seq in result.squatted:

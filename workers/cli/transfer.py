@@ -134,6 +134,7 @@ def import_command(
     reason, and then nothing is imported. Importing the same file twice
     changes nothing.
     """
+    from memq.workers.runtime.event_streams import stream_of
     from memq.workers.sql.engine import create_engine
     from memq.workers.transfer.importer import Importer, ImportFailed, check_file
 
@@ -155,7 +156,7 @@ def import_command(
                 importer = Importer(
                     nc,
                     engine,
-                    stream=settings.streams.events,
+                    stream_of=lambda app: stream_of(settings.streams, app),
                     durable=settings.persistence.durable,
                     on_record=advance,
                 )

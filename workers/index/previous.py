@@ -11,7 +11,7 @@ so those are the docs the indexer will write.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from sqlalchemy import select
@@ -35,8 +35,12 @@ LOOKBACK = 5  # events looked at for one with text (tool calls may come between)
 
 
 class PreviousTurns:
-    def __init__(self, engine, floor: Floor, scope: StorageScope, wait_s: float = 30.0):
-        self.engine, self.floor, self.scope, self.wait_s = engine, floor, scope, wait_s
+    """The turn before an event, from SQL. ``floor_of(app)``: the commit
+    floor of the stream that holds ``app``'s messages (sequences are per
+    stream)."""
+
+    def __init__(self, engine, floor_of: Callable[[str], Floor], scope: StorageScope, wait_s: float = 30.0):
+        self.engine, self.floor_of, self.scope, self.wait_s = engine, floor_of, scope, wait_s
 
     async def before(self, firsts: Mapping[str, tuple[int, EventAppended | EventForgotten]]) -> dict[str, Turn]:
         """For each session key, the turn before ``seq`` (absent: none); the
@@ -44,8 +48,12 @@ class PreviousTurns:
         Raises IndexUnavailable while persistence lags (retry later)."""
         if not firsts:
             return {}
+        highest: dict[str, int] = {}  # by app: each waits on its own stream's floor
+        for seq, message in firsts.values():
+            highest[message.app] = max(seq, highest.get(message.app, 0))
         try:
-            await self.floor.wait_for(max(seq for seq, _ in firsts.values()), self.wait_s)
+            for app, seq in highest.items():
+                await self.floor_of(app).wait_for(seq, self.wait_s)
         except NotCommitted as exc:
             raise IndexUnavailable(f"waiting for the persistence worker: {exc.message}") from None
         found: dict[str, Turn] = {}

@@ -16,6 +16,7 @@ from nats.js.errors import NotFoundError
 from memq.workers.index.backends.base import IndexBackend
 from memq.workers.indexing.rebuild import REBUILD_LEASE, describe_scope, end_job
 from memq.workers.indexing.rebuild_job import JobStore
+from memq.workers.runtime.event_streams import event_streams
 from memq.workers.runtime.lease import Lease
 from memq.workers.settings import Settings
 
@@ -43,11 +44,15 @@ async def list_generations(backend: IndexBackend, js: JetStreamContext, settings
         elif job is not None and meta.generation == job.generation:
             state = "rebuilding"
             note = describe_scope(job.app, job.user)
-            try:
-                info = await js.consumer_info(settings.streams.events, job.consumer)
-                note += f", {(info.num_pending or 0) + (info.num_ack_pending or 0)} messages left"
-            except NotFoundError:
-                pass
+            left = None
+            for stream in event_streams(settings.streams):
+                try:
+                    info = await js.consumer_info(stream, job.consumer)
+                except NotFoundError:
+                    continue
+                left = (left or 0) + (info.num_pending or 0) + (info.num_ack_pending or 0)
+            if left is not None:
+                note += f", {left} messages left"
         else:
             state = "abandoned"
         docs = await backend.count(generation=meta.generation)

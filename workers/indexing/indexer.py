@@ -184,11 +184,16 @@ def make_indexer(settings, backend: IndexBackend, embedder: Embedder, js, engine
     if settings.indexing.context_turns:
         from memq.workers.index.previous import PreviousTurns
         from memq.workers.runtime.commit_floor import CommitFloor
+        from memq.workers.runtime.event_streams import event_streams, stream_of
         from memq.workers.sql.engine import create_engine
 
         engine = engine or create_engine(settings.database_url(), pool_size=settings.database.pool_size)
-        floor = CommitFloor(js, settings.streams.events, settings.persistence.durable)
-        previous = PreviousTurns(engine, floor, settings.indexing.storage_scope)
+        floors = {
+            stream: CommitFloor(js, stream, settings.persistence.durable) for stream in event_streams(settings.streams)
+        }
+        previous = PreviousTurns(
+            engine, lambda app: floors[stream_of(settings.streams, app)], settings.indexing.storage_scope
+        )
     return Indexer(
         backend,
         embedder,

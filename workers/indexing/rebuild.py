@@ -1,8 +1,9 @@
 """Rebuild the index into a fresh generation, then switch to it atomically.
 
 The live generation keeps serving (and the live workers keep writing to it)
-while a new generation is filled by a replay of the event stream from
-sequence 1. The replay is a *job* (:mod:`memq.workers.indexing.rebuild_job`):
+while a new generation is filled by a replay of the events streams (the
+shared one and each app's: :mod:`memq.workers.runtime.event_streams`) from
+their start. The replay is a *job* (:mod:`memq.workers.indexing.rebuild_job`):
 a durable consumer that every indexing replica pulls from
 (:mod:`memq.workers.indexing.replica`), and the process that runs
 :func:`rebuild` too, so it also works with no worker running. The consumer
@@ -63,12 +64,13 @@ from memq.workers.indexing.rebuild_job import (
 )
 from memq.workers.indexing.replica import RebuildReplica
 from memq.workers.runtime.commit_floor import CommitFloor
+from memq.workers.runtime.event_streams import event_streams
 from memq.workers.runtime.lease import Lease
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")
 
-Progress = Callable[[int, int], None]  # (stream seq acked by the replay, stream's last seq)
+Progress = Callable[[int, int], None]  # (messages replayed, messages to replay), over every events stream
 Notice = Callable[[str], None]
 FETCH = 256
 COMMIT_WAIT_S = 120.0  # source sql: how long persistence may lag behind the stream
@@ -209,22 +211,29 @@ async def drop_abandoned(
             log.warning("dropping index generation %s, left by an interrupted rebuild", meta.generation)
             await backend.drop_generation(meta.generation)
             dropped.append(meta.generation)
-    for info in await js.consumers_info(settings.streams.events):
-        name = info.name or ""
-        if name.startswith(CONSUMER_PREFIX) and (keep is None or name != consumer_name(keep)):
-            await _delete_consumer(js, settings, name)
+    for stream in event_streams(settings.streams):
+        try:
+            infos = await js.consumers_info(stream)
+        except NotFoundError:  # an app's stream not made yet
+            continue
+        for info in infos:
+            name = info.name or ""
+            if name.startswith(CONSUMER_PREFIX) and (keep is None or name != consumer_name(keep)):
+                await _delete_consumer(js, stream, name)
     return dropped
 
 
 async def end_job(store: JobStore, js: JetStreamContext, settings: Settings, job: RebuildJob) -> None:
-    """The job's consumer, record and shares go (its generation stays)."""
-    await _delete_consumer(js, settings, job.consumer)
+    """The job's consumers (one per events stream), record and shares go
+    (its generation stays)."""
+    for stream in event_streams(settings.streams):
+        await _delete_consumer(js, stream, job.consumer)
     await store.close(job)
 
 
-async def _delete_consumer(js: JetStreamContext, settings: Settings, name: str) -> None:
+async def _delete_consumer(js: JetStreamContext, stream: str, name: str) -> None:
     try:
-        await js.delete_consumer(settings.streams.events, name)
+        await js.delete_consumer(stream, name)
     except NotFoundError:
         pass
 
@@ -321,36 +330,52 @@ async def _start_job(store, js, settings, indexer, app, user) -> RebuildJob:
     )
     log.info("rebuilding into %s (%s, source stream)", target.generation, target.model)
     job = RebuildJob(target.generation, target.model, target.dim, app=app, user=user, started_at=time.time())
+    streams = event_streams(settings.streams)
     if scoped:
-        # What the live generation holds for sure: everything up to its ack floor.
-        try:
-            info = await js.consumer_info(settings.streams.events, settings.indexing.durable)
-            job.copied_upto = info.ack_floor.stream_seq if info.ack_floor else 0
-        except NotFoundError:
-            job.copied_upto = 0
+        # What the live generation holds for sure: on each stream, everything
+        # up to its ack floor.
+        for stream in streams:
+            try:
+                info = await js.consumer_info(stream, settings.indexing.durable)
+            except NotFoundError:
+                continue
+            job.copied_upto[stream] = info.ack_floor.stream_seq if info.ack_floor else 0
         job.copied = await _copy_outside_scope(backend, target.generation, app, user, live, indexer)
-    await js.add_consumer(settings.streams.events, consumer_config(settings, target.generation))
+    for stream in streams:
+        await js.add_consumer(stream, consumer_config(settings, target.generation))
     await store.put(job)
     return job
 
 
 async def _caught_up(js, settings, job: RebuildJob, progress: Progress | None, say: Notice) -> None:
-    """Until the job's consumer has nothing pending and nothing in flight."""
-    events = settings.streams.events
-    seen, since = -1, time.monotonic()
+    """Until the job's consumer on every events stream has nothing pending
+    and nothing in flight. Progress counts messages over all of them (from
+    each stream's first sequence: sequences are per stream)."""
+    streams = event_streams(settings.streams)
+    seen: tuple[int, ...] = ()
+    since = time.monotonic()
     warned = False
     while True:
-        info = await js.consumer_info(events, job.consumer)
-        last = (await js.stream_info(events)).state.last_seq
-        pending, in_flight = info.num_pending or 0, info.num_ack_pending or 0
-        floor = info.ack_floor.stream_seq if info.ack_floor else 0
+        done = total = pending = in_flight = 0
+        delivered: list[int] = []
+        for stream in streams:
+            info = await js.consumer_info(stream, job.consumer)
+            state = (await js.stream_info(stream)).state
+            first, last = state.first_seq or 1, state.last_seq
+            waiting, held = info.num_pending or 0, info.num_ack_pending or 0
+            floor = (
+                last if waiting == 0 and held == 0 else min(info.ack_floor.stream_seq if info.ack_floor else 0, last)
+            )
+            done += max(0, floor - first + 1)
+            total += max(0, last - first + 1)
+            pending, in_flight = pending + waiting, in_flight + held
+            delivered.append(info.delivered.stream_seq if info.delivered else 0)
         if progress:
-            progress(last if pending == 0 and in_flight == 0 else min(floor, last), last)
+            progress(done, total)
         if pending == 0 and in_flight == 0:
             return
-        delivered = info.delivered.stream_seq if info.delivered else 0
-        if delivered != seen:
-            seen, since = delivered, time.monotonic()
+        if tuple(delivered) != seen:
+            seen, since = tuple(delivered), time.monotonic()
         elif not warned and in_flight == 0 and time.monotonic() - since > STALLED_S:
             warned = True
             say(f"nothing has pulled from {job.consumer} for {STALLED_S:.0f}s: is an indexing worker running?")
@@ -367,7 +392,7 @@ async def _rebuild_sql(settings, js, indexer, app, user, engine, progress) -> Re
         raise ValueError("a scoped rebuild needs a live index to copy the rest from; rebuild everything first")
     if engine is None:
         raise ValueError("source sql needs a database engine")
-    replay: StreamReplay | None = None
+    replays: list[StreamReplay] = []
     target = await backend.create_generation(
         indexer.embedder.model, indexer.embedder.dim, min_similarity=floor_for(indexer.embedder.model)
     )
@@ -378,22 +403,26 @@ async def _rebuild_sql(settings, js, indexer, app, user, engine, progress) -> Re
     try:
         if scoped:
             copied = await _copy_outside_scope(backend, target.generation, app, user, live, indexer)
-        # SQL holds everything up to the stream's end once the persistence
-        # floor reaches it; the tail replays the stream after that point.
-        end = (await js.stream_info(settings.streams.events)).state.last_seq
-        await CommitFloor(js, settings.streams.events, settings.persistence.durable).wait_for(end, COMMIT_WAIT_S)
-        replay = StreamReplay(js, settings.streams.events, subjects, start_seq=end + 1)
-        await replay.open()
+        # SQL holds everything up to a stream's end once the persistence
+        # floor of that stream reaches it; the tail replays each stream
+        # after that point.
+        for stream in event_streams(settings.streams):
+            end = (await js.stream_info(stream)).state.last_seq
+            await CommitFloor(js, stream, settings.persistence.durable).wait_for(end, COMMIT_WAIT_S)
+            replays.append(StreamReplay(js, stream, subjects, start_seq=end + 1))
+            await replays[-1].open()
         replayed = await _replay_sql(engine, indexer, target.generation, app, user, progress)
         await backend.promote(target.generation)
         # Tail: what arrived while we replayed went to the old generation only.
-        async for batch in replay.batches():
-            await indexer.apply(indexer.decode(batch), generation=target.generation)
-            replayed += len(batch)
+        for replay in replays:
+            async for batch in replay.batches():
+                await indexer.apply(indexer.decode(batch), generation=target.generation)
+                replayed += len(batch)
     except BaseException:
-        await _abandon(backend, replay, target.generation)
+        await _abandon(backend, replays, target.generation)
         raise
-    await replay.close()
+    for replay in replays:
+        await replay.close()
     return RebuildResult(
         generation=target.generation,
         model=target.model,
@@ -404,13 +433,13 @@ async def _rebuild_sql(settings, js, indexer, app, user, engine, progress) -> Re
     )
 
 
-async def _abandon(backend: IndexBackend, replay: StreamReplay | None, generation: str) -> None:
+async def _abandon(backend: IndexBackend, replays: list[StreamReplay], generation: str) -> None:
     """Clean up after a failed or cancelled rebuild. A clean-up error is
     logged, never raised: it must not replace the original exception (a
     CancelledError turned into IndexUnavailable would make the worker retry
     instead of stop); what is left is dropped by the next rebuild."""
     try:
-        if replay is not None:
+        for replay in replays:
             await replay.close()
         live = await backend.live()
         if live is None or live.generation != generation:

@@ -2,7 +2,8 @@
 
 One rebuild at a time is recorded in the KV bucket ``MEMQ_REBUILD`` under the
 key ``job`` (:class:`RebuildJob`); its durable consumer on the event stream
-(``memq-rebuild-<generation>``, deliver-all, explicit ack) is shared by every
+(``memq-rebuild-<generation>``, deliver-all, explicit ack; one of that name on
+each events stream) is shared by every
 indexing replica and by the ``memq index rebuild`` that started it, as the
 live consumer is. The consumer's position is the job's progress, so a killed
 replica, CLI or whole stack resumes where it stands. Each replica also
@@ -17,7 +18,7 @@ import os
 import re
 import secrets
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import orjson
 from nats.js import JetStreamContext
@@ -25,7 +26,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
-from memq.contracts.subjects import EVENTS_WILDCARD
+from memq.contracts.subjects import EVENTS_STREAM, EVENTS_WILDCARD
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")
@@ -43,13 +44,18 @@ class RebuildJob:
     app: str | None = None  # the scope replayed; None: everything
     user: str | None = None
     copied: int = 0  # docs copied from the live generation (scoped)
-    # Scoped: messages outside the scope up to here are in the copy already.
-    copied_upto: int = 0
+    # Scoped: messages outside the scope up to here (by stream: sequences
+    # are per stream) are in the copy already.
+    copied_upto: dict[str, int] = field(default_factory=dict)
     started_at: float = 0.0
 
     @property
     def consumer(self) -> str:
         return consumer_name(self.generation)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.copied_upto, int):  # a job recorded before apps had streams: the shared one's
+            self.copied_upto = {EVENTS_STREAM: self.copied_upto}
 
     def in_scope(self, app: str, user: str) -> bool:
         return (self.app is None or app == self.app) and (self.user is None or user == self.user)
@@ -69,8 +75,8 @@ def consumer_name(generation: str) -> str:
 
 
 def consumer_config(settings: Settings, generation: str) -> ConsumerConfig:
-    """The job's consumer: the whole event stream from the start, acked as
-    the live consumer acks (a scoped job skips what its copy holds)."""
+    """The job's consumer (on each events stream): the whole stream from
+    the start, acked as the live consumer acks (a scoped job skips what its copy holds)."""
     s = settings.indexing
     return ConsumerConfig(
         durable_name=consumer_name(generation),

@@ -27,7 +27,8 @@ from memq.workers.index.embedders.base import EmbedderError
 from memq.workers.indexing.indexer import Applied, Indexer, redelivered
 from memq.workers.indexing.rebuild_job import JobStore, RebuildJob, ReplicaShare, consumer_config, replica_id
 from memq.workers.runtime.batch_policy import BackOff, BatchPolicy, Classify, NakOnCancel, Transient
-from memq.workers.runtime.consumer import BatchConsumer
+from memq.workers.runtime.consumer import StreamConsumers, batch_stream
+from memq.workers.runtime.event_streams import event_streams
 from memq.workers.settings import Settings
 
 log = logging.getLogger("memq.indexing")
@@ -43,14 +44,14 @@ class RebuildReplica:
     def __init__(self, nc: NATS, settings: Settings, indexer: Indexer, job: RebuildJob, store: JobStore, name: str):
         self.nc, self.settings, self.indexer, self.job, self.store = nc, settings, indexer, job, store
         self.share = ReplicaShare(replica=name)
-        self.consumer: BatchConsumer | None = None
+        self.consumer: StreamConsumers | None = None
 
     async def start(self) -> None:
         """Raises NotFoundError if the job's consumer is gone (the job ended)."""
         s = self.settings.indexing
-        self.consumer = BatchConsumer(
+        self.consumer = StreamConsumers(
             self.nc,
-            stream=self.settings.streams.events,
+            event_streams(self.settings.streams),
             subject=EVENTS_WILDCARD,
             config=consumer_config(self.settings, self.job.generation),
             handler=self.handle,
@@ -89,10 +90,11 @@ class RebuildReplica:
 
     async def handle(self, msgs: list[Msg]) -> None:
         job = self.job
+        copied_upto = job.copied_upto.get(batch_stream(msgs), 0)
         items = [
             (seq, m)
             for seq, m in self.indexer.decode(msgs)
-            if seq > job.copied_upto or job.in_scope(m.app, m.user)  # the copy holds the rest
+            if seq > copied_upto or job.in_scope(m.app, m.user)  # the copy holds the rest
         ]
 
         rewrite = redelivered(msgs)  # an earlier try may have written part of it

@@ -1,11 +1,12 @@
 """The indexing worker: embeds the event log into the long-term memory index.
 
 The index is derived (SQL is the truth) and can always be rebuilt from the
-stream. One durable pull consumer (``memq-indexing``) is shared by all
-replicas. For each batch: decode, keep what the storage scope indexes
+stream. One durable pull consumer (``memq-indexing``) on each events stream
+(:mod:`memq.workers.runtime.event_streams`) is shared by all replicas: one
+app's backlog on its own stream never holds another app's messages back. For each batch: decode, keep what the storage scope indexes
 (:func:`memq.workers.memory.recall.doc_for`), embed, upsert, apply session and user
 deletes in order, then ack, then announce the acked sequences on
-``memq.v1.committed.<durable>`` (:func:`memq.workers.runtime.commit_floor.announce_finished`,
+``memq.v1.committed.<durable>[.<stream>]`` (:func:`memq.workers.runtime.commit_floor.announce_finished`,
 as the persistence replicas do): query workers move their indexing floor on
 it, so a search waiting for the caller's write goes the moment it is
 indexed. An index or embedder outage naks the batch with a
@@ -34,6 +35,7 @@ start resumes it where its consumer stands), and the batch in hand gets
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -71,7 +73,8 @@ from memq.workers.runtime.batch_policy import (
 from memq.workers.runtime.bus import patiently
 from memq.workers.runtime.commit_floor import announce_finished
 from memq.workers.runtime.component import Component, Live, NotOpened
-from memq.workers.runtime.consumer import BatchConsumer
+from memq.workers.runtime.consumer import StreamConsumers, batch_stream
+from memq.workers.runtime.event_streams import event_streams, notice_subject
 from memq.workers.runtime.lease import Lease
 from memq.workers.settings import Settings
 
@@ -100,7 +103,7 @@ class Prepared:
     background: see :meth:`IndexingWorker.run`): the batch consumer, and its
     part in rebuilds (:class:`~memq.workers.indexing.replica.RebuildFollower`)."""
 
-    consumer: BatchConsumer
+    consumer: StreamConsumers  # one per events stream
     follower: RebuildFollower
 
 
@@ -169,7 +172,8 @@ class IndexingWorker(Component[IndexingLive]):
             title="memq.v1.committed.<indexing durable>:publish",
             description="After every indexing batch, once its acks are out: the stream sequences this replica "
             "finished with (indexed, or skipped: nothing to index), as runs; `changed` is empty. Query workers "
-            "join the runs into the indexing floor that a search's min_seq waits on. Core NATS.",
+            "join the runs into the indexing floor that a search's min_seq waits on; an app's own stream: "
+            "`.<stream>` appended. Core NATS.",
         )
         return router
 
@@ -214,7 +218,7 @@ class IndexingWorker(Component[IndexingLive]):
         while True:
             try:
                 await self.live.backend.open()
-                start_seq = await self._ensure_generation()
+                starts = await self._ensure_generation()
                 break
             except (IndexUnavailable, EmbedderError, OSError) as exc:
                 delay = delays[min(attempt, len(delays) - 1)]
@@ -232,11 +236,11 @@ class IndexingWorker(Component[IndexingLive]):
                 await asyncio.sleep(delay)
         s = self.settings.indexing
         live = self.live
-        consumer = BatchConsumer(
+        consumer = StreamConsumers(
             live.nc,
-            stream=self.settings.streams.events,
+            event_streams(self.settings.streams),
             subject=EVENTS_WILDCARD,
-            config=self.consumer_config(start_seq),
+            config=lambda stream: self.consumer_config(starts.get(stream)),
             handler=self.handle,
             batch_size=s.batch_size,
             batch_wait_s=s.batch_wait_s,
@@ -260,17 +264,21 @@ class IndexingWorker(Component[IndexingLive]):
     def _matches(self, meta: IndexMeta | None) -> bool:
         return meta is not None and (meta.model, meta.dim) == (self.live.embedder.model, self.live.embedder.dim)
 
-    async def _ensure_generation(self) -> int | None:
+    async def _ensure_generation(self) -> dict[str, int]:
         """Make the live generation hold our model's vectors, rebuilding if it
-        does not. Returns where a *new* durable should start (after what a
-        rebuild replayed), or None to start from the beginning."""
+        does not. Returns where a *new* durable should start on each events
+        stream (after what a rebuild replayed); a stream not named starts
+        from the beginning."""
         live = await self.live.backend.live()
         if self._matches(live):
             self._generation = live
-            return None
+            return {}
         # Everything up to here is replayed by the rebuild below.
-        events = self.settings.streams.events
-        replayed_to = (await patiently("reading the stream", lambda: self.live.js.stream_info(events))).state.last_seq
+        js = self.live.js
+        replayed_to = {
+            stream: (await patiently("reading the stream", functools.partial(js.stream_info, stream))).state.last_seq
+            for stream in event_streams(self.settings.streams)
+        }
         async with Lease(
             self.live.js,
             REBUILD_LEASE,
@@ -302,12 +310,15 @@ class IndexingWorker(Component[IndexingLive]):
         # A durable that does not exist yet need not re-index what the rebuild
         # just replayed; an existing one keeps its position (re-indexing is
         # idempotent).
-        try:
-            durable = self.settings.indexing.durable
-            await patiently("reading the consumer", lambda: self.live.js.consumer_info(events, durable))
-            return None
-        except NotFoundError:
-            return replayed_to + 1 if replayed_to else None
+        durable = self.settings.indexing.durable
+        starts: dict[str, int] = {}
+        for stream, last in replayed_to.items():
+            try:
+                await patiently("reading the consumer", functools.partial(js.consumer_info, stream, durable))
+            except NotFoundError:
+                if last:
+                    starts[stream] = last + 1
+        return starts
 
     def _progress(self) -> Progress:
         last = time.monotonic()
@@ -316,7 +327,7 @@ class IndexingWorker(Component[IndexingLive]):
             nonlocal last
             if time.monotonic() - last >= PROGRESS_EVERY_S:
                 last = time.monotonic()
-                log.info("rebuilding the index: stream seq %d of %d", done, total)
+                log.info("rebuilding the index: %d of %d messages", done, total)
 
         return progress
 
@@ -369,7 +380,9 @@ class IndexingWorker(Component[IndexingLive]):
                 await msg.ack()
                 acked.append(msg.metadata.sequence.stream)
         finally:  # what was acked is done, even if the connection failed part way
-            await announce_finished(self.live.nc, self.settings.indexing.durable, acked)
+            if msgs:
+                subject = notice_subject(self.settings.streams, self.settings.indexing.durable, batch_stream(msgs))
+                await announce_finished(self.live.nc, subject, acked)
 
     async def _follow_generation(self, retry: Retry) -> Retry:
         """A switch to another generation also fails writes: follow it at once

@@ -38,6 +38,7 @@ from memq.contracts.landing import MSG_ID, publish_landed
 from memq.contracts.schemas import SessionDeleted
 from memq.contracts.subjects import dedupe_id
 from memq.workers import metrics
+from memq.workers.runtime.event_streams import stream_of_subject
 from memq.workers.runtime.lease import Lease
 from memq.workers.settings import ExpirySettings, Settings
 from memq.workers.sql.models import SESSIONS, USERS
@@ -176,7 +177,12 @@ class SessionSweeper:
         subject, data = subject_for(message), encode(message)
         msg_id = dedupe_id(subject, message.id, data)
         where = await publish_landed(
-            self.js, subject, data, {MSG_ID: msg_id}, self.settings.streams.events, fresh=self._fresh.get(msg_id)
+            self.js,
+            subject,
+            data,
+            {MSG_ID: msg_id},
+            stream_of_subject(self.settings.streams, subject),
+            fresh=self._fresh.get(msg_id),
         )
         if where.squatted is not None:
             self.squatted += 1

@@ -1,7 +1,10 @@
 """The persistence worker: commits the event log to SQL, the source of truth.
 
-One durable pull consumer (``memq-persistence``) is shared by every replica, so
-adding processes scales out with no coordination. For each batch:
+One durable pull consumer (``memq-persistence``) on each events stream (one,
+or the shared one and each app's: :mod:`memq.workers.runtime.event_streams`)
+is shared by every replica, so adding processes scales out with no
+coordination, and one app's backlog never queues another's batches. For
+each batch (of one stream):
 
 1. decode every message; a bad one goes to ``MEMQ_DLQ`` with its reason, then
    is acked (nothing is silently dropped, and the batch goes on);
@@ -13,7 +16,7 @@ adding processes scales out with no coordination. For each batch:
    replay cannot revive them;
 4. ack, then announce ``memq.v1.changed.<app>.<user>.<session>``;
 5. once the batch is through, announce on ``memq.v1.committed.<durable>``
-   the stream sequences it finished with (committed or dead-lettered, so
+   (``.<stream>`` for an app's stream) the stream sequences it finished with (committed or dead-lettered, so
    acked) as runs: query workers move their commit floor on it at once,
    rather than polling the consumer's ack floor (read-your-writes).
 
@@ -71,8 +74,9 @@ from memq.workers.runtime.batch_policy import (
 )
 from memq.workers.runtime.commit_floor import announce_finished
 from memq.workers.runtime.component import Component, Live
-from memq.workers.runtime.consumer import BatchConsumer
+from memq.workers.runtime.consumer import StreamConsumers, batch_stream
 from memq.workers.runtime.dead_letters import DeadLetters
+from memq.workers.runtime.event_streams import event_streams, notice_subject, stream_of
 from memq.workers.settings import Settings
 
 if TYPE_CHECKING:
@@ -97,7 +101,7 @@ class PersistenceLive(Live):
     engine: AsyncEngine
     store: SqlStore
     dlq: DeadLetters
-    consumer: BatchConsumer
+    consumer: StreamConsumers  # one per events stream
     sweeper: SessionSweeper | None
 
 
@@ -145,7 +149,8 @@ class PersistenceWorker(Component[PersistenceLive]):
             title="memq.v1.committed.<durable>:publish",
             description="After every batch, once its acks are out: the stream sequences this replica "
             "finished with (committed or dead-lettered), as runs. Query workers join the runs of every "
-            "replica into the contiguous commit floor that read-your-writes waits on. Core NATS.",
+            "replica into the contiguous commit floor that read-your-writes waits on. An app's own stream "
+            "(streams.apps) has its own sequences: its notices go to this subject with `.<stream>` appended. Core NATS.",
         )
         return router
 
@@ -153,15 +158,17 @@ class PersistenceWorker(Component[PersistenceLive]):
         s = self.settings
         js = nc.jetstream()
         engine = resources.engine
-        consumer = BatchConsumer(
+        sqlite = engine.dialect.name == "sqlite"
+        consumer = StreamConsumers(
             nc,
-            stream=s.streams.events,
+            event_streams(s.streams),
             subject=EVENTS_WILDCARD,
             config=self.consumer_config(),
             handler=self._handle_batch,
             batch_size=s.persistence.batch_size,
             batch_wait_s=s.persistence.batch_wait_s,
-            concurrency=1 if engine.dialect.name == "sqlite" else s.persistence.concurrency,
+            concurrency=1 if sqlite else s.persistence.concurrency,
+            serial=sqlite,  # one writer, whatever the streams
         )
         # Why expiry runs here and not in another kind: see expiry.py.
         sweeper = SessionSweeper(s, nc, engine) if s.expiry.enabled else None
@@ -199,7 +206,7 @@ class PersistenceWorker(Component[PersistenceLive]):
         """One batch, then the notice of what it finished (even if handling
         failed part way: what was acked is done). Batches of one replica may
         run side by side (``persistence.concurrency``), so each has its own."""
-        outcome = _Outcome()
+        outcome = _Outcome(batch_stream(msgs))
         try:
             await self.handle(msgs, outcome)
         finally:
@@ -339,14 +346,16 @@ class PersistenceWorker(Component[PersistenceLive]):
         await self._delete_forgotten(result)
         if not (result.plan.session_deletes or result.plan.user_deletes):
             return
-        stream = self.settings.streams.events
+        streams = self.settings.streams
         prefixes: list[str] = []
         for session_key, seq in result.plan.session_deletes.items():
             s = result.scopes.sessions[session_key]
+            stream = stream_of(streams, s.app)
             await self.live.js.purge_stream(stream, subject=events_subject(s.app, s.user, s.session), seq=seq)
             prefixes.append(f"{s.user_key}/{session_key}/")
         for user_key, seq in result.plan.user_deletes.items():
             u = result.scopes.users[user_key]
+            stream = stream_of(streams, u.app)
             for subject in user_events_filter(u.app, u.user):
                 await self.live.js.purge_stream(stream, subject=subject, seq=seq)
             prefixes.append(f"{user_key}/")
@@ -357,9 +366,9 @@ class PersistenceWorker(Component[PersistenceLive]):
         to be an event of the forget's session (the subject names the
         scope, and a seq may be any message's). Idempotent: a message gone
         already (a redelivered or repeated forget) is skipped."""
-        stream = self.settings.streams.events
         for session_key, forgotten in result.plan.forgets.items():
             s = result.scopes.sessions[session_key]
+            stream = stream_of(self.settings.streams, s.app)
             subject = events_subject(s.app, s.user, s.session)
             for seq in sorted(forgotten):
                 try:
@@ -387,7 +396,8 @@ class PersistenceWorker(Component[PersistenceLive]):
         """Say which sequences this batch finished (after their acks, on the
         same connection): one small notice per batch, whatever it held."""
         # On the connection, like _announce: router() declares it for the docs.
-        await announce_finished(self.live.nc, self.settings.persistence.durable, outcome.finished, outcome.changed)
+        subject = notice_subject(self.settings.streams, self.settings.persistence.durable, outcome.stream)
+        await announce_finished(self.live.nc, subject, outcome.finished, outcome.changed)
 
     async def _announce(self, result: CommitResult, outcome: _Outcome) -> None:
         """Tell caches and the summarizer what changed: one notice per session
@@ -433,9 +443,10 @@ class PersistenceWorker(Component[PersistenceLive]):
 
 @dataclass
 class _Outcome:
-    """What one batch finished: the stream sequences it acked (committed or
-    dead-lettered) and the commit notices of what it changed."""
+    """What one batch finished: the sequences of its stream it acked
+    (committed or dead-lettered) and the commit notices of what it changed."""
 
+    stream: str
     finished: list[int] = field(default_factory=list)
     changed: list[CommitNotice] = field(default_factory=list)
 

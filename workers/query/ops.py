@@ -71,7 +71,7 @@ async def _session_window(
     key = scope_key(req.app, req.user, req.session)
     rows = await tail.appended() if tail is not None else []
     ids = [r["event_id"] for r in rows] or None
-    found = await ctx.windows.load(conn, key, strategy, model, only=only, ids=ids)
+    found = await ctx.windows.load(conn, req.app, key, strategy, model, only=only, ids=ids)
     if found is None:
         if tail is None:
             raise _missing(req.app, req.user, req.session)
@@ -475,7 +475,7 @@ class OpContext:
     searcher: Any = None  # memq.workers.query.search.Searcher: search and recall
     # The session windows this replica read last (off until the worker sets
     # it: a window is only as current as the commit floor it knows).
-    windows: WindowCache = field(default_factory=lambda: WindowCache(lambda: 0, 0))
+    windows: WindowCache = field(default_factory=lambda: WindowCache(lambda _app: 0, 0))
 
     def strategy(self, app: str, spec: q.StrategySpec | None) -> Strategy:
         return strategy_for(self.memory, self.apps.get(app, {}), spec)

@@ -79,7 +79,7 @@ class Unindexed:
     ):
         self.js, self.stream = js, stream
         self.floor = floor
-        self.previous = PreviousTurns(engine, floor, scope) if context else None
+        self.previous = PreviousTurns(engine, lambda _app: floor, scope) if context else None  # one stream's
         self.scope = scope
         self.limit = limit
         self.max_bytes = max_bytes

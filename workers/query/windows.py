@@ -35,12 +35,12 @@ MAX_EVENTS = 2048
 class WindowCache:
     """LRU of :class:`SessionWindow` by (session, strategy, model, filter).
 
-    :param floor: the commit floor as known now, without I/O.
+    :param floor: the commit floor of an app's stream as known now, without I/O.
     :param max_windows: sessions kept; 0 turns the cache off (every read
         walks the session afresh).
     """
 
-    def __init__(self, floor: Callable[[], int], max_windows: int):
+    def __init__(self, floor: Callable[[str], int], max_windows: int):
         self.floor = floor
         self.max_windows = max_windows
         self._windows: OrderedDict[Hashable, SessionWindow] = OrderedDict()
@@ -48,6 +48,7 @@ class WindowCache:
     async def load(
         self,
         conn: AsyncConnection,
+        app: str,
         session_key: str,
         strategy: Strategy,
         model: str | None,
@@ -58,7 +59,7 @@ class WindowCache:
         """The session's row and window, as :func:`load_session_window` reads
         them (with ``ids`` looked up alongside), starting from the one this
         replica read last, if any."""
-        through = self.floor()  # first: everything at or below it is in SQL for the reads below
+        through = self.floor(app)  # first: everything at or below it is in SQL for the reads below
         if not self.max_windows:
             return await load_session_window(conn, session_key, strategy, model, only=only, through=through)
         key = (session_key, strategy, model, only)

@@ -72,7 +72,7 @@ import dataclasses
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +82,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
 from nats.micro.request import Request
 from nats.micro.service import Service
 from pydantic import ValidationError
@@ -102,7 +103,7 @@ from memq.contracts.errors import (
 from memq.contracts.ids import decode_token
 from memq.contracts.notices import CommitNotice, CommittedRanges
 from memq.contracts.replies import error_body, ok_body
-from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX, committed_subject
+from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX
 from memq.workers import metrics
 from memq.workers.memory.tail import MustWait
 from memq.workers.query import paging
@@ -122,7 +123,8 @@ from memq.workers.runtime import bus, readiness
 from memq.workers.runtime.bus import malformed_notice
 from memq.workers.runtime.commit_floor import CommitFloor
 from memq.workers.runtime.component import Component, Live
-from memq.workers.settings import Settings
+from memq.workers.runtime.event_streams import event_streams, notice_subject, stream_of
+from memq.workers.settings import Settings, StreamSettings
 from memq.workers.sql.engine import is_disconnect, reader
 
 if TYPE_CHECKING:
@@ -135,17 +137,31 @@ log = logging.getLogger("memq.query")
 
 
 @dataclass
+class StreamReads:
+    """What the reads of one events stream's apps wait on and add (sequences
+    are per stream: a read waits on its own app's stream alone)."""
+
+    floor: CommitFloor  # what persistence committed: reads wait on it
+    index_floor: CommitFloor  # what indexing indexed: searches wait on it
+    tails: StreamTail | None  # the stream's uncommitted tail, with query.read_tail
+    unindexed: Unindexed  # a search's memories the index has not reached yet
+    end: StreamEnd  # the stream's last sequence: a min_seq beyond it is refused
+
+
+@dataclass
 class QueryLive(Live):
-    """What a running query worker reads with: the process's engine, its cache and the floors."""
+    """What a running query worker reads with: the process's engine, its
+    cache and, for each events stream, its floors (:class:`StreamReads`)."""
 
     engine: AsyncEngine
     reads: AsyncEngine  # the same pool, without a transaction per read (sql.engine.reader)
     cache: QueryCache  # this kind's alone: the query worker is its only user
-    floor: CommitFloor  # what persistence committed: reads wait on it
-    index_floor: CommitFloor  # what indexing indexed: searches wait on it
-    tails: StreamTail | None  # the events stream's uncommitted tail, with query.read_tail
-    unindexed: Unindexed  # a search's memories the index has not reached yet
-    end: StreamEnd  # the events stream's last sequence: a min_seq beyond it is refused
+    streams: dict[str, StreamReads]  # by stream name (event_streams)
+    settings: StreamSettings  # which stream holds which app
+
+    def of(self, app: str) -> StreamReads:
+        """The floors of the stream that holds ``app``'s messages."""
+        return self.streams[stream_of(self.settings, app)]
 
 
 class QueryWorker(Component[QueryLive]):
@@ -206,33 +222,45 @@ class QueryWorker(Component[QueryLive]):
         js = nc.jetstream()  # made once here, not per read
         # With commit notices (router()) the ack floor is only the fallback,
         # read at start and every 50 ms while a read waits; without, it is polled.
+        streams = {
+            stream: await self._stream_reads(js, stream, resources.engine) for stream in event_streams(s.streams)
+        }
+        engine = resources.engine
+        return QueryLive(nc, js, engine, reader(engine), build_cache(s), streams, s.streams)
+
+    async def _stream_reads(self, js: JetStreamContext, stream: str, engine: AsyncEngine) -> StreamReads:
+        s = self.settings
+        # With commit notices (run()) the ack floor is only the fallback,
+        # read at start and every 50 ms while a read waits; without, it is polled.
         poll_from_s = 0.05 if s.query.commit_notices else 0.001
-        floor = CommitFloor(
-            js, s.streams.events, s.persistence.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s
-        )
+        floor = CommitFloor(js, stream, s.persistence.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s)
         # search's min_seq waits for the indexing worker instead, moved by its
-        # notices (start()) with the same fallback
+        # notices (run()) with the same fallback
         index_floor = CommitFloor(
-            js, s.streams.events, s.indexing.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s, done="indexed"
+            js, stream, s.indexing.durable, s.query.floor_refresh_s, poll_from_s=poll_from_s, done="indexed"
         )
         for which, f in (("commit", floor), ("indexing", index_floor)):
             try:  # a head start only: a read that needs the floor reads it then
                 await f.refresh()
             except (NatsError, TimeoutError) as exc:  # JetStream electing a leader (a cluster starting)
-                log.warning("the %s floor could not be read yet (%s); reads will read it", which, type(exc).__name__)
+                log.warning(
+                    "the %s floor of %s could not be read yet (%s); reads will read it",
+                    which,
+                    stream,
+                    type(exc).__name__,
+                )
         tails = None
         if s.query.read_tail:
             tails = StreamTail(
                 js,
-                s.streams.events,
+                stream,
                 lambda: floor.value,
                 max_messages=s.query.tail_max_messages,
                 max_bytes=s.streams.max_message_bytes,
             )
-        engine = resources.engine
         unindexed = Unindexed(
             js,
-            s.streams.events,
+            stream,
             engine,
             floor,
             scope=s.indexing.storage_scope,
@@ -240,8 +268,7 @@ class QueryWorker(Component[QueryLive]):
             limit=s.query.search_tail,
             max_bytes=s.streams.max_message_bytes,
         )
-        end = StreamEnd(js, s.streams.events)
-        return QueryLive(nc, js, engine, reader(engine), build_cache(s), floor, index_floor, tails, unindexed, end)
+        return StreamReads(floor, index_floor, tails, unindexed, StreamEnd(js, stream))
 
     def checks(self) -> dict[str, Check]:
         return {
@@ -258,21 +285,22 @@ class QueryWorker(Component[QueryLive]):
         the invalidation subscribers run, so no answer is cached that a notice
         should have dropped)."""
         live = self.live
-        if self.settings.query.commit_notices:
-            # No queue group: every replica keeps its own commit floor.
-            for durable, cb in (
-                (self.settings.persistence.durable, self._on_committed),
-                (self.settings.indexing.durable, self._on_indexed),
-            ):
-                self._subscriptions.append(await live.nc.subscribe(committed_subject(durable), cb=cb))
-        if live.tails is not None:
-            await bus.patiently("the events stream's tail", live.tails.start)
+        for stream, reads in live.streams.items():
+            if self.settings.query.commit_notices:
+                # No queue group: every replica keeps its own commit floors.
+                for durable, cb in (
+                    (self.settings.persistence.durable, self._on_committed(reads)),
+                    (self.settings.indexing.durable, self._on_indexed(reads)),
+                ):
+                    subject = notice_subject(self.settings.streams, durable, stream)
+                    self._subscriptions.append(await live.nc.subscribe(subject, cb=cb))
+            if reads.tails is not None:
+                await bus.patiently(f"the tail of {stream}", reads.tails.start)
         # Pages of session.get, history and context fit this server's max_payload.
-        floor = live.floor
         self.ctx = dataclasses.replace(
             self.ctx,
             reply_bytes=paging.reply_bytes(live.nc.max_payload),
-            windows=WindowCache(lambda: floor.value, self.settings.query.window_cache),
+            windows=WindowCache(lambda app: live.of(app).floor.value, self.settings.query.window_cache),
         )
 
     async def serve(self, service: Service) -> None:
@@ -292,8 +320,9 @@ class QueryWorker(Component[QueryLive]):
                 await sub.unsubscribe()
         await self.searcher.close()
         if self._live is not None:
-            if self._live.tails is not None:
-                await self._live.tails.stop()
+            for reads in self._live.streams.values():
+                if reads.tails is not None:
+                    await reads.tails.stop()
             await self._live.cache.close()
 
     async def reconnected(self) -> None:
@@ -416,7 +445,8 @@ class QueryWorker(Component[QueryLive]):
                     finally:
                         tail.close()
                 backlog: int | None = None  # the caller's own messages waiting to be indexed, if known
-                floor = self.live.index_floor if q.OPS[op].waits_for == "indexing" else self.live.floor
+                of = self.live.of(req.app)
+                floor = of.index_floor if q.OPS[op].waits_for == "indexing" else of.floor
                 # A read that waits for a commit is answered right after it:
                 # another replica is unlikely to have stored its answer in the
                 # shared tier yet, and the writer's next append makes it
@@ -435,7 +465,7 @@ class QueryWorker(Component[QueryLive]):
                     # what is left of wait_ms: a search may have spent some on the index's grace
                     left_ms = max(0, req.wait_ms - round((time.monotonic() - waited_from) * 1000))
                     try:
-                        await self._wait(op, req.min_seq, left_ms, floor, slot)
+                        await self._wait(op, req, left_ms, floor, slot)
                     except NotCommitted:
                         if not searching or floor.consumer_missing:
                             raise
@@ -460,12 +490,13 @@ class QueryWorker(Component[QueryLive]):
             what = "JetStream" if isinstance(exc, NatsError) else "the database"
             return error_body(Unavailable(f"{op}: {what} is unavailable, retry later")), None
 
-    async def _wait(self, op: str, seq: int, wait_ms: int, floor: CommitFloor, slot: Slot) -> None:
-        """Until ``seq`` is committed (indexed: ``floor``), holding no request
+    async def _wait(self, op: str, req: q.Request, wait_ms: int, floor: CommitFloor, slot: Slot) -> None:
+        """Until ``req.min_seq`` is committed (indexed: ``floor``), holding no request
         slot meanwhile; refused as soon as it is known the stream never held
         it. That is asked beside the wait, so a read whose commit comes
         first pays nothing for it (workers/query/stream_end.py)."""
-        end = self.live.end
+        seq = req.min_seq or 0
+        end = self.live.of(req.app).end  # of the app's own stream
         async with self.slots.waiting(slot, op):
             if seq <= end.last:
                 await floor.wait_for(seq, wait_ms / 1000)
@@ -490,7 +521,7 @@ class QueryWorker(Component[QueryLive]):
     async def _with_every_writer(self, req: q.Request) -> q.Request:
         """``req`` waiting also for the newest write any client had
         acknowledged in its scope (:mod:`memq.workers.query.consistency`)."""
-        newest = await last_acknowledged(self.live.js, self.settings.streams.events, read_scope(req))
+        newest = await last_acknowledged(self.live.js, stream_of(self.settings.streams, req.app), read_scope(req))
         if newest <= (req.min_seq or 0):
             return req
         return req.model_copy(update={"min_seq": newest})
@@ -502,10 +533,11 @@ class QueryWorker(Component[QueryLive]):
         backlog, another app's too) makes a search add the caller's unindexed
         memories, whose keyword scores are estimated (:mod:`memq.workers.memory.unindexed`)."""
         grace_ms = min(req.wait_ms, self.settings.query.search_grace_ms)
-        if not req.min_seq or grace_ms <= 0 or self.live.index_floor.consumer_missing:
+        index_floor = self.live.of(req.app).index_floor
+        if not req.min_seq or grace_ms <= 0 or index_floor.consumer_missing:
             return False
         try:
-            await self._wait(op, req.min_seq, grace_ms, self.live.index_floor, slot)
+            await self._wait(op, req, grace_ms, index_floor, slot)
         except NotCommitted:
             await self.slots.regain(slot)  # the search goes on, with its own unindexed memories
             return False
@@ -519,7 +551,8 @@ class QueryWorker(Component[QueryLive]):
             raise MustWait("no searcher")
         deadline = time.monotonic() + req.wait_ms / 1000
         try:
-            tail = await self.live.unindexed.docs(req, self.live.index_floor.value, deadline)
+            of = self.live.of(req.app)
+            tail = await of.unindexed.docs(req, of.index_floor.value, deadline)
         except (NatsError, TimeoutError) as exc:  # JetStream busy or away: the wait says what it can
             raise MustWait(f"the stream could not be read ({type(exc).__name__})") from None
         reply = await self.searcher.search(req, tail=tail)
@@ -533,14 +566,15 @@ class QueryWorker(Component[QueryLive]):
         from the stream (:mod:`memq.workers.query.stream_tail`, ``query.read_tail``)."""
         if req.min_seq is None or not reads_tail(op, req):
             return None
-        floor = self.live.floor.value
+        of = self.live.of(req.app)
+        floor = of.floor.value
         if req.min_seq <= floor:
             return None
         session: str = req.session  # type: ignore[attr-defined]  # reads_tail: a history or context
         carried: q.Carried | None = getattr(req, "carried", None)
         if carried is not None and req.consistency != "any":  # it holds the caller's writes, not others'
             return CarriedTail(req, carried, floor, req.min_seq)  # type: ignore[arg-type]
-        if (tails := self.live.tails) is None:
+        if (tails := of.tails) is None:
             return None
         return tails.reader(req.app, req.user, session, after=floor, upto=req.min_seq)
 
@@ -584,7 +618,7 @@ class QueryWorker(Component[QueryLive]):
         request's min_seq by what is already known of the commit floor; else
         None, and the request takes the full path."""
         cache = self.live.cache
-        if cache.local is None or (req.min_seq is not None and req.min_seq > self.live.floor.value):
+        if cache.local is None or (req.min_seq is not None and req.min_seq > self.live.of(req.app).floor.value):
             return None
         entry = cache.get_local(req.app, req.user, getattr(req, "session", None), key, listing=_lists(req))
         if entry is None or (req.min_seq is not None and entry.as_of < req.min_seq):
@@ -600,7 +634,7 @@ class QueryWorker(Component[QueryLive]):
         if entry is not None and (req.min_seq is None or entry.as_of >= req.min_seq):
             return entry.body, None
         # read before SQL: the answer holds at least this
-        as_of = await self.live.floor.current()
+        as_of = await self.live.of(req.app).floor.current()
         skipped = recall_skipped.set(False)
         try:
             body = ok_body(await self._run(op, req))
@@ -614,20 +648,28 @@ class QueryWorker(Component[QueryLive]):
 
     # --- commit notices -------------------------------------------------------------
 
-    async def _on_committed(self, msg: Msg) -> None:
-        # nats-py runs a subscription's callbacks one at a time, in order.
-        if (notice := _notice(msg)) is not None:
-            await self.committed(notice)
+    def _on_committed(self, reads: StreamReads) -> Callable[[Msg], Awaitable[None]]:
+        async def on_committed(msg: Msg) -> None:
+            # nats-py runs a subscription's callbacks one at a time, in order.
+            if (notice := _notice(msg)) is not None:
+                await self.committed(notice, reads)
 
-    async def _on_indexed(self, msg: Msg) -> None:
-        if (notice := _notice(msg)) is not None:
-            self.live.index_floor.finished(notice.ranges)
+        return on_committed
 
-    async def committed(self, notice: CommittedRanges) -> None:
+    def _on_indexed(self, reads: StreamReads) -> Callable[[Msg], Awaitable[None]]:
+        async def on_indexed(msg: Msg) -> None:
+            if (notice := _notice(msg)) is not None:
+                reads.index_floor.finished(notice.ranges)
+
+        return on_indexed
+
+    async def committed(self, notice: CommittedRanges, reads: StreamReads) -> None:
+        """A persistence batch of ``reads``' stream is through: drop what it
+        made stale, then move the stream's commit floor."""
         cache = self.live.cache
         for changed in notice.changed:  # first: a read the floor wakes must not see a stale entry
             await cache.invalidate_local(**_scope(changed))
-        self.live.floor.finished(notice.ranges)
+        reads.floor.finished(notice.ranges)
 
     # The FastStream handlers use the worker's own cache, not a
     # Context("cache") argument: FastDepends solves such a field in a

@@ -53,28 +53,27 @@ from nats.js.errors import NotFoundError
 
 from memq.contracts.errors import NotCommitted
 from memq.contracts.notices import CommitNotice, CommittedRanges
-from memq.contracts.subjects import committed_subject
 
 log = logging.getLogger("memq.commit_floor")
 
 RATE_WINDOW_S = 30.0  # how far back CommitFloor.rate() looks
 
 
-async def announce_finished(nc: NATS, durable: str, seqs: Iterable[int], changed: Iterable[CommitNotice] = ()) -> None:
-    """Say which stream sequences a replica of ``durable`` finished with in
-    one batch (after their acks, on the same connection, so the notice
-    never overtakes them): one :class:`CommittedRanges` on
-    ``committed_subject(durable)``, whatever the batch held. Nothing when
-    nothing was finished; a failed publish is only logged (readers fall back
-    to the ack floor)."""
+async def announce_finished(nc: NATS, subject: str, seqs: Iterable[int], changed: Iterable[CommitNotice] = ()) -> None:
+    """Say which stream sequences a replica finished with in one batch
+    (after their acks, on the same connection, so the notice never
+    overtakes them): one :class:`CommittedRanges` on ``subject``, its
+    durable's and stream's (:func:`memq.workers.runtime.event_streams.notice_subject`),
+    whatever the batch held. Nothing when nothing was finished; a failed
+    publish is only logged (readers fall back to the ack floor)."""
     seqs = list(seqs)
     if not seqs:
         return
     notice = CommittedRanges.of(seqs, changed)
     try:
-        await nc.publish(committed_subject(durable), notice.encode())
+        await nc.publish(subject, notice.encode())
     except NatsError as exc:
-        log.warning("cannot announce finished sequences of %s (%s)", durable, exc or type(exc).__name__)
+        log.warning("cannot announce finished sequences on %s (%s)", subject, exc or type(exc).__name__)
 
 
 class ContiguousFloor:

@@ -197,6 +197,55 @@ class BatchConsumer:
                     pass  # redelivered after ack_wait anyway
 
 
+class StreamConsumers:
+    """One :class:`BatchConsumer` of the same durable on each of ``streams``
+    (the events streams: one, or the shared one and each app's). Sequences
+    are per stream, so a batch never mixes streams: the handler finds its
+    stream in its messages (:func:`batch_stream`). ``serial`` runs one batch
+    at a time across all of them (SQLite has one writer)."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        streams: list[str],
+        *,
+        config: ConsumerConfig | Callable[[str], ConsumerConfig],
+        handler: Handler,
+        serial: bool = False,
+        **options,
+    ):
+        """``config``: the durable's, or the function giving it for a stream
+        (where it starts differs per stream); ``options``: :class:`BatchConsumer`'s."""
+        if serial:
+            lock = asyncio.Lock()
+
+            async def one_at_a_time(msgs: list[Msg], handle: Handler = handler) -> None:
+                async with lock:
+                    await handle(msgs)
+
+            handler = one_at_a_time
+        config_of = config if callable(config) else (lambda _: config)
+        self.each = [
+            BatchConsumer(nc, stream=stream, config=config_of(stream), handler=handler, **options) for stream in streams
+        ]
+
+    @property
+    def running(self) -> bool:
+        return all(c.running for c in self.each)
+
+    async def start(self) -> None:
+        for consumer in self.each:
+            await consumer.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(c.stop() for c in self.each))
+
+
+def batch_stream(msgs: list[Msg]) -> str:
+    """The stream a batch came from (every message of a batch is of one)."""
+    return msgs[0].metadata.stream
+
+
 def _more_waiting(msg: Msg) -> bool:
     """Whether the stream held more messages for this consumer when ``msg``
     was delivered (``num_pending``: not yet delivered to the consumer). Zero

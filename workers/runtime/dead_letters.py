@@ -35,10 +35,12 @@ from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
 from memq.contracts.dlq import ERROR, ORIGINAL_SUBJECT, DeadLetterHeaders, replay_headers
-from memq.contracts.errors import PublishFailed
+from memq.contracts.errors import InvalidId, PublishFailed
 from memq.contracts.landing import publish_landed
 from memq.contracts.subjects import DLQ_WILDCARD, PREFIX, dlq_subject
 from memq.workers import metrics
+from memq.workers.runtime.event_streams import stream_of_subject
+from memq.workers.settings import StreamSettings
 
 log = logging.getLogger("memq.dlq")
 
@@ -164,13 +166,14 @@ def _replayable(letter: DeadLetter, events_prefix: str) -> str | None:
 async def replay_dead_letters(
     js: JetStreamContext,
     dlq_stream: str,
-    events_stream: str,
+    streams: StreamSettings,
     where: DeadLetterFilter,
     keep: bool = False,
     on_replayed: Callable[[DeadLetter], None] | None = None,
 ) -> ReplayResult:
     """Publish each matching dead letter on its original subject, then, once
-    it is stored there, delete it from the DLQ (unless ``keep``).
+    it is stored there (in its app's events stream), delete it from the DLQ
+    (unless ``keep``).
 
     The publish carries ``Nats-Msg-Id: dedupe_id(subject, memq-replay:<dlq
     seq>, body)``: running the same replay twice within the duplicate window
@@ -190,8 +193,9 @@ async def replay_dead_letters(
         subject = letter.original_subject
         headers = replay_headers(dlq_stream, letter.seq, subject, letter.data)
         try:
-            landed = await publish_landed(js, subject, letter.data, headers, events_stream)
-        except PublishFailed as exc:
+            stream = stream_of_subject(streams, subject)
+            landed = await publish_landed(js, subject, letter.data, headers, stream)
+        except (PublishFailed, InvalidId) as exc:
             result.skipped.append((letter.seq, str(exc)))
             continue
         if landed.squatted is not None:

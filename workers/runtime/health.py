@@ -56,6 +56,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 from memq.contracts.subjects import dlq_subject
 from memq.workers import metrics
 from memq.workers.runtime.component import Component, Live
+from memq.workers.runtime.event_streams import event_streams
 from memq.workers.runtime.kinds import KINDS
 from memq.workers.runtime.readiness import Check, NotReady
 from memq.workers.settings import MetricsSettings, Settings
@@ -284,22 +285,24 @@ class Monitor:
             durable = durable_of(kind, self.settings)
             if durable is None:
                 continue
-            try:
-                info = await asyncio.wait_for(
-                    nc.jetstream().consumer_info(streams.events, durable), self.config.check_timeout_s
+            for stream in event_streams(streams):
+                try:
+                    info = await asyncio.wait_for(
+                        nc.jetstream().consumer_info(stream, durable), self.config.check_timeout_s
+                    )
+                except NotFoundError:  # not created yet (indexing prepares its index first)
+                    continue
+                except Exception as exc:  # NATS going away: keep the last values
+                    log.debug("consumer info of %s on %s failed: %s", durable, stream, exc)
+                    continue
+                metrics.set_consumer(
+                    durable,
+                    stream,
+                    info.num_pending or 0,
+                    info.num_ack_pending or 0,
+                    info.num_redelivered or 0,
+                    info.ack_floor.stream_seq if info.ack_floor else 0,
                 )
-            except NotFoundError:  # not created yet (indexing prepares its index first)
-                continue
-            except Exception as exc:  # NATS going away: keep the last values
-                log.debug("consumer info of %s failed: %s", durable, exc)
-                continue
-            metrics.set_consumer(
-                durable,
-                info.num_pending or 0,
-                info.num_ack_pending or 0,
-                info.num_redelivered or 0,
-                info.ack_floor.stream_seq if info.ack_floor else 0,
-            )
         if connected:  # any connection will do: the DLQ is one stream
             js = connected[0][1].jetstream()
             try:

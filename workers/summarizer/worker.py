@@ -50,6 +50,7 @@ from memq.workers.memory.tokens import count_text, event_text
 from memq.workers.runtime import readiness
 from memq.workers.runtime.commit_floor import CommitFloor
 from memq.workers.runtime.component import Component, Live, NotOpened
+from memq.workers.runtime.event_streams import event_streams
 from memq.workers.runtime.lease import Lease
 from memq.workers.settings import Settings
 from memq.workers.sql import reads
@@ -110,7 +111,7 @@ class SummarizerLive(Live):
 
     engine: AsyncEngine
     summarizer: Summarizer
-    floor: CommitFloor  # a checkpoint's commit is waited for on it
+    floors: dict[str, CommitFloor]  # by events stream: a checkpoint's commit is waited for on its stream's
 
 
 class SummarizerWorker(Component[SummarizerLive]):
@@ -168,9 +169,8 @@ class SummarizerWorker(Component[SummarizerLive]):
         s = self.settings
         js = nc.jetstream()
         summarizer = self._given or open_summarizer(s.summarizer)
-        live = SummarizerLive(
-            nc, js, resources.engine, summarizer, CommitFloor(js, s.streams.events, s.persistence.durable)
-        )
+        floors = {stream: CommitFloor(js, stream, s.persistence.durable) for stream in event_streams(s.streams)}
+        live = SummarizerLive(nc, js, resources.engine, summarizer, floors)
         self._triggered = True
         return live
 
@@ -305,7 +305,7 @@ class SummarizerWorker(Component[SummarizerLive]):
             # Hold the lease until the checkpoint is in SQL: a plan made
             # before that would fold the same events again.
             try:
-                await self.live.floor.wait_for(ack.seq, COMMIT_WAIT_S)
+                await self.live.floors[ack.stream].wait_for(ack.seq, COMMIT_WAIT_S)
             except NotCommitted:
                 log.warning("checkpoint at seq %d not committed after %.0fs", ack.seq, COMMIT_WAIT_S)
             else:

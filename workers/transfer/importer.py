@@ -45,6 +45,7 @@ from memq.contracts.schemas import (
     StateSet,
     StreamMessage,
 )
+from memq.contracts.subjects import EVENTS_STREAM
 from memq.workers.memory.state import APP_PREFIX, TOMBSTONE, USER_PREFIX
 from memq.workers.sql.models import (
     APP_STATE,
@@ -176,7 +177,8 @@ class Importer:
     and ``engine`` reach (its NATS and its SQL, read for deduplication).
 
     :param durable: the persistence consumer whose ack floor says a publish
-        is committed. :param stream: the event stream.
+        is committed. :param stream_of: the events stream that holds an
+        app's messages (sequences are per stream).
     :param commit_timeout_s: how long to wait for a commit before failing.
     """
 
@@ -185,12 +187,12 @@ class Importer:
         nc: NATS,
         engine: AsyncEngine,
         *,
-        stream: str = "MEMQ_EVENTS",
+        stream_of: Callable[[str], str] = lambda _app: EVENTS_STREAM,
         durable: str = "memq-persistence",
         commit_timeout_s: float = 120.0,
         on_record: Callable[[], None] | None = None,
     ):
-        self.nc, self.engine, self.stream, self.durable = nc, engine, stream, durable
+        self.nc, self.engine, self.stream_of, self.durable = nc, engine, stream_of, durable
         self.commit_timeout_s = commit_timeout_s
         self.on_record = on_record
         self.stats = ImportStats()
@@ -199,7 +201,7 @@ class Importer:
         self._current: _Session | None = None
         self._published_users: set[tuple[str, str]] = set()
         self._published_apps: set[str] = set()
-        self._last_seq = 0
+        self._last_seq: dict[str, int] = {}  # by stream: the newest sequence published
 
     async def run(self, path: Path) -> ImportStats:
         """Import a file that :func:`check_file` found good; wait until the
@@ -213,8 +215,8 @@ class Importer:
             if self.on_record is not None:
                 self.on_record()
         await self._leave_session()
-        if self._last_seq:
-            await self.wait_committed(self._last_seq)
+        for stream, seq in self._last_seq.items():
+            await self.wait_committed(stream, seq)
         return self.stats
 
     # --- one record -------------------------------------------------------------
@@ -233,7 +235,8 @@ class Importer:
                 return
             # Alone and committed first: the session's created_at is this message's time.
             await self._publish_now(s, m)
-            await self.wait_committed(self._last_seq)
+            stream = self.stream_of(m.app)
+            await self.wait_committed(stream, self._last_seq[stream])
             s.visible = True
             self.stats.sessions_created += 1
         elif type(m) is EventAppended:
@@ -377,23 +380,27 @@ class Importer:
             if source_seq is not None:
                 s.seq_map[source_seq] = seq
         self.stats.published += len(seqs)
-        self._last_seq = max(self._last_seq, *seqs)
+        self._published(s.app, max(seqs))
         self._published_users.add((s.app, s.user))
         self._published_apps.add(s.app)
 
     def _sent(self, seq: int, m: StreamMessage) -> None:
         self.stats.published += 1
-        self._last_seq = max(self._last_seq, seq)
+        self._published(m.app, seq)
         self._published_apps.add(m.app)
 
-    async def wait_committed(self, seq: int) -> None:
-        """Until the persistence consumer's ack floor reaches ``seq`` (its
-        acks are contiguous, so everything up to it is committed)."""
+    def _published(self, app: str, seq: int) -> None:
+        stream = self.stream_of(app)
+        self._last_seq[stream] = max(self._last_seq.get(stream, 0), seq)
+
+    async def wait_committed(self, stream: str, seq: int) -> None:
+        """Until the persistence consumer's ack floor on ``stream`` reaches
+        ``seq`` (its acks are contiguous, so everything up to it is committed)."""
         deadline = asyncio.get_running_loop().time() + self.commit_timeout_s
         delay = 0.005
         while True:
             try:
-                info = await self._js.consumer_info(self.stream, self.durable)
+                info = await self._js.consumer_info(stream, self.durable)
                 if info.ack_floor is not None and (info.ack_floor.stream_seq or 0) >= seq:
                     return
             except NotFoundError:
@@ -401,7 +408,7 @@ class Importer:
             if asyncio.get_running_loop().time() > deadline:
                 raise ImportFailed(
                     f"stream sequence {seq} was not committed within {self.commit_timeout_s:g}s: "
-                    f"is a persistence worker running (consumer {self.durable} on {self.stream})?"
+                    f"is a persistence worker running (consumer {self.durable} on {stream})?"
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.1)
