@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,18 +75,21 @@ class Tenants:
         return (await self.admin.jetstream().stream_info(self.settings.streams.dlq)).state.messages
 
 
-@pytest.fixture(scope="package")
-async def tenants(tmp_path_factory) -> AsyncIterator[Tenants]:
+@asynccontextmanager
+async def tenant_stack(tmp: Path, *, own_streams: bool = True) -> AsyncIterator[Tenants]:
+    """The stack; ``own_streams`` False keeps every app on the one shared
+    stream (the default deployment), where the fences that per-app streams
+    make moot (a shared duplicate window) must hold by themselves."""
     names = security.user_names([A, B, C])
     passwords, hashed = security.generate_passwords(names)
     memq_users, system_users = security.build_users([A, B, C], hashed)
     config = security.render_accounts(memq_users, system_users)
-    tmp: Path = tmp_path_factory.mktemp("tenants")
     with running_service(functools.partial(NatsServer, config=config)) as server:
         s = make_settings(server.url, f"sqlite+aiosqlite:///{tmp}/memq.db", tmp)
         s.nats = s.nats.model_copy(update={"user": security.WORKERS, "password": SecretStr(passwords["workers"])})
-        apps = {A: AppStreamSettings(), B: AppStreamSettings(), C: AppStreamSettings(max_bytes=C_QUOTA)}
-        s.streams = s.streams.model_copy(update={"apps": apps})
+        if own_streams:
+            apps = {A: AppStreamSettings(), B: AppStreamSettings(), C: AppStreamSettings(max_bytes=C_QUOTA)}
+            s.streams = s.streams.model_copy(update={"apps": apps})
         s.summarizer = s.summarizer.model_copy(update={"sweep_interval_s": 0.5, "retry_after_s": 0.5})
         budget = {"strategy": "summary_buffer", "budget": SUMMARY_BUDGET}
         s.query = s.query.model_copy(update={"apps": {A: budget, B: budget}})
@@ -96,3 +99,16 @@ async def tenants(tmp_path_factory) -> AsyncIterator[Tenants]:
             admin = await nats.connect(server.url, user=security.ADMIN, password=passwords["admin"])
             stack.push_async_callback(admin.close)
             yield Tenants(server, passwords, s, admin)
+
+
+@pytest.fixture(scope="package")
+async def tenants(tmp_path_factory) -> AsyncIterator[Tenants]:
+    async with tenant_stack(tmp_path_factory.mktemp("tenants")) as stack:
+        yield stack
+
+
+@pytest.fixture(scope="package")
+async def one_stream_tenants(tmp_path_factory) -> AsyncIterator[Tenants]:
+    """The same tenants on the one shared events stream."""
+    async with tenant_stack(tmp_path_factory.mktemp("one-stream"), own_streams=False) as stack:
+        yield stack

@@ -27,13 +27,13 @@ from memq.contracts.schemas import Event, EventAppended, Message, SessionDeleted
 from memq.contracts.subjects import dedupe_id, events_subject
 from memq.workers.persistence.expiry import SessionSweeper, expiry_message, idle_sessions
 from memq.workers.runtime.dead_letters import DeadLetterFilter, list_dead_letters, replay_dead_letters
-from memq.workers.runtime.event_streams import stream_of
+from memq.workers.runtime.event_streams import per_app, stream_of
 from memq.workers.settings import ExpirySettings
 from memq.workers.sql import reads
 from memq.workers.sql.engine import create_engine
 from memq.workers.sql.models import SESSIONS
 
-A, B = "app-a", "team.b"  # conftest's tenants
+from .conftest import A, B, Tenants
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -63,11 +63,21 @@ async def _gone(engine, app: str, user: str, session: str) -> bool:
     return not await reads.session_exists(engine, app, user, session)
 
 
-async def test_a_squatted_expiry_id_does_not_keep_b_s_session_alive(tenants):
+@pytest.fixture(params=["own streams", "one stream"])
+def either(request) -> Tenants:
+    """The tenants with a stream each (A's ids land in A's own duplicate
+    window: nothing to squat), and on the one shared stream (they land in
+    B's window: the squat is seen and gone around)."""
+    return request.getfixturevalue("tenants" if request.param == "own streams" else "one_stream_tenants")
+
+
+async def test_a_squatted_expiry_id_does_not_keep_b_s_session_alive(either):
     """A publishes, every 0.2 s on its own session, the old sweep id of B's
     session and the new one with the very bytes of the sweep's delete. B's
-    session is deleted within TTL + BOUND, the sweep counts it as squatted
-    (not as a plain success), and a rerun of the same sweep adds no delete."""
+    session is deleted within TTL + BOUND; on a shared stream the sweep
+    counts it as squatted (not as a plain success), on B's own stream A
+    could not squat at all; a rerun of the same sweep adds no delete."""
+    tenants = either
     user, session = "bob", "idle-squatted"
     b_subject = events_subject(B, user, session)
     key = scope_key(B, user, session)
@@ -113,7 +123,8 @@ async def test_a_squatted_expiry_id_does_not_keep_b_s_session_alive(tenants):
         deadline = BOUND + max(0.0, updated_at + TTL - time.time())
         await wait_for(lambda: _gone(engine, B, user, session), timeout=deadline, what="B's session expired")
         # (expired counts B's other idle sessions too, those of earlier tests on the shared stack)
-        assert sweeper.expired >= 1 and sweeper.squatted >= 1
+        own_stream = per_app(tenants.settings.streams)
+        assert sweeper.expired >= 1 and (sweeper.squatted == 0 if own_stream else sweeper.squatted >= 1)
         # A rerun as if the delete were not committed yet: the same message, its fresh id remembered.
         assert await sweeper._delete(predicted) is False
     finally:
@@ -152,12 +163,14 @@ async def test_two_sweeps_of_one_idle_session_delete_it_once(tenants):
         await engine.dispose()
 
 
-async def test_a_squatted_replay_id_does_not_swallow_the_operator_s_replay(tenants):
+async def test_a_squatted_replay_id_does_not_swallow_the_operator_s_replay(either):
     """B's session gets a dead letter (an event id reused with other
     content). A publishes on its own subject the old replay ids of DLQ seqs
     1..60 and the new id of the letter with its very body. The operator's
     replay lands on B's subject (its last message there is the letter's body,
-    marked replayed from it), and only then is the letter deleted."""
+    marked replayed from it; sent again under a fresh id on a shared stream,
+    at once on B's own), and only then is the letter deleted."""
+    tenants = either
     user, session = "bob", "replayed"
     b_subject = events_subject(B, user, session)
     dlq = tenants.settings.streams.dlq
@@ -191,7 +204,8 @@ async def test_a_squatted_replay_id_does_not_swallow_the_operator_s_replay(tenan
     before = await tenants.stored(b_subject)
     result = await replay_dead_letters(js, dlq, tenants.settings.streams, DeadLetterFilter(seqs=frozenset({dead.seq})))
     assert await tenants.stored(b_subject) == before + 1, "the replay did not land on B's subject"
-    assert result.replayed == [dead.seq] and result.squatted == [dead.seq] and not result.skipped
+    squatted = [] if per_app(tenants.settings.streams) else [dead.seq]
+    assert result.replayed == [dead.seq] and result.squatted == squatted and not result.skipped
     last = await js.get_last_msg(stream_of(tenants.settings.streams, B), b_subject)
     assert last.data == dead.data and (last.headers or {}).get(REPLAYED_FROM) == str(dead.seq)
     assert orjson.loads(last.data)["event"]["id"] == "reused"
