@@ -258,7 +258,10 @@ class PublishSettling:
                 "reached. Deleting sessions frees space; the operator can raise the quota"
             )
         if isinstance(exc, nats.js.errors.NoStreamResponseError):
-            why = f"stream {streams} not found: run `memq init` or start a worker"
+            why = (
+                f"no stream captures it ({streams}): run `memq init` or start a worker; where apps have "
+                f"streams of their own (streams.apps), app {self.app!r} must be listed there"
+            )
         elif isinstance(exc, nats.js.errors.APIError) and exc.err_code == EXPECTED_STREAM_MISMATCH:
             why = f"the subject is not captured by stream {streams} ({exc.description})"
         elif isinstance(exc, TimeoutError):

@@ -87,13 +87,15 @@ class AppStreamSettings(BaseModel):
 class StreamSettings(BaseModel):
     events: str = Field(
         default="MEMQ_EVENTS",
-        description="the shared event log stream: every app's events, unless the app has its own (`apps`)",
+        description="the shared event log stream: every app's events, unless apps have their own (`apps`)",
     )
     apps: dict[str, AppStreamSettings] = Field(
         default_factory=dict,
         description="apps with a stream of their own, MEMQ_EVENTS_<app> (a multi-tenant deployment lists every "
         "app it has an account for): a quota each, a duplicate window each, and expectation headers and sequences "
-        "that see only the app's own messages. With any app here, the shared stream captures no new events. "
+        "that see only the app's own messages, and a consumer of each worker kind, so one app's backlog holds no "
+        "other back. With any app here, the shared stream captures no new events (its history is still consumed), "
+        "so an app not listed cannot write. "
         'E.g. MEMQ_STREAMS__APPS=\'{"my-app": {"max_bytes": 1073741824}, "other-app": {}}\'',
     )
     app_max_bytes: int = Field(

@@ -234,7 +234,9 @@ async def test_missing_stream_is_a_clear_publish_failure(nc) -> None:
         client.set_state(USER, {"user:lang": "fr"}),
         client.delete_user(USER, missing_ok=True),  # published unasked: no query service here
     ):
-        with pytest.raises(PublishFailed, match=r"stream MEMQ_EVENTS or MEMQ_EVENTS_\S+ not found: run `memq init`"):
+        with pytest.raises(
+            PublishFailed, match=r"no stream captures it \(MEMQ_EVENTS or MEMQ_EVENTS_\S+\): run `memq init`"
+        ):
             await publish
     with pytest.raises(PublishFailed, match=f"bucket {ARTIFACT_BUCKET} not found"):
         await client.save_artifact(USER, SESSION, "big.bin", b"x" * (client.inline_artifact_limit + 1))

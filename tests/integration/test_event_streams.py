@@ -5,13 +5,18 @@ move of a deployment that already has history in the shared stream
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import replace
+
 import nats
 import pytest
+from helpers import make_settings, running_query, running_worker
 from nats.js.api import DiscardPolicy
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import QuotaExceeded
 from memq.contracts.subjects import app_events_stream, events_subject
+from memq.workers.persistence.worker import PersistenceWorker
 from memq.workers.runtime.bus import ensure_streams
 from memq.workers.runtime.event_streams import RETIRED_SUBJECT, event_streams, stream_of
 from memq.workers.settings import AppStreamSettings, StreamSettings
@@ -71,3 +76,31 @@ async def test_apps_with_streams_of_their_own_continue_after_the_shared_history(
     raised = apps.model_copy(update={"apps": {A: AppStreamSettings(), B: AppStreamSettings(max_bytes=8192)}})
     assert (await ensure_streams(js, raised))[app_events_stream(B)] == "updated"
     assert (await js.stream_info(app_events_stream(B))).config.max_bytes == 8192
+
+
+async def test_a_write_from_before_the_move_is_read_once_the_shared_stream_commits_it(
+    js, nats_url, sqlite_url, tmp_path
+) -> None:
+    """An app moved to a stream of its own starts after the shared stream's
+    history, so its floors pass an older seq at once: a read of a write made
+    just before the move (still in the shared stream's backlog) waits on the
+    shared stream's floor instead, and answers with the write, not without it."""
+    shared = make_settings(nats_url, sqlite_url, tmp_path)
+    await ensure_streams(js, shared.streams)
+    async with await MemoryClient.connect(nats_url, app=A) as a:
+        seq = await a.append_text("ann", "moved", "user", "written before the move")  # nothing commits it yet
+
+    moved = shared.model_copy(update={"streams": StreamSettings(apps={A: AppStreamSettings()})})
+    await ensure_streams(js, moved.streams)
+    # The persistence fleet has its consumer on A's stream already (nothing
+    # to commit there: its floor stands at the stream's start, past seq).
+    config = PersistenceWorker(moved).consumer_config()
+    await js.add_consumer(app_events_stream(A), replace(config, name=config.durable_name))
+    async with running_query(moved):
+        async with await MemoryClient.connect(nats_url, app=A, wait_ms=20_000, carry_writes=False) as a:
+            read = asyncio.create_task(a.history("ann", "moved", min_seq=seq))
+            await asyncio.sleep(1.0)
+            assert not read.done(), f"answered before the write was committed: {read.result()!r}"
+            async with running_worker(moved):
+                history = await asyncio.wait_for(read, 20)
+    assert [e.event["message"]["parts"][0]["text"] for e in history.events] == ["written before the move"]

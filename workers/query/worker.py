@@ -83,6 +83,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 from nats.micro.request import Request
 from nats.micro.service import Service
 from pydantic import ValidationError
@@ -123,7 +124,7 @@ from memq.workers.runtime import bus, readiness
 from memq.workers.runtime.bus import malformed_notice
 from memq.workers.runtime.commit_floor import CommitFloor
 from memq.workers.runtime.component import Component, Live
-from memq.workers.runtime.event_streams import event_streams, notice_subject, stream_of
+from memq.workers.runtime.event_streams import event_streams, notice_subject, per_app, stream_of
 from memq.workers.settings import Settings, StreamSettings
 from memq.workers.sql.engine import is_disconnect, reader
 
@@ -158,10 +159,19 @@ class QueryLive(Live):
     cache: QueryCache  # this kind's alone: the query worker is its only user
     streams: dict[str, StreamReads]  # by stream name (event_streams)
     settings: StreamSettings  # which stream holds which app
+    # With apps on streams of their own: the shared stream's last sequence,
+    # which no longer moves. An app's own stream starts after it.
+    shared_end: int = 0
 
     def of(self, app: str) -> StreamReads:
         """The floors of the stream that holds ``app``'s messages."""
         return self.streams[stream_of(self.settings, app)]
+
+    def from_shared(self, req: q.Request) -> bool:
+        """Whether ``req.min_seq`` names a write to the shared stream, made
+        before the app had a stream of its own: it is waited for there."""
+        seq = req.min_seq
+        return seq is not None and seq <= self.shared_end and req.app in self.settings.apps
 
 
 class QueryWorker(Component[QueryLive]):
@@ -225,8 +235,14 @@ class QueryWorker(Component[QueryLive]):
         streams = {
             stream: await self._stream_reads(js, stream, resources.engine) for stream in event_streams(s.streams)
         }
+        shared_end = 0
+        if per_app(s.streams):
+            try:
+                shared_end = (await js.stream_info(s.streams.events)).state.last_seq
+            except NotFoundError:  # a fresh deployment: no history
+                pass
         engine = resources.engine
-        return QueryLive(nc, js, engine, reader(engine), build_cache(s), streams, s.streams)
+        return QueryLive(nc, js, engine, reader(engine), build_cache(s), streams, s.streams, shared_end)
 
     async def _stream_reads(self, js: JetStreamContext, stream: str, engine: AsyncEngine) -> StreamReads:
         s = self.settings
@@ -355,7 +371,12 @@ class QueryWorker(Component[QueryLive]):
             key = _request_key(op, req) if keyed else None
             # A hit in this replica's own cache tier needs no I/O either:
             # answering it here saves a task per request on the hottest path.
-            if key is not None and req.consistency != "any" and (body := self._local_hit(req, key)) is not None:
+            if (
+                key is not None
+                and req.consistency != "any"
+                and not self.live.from_shared(req)
+                and (body := self._local_hit(req, key)) is not None
+            ):
                 await request.respond(self._deliverable(op, body))
                 metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
@@ -429,6 +450,13 @@ class QueryWorker(Component[QueryLive]):
         try:
             if req.consistency == "any":
                 req = await self._with_every_writer(req)
+            if self.live.from_shared(req):
+                # The app's own stream starts after it: its floors pass the seq
+                # at once, whether or not the shared stream's backlog holds it.
+                before = self.live.streams[self.settings.streams.events]
+                indexing = q.OPS[op].waits_for == "indexing"
+                floor = before.index_floor if indexing else before.floor
+                await self._wait(op, req, req.wait_ms, floor, slot, before.end)
             if req.min_seq is not None and q.OPS[op].waits_for == "indexing" and not await self.searcher.built():
                 # Nothing would move the index floor: the search says why at once.
                 req = req.model_copy(update={"min_seq": None})
@@ -490,13 +518,15 @@ class QueryWorker(Component[QueryLive]):
             what = "JetStream" if isinstance(exc, NatsError) else "the database"
             return error_body(Unavailable(f"{op}: {what} is unavailable, retry later")), None
 
-    async def _wait(self, op: str, req: q.Request, wait_ms: int, floor: CommitFloor, slot: Slot) -> None:
+    async def _wait(
+        self, op: str, req: q.Request, wait_ms: int, floor: CommitFloor, slot: Slot, end: StreamEnd | None = None
+    ) -> None:
         """Until ``req.min_seq`` is committed (indexed: ``floor``), holding no request
         slot meanwhile; refused as soon as it is known the stream never held
         it. That is asked beside the wait, so a read whose commit comes
         first pays nothing for it (workers/query/stream_end.py)."""
         seq = req.min_seq or 0
-        end = self.live.of(req.app).end  # of the app's own stream
+        end = end or self.live.of(req.app).end  # of the app's own stream
         async with self.slots.waiting(slot, op):
             if seq <= end.last:
                 await floor.wait_for(seq, wait_ms / 1000)
