@@ -51,6 +51,7 @@ from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
+from memq.contracts.backoff import doubling
 from memq.contracts.errors import NotCommitted
 from memq.contracts.notices import CommitNotice, CommittedRanges
 
@@ -273,9 +274,10 @@ class CommitFloor:
 
     async def _poll(self) -> None:
         """The fallback: re-read the ack floor while anyone waits."""
-        delay = self.poll_from_s
-        while self._waiting:
-            await asyncio.sleep(delay)
+        for attempt in itertools.count():
+            if not self._waiting:
+                return
+            await asyncio.sleep(doubling(attempt, self.poll_from_s, self.poll_max_s))
             if not self._waiting:
                 return
             try:
@@ -284,4 +286,3 @@ class CommitFloor:
             except Exception as exc:  # JetStream unavailable: waiters time out and say so
                 log.debug("reading the %s ack floor failed: %s", self.durable, exc)
                 self._poll_error = exc
-            delay = min(delay * 2, self.poll_max_s)

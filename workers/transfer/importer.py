@@ -23,6 +23,7 @@ session is published, so the session's ``created_at`` is the exported one
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from nats.js.errors import NotFoundError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from memq.contracts.backoff import doubling
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import MemqError
 from memq.contracts.ids import scope_key
@@ -397,8 +399,7 @@ class Importer:
         """Until the persistence consumer's ack floor on ``stream`` reaches
         ``seq`` (its acks are contiguous, so everything up to it is committed)."""
         deadline = asyncio.get_running_loop().time() + self.commit_timeout_s
-        delay = 0.005
-        while True:
+        for attempt in itertools.count():
             try:
                 info = await self._js.consumer_info(stream, self.durable)
                 if info.ack_floor is not None and (info.ack_floor.stream_seq or 0) >= seq:
@@ -410,5 +411,4 @@ class Importer:
                     f"stream sequence {seq} was not committed within {self.commit_timeout_s:g}s: "
                     f"is a persistence worker running (consumer {self.durable} on {stream})?"
                 )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            await asyncio.sleep(doubling(attempt, 0.005, 0.1))
