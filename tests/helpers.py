@@ -194,8 +194,8 @@ class NoticesHandled:
         self.seqs: set[int] = set()
         handle = query.committed
 
-        async def committed(notice) -> None:
-            await handle(notice)
+        async def committed(notice, reads) -> None:
+            await handle(notice, reads)
             self.seqs.update(seq for first, last in notice.ranges for seq in range(first, last + 1))
 
         query.committed = committed

@@ -70,7 +70,7 @@ async def test_every_kind_runs_on_the_one_connection_of_its_process(fresh_nats, 
             assert component.nc is nc
         await asyncio.wait_for(process.component("indexing").ready.wait(), 60)
         # The hot paths too: the batch consumers' and the micro services' subscriptions are on it.
-        assert process.component("persistence").live.consumer.js._nc is nc
+        assert all(c.js._nc is nc for c in process.component("persistence").live.consumer.each)
         assert process.component("query").service is not None
         assert len(connz(fresh_nats.monitor_port)) == len(before) + 1
         # ...and they work on it: a write commits, a read answers through the cache path.
