@@ -34,6 +34,7 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.errors import NotCommitted
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.settings import AppStreamSettings
 from memq.workers.status import backlog_text, collect_status
 
 A, B = "backlog-a", "backlog-b"
@@ -43,6 +44,7 @@ ROUNDS = 10
 # NotCommitted after wait_ms (2 s), which fails the test by itself, so this
 # only catches a search that hangs (a loaded 2-core VM embeds the tail slowly).
 SEARCH_BOUND_S = 10.0
+SEARCH_WAIT_MS = 5_000  # B's own write indexed past A's backlog: a batch or two of the slow embedder
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -172,3 +174,44 @@ async def test_backlog_of_one_app_does_not_stall_another_apps_search(settings):
             # are estimated for unindexed memories, so lower ranks may swap).
             assert set(ids) == set(answers[query_text]), query_text
             assert ids[0] == answers[query_text][0], query_text
+
+
+async def test_with_a_stream_each_another_apps_backlog_is_not_in_front_of_b(nats_url, sqlite_url, tmp_path):
+    """With a stream per app (``streams.apps``) each app's messages have an
+    indexing consumer of their own: B's writes are indexed while A's
+    backlog is still there, so B's search waits on B's own index floor and
+    needs no unindexed read at all (``query.search_tail`` 0, so it could
+    not fall back on one). On the one shared stream the same searches wait
+    behind A's 3,000 events, for about 47 s."""
+    s = make_settings(nats_url, sqlite_url, tmp_path)
+    s.streams = s.streams.model_copy(update={"apps": {A: AppStreamSettings(), B: AppStreamSettings()}})
+    s.indexing = s.indexing.model_copy(update={"backend": "embedded", "batch_size": 16, "batch_wait_s": 0.02})
+    s.query = s.query.model_copy(update={"search_tail": 0})
+    slow = Slow(delay_s=0.25)
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(running_worker(s))
+        indexing = await stack.enter_async_context(running(IndexingWorker(s), embedder=slow))
+        await asyncio.wait_for(indexing.ready.wait(), 60)
+        query = await stack.enter_async_context(running_query(s))
+        query.searcher.embedder = Letters()
+        a = await stack.enter_async_context(await MemoryClient.connect(s.nats.url, app=A))
+        b = await stack.enter_async_context(await MemoryClient.connect(s.nats.url, app=B, wait_ms=SEARCH_WAIT_MS))
+
+        await b.search("bea", "warm up", min_seq=0)
+        for start in range(0, A_EVENTS, 500):
+            a_last = (
+                await a.append_many(
+                    "ann", f"s{start}", [text(f"chatter {i} about nothing much") for i in range(start, start + 500)]
+                )
+            )[-1]
+        for note in NOTES[:ROUNDS]:
+            event = text(note, author="Bea")
+            seq = await b.append("bea", "notes", event)
+            started = time.perf_counter()
+            found = await b.search("bea", note, k=3, min_seq=seq)
+            took = time.perf_counter() - started
+            assert event.id in [r.event_id for r in found.results], f"B's {note!r} not found"
+            assert took < SEARCH_BOUND_S, f"B's search took {took:.2f}s"
+        a_floor = query.live.of(A).index_floor
+        assert await a_floor.refresh() < a_last - 500, "A's backlog drained before B was done: the test proves nothing"
+        assert query.live.of(B).index_floor.value >= seq
