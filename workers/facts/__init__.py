@@ -1,1 +1,1 @@
-"""Facts about users extracted from the stream (issue 42): so far the LLM calls, not yet a worker kind."""
+"""Facts about users extracted from the stream: so far the LLM calls, not yet a worker kind."""

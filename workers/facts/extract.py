@@ -19,7 +19,7 @@ and llama-server too). A reply that is not what was asked raises
 be reached or answers an error raises :class:`FactLLMError`. HTTP and retries
 are :func:`memq.workers.http_retry.post_json`'s, as the LLM summarizer's.
 
-Not a worker kind yet: nothing runs this but the tests (issue 42).
+Not a worker kind yet: nothing runs this but the tests.
 """
 
 from __future__ import annotations
