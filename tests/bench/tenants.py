@@ -406,6 +406,37 @@ def results_table(rows: list[dict]) -> Table:
     return table
 
 
+def docs_tables(machine: dict, cfg: Config, rows: list[dict]) -> dict:
+    """What the docs render from the JSON (docs/_ext/memq_refs.py): where
+    and when, and the table as printed."""
+    return {
+        "script": "tests/bench/tenants.py",
+        "measured": {
+            "date": machine["date"][:10],
+            "commit": machine["git"],
+            "machine": f"{machine['nproc']} cores ({machine['cpu']})",
+            "conditions": f"{cfg.seconds:g} s per phase, A's backlog {cfg.backlog:,} events, "
+            f"{cfg.waiters} impossible waits, the attacker at nice {cfg.attacker_nice}",
+        },
+        "tables": [
+            {
+                "title": "B's requests while A attacks (p99 / idle: the issue's bound is 2×)",
+                "columns": [
+                    {"key": "phase", "name": "phase"},
+                    {"key": "attack_rate", "name": "A's req/s", "format": ".0f"},
+                    {"key": "op", "name": "B's op"},
+                    {"key": "p50_ms", "name": "p50 ms", "format": ".1f"},
+                    {"key": "p99_ms", "name": "p99 ms", "format": ".1f"},
+                    {"key": "p99_over_idle", "name": "p99 / idle", "format": ".2f"},
+                    {"key": "samples", "name": "samples"},
+                    {"key": "errors", "name": "errors"},
+                ],
+                "rows": rows,
+            }
+        ],
+    }
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run: 4 s phases, a 2,000-event backlog")
@@ -447,7 +478,7 @@ async def main(args: argparse.Namespace) -> int:
         f"commit {machine['git']}, {cfg.seconds:g} s per phase, a turn every {CYCLE_S * 1000:.0f} ms"
     )
     console.print(results_table(rows))
-    write_json(args.json, "tenants", machine, config=asdict(cfg), rows=rows)
+    write_json(args.json, "tenants", machine, config=asdict(cfg), rows=rows, **docs_tables(machine, cfg, rows))
     idle_errors = sum(r["errors"] for r in rows if r["phase"] == "idle")
     return 0 if idle_errors == 0 else 1  # an attack's errors are the result; an idle error is a broken run
 
