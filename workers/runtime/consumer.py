@@ -234,8 +234,16 @@ class StreamConsumers:
         return all(c.running for c in self.each)
 
     async def start(self) -> None:
-        for consumer in self.each:
-            await consumer.start()
+        """Start each; if one cannot (its consumer is gone), stop those
+        already started and raise what it raised."""
+        started: list[BatchConsumer] = []
+        try:
+            for consumer in self.each:
+                await consumer.start()
+                started.append(consumer)
+        except BaseException:
+            await asyncio.gather(*(c.stop() for c in started), return_exceptions=True)
+            raise
 
     async def stop(self) -> None:
         await asyncio.gather(*(c.stop() for c in self.each))
