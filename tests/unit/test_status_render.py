@@ -3,12 +3,13 @@ names and numbers are never wrapped, the HTTP gateway is listed with its URL."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from io import StringIO
 
 from rich.console import Console
 
-from memq.workers.status import ConsumerStatus, Instance, Status, render
+from memq.workers.status import ConsumerStatus, Instance, Status, StreamStatus, render
 
 NOW = datetime(2026, 11, 27, 14, 5, tzinfo=UTC)
 STATUS = Status(
@@ -71,3 +72,17 @@ def test_the_http_gateway_is_listed_with_its_url():
 def test_a_wider_terminal_shows_the_same_rows():
     wide = [line.rstrip() for line in rendered(200) if line.strip()]
     assert any(line.split()[:1] == ["http"] and line.endswith("http://127.0.0.1:8480") for line in wide)
+
+
+def test_each_app_stream_has_a_table_of_its_own():
+    own = StreamStatus("MEMQ_EVENTS_support-bot", 2000100, 99, [ConsumerStatus("memq-persistence", 7, 0, 0, 2000093)])
+    missing = StreamStatus("MEMQ_EVENTS_billing-agent", None, None, [])
+    status = dataclasses.replace(STATUS, app_streams=[own, missing])
+    out = StringIO()
+    render(status, Console(file=out, width=80), now=NOW)
+    text = out.getvalue()
+    assert "MEMQ_EVENTS: last seq 1234567" in text
+    assert "MEMQ_EVENTS_support-bot: last seq 2000100, 99 messages" in text
+    assert "stream MEMQ_EVENTS_billing-agent does not exist yet" in text
+    shown = status.to_dict()["app_streams"][0]["consumers"][0]
+    assert (shown["name"], shown["backlog"]) == ("memq-persistence", 7)
