@@ -402,10 +402,21 @@ async def test_a_publish_acked_too_late_is_settled_with_its_original_sequence(fr
     client = MemoryClient(nc, APP, timeout=0.3)
     tries = await nc.subscribe(events_subject(APP, USER, SESSION))
     event = text_event("once")
+    sent = 0
+    publish = client._js.publish
+
+    async def counted(*args, **kwargs):
+        nonlocal sent
+        sent += 1
+        return await publish(*args, **kwargs)
+
+    client._js.publish = counted  # type: ignore[method-assign]
     fresh_nats.pause()
     try:
         publishing = asyncio.create_task(client.append(USER, SESSION, event))
-        await asyncio.sleep(1.0)  # several tries time out, queued at the stalled server
+        # Until the try after the first has gone to the stalled server (a
+        # fixed second was too short on a loaded CI machine).
+        await wait_for(lambda: _true(sent >= 2), timeout=30, what="a second try")
     finally:
         fresh_nats.resume()
     seq = await publishing
@@ -535,7 +546,7 @@ async def test_a_definite_refusal_raises_at_once_without_a_retry(nats_url, nc) -
     js = nc.jetstream()
     client = MemoryClient(nc, APP, timeout=2.0, publish_deadline=30.0)
     started = time.monotonic()
-    with pytest.raises(PublishFailed, match=r"stream MEMQ_EVENTS or MEMQ_EVENTS_\S+ not found") as missing:
+    with pytest.raises(PublishFailed, match=r"no stream captures it \(MEMQ_EVENTS or MEMQ_EVENTS_\S+\)") as missing:
         await client.append_text(USER, SESSION, "user", "hi")
     # After that check: a subscriber is a responder, so no "no responders" then.
     tries = await nc.subscribe(events_subject(APP, USER) + ".>")
@@ -575,3 +586,7 @@ async def test_a_call_from_another_event_loop_is_refused_at_once_and_its_own_loo
 
         assert await asyncio.to_thread(from_another_loop) < 1.0
         assert await client.append_text("u", "s", "user", "hello") >= 1  # its own loop is served as before
+
+
+async def _true(value: bool) -> bool:
+    return value
