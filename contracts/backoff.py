@@ -15,7 +15,7 @@ import workers: ``contracts-light``). Two shapes:
   Retry-After win), or full jitter (``uniform(0, delay)``: LangGraph's racing
   puts of one item); unjittered where one process waits alone (JetStream's
   startup patience in ``bus.patiently``, the client's wait for slow acks, the
-  commit floor's poll, the importer's wait for its stream).
+  commit floor's poll, which the importer waits on too).
 
 ``attempt`` counts from 0: the delay before the second try is ``attempt=0``.
 

@@ -96,3 +96,14 @@ def completion(content) -> dict:
         "object": "chat.completion",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}}],
     }
+
+
+def query_live(floor: Any, *, cache: Any = None, end: Any = None) -> Any:
+    """A running query worker's parts with no connection: one events stream
+    whose commit and index floors are ``floor`` (and its end ``end``: by
+    default a ``Written`` stand-in, for requests that never ask it)."""
+    from memq.workers.query.worker import QueryLive, StreamReads
+    from memq.workers.settings import StreamSettings
+
+    reads = StreamReads(floor, floor, None, None, Written() if end is None else end)  # type: ignore[arg-type]
+    return QueryLive(None, None, None, None, cache, {"MEMQ_EVENTS": reads}, StreamSettings())  # type: ignore[arg-type]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from fakes import Written
+from fakes import query_live
 
 from memq.contracts import queries as q
 from memq.workers.query.cache import MemoryBackend, QueryCache
-from memq.workers.query.worker import QueryLive, QueryWorker, StreamReads
-from memq.workers.settings import Settings, StreamSettings
+from memq.workers.query.worker import QueryLive, QueryWorker
+from memq.workers.settings import Settings
 
 
 class SlowStoreBackend(MemoryBackend):
@@ -77,16 +77,7 @@ async def reply(worker: QueryWorker, req: q.Request, key: str) -> bytes:
 
 def live(cache: QueryCache) -> QueryLive:
     """Running parts with no connection: the requests here need none."""
-    floor = Floor()
-    return QueryLive(
-        None,
-        None,
-        None,
-        None,
-        cache,
-        {"MEMQ_EVENTS": StreamReads(floor, floor, None, None, Written())},
-        StreamSettings(),
-    )  # type: ignore[arg-type]
+    return query_live(Floor(), cache=cache)
 
 
 def worker_with(shared: MemoryBackend, tmp_path) -> QueryWorker:

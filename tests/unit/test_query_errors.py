@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import nats.errors
 import orjson
-from fakes import Written
+from fakes import query_live
 from sqlalchemy import exc as sa_exc
 
 from memq.contracts import queries as q
-from memq.workers.query.worker import QueryLive, QueryWorker, StreamReads
-from memq.workers.settings import Settings, StreamSettings
+from memq.workers.query.worker import QueryWorker
+from memq.workers.settings import Settings
 
 
 class FailingFloor:
@@ -24,16 +24,7 @@ class FailingFloor:
 
 async def answer_with(exc: Exception, tmp_path) -> dict:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
-    floor = FailingFloor(exc)
-    worker._live = QueryLive(
-        None,
-        None,
-        None,
-        None,
-        None,
-        {"MEMQ_EVENTS": StreamReads(floor, floor, None, None, Written())},
-        StreamSettings(),
-    )  # type: ignore[arg-type]
+    worker._live = query_live(FailingFloor(exc))
     req = q.HistoryGet(app="a", user="u", session="s", min_seq=5)
     body, _ = await worker._answer("history", req, None, worker.slots.admit("a", "history"))
     return orjson.loads(body)["error"]

@@ -10,12 +10,13 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from fakes import query_live
 
 from memq.contracts import queries as q
 from memq.contracts.errors import InvalidRequest
 from memq.workers.query.stream_end import StreamEnd
-from memq.workers.query.worker import QueryLive, QueryWorker, StreamReads
-from memq.workers.settings import Settings, StreamSettings
+from memq.workers.query.worker import QueryWorker
+from memq.workers.settings import Settings
 
 
 class Stream:
@@ -78,9 +79,7 @@ class Floor:
 def worker_on(js: Stream, floor: Floor, tmp_path) -> QueryWorker:
     worker = QueryWorker(Settings(data_dir=tmp_path, database={"url": "inmemory"}))
     end = StreamEnd(js, "MEMQ_EVENTS")  # type: ignore[arg-type]
-    worker._live = QueryLive(
-        None, None, None, None, None, {"MEMQ_EVENTS": StreamReads(floor, floor, None, None, end)}, StreamSettings()
-    )  # type: ignore[arg-type]
+    worker._live = query_live(floor, end=end)
     return worker
 
 

@@ -48,12 +48,13 @@ class PreviousTurns:
         Raises IndexUnavailable while persistence lags (retry later)."""
         if not firsts:
             return {}
-        highest: dict[str, int] = {}  # by app: each waits on its own stream's floor
+        highest: dict[Floor, int] = {}  # each stream's floor, waited on once for its highest seq
         for seq, message in firsts.values():
-            highest[message.app] = max(seq, highest.get(message.app, 0))
+            floor = self.floor_of(message.app)
+            highest[floor] = max(seq, highest.get(floor, 0))
         try:
-            for app, seq in highest.items():
-                await self.floor_of(app).wait_for(seq, self.wait_s)
+            for floor, seq in highest.items():
+                await floor.wait_for(seq, self.wait_s)
         except NotCommitted as exc:
             raise IndexUnavailable(f"waiting for the persistence worker: {exc.message}") from None
         found: dict[str, Turn] = {}

@@ -380,9 +380,8 @@ class IndexingWorker(Component[IndexingLive]):
                 await msg.ack()
                 acked.append(msg.metadata.sequence.stream)
         finally:  # what was acked is done, even if the connection failed part way
-            if msgs:
-                subject = notice_subject(self.settings.streams, self.settings.indexing.durable, batch_stream(msgs))
-                await announce_finished(self.live.nc, subject, acked)
+            subject = notice_subject(self.settings.streams, self.settings.indexing.durable, batch_stream(msgs))
+            await announce_finished(self.live.nc, subject, acked)
 
     async def _follow_generation(self, retry: Retry) -> Retry:
         """A switch to another generation also fails writes: follow it at once

@@ -230,8 +230,6 @@ class QueryWorker(Component[QueryLive]):
         s = self.settings
         self.searcher.share(lambda: resources.index, resources.embedder)
         js = nc.jetstream()  # made once here, not per read
-        # With commit notices (router()) the ack floor is only the fallback,
-        # read at start and every 50 ms while a read waits; without, it is polled.
         streams = {
             stream: await self._stream_reads(js, stream, resources.engine) for stream in event_streams(s.streams)
         }

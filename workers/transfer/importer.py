@@ -22,8 +22,6 @@ session is published, so the session's ``created_at`` is the exported one
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,13 +29,11 @@ from typing import Any
 
 import orjson
 from nats.aio.client import Client as NATS
-from nats.js.errors import NotFoundError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from memq.contracts.backoff import doubling
 from memq.contracts.client import MemoryClient
-from memq.contracts.errors import MemqError
+from memq.contracts.errors import MemqError, NotCommitted
 from memq.contracts.ids import scope_key
 from memq.contracts.schemas import (
     ArtifactSaved,
@@ -49,6 +45,7 @@ from memq.contracts.schemas import (
 )
 from memq.contracts.subjects import EVENTS_STREAM
 from memq.workers.memory.state import APP_PREFIX, TOMBSTONE, USER_PREFIX
+from memq.workers.runtime.commit_floor import CommitFloor
 from memq.workers.sql.models import (
     APP_STATE,
     ARTIFACTS,
@@ -204,6 +201,7 @@ class Importer:
         self._published_users: set[tuple[str, str]] = set()
         self._published_apps: set[str] = set()
         self._last_seq: dict[str, int] = {}  # by stream: the newest sequence published
+        self._floors: dict[str, CommitFloor] = {}  # by stream: what persistence committed
 
     async def run(self, path: Path) -> ImportStats:
         """Import a file that :func:`check_file` found good; wait until the
@@ -396,19 +394,15 @@ class Importer:
         self._last_seq[stream] = max(self._last_seq.get(stream, 0), seq)
 
     async def wait_committed(self, stream: str, seq: int) -> None:
-        """Until the persistence consumer's ack floor on ``stream`` reaches
-        ``seq`` (its acks are contiguous, so everything up to it is committed)."""
-        deadline = asyncio.get_running_loop().time() + self.commit_timeout_s
-        for attempt in itertools.count():
-            try:
-                info = await self._js.consumer_info(stream, self.durable)
-                if info.ack_floor is not None and (info.ack_floor.stream_seq or 0) >= seq:
-                    return
-            except NotFoundError:
-                pass  # not created yet: a persistence worker that starts creates it
-            if asyncio.get_running_loop().time() > deadline:
-                raise ImportFailed(
-                    f"stream sequence {seq} was not committed within {self.commit_timeout_s:g}s: "
-                    f"is a persistence worker running (consumer {self.durable} on {stream})?"
-                )
-            await asyncio.sleep(doubling(attempt, 0.005, 0.1))
+        """Until ``seq`` on ``stream`` is committed: the persistence
+        consumer's ack floor (:class:`~memq.workers.runtime.commit_floor.CommitFloor`,
+        polled: the importer hears no commit notices)."""
+        if stream not in self._floors:
+            self._floors[stream] = CommitFloor(self._js, stream, self.durable, poll_from_s=0.005, poll_max_s=0.1)
+        try:
+            await self._floors[stream].wait_for(seq, self.commit_timeout_s)
+        except NotCommitted as exc:
+            raise ImportFailed(
+                f"stream sequence {seq} was not committed within {self.commit_timeout_s:g}s ({exc.message}): "
+                f"is a persistence worker running (consumer {self.durable} on {stream})?"
+            ) from None
