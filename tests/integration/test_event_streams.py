@@ -16,6 +16,7 @@ from nats.js.api import DiscardPolicy
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import QuotaExceeded
 from memq.contracts.subjects import app_events_stream, events_subject
+from memq.workers.cli.datadir import describe_backlog
 from memq.workers.persistence.worker import PersistenceWorker
 from memq.workers.runtime.bus import ensure_streams
 from memq.workers.runtime.event_streams import RETIRED_SUBJECT, event_streams, stream_of
@@ -104,3 +105,20 @@ async def test_a_write_from_before_the_move_is_read_once_the_shared_stream_commi
             async with running_worker(moved):
                 history = await asyncio.wait_for(read, 20)
     assert [e.event["message"]["parts"][0]["text"] for e in history.events] == ["written before the move"]
+
+
+async def test_the_ready_line_names_the_app_stream_a_backlog_is_in(js, nats_url, sqlite_url, tmp_path) -> None:
+    """`memq up`'s backlog note with a stream per app: each stream's
+    consumers are sampled, and a backlog says which stream it is in."""
+    settings = make_settings(nats_url, sqlite_url, tmp_path)
+    settings.streams = StreamSettings(apps={A: AppStreamSettings(), B: AppStreamSettings()})
+    await ensure_streams(js, settings.streams)
+    config = PersistenceWorker(settings).consumer_config()
+    for stream in event_streams(settings.streams):  # the fleet's consumers, nobody pulling
+        await js.add_consumer(stream, replace(config, name=config.durable_name))
+    async with await MemoryClient.connect(nats_url, app=A) as a:
+        for i in range(3):
+            await a.append_text("ann", "s", "user", f"waiting {i}")
+    line = await describe_backlog(settings, wait_s=0.2)
+    assert line.startswith(f"{app_events_stream(A)}: memq-persistence 3 waiting"), line
+    assert app_events_stream(B) not in line and "MEMQ_EVENTS:" not in line

@@ -8,6 +8,7 @@ ready line says so rather than serve old sessions as if they were new.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from datetime import datetime
 from pathlib import Path
@@ -65,12 +66,10 @@ async def describe_backlog(settings: Settings, wait_s: float = 1.0) -> str:
         try:
             js = nc.jetstream(timeout=2)
             streams = event_streams(settings.streams)
-            parts = []
-            for stream in streams:  # each app's stream has consumers of its own
-                text = backlog_text(await consumers_with_rates(js, stream, wait_s))
-                if text:
-                    parts.append(text if len(streams) == 1 else f"{stream}: {text}")
-            return "; ".join(parts)
+            # Each app's stream has consumers of its own, sampled side by side.
+            sampled = await asyncio.gather(*(consumers_with_rates(js, stream, wait_s) for stream in streams))
+            texts = [(stream, backlog_text(consumers)) for stream, consumers in zip(streams, sampled, strict=True)]
+            return "; ".join(text if len(streams) == 1 else f"{stream}: {text}" for stream, text in texts if text)
         finally:
             await nc.close()
     return ""
