@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from memq.contracts import queries as q
 from memq.contracts.schemas import Event, EventAppended, Message, StateSet, TextPart, UserDeleted
-from memq.workers.memory.local import HeldHistory, LocalWindows, extend_history, hold_history, stored_event
+from memq.workers.memory.local import Held, HeldHistory, LocalWindows, extend_history, hold_history, stored_event
 from memq.workers.memory.strategies import Strategy, select
 
 STRATEGIES = [
@@ -57,12 +57,13 @@ def held_of(window: list[q.StoredEvent], strategy: Strategy, reserved: int) -> H
     tokens = selection.tokens + reserved
     view = q.HistoryView(
         strategy=strategy.to_dict(),
-        events=[by_seq[it.seq] for it in selection.items],
+        events=[],
         tokens=tokens,
         over_budget=tokens > strategy.budget,
         needs_summary=selection.needs_summary,
     )
-    return HeldHistory(view, strategy, list(selection.items), reserved)
+    events = [Held.of(by_seq[it.seq]) for it in selection.items]
+    return HeldHistory(view, strategy, list(selection.items), reserved, events)
 
 
 @settings(max_examples=1500, deadline=None)
@@ -75,11 +76,12 @@ def test_an_extended_history_is_what_the_worker_answers_over_its_whole_window(ca
     extended = extend_history(held, new)
     if extended is None:
         return  # the read asks the service
-    truth = held_of([*window, new], strategy, reserved).view
-    assert [e.seq for e in extended.view.events] == [e.seq for e in truth.events]
-    assert extended.view.tokens == truth.tokens
-    assert extended.view.needs_summary == truth.needs_summary
-    assert extended.view.over_budget == truth.over_budget
+    truth = held_of([*window, new], strategy, reserved).reply()
+    answer = extended.reply()
+    assert answer.events == truth.events
+    assert answer.tokens == truth.tokens
+    assert answer.needs_summary == truth.needs_summary
+    assert answer.over_budget == truth.over_budget
 
 
 def test_plain_turns_extend_every_strategy():
@@ -106,7 +108,7 @@ def test_plain_turns_extend_every_strategy():
                 strategy,
                 0,
             )
-            assert [e.seq for e in held.view.events] == [e.seq for e in truth.view.events]
+            assert [e.seq for e in held.events] == [e.seq for e in truth.events]
             assert held.view.needs_summary == truth.view.needs_summary
 
 
@@ -117,7 +119,7 @@ def test_a_result_whose_call_is_not_held_asks_the_service():
         q.StoredEvent(seq=2, tokens=15, event=event_dict(2, "user", [], [])),
     ]
     held = held_of(window, strategy, 0)
-    assert [e.seq for e in held.view.events] == [2]
+    assert [e.seq for e in held.events] == [2]
     assert extend_history(held, q.StoredEvent(seq=3, tokens=1, event=event_dict(3, "tool", [], ["c9"]))) is None
 
 
@@ -176,6 +178,17 @@ def test_an_acknowledged_conditional_append_extends_the_window():
     assert view.last_seq == 9 and view.updated_at == event.timestamp and view.created_at == 1.0
     assert view.state == {"k": 2, "user:lang": "fr"}  # temp: keys are never stored
     assert local.expect("u", "s") == 9
+
+
+def test_a_caller_changing_its_answer_changes_no_later_one():
+    local = LocalWindows()
+    seeded(local)
+    first = local.answer("session.get", get(2))
+    first.events[-1].event["message"]["parts"][0]["text"] = "changed"
+    first.state["k"] = "changed"
+    again = local.answer("session.get", get(2))
+    assert again.events[-1].event["message"]["parts"][0]["text"] == "t5"
+    assert again.state == {"k": 1}
 
 
 def test_a_reply_beyond_what_the_read_waited_for_seeds_nothing():

@@ -20,12 +20,11 @@ random windows.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -48,14 +47,59 @@ MAX_HISTORIES = 8  # history reads (strategies) held per window
 MAX_AGE_S = 30.0  # a window is read again from the service after this long
 
 
+class Held(NamedTuple):
+    """One held event, as its JSON: a window keeps bytes, not dicts, so the
+    thousands of events a client holds are no work for Python's cyclic
+    garbage collector (a tuple of atoms is untracked; each dict of an event
+    would be scanned by every full collection), and a read's fresh copy is
+    one parse (:func:`fresh`)."""
+
+    seq: int
+    tokens: int
+    id: str
+    json: bytes
+
+    @classmethod
+    def of(cls, e: q.StoredEvent) -> Held:
+        return cls(e.seq, e.tokens, e.event.get("id", ""), orjson.dumps(e.event))
+
+
+def fresh(events: Sequence[Held]) -> list[q.StoredEvent]:
+    """Held events as a reply holds them: new dicts (callers may change what
+    they are given, as they may a reply's), parsed in one pass of C."""
+    data = orjson.loads(b"[" + b",".join(e.json for e in events) + b"]")
+    return [_stored(e.seq, e.tokens, d) for e, d in zip(events, data, strict=True)]
+
+
+_STORED_FIELDS = frozenset(q.StoredEvent.model_fields)
+_new, _set = object.__new__, object.__setattr__
+
+
+def _stored(seq: int, tokens: int, event: dict[str, Any]) -> q.StoredEvent:
+    """``q.StoredEvent.model_construct(seq=, tokens=, event=)``, which sets
+    these four attributes too, after a pass over the model's fields in Python
+    that takes as long as parsing the event: a read of a long window builds
+    one per event."""
+    e = _new(q.StoredEvent)
+    _set(e, "__dict__", {"seq": seq, "tokens": tokens, "event": event})
+    _set(e, "__pydantic_fields_set__", _STORED_FIELDS)
+    _set(e, "__pydantic_extra__", None)
+    _set(e, "__pydantic_private__", None)
+    return e
+
+
 @dataclass
 class HeldHistory:
     """One history reply and what extending it needs."""
 
-    view: q.HistoryView
+    view: q.HistoryView  # without its events: they are ``events``
     strategy: Strategy
-    items: list[Item]  # of view.events, as the worker counted them
+    items: list[Item]  # of events, as the worker counted them
     reserved: int  # the checkpoint summary's tokens
+    events: list[Held]
+
+    def reply(self) -> q.HistoryView:
+        return self.view.model_copy(update={"events": fresh(self.events)})
 
 
 @dataclass
@@ -63,22 +107,30 @@ class _Window:
     n: int  # the session subject's last sequence this window is as of
     seeded_at: float
     info: q.SessionView | None = None  # the session and its merged state (events kept apart)
-    events: list[q.StoredEvent] | None = None  # its newest events; None: not known
+    events: list[Held] | None = None  # its newest events; None: not known
     complete: bool = False  # events holds every event of the session
     size: int = 0  # JSON bytes of events
     histories: dict[str, HeldHistory] = field(default_factory=dict)
+    # Every event id this window has held, those cut off since included:
+    # each was stored, and the worker keeps the first event of an id.
+    ids: set[str] = field(default_factory=set)
 
-    def ids(self) -> set[str]:
-        held = [*(self.events or ()), *(e for h in self.histories.values() for e in h.view.events)]
-        return {e.event.get("id", "") for e in held}
+    def saw(self, events: Iterable[Held]) -> None:
+        self.ids.update(e.id for e in events)
+
+
+def appended_event(seq: int, event: Any) -> tuple[Held, Item, dict[str, Any]]:
+    """An appended event as the persistence worker stores it
+    (``commit_plan.event_row``: its JSON, its count), its item, and its dict."""
+    data = event.model_dump(mode="json", exclude_none=True)
+    tokens = count_event(data)
+    item = item_from_event(seq, data, tokens=tokens or None)
+    return Held(seq, tokens, data.get("id", ""), orjson.dumps(data)), item, data
 
 
 def stored_event(seq: int, event: Any) -> q.StoredEvent:
-    """An appended event as a read of it returns it: the JSON the persistence
-    worker stores (``commit_plan.event_row``), parsed back, with its count."""
-    data = event.model_dump(mode="json", exclude_none=True)
-    tokens = count_event(data)
-    return q.StoredEvent.model_construct(seq=seq, tokens=tokens, event=orjson.loads(orjson.dumps(data)))
+    """An appended event as a read of it returns it."""
+    return fresh([appended_event(seq, event)[0]])[0]
 
 
 def item_of(e: q.StoredEvent) -> Item:
@@ -101,7 +153,10 @@ def extend_history(held: HeldHistory, new: q.StoredEvent) -> HeldHistory | None:
       ``K + [e]`` says so (if ``K`` is a proper suffix, the fold still
       reaches into ``W``); otherwise it is not known here.
     """
-    item = item_of(new)
+    return _extended(held, Held.of(new), item_of(new))
+
+
+def _extended(held: HeldHistory, new: Held, item: Item) -> HeldHistory | None:
     strategy, items = held.strategy, [*held.items, item]
     if item.result_ids and not _whole(held):
         return None
@@ -113,11 +168,9 @@ def extend_history(held: HeldHistory, new: q.StoredEvent) -> HeldHistory | None:
         if held.view.needs_summary and not selection.needs_summary:
             return None
         needs_summary = selection.needs_summary
-    by_seq = {e.seq: e for e in held.view.events} | {new.seq: new}
     tokens = selection.tokens + held.reserved
     view = held.view.model_copy(
         update={
-            "events": [by_seq[it.seq] for it in selection.items],
             "tokens": tokens,
             "over_budget": tokens > strategy.budget,
             "needs_summary": needs_summary,
@@ -125,7 +178,8 @@ def extend_history(held: HeldHistory, new: q.StoredEvent) -> HeldHistory | None:
             "committed_seq": None,
         }
     )
-    return HeldHistory(view, strategy, list(selection.items), held.reserved)
+    kept = [*held.events, new][len(items) - len(selection.items) :]  # a selection is a suffix
+    return HeldHistory(view, strategy, list(selection.items), held.reserved, kept)
 
 
 def _whole(held: HeldHistory) -> bool:
@@ -153,24 +207,8 @@ def hold_history(view: q.HistoryView) -> HeldHistory | None:
     expected = message_tokens(summary_message(view.summary)) if view.summary is not None else 0
     if reserved != expected:
         return None
-    return HeldHistory(view, strategy, items, reserved)
-
-
-def _copied(events: Sequence[q.StoredEvent]) -> list[q.StoredEvent]:
-    """Fresh event dicts (callers may change what they are given, as they
-    may a reply's), in one pass of C; each event a shallow copy of the held
-    one with its new dict (``copy.copy`` of a pydantic model: no validation)."""
-    data = orjson.loads(orjson.dumps([e.event for e in events]))
-    out = []
-    for e, d in zip(events, data, strict=True):
-        fresh = copy.copy(e)
-        fresh.__dict__["event"] = d  # frozen for callers; this copy is not handed out yet
-        out.append(fresh)
-    return out
-
-
-def _size(events: Sequence[q.StoredEvent]) -> int:
-    return sum(len(orjson.dumps(e.event)) for e in events)
+    events = [Held.of(e) for e in view.events]
+    return HeldHistory(view.model_copy(update={"events": []}), strategy, items, reserved, events)
 
 
 def _history_key(req: q.HistoryGet) -> str:
@@ -243,24 +281,22 @@ class LocalWindows:
         window = self._windows.get(key)
         if window is None:
             return
-        if expect_seq is None or expect_seq != window.n or event.id in window.ids():
+        if expect_seq is None or expect_seq != window.n or event.id in window.ids:
             self.forget(user, session)  # an id held already: the worker keeps the first one
             return
-        new = stored_event(seq, event)
+        new, item, data = appended_event(seq, event)
+        window.saw([new])
         if window.info is not None:
             window.info = window.info.model_copy(
-                update={"updated_at": new.event["timestamp"], "last_seq": seq, "state": self._state(window.info, new)}
+                update={"updated_at": data["timestamp"], "last_seq": seq, "state": self._state(window.info, data)}
             )
         if window.events is not None:
             window.events.append(new)
-            window.size += _size([new])
-            while window.events and (len(window.events) > self.max_events or window.size > self.max_bytes):
-                window.size -= _size(window.events[:1])
-                del window.events[0]
-                window.complete = False
+            window.size += len(new.json)
+            self._trim(window)
         for name, held in list(window.histories.items()):
-            extended = extend_history(held, new)
-            if extended is None or len(extended.view.events) > self.max_events:
+            extended = _extended(held, new, item)
+            if extended is None or len(extended.events) > self.max_events:
                 del window.histories[name]
             else:
                 window.histories[name] = extended
@@ -269,11 +305,11 @@ class LocalWindows:
         self._windows.move_to_end(key)
 
     @staticmethod
-    def _state(info: q.SessionView, new: q.StoredEvent) -> dict[str, Any]:
+    def _state(info: q.SessionView, new: dict[str, Any]) -> dict[str, Any]:
         """The merged state after the event's delta: it is the session's
         newest message, so each of its keys wins (higher seq, commit_plan)."""
         state = dict(info.state)
-        scoped = split_delta((new.event.get("actions") or {}).get("state_delta") or {})
+        scoped = split_delta((new.get("actions") or {}).get("state_delta") or {})
         state.update(scoped.session)
         state.update({USER_PREFIX + k: v for k, v in scoped.user.items()})
         state.update({APP_PREFIX + k: v for k, v in scoped.app.items()})
@@ -358,7 +394,7 @@ class LocalWindows:
             held = window.events
             if held is None or not (window.complete or (wanted is not None and wanted <= len(held))):
                 return None
-            events = _copied(held if wanted is None else held[max(0, len(held) - wanted) :] if wanted else [])
+            events = fresh(held if wanted is None else held[max(0, len(held) - wanted) :] if wanted else [])
         state = orjson.loads(orjson.dumps(window.info.state))
         return window.info.model_copy(update={"state": state, "events": events, "next_cursor": None})
 
@@ -367,7 +403,7 @@ class LocalWindows:
         held = window.histories.get(_history_key(req)) if window is not None else None
         if held is None:
             return None
-        return held.view.model_copy(update={"events": _copied(held.view.events)})
+        return held.reply()
 
     def seeds(self, op: str, request: Any) -> Any | None:
         if op == "session.get" and self._plain_session_get(request):
@@ -389,14 +425,12 @@ class LocalWindows:
             window = self._window(key, n)
             window.info = reply.model_copy(update={"events": None, "next_cursor": None})
             if request.events or request.num_recent_events is not None:
-                events = list(reply.events or ())
+                events = [Held.of(e) for e in reply.events or ()]
                 wanted = request.num_recent_events
                 window.complete = wanted is None or len(events) < wanted
-                window.events, window.size = events, _size(events)
-                while window.events and (len(window.events) > self.max_events or window.size > self.max_bytes):
-                    window.size -= _size(window.events[:1])
-                    del window.events[0]
-                    window.complete = False
+                window.events, window.size = events, sum(len(e.json) for e in events)
+                window.saw(events)
+                self._trim(window)
         elif op == "history":
             committed = reply.committed_seq
             if not own or min_seq < own or (committed is not None and committed < own):
@@ -406,8 +440,16 @@ class LocalWindows:
                 return
             window = self._window(key, own)
             window.histories[_history_key(request)] = held
+            window.saw(held.events)
             while len(window.histories) > MAX_HISTORIES:
                 del window.histories[next(iter(window.histories))]
+
+    def _trim(self, window: _Window) -> None:
+        """Drop a window's oldest events past its bounds."""
+        events = window.events or []
+        while events and (len(events) > self.max_events or window.size > self.max_bytes):
+            window.size -= len(events.pop(0).json)
+            window.complete = False
 
     def _window(self, key: tuple[str, str], n: int) -> _Window:
         """The window of ``key`` as of ``n``: the held one if it is, else a new one."""

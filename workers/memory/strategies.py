@@ -75,7 +75,7 @@ DEFAULT_KIND: Kind = "summary_buffer"  # budgeted out of the box (docs/design.md
 RECALL_SHARE = 0.5
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Item:
     """One event as the strategies see it.
 
