@@ -84,6 +84,7 @@ from contextlib import AsyncExitStack, ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import asyncpg
 import helpers
 import nats
 import orjson
@@ -130,6 +131,7 @@ class Config:
     paced_sessions: int = 10
     commit_timeout_s: float = 180.0
     backlog: bool = False  # throughput: publish everything with the consumer paused, then time the drain
+    call_size: int = 50  # throughput: events per append_many call (and rows per direct-SQL INSERT)
 
 
 FULL = Config(events=20_000, rate=1_000, seconds=5.0, serial=2_000)
@@ -250,10 +252,18 @@ async def wait_committed(watch: CommitWatch, js, targets: dict, timeout: float) 
 # --- the measured runs -----------------------------------------------------------------
 
 
-async def publish_sessions(client: MemoryClient, plan: dict) -> dict[tuple[str, str], int]:
-    """append_many for every session at once; the highest seq of each session."""
-    results = await asyncio.gather(*(client.append_many(u, s, evs) for (u, s), evs in plan.items()))
-    return {key: max(seqs) for key, seqs in zip(plan, results)}
+async def publish_sessions(client: MemoryClient, plan: dict, call_size: int) -> dict[tuple[str, str], int]:
+    """Every session at once, each in append_many calls of ``call_size``
+    events one after the other; the highest seq of each session."""
+
+    async def one(user: str, session: str, events: list[Event]) -> int:
+        seqs = [0]
+        for start in range(0, len(events), call_size):
+            seqs += await client.append_many(user, session, events[start : start + call_size])
+        return max(seqs)
+
+    results = await asyncio.gather(*(one(u, s, evs) for (u, s), evs in plan.items()))
+    return dict(zip(plan, results, strict=True))
 
 
 async def run_throughput(client, watch, js, cfg: Config, row: Row, label) -> None:
@@ -270,7 +280,7 @@ async def run_throughput(client, watch, js, cfg: Config, row: Row, label) -> Non
         plan[last_key] = plan[last_key][:-1]
     before = process_cpu()
     t0 = now()
-    targets = await publish_sessions(client, plan)
+    targets = await publish_sessions(client, plan, cfg.call_size)
     published = now()
     row.publish_per_s = row.events / (published - t0)
     if cfg.backlog:
@@ -456,9 +466,71 @@ async def client_publish_only(url: str, cfg: Config) -> tuple[float, dict[str, f
     async with await MemoryClient.connect(url, app=APP) as client:
         before = process_cpu()
         t0 = now()
-        await publish_sessions(client, plan)
+        await publish_sessions(client, plan, cfg.call_size)
         rate = events / (now() - t0)
         return rate, per_1k(cpu_between(before, process_cpu(), process_label({})), events)
+
+
+DIRECT_SCHEMA = """
+CREATE TABLE direct_turns (
+    session_id text NOT NULL,
+    seq bigint GENERATED ALWAYS AS IDENTITY,
+    role text NOT NULL,
+    data jsonb NOT NULL,
+    created_at double precision NOT NULL,
+    PRIMARY KEY (session_id, seq)
+)
+"""
+DIRECT_INSERT = (
+    "INSERT INTO direct_turns (session_id, role, data, created_at) "
+    "SELECT * FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::float8[])"
+)
+
+
+async def direct_sql_bulk(dsn: str, cfg: Config) -> dict:
+    """The same events written straight to PostgreSQL, as a chat history
+    that writes its own table does (LangChain's ``add_messages``): per
+    session, one multi-row ``INSERT`` of ``call_size`` rows per call,
+    committed (autocommit), calls one after the other, every session at once
+    on a connection of its own. Rows/s from the first call to the last commit."""
+    plan = split(make_events(cfg.events, "sql"), session_keys(cfg.sessions, "sql", cfg.users))
+    rows = sum(len(v) for v in plan.values())
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(DIRECT_SCHEMA)
+    finally:
+        await conn.close()
+    pool = await asyncpg.create_pool(dsn, min_size=len(plan), max_size=len(plan))
+    try:
+
+        async def one(session: str, events: list[Event]) -> None:
+            async with pool.acquire() as conn:
+                for start in range(0, len(events), cfg.call_size):
+                    chunk = events[start : start + cfg.call_size]
+                    await conn.execute(
+                        DIRECT_INSERT,
+                        [session] * len(chunk),
+                        [e.message.role for e in chunk],
+                        [e.model_dump_json(exclude_none=True) for e in chunk],
+                        [e.timestamp for e in chunk],
+                    )
+
+        before = process_cpu()
+        t0 = now()
+        await asyncio.gather(*(one(session, evs) for (_, session), evs in plan.items()))
+        rate = rows / (now() - t0)
+        cpu = per_1k(cpu_between(before, process_cpu(), process_label({})), rows)
+        stored = await pool.fetchval("SELECT count(*) FROM direct_turns")
+    finally:
+        await pool.close()
+    if stored != rows:
+        raise RuntimeError(f"direct SQL stored {stored} rows of {rows}")
+    return {
+        "path": f"direct SQL: asyncpg INSERT of {cfg.call_size} rows per call (PostgreSQL, committed)",
+        "messages": rows,
+        "per_s": rate,
+        "cpu_ms_per_1k": cpu,
+    }
 
 
 async def run_baselines(cfg: Config) -> list[dict]:
@@ -550,6 +622,15 @@ def print_results(machine: dict, cfg: Config, quick: bool, baselines: list[dict]
     for b in baselines:
         base.add_row(b["path"], f"{b['messages']:,}", f"{b['per_s']:,.0f}", f"{b['per_s'] / raw_async:.2f}")
     console.print(base)
+    direct = next((b for b in baselines if b["path"].startswith("direct SQL")), None)
+    for r in rows:
+        if direct is not None and r.database == "PostgreSQL":
+            console.print(
+                f"PostgreSQL, {r.replicas} replica(s): memq committed {r.commit_per_s:,.0f} events/s, "
+                f"direct SQL {direct['per_s']:,.0f} rows/s, both {cfg.call_size} per call: "
+                f"[bold]{r.commit_per_s / direct['per_s']:.2f}×[/] (target ≥ 1)",
+                highlight=False,
+            )
     print_cpu(baselines, rows)
 
 
@@ -595,7 +676,16 @@ async def main(args: argparse.Namespace) -> int:
     cfg = replace(
         QUICK if quick else FULL,
         backlog=args.backlog,
-        **{k: v for k, v in (("events", args.events), ("sessions", args.sessions), ("users", args.users)) if v},
+        **{
+            k: v
+            for k, v in (
+                ("events", args.events),
+                ("sessions", args.sessions),
+                ("users", args.users),
+                ("call_size", args.call_size),
+            )
+            if v
+        },
     )
     machine = machine_info()
     started = now()
@@ -609,6 +699,10 @@ async def main(args: argparse.Namespace) -> int:
         status("starting PostgreSQL …")
         pg = stack.enter_context(services.Postgres())
         machine["postgres"] = pg.psql("SHOW server_version").strip()
+        if "postgresql" in args.databases:
+            status(f"  direct SQL bulk insert, {cfg.call_size} rows per call: {cfg.events:,} rows …")
+            pg.create_database("bench_direct")
+            baselines.append(await direct_sql_bulk(pg.dsn("bench_direct"), cfg))
         names = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
         configs = [(names[db], n) for db in args.databases for n in replicas]
         for i, (db, n) in enumerate(configs, 1):
@@ -640,6 +734,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--events", type=_count, metavar="N", help="events of the throughput run (20,000; quick 3,000)")
     parser.add_argument("--sessions", type=_count, metavar="N", help="sessions of the throughput run (50)")
     parser.add_argument("--users", type=_count, metavar="N", help="users the sessions belong to (10)")
+    parser.add_argument(
+        "--call-size",
+        type=_count,
+        metavar="N",
+        help="events per append_many call of the throughput run, and rows per direct-SQL INSERT (50)",
+    )
     parser.add_argument(
         "--backlog",
         action="store_true",
