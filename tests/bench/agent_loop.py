@@ -121,6 +121,7 @@ from bench.benchlib import (
 from bench.query import Proc
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import MemqError
+from memq.contracts.subjects import EVENTS_STREAM
 from memq.workers.memory.local import LocalWindows
 
 APP = "agents"
@@ -386,11 +387,37 @@ class SearchLoop:
         run.record((t2 - t0) * 1000, steps)
 
 
-async def one_round(cfg: Config, n: int, r: int, order: list, label, clock: CommitClock | None) -> None:
+# The durable consumers that commit the turns: memq's persistence worker and
+# the bare persister.
+COMMITTERS = ((EVENTS_STREAM, "memq-persistence"), (bare_pipeline.STREAM, bare_pipeline.DURABLE))
+
+
+async def committed_all(js, timeout: float = 120.0) -> None:
+    """Wait until every committer has committed all it was given. A turn that
+    does not wait for its commit (one publish, carried reads, bare tail) can
+    end its loop with commits still to run: they are that loop's work, not
+    the next one's."""
+    deadline = now() + timeout
+    for stream, durable in COMMITTERS:
+        try:
+            info = await js.consumer_info(stream, durable)
+        except nats.js.errors.NotFoundError:
+            continue  # the search loops start no bare pipeline
+        while info.num_pending or info.num_ack_pending:
+            if now() > deadline:
+                raise TimeoutError(f"{durable} still had {info.num_pending + info.num_ack_pending} to commit")
+            await asyncio.sleep(0.005)
+            info = await js.consumer_info(stream, durable)
+
+
+async def one_round(cfg: Config, js, n: int, r: int, order: list, label, clock: CommitClock | None) -> None:
     """Round ``r``: a warm-up turn of each loop (sessions exist, connections
     are open), then each loop for ``cfg.seconds``, loop ``r`` leading, so a
-    slow moment of a shared machine does not favour one side; the CPU each
-    loop costs the machine goes to its run."""
+    slow moment of a shared machine does not favour one side. A loop ends
+    when its turns are committed (:func:`committed_all`): the CPU it cost the
+    machine until then goes to its run, and so does that time (turns/s is
+    what the machine sustains, commits included)."""
+    await committed_all(js)
     for _, loop in order:
         await asyncio.gather(*(loop.turn(Run("warm", n), a, -1) for a in range(n)))
     lead = r % len(order)
@@ -401,8 +428,10 @@ async def one_round(cfg: Config, n: int, r: int, order: list, label, clock: Comm
 
         if clock is not None:
             clock.reset()
-        before = process_cpu()
-        run.seconds += await run_agents(n, cfg.seconds, turn, cfg.think_ms / 1000)
+        before, started = process_cpu(), now()
+        await run_agents(n, cfg.seconds, turn, cfg.think_ms / 1000)
+        await committed_all(js)
+        run.seconds += now() - started
         run.spent(cpu_between(before, process_cpu(), label))
 
 
@@ -416,7 +445,7 @@ async def measure_search(cfg: Config, nc, label, clock: CommitClock | None) -> l
             tag = f"a{n}r{r}-{uuid.uuid4().hex[:6]}"
             wait_loop = SearchLoop(nc, n, tag, True, clock if n == 1 else None)
             fast_loop = SearchLoop(nc, n, f"{tag}-f", False)
-            await one_round(cfg, n, r, [(wait_run, wait_loop), (fast_run, fast_loop)], label, clock)
+            await one_round(cfg, nc.jetstream(), n, r, [(wait_run, wait_loop), (fast_run, fast_loop)], label, clock)
             status(
                 f"  round {r + 1}: wait {wait_run.per_s:,.0f} turns/s p50 {percentile(wait_run.turn_ms, 50):.2f} ms"
                 f" · no wait {fast_run.per_s:,.0f} turns/s p50 {percentile(fast_run.turn_ms, 50):.2f} ms,"
@@ -446,7 +475,7 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock
                 "bare": BareLoop(nc, tag),
                 "bare tail": BareLoop(nc, f"{tag}-t", "tail"),
             }
-            await one_round(cfg, n, r, [(by[path], loops[path]) for path in paths], label, clock)
+            await one_round(cfg, nc.jetstream(), n, r, [(by[path], loops[path]) for path in paths], label, clock)
             status(
                 f"  round {r + 1}: "
                 + " · ".join(
