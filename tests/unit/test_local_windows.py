@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from memq.contracts import queries as q
 from memq.contracts.schemas import Event, EventAppended, Message, StateSet, TextPart, UserDeleted
-from memq.workers.memory.local import Held, HeldHistory, LocalWindows, extend_history, hold_history, stored_event
+from memq.workers.memory.local import (
+    Held,
+    HeldHistory,
+    LocalWindows,
+    appended_event,
+    extend_history,
+    fresh,
+    hold_history,
+)
 from memq.workers.memory.strategies import Strategy, select
 
 STRATEGIES = [
@@ -134,6 +142,11 @@ def test_a_history_counted_for_another_model_is_not_held():
 
 
 # --- the windows ------------------------------------------------------------------
+
+
+def stored_event(seq: int, event: Event) -> q.StoredEvent:
+    """An appended event as a read of it returns it."""
+    return fresh([appended_event(seq, event)[0]])[0]
 
 
 def text_event(text: str, **actions) -> Event:

@@ -128,11 +128,6 @@ def appended_event(seq: int, event: Any) -> tuple[Held, Item, dict[str, Any]]:
     return Held(seq, tokens, data.get("id", ""), orjson.dumps(data)), item, data
 
 
-def stored_event(seq: int, event: Any) -> q.StoredEvent:
-    """An appended event as a read of it returns it."""
-    return fresh([appended_event(seq, event)[0]])[0]
-
-
 def item_of(e: q.StoredEvent) -> Item:
     # As the worker's window counts a stored event for the default model.
     return item_from_event(e.seq, e.event, tokens=e.tokens if e.tokens else None)
