@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 from typing import Any
@@ -58,8 +59,8 @@ class ChatStub:
     """An HTTP server on 127.0.0.1 answering ``POST .../chat/completions`` from a script
     of ``(status, headers, body)``; records each request's headers and JSON body."""
 
-    def __init__(self, script: list[tuple[int, dict, object]]):
-        self.script = list(script)
+    def __init__(self, script: list[tuple[int, dict, object]] | Callable[[dict], tuple[int, dict, object]]):
+        self.script = script if callable(script) else list(script)  # a function answers from the request body
         self.requests: list[tuple[dict, dict]] = []
         stub = self
 
@@ -67,7 +68,7 @@ class ChatStub:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 stub.requests.append((dict(self.headers), body))
-                status, headers, reply = stub.script.pop(0)
+                status, headers, reply = stub.script(body) if callable(stub.script) else stub.script.pop(0)
                 if reply == "ECHO":  # a careless server echoing what it was sent
                     reply = {"error": {"message": f"invalid: {self.headers['Authorization']}"}}
                 data = json.dumps(reply).encode()

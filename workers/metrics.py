@@ -191,6 +191,37 @@ READY = Gauge(
 )
 
 
+FACT_LLM_CALLS = Counter(
+    "memq_fact_llm_calls",
+    "Calls the fact worker made to its LLM endpoint: extract or decide",
+    ["call"],
+    registry=REGISTRY,
+)
+FACT_LLM_TOKENS = Counter(
+    "memq_fact_llm_tokens",
+    "Tokens the fact worker's LLM endpoint reported: prompt or completion",
+    ["direction"],
+    registry=REGISTRY,
+)
+FACT_CHANGES = Counter(
+    "memq_fact_changes",
+    "Fact revisions written: added, merged, invalidated, sources_dropped, restored, removed",
+    ["kind"],
+    registry=REGISTRY,
+)
+FACT_BATCHES = Counter(
+    "memq_fact_batches",
+    "Session batches the fact worker finished: derived, dead_lettered, over_budget, failed (retried later)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+FACT_SESSIONS_BEHIND = Gauge(
+    "memq_fact_sessions_behind",
+    "Sessions with turns not derived into the fact generation being filled (at the last sweep)",
+    registry=REGISTRY,
+)
+
+
 def processed(worker: str, outcome: str, n: int = 1) -> None:
     EVENTS_PROCESSED.labels(worker, outcome).inc(n)
 

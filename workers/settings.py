@@ -470,6 +470,32 @@ class SummarizerSettings(BaseModel):
     llm: LLMSettings = LLMSettings()
 
 
+class FactSettings(BaseModel):
+    """The fact worker (`facts` kind): facts about users extracted from their
+    turns by an LLM. Off unless ``llm`` is set (``MEMQ_FACTS__LLM__BASE_URL``)."""
+
+    llm: LLMSettings | None = Field(default=None, description="the chat endpoint that extracts facts (unset: off)")
+    response_format: Literal["json_schema", "json_object"] = Field(
+        default="json_schema",
+        description="structured output as the endpoint takes it (json_object: llama-cpp-python's server)",
+    )
+    queue_group: str = Field(
+        default="memq-facts", description="queue group of the fact replicas (each commit notice is handled once)"
+    )
+    batch_turns: int = Field(default=20, ge=1, le=200, description="turns of a session sent in one extraction call")
+    invalid_attempts: int = Field(
+        default=2, ge=1, description="asks for a batch whose replies break the schema before it is dead-lettered"
+    )
+    sweep_interval_s: float = Field(default=30.0, gt=0, description="how often sessions with new turns are looked for")
+    lease_ttl_s: float = Field(default=120.0, gt=0, description="a crashed replica's session is free again after this")
+    retry_after_s: float = Field(default=15.0, gt=0, description="an endpoint that failed is asked again after this")
+    max_concurrent: int = Field(default=2, ge=1, description="sessions derived at once per replica")
+    tokens_per_minute: int | None = Field(
+        default=None, ge=1, description="per app and replica: LLM tokens (in and out) an app may spend a minute"
+    )
+    wait_s: float = Field(default=10.0, gt=0, description="the longest a read with min_seq waits for the facts")
+
+
 class ExpirySettings(BaseModel):
     """Session expiry: a session idle (no write) for longer than its app's TTL
     is deleted everywhere, as `delete_session` deletes it. Off by default."""
@@ -612,6 +638,7 @@ class Settings(BaseSettings):
     indexing: IndexingSettings = IndexingSettings()
     recall: RecallSettings = RecallSettings()
     summarizer: SummarizerSettings = SummarizerSettings()
+    facts: FactSettings = FactSettings()
     metrics: MetricsSettings = MetricsSettings()
     expiry: ExpirySettings = ExpirySettings()
     http: HttpSettings = HttpSettings()

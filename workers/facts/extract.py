@@ -132,14 +132,17 @@ class FactLLM:
         self.usage = Usage()  # since this client was made, for metrics
         self._endpoint = http_retry.ChatEndpoint(s, error=FactLLMError, transport=transport)
 
-    async def extract(self, app: str, user: str, turns: Sequence[Said]) -> list[Candidate]:
-        """Candidate facts about ``user`` stated in ``turns`` (none for no turns)."""
+    async def extract(
+        self, app: str, user: str, turns: Sequence[Said], *, spent: list[Usage] | None = None
+    ) -> list[Candidate]:
+        """Candidate facts about ``user`` stated in ``turns`` (none for no turns).
+        ``spent``: this call's usage is appended to it (a worker charges it to the app)."""
         if not turns:
             return []
         labels = {f"t{i}": said for i, said in enumerate(turns, start=1)}
         prompt = EXTRACT_PROMPT.format(turns="\n".join(f"[{k}] {format_turn(s.turn)}" for k, s in labels.items()))
         schema = sent_schema(Extraction, {"sources": list(labels)})
-        content = await self._ask(EXTRACT_SYSTEM, prompt, "facts", schema)
+        content = await self._ask(EXTRACT_SYSTEM, prompt, "facts", schema, spent)
         reply: Extraction = parse(Extraction, content)
         out = []
         for fact in reply.facts:
@@ -155,7 +158,9 @@ class FactLLM:
             )
         return out
 
-    async def decide(self, candidate: Candidate, matches: Sequence[Fact]) -> Decision:
+    async def decide(
+        self, candidate: Candidate, matches: Sequence[Fact], *, spent: list[Usage] | None = None
+    ) -> Decision:
         """What ``candidate`` does to the user's facts, given the current facts that match it."""
         if not matches:
             return Decision("add")
@@ -163,7 +168,7 @@ class FactLLM:
         listed = "\n".join(f"[{k}] {f.statement}" for k, f in labels.items())
         prompt = DECIDE_PROMPT.format(facts=listed, statement=candidate.statement)
         schema = sent_schema(DecisionReply, {"merge_into": list(labels), "invalidates": list(labels)})
-        content = await self._ask(DECIDE_SYSTEM, prompt, "decision", schema)
+        content = await self._ask(DECIDE_SYSTEM, prompt, "decision", schema, spent)
         reply: DecisionReply = parse(DecisionReply, content)
         if reply.action == "merge":
             if reply.merge_into is None:
@@ -187,7 +192,9 @@ class FactLLM:
             return {"type": "json_object", "schema": schema}
         return {"type": "json_schema", "json_schema": {"name": name, "strict": True, "schema": schema}}
 
-    async def _ask(self, system: str, prompt: str, name: str, schema: dict[str, Any]) -> str:
+    async def _ask(
+        self, system: str, prompt: str, name: str, schema: dict[str, Any], spent: list[Usage] | None = None
+    ) -> str:
         body = {
             "model": self.model,
             "messages": [{"role": "system", "content": system}, {"role": "user", "content": prompt}],
@@ -196,9 +203,9 @@ class FactLLM:
             "response_format": self.response_format_for(name, schema),
         }
         reply = await self._endpoint.post(body, what=name, base_s=RETRY_BASE_S, max_s=RETRY_MAX_S, logger=log)
-        return self._content(reply)
+        return self._content(reply, spent)
 
-    def _content(self, reply: httpx.Response) -> str:
+    def _content(self, reply: httpx.Response, spent: list[Usage] | None = None) -> str:
         raw = reply.text
         try:
             data = reply.json()
@@ -207,7 +214,10 @@ class FactLLM:
         except (ValueError, KeyError, IndexError, TypeError):
             raise FactReplyInvalid("not a chat completion reply", raw) from None
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        self.usage += Usage(1, _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"))
+        used = Usage(1, _count(usage, "prompt_tokens"), _count(usage, "completion_tokens"))
+        self.usage += used
+        if spent is not None:
+            spent.append(used)
         if not isinstance(content, str) or not content.strip():
             raise FactReplyInvalid("the reply has no content", raw)
         if choice.get("finish_reason") == "length":

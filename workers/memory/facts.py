@@ -362,3 +362,50 @@ def scrub(log: Sequence[Change], forgotten: Collection[SourceKey]) -> list[Chang
             cause = tuple(s for s in change.cause if s.key not in gone)
             out.append(replace(change, fact=replace(change.fact, sources=kept), cause=cause))
     return out
+
+
+# --- the stored form -------------------------------------------------------------------
+
+
+def fact_dict(fact: Fact) -> dict:
+    """``fact`` as JSON-ready data (what a store keeps and a read returns)."""
+    return {
+        "id": fact.id,
+        "app": fact.app,
+        "user": fact.user,
+        "statement": fact.statement,
+        "entities": list(fact.entities),
+        "sources": [{"seq": s.seq, "session": s.session, "event_id": s.event_id, "at": s.at} for s in fact.sources],
+        "valid_from": fact.valid_from,
+        "invalid_from": fact.invalid_from,
+        "invalidated_by": fact.invalidated_by,
+        "revision": fact.revision,
+    }
+
+
+def fact_from_dict(data: Mapping) -> Fact:
+    """The inverse of :func:`fact_dict`."""
+    return Fact(
+        id=data["id"],
+        app=data["app"],
+        user=data["user"],
+        statement=data["statement"],
+        entities=tuple(data["entities"]),
+        sources=tuple(Source(s["seq"], s["session"], s["event_id"], s["at"]) for s in data["sources"]),
+        valid_from=data["valid_from"],
+        invalid_from=data.get("invalid_from"),
+        invalidated_by=data.get("invalidated_by"),
+        revision=data.get("revision", 1),
+    )
+
+
+def profile(facts: Iterable[Fact]) -> dict[str, list[Fact]]:
+    """The current facts grouped by the entities they name (a fact naming none
+    under ``""``), entities and facts in a stable order: the oldest first."""
+    groups: dict[str, list[Fact]] = {}
+    spelling: dict[str, str] = {}  # "denver" and "Denver" are one entity: the first spelling names it
+    for fact in sorted((f for f in facts if f.current), key=lambda f: (f.valid_from, f.id)):
+        for entity in fact.entities or ("",):
+            name = spelling.setdefault(entity.casefold(), entity)
+            groups.setdefault(name, []).append(fact)
+    return groups

@@ -56,18 +56,23 @@ class DeadLetters:
 
     async def send(self, msg: Msg, code: str, reason: str) -> None:
         meta = msg.metadata
-        letter = DeadLetterHeaders(self.worker, code, reason, msg.subject, meta.sequence.stream)
-        headers = letter.to_headers(meta.stream)
+        await self.send_data(msg.data, code, reason, msg.subject, meta.stream, meta.sequence.stream)
+
+    async def send_data(self, data: bytes, code: str, reason: str, subject: str, stream: str, seq: int | None) -> None:
+        """Dead-letter ``data``, which came from ``seq`` on ``subject`` in
+        ``stream`` (or was made from it: the fact worker's LLM reply)."""
+        letter = DeadLetterHeaders(self.worker, code, reason, subject, seq)
+        headers = letter.to_headers(stream)
         # The DLQ is the workers' own (no app may publish there), but a
         # duplicate is still read back: one message for each dead-lettering.
-        where = await publish_landed(self.js, self.subject, msg.data, headers)
+        where = await publish_landed(self.js, self.subject, data, headers)
         if where.squatted is not None:
             metrics.SQUATTED_IDS.labels("dead-letters").inc()
             self.log.warning(
                 "dead letter id %s was taken (seq %s): sent as %s", where.squatted, where.squatter_seq, where.msg_id
             )
         metrics.DEAD_LETTERED.labels(self.worker, code).inc()
-        self.log.warning("dead-lettered seq %s: %s: %s", meta.sequence.stream, code, headers[ERROR])
+        self.log.warning("dead-lettered seq %s: %s: %s", seq, code, headers[ERROR])
 
 
 @dataclass

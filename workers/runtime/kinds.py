@@ -51,6 +51,7 @@ KINDS: dict[str, Kind] = {
         Kind("persistence", "memq.workers.persistence.worker:PersistenceWorker", lambda s: s.persistence.durable),
         Kind("indexing", "memq.workers.indexing.worker:IndexingWorker", lambda s: s.indexing.durable),
         Kind("summarizer", "memq.workers.summarizer.worker:SummarizerWorker"),
+        Kind("facts", "memq.workers.facts.worker:FactWorker"),
         Kind("query", "memq.workers.query.worker:QueryWorker"),
         Kind("http", "memq.workers.http.worker:HttpGateway"),
     )

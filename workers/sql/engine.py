@@ -294,3 +294,7 @@ def upsert_if_newer(dialect: str, table: Table, value: str = "value"):
 
 def greatest(dialect: str, a, b):
     return func.max(a, b) if dialect == "sqlite" else func.greatest(a, b)
+
+
+def least(dialect: str, a, b):
+    return func.min(a, b) if dialect == "sqlite" else func.least(a, b)

@@ -172,8 +172,94 @@ class Checkpoint(SQLModel, table=True):
     created_at: float = Field(default=0.0, sa_column=Time())
 
 
+# --- facts (derived, like the index: rebuilt from the events into generations) ---
+
+
+class FactGeneration(SQLModel, table=True):
+    """A set of facts derived with one model and prompt (``fingerprint``);
+    reads use the one ``live``, a changed model or prompt fills a ``building`` one."""
+
+    __tablename__ = "memq_fact_generations"
+
+    name: str = Field(sa_column=Column(Id(64), primary_key=True))
+    fingerprint: str = Field(sa_column=Column(Text(), nullable=False))
+    state: str = Field(sa_column=Column(String(16), nullable=False))  # building | live
+    created_at: float = Field(default=0.0, sa_column=Time())
+
+
+class FactRow(SQLModel, table=True):
+    """A fact as it is now (its newest revision); its history is in memq_fact_revisions."""
+
+    __tablename__ = "memq_facts"
+    __table_args__ = (Index("ix_memq_facts_user", "generation", "user_key"),)
+
+    generation: str = Field(sa_column=Column(Id(64), primary_key=True))
+    fact_id: str = Field(sa_column=Column(String(32), primary_key=True))
+    user_key: str = Field(sa_column=Column(Digest(), nullable=False))
+    app: str = Field(sa_column=Column(Id(), nullable=False))
+    user_id: str = Field(sa_column=Column(Id(), nullable=False))
+    revision: int = Field(default=1)
+    statement: str = Field(sa_column=Column(LongText(), nullable=False))
+    valid_from: float = Field(default=0.0, sa_column=Time())
+    invalid_from: float | None = Field(default=None, sa_column=Column(Seconds(), nullable=True))
+    # The whole fact (entities, sources, interval) as JSON.
+    data: str = Field(sa_column=Column(LongText(), nullable=False))
+
+
+class FactRevision(SQLModel, table=True):
+    """Every revision of every fact, kept: nothing is overwritten in place."""
+
+    __tablename__ = "memq_fact_revisions"
+
+    generation: str = Field(sa_column=Column(Id(64), primary_key=True))
+    fact_id: str = Field(sa_column=Column(String(32), primary_key=True))
+    revision: int = Field(sa_column=Column(BigInteger, primary_key=True, autoincrement=False))
+    kind: str = Field(sa_column=Column(String(16), nullable=False))
+    data: str = Field(sa_column=Column(LongText(), nullable=False))
+    written_at: float = Field(default=0.0, sa_column=Time())
+
+
+class FactSource(SQLModel, table=True):
+    """The events a fact came from, one row each: a forgotten or deleted event
+    is found by one anti-join with memq_events, not by reading every fact."""
+
+    __tablename__ = "memq_fact_sources"
+    __table_args__ = (Index("ix_memq_fact_sources_event", "session_key", "event_id"),)
+
+    generation: str = Field(sa_column=Column(Id(64), primary_key=True))
+    fact_id: str = Field(sa_column=Column(String(32), primary_key=True))
+    session_key: str = Field(sa_column=Column(Digest(), primary_key=True))
+    event_id: str = Field(sa_column=Column(Id(), primary_key=True))
+
+
+class FactCursor(SQLModel, table=True):
+    """How far a session's events have been derived into a generation."""
+
+    __tablename__ = "memq_fact_cursors"
+    __table_args__ = (Index("ix_memq_fact_cursors_user", "generation", "user_key"),)
+
+    generation: str = Field(sa_column=Column(Id(64), primary_key=True))
+    session_key: str = Field(sa_column=Column(Digest(), primary_key=True))
+    user_key: str = Field(sa_column=Column(Digest(), nullable=False))
+    up_to_seq: int = Field(default=0, sa_column=Seq(default=0))
+
+
 metadata = SQLModel.metadata
-TABLES = (User, Session, Event, AppState, UserState, SessionState, Artifact, Checkpoint)
+TABLES = (
+    User,
+    Session,
+    Event,
+    AppState,
+    UserState,
+    SessionState,
+    Artifact,
+    Checkpoint,
+    FactGeneration,
+    FactRow,
+    FactRevision,
+    FactSource,
+    FactCursor,
+)
 
 
 def table_of(model: type[SQLModel]) -> Table:
@@ -193,3 +279,8 @@ USER_STATE = table_of(UserState)
 SESSION_STATE = table_of(SessionState)
 ARTIFACTS = table_of(Artifact)
 CHECKPOINTS = table_of(Checkpoint)
+FACT_GENERATIONS = table_of(FactGeneration)
+FACTS = table_of(FactRow)
+FACT_REVISIONS = table_of(FactRevision)
+FACT_SOURCES = table_of(FactSource)
+FACT_CURSORS = table_of(FactCursor)
