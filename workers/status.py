@@ -68,6 +68,7 @@ class Instance:
     avg_ms: float = 0.0  # mean processing time over all requests
     last_error: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)  # what its endpoints' stats add (the fact worker's figures)
 
 
 @dataclass
@@ -148,6 +149,9 @@ async def discover_instances(nc: NATS, wait_s: float = DISCOVERY_WAIT_S) -> list
         busy_ns = sum(e.get("processing_time", 0) for e in endpoints)
         inst.avg_ms = busy_ns / inst.requests / 1e6 if inst.requests else 0.0
         inst.last_error = next((e["last_error"] for e in endpoints if e.get("last_error")), "")
+        for e in endpoints:
+            if isinstance(e.get("data"), dict):
+                inst.data.update(e["data"])
     return sorted(instances.values(), key=lambda i: (i.name, i.started, i.id))
 
 
@@ -307,6 +311,9 @@ def render(status: Status, console: Console, now: datetime | None = None) -> Non
     for i in status.instances:
         errors = f"[red]{i.errors}[/]" if i.errors else "0"
         detail = i.metadata.get("url", "")
+        if i.data:
+            figures = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in i.data.items() if v is not None)
+            detail = f"{detail} {figures}".strip()
         if i.last_error:
             detail = f"{detail} [red]{escape(i.last_error)}[/]".strip()
         instances.add_row(

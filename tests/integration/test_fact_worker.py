@@ -39,6 +39,7 @@ from memq.workers.runtime.dead_letters import DeadLetterFilter, list_dead_letter
 from memq.workers.settings import Settings
 from memq.workers.sql import facts as store
 from memq.workers.sql.engine import create_engine
+from memq.workers.status import discover_instances
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -355,3 +356,60 @@ async def test_the_real_model_yields_facts_citing_the_session_s_events(nats_url,
     assert facts or worker.stats.dead_lettered, "no fact and no dead letter"
     for f in facts.values():
         assert f.statement.strip() and f.sources and {src.seq for src in f.sources} <= set(seqs)
+
+
+async def test_a_down_endpoint_holds_the_worker_and_nothing_is_skipped(nats_url, sqlite_url, tmp_path, brain):
+    b = brain()
+    answer = b.answer
+    down = True
+
+    def flaky(body: dict) -> tuple[int, dict, object]:
+        return (503, {}, {"error": {"message": "overloaded"}}) if down else answer(body)
+
+    b.stub.script = flaky
+    s = fact_settings(nats_url, sqlite_url, tmp_path, b.url)
+    async with running_worker(s), running(FactWorker(s)) as worker:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seq = await client.append("u1", "s1", said("user", "I live in Quito."))
+            await wait_committed(nats_url, seq)
+            await wait_for(lambda: asyncio.sleep(0, worker.stats.failures >= 2), timeout=30, what="failed asks")
+            assert not await derived(s, APP, "u1")  # held, not skipped
+            assert worker.stats.dead_lettered == 0
+            down = False
+            await settled(s, APP, "u1", seq)
+            facts = await live_facts(s, APP, "u1")
+            nc = await nats.connect(nats_url)
+            try:
+                instances = [i for i in await discover_instances(nc) if i.name == "memq-facts"]
+            finally:
+                await nc.close()
+    assert [f.statement for f in facts.values()] == ["The user lives in Quito."]
+    # `memq status` shows the replica's spending and lag
+    assert len(instances) == 1 and instances[0].data["llm_calls"] >= 1
+    assert instances[0].data["failures"] >= 2 and "generation" in instances[0].data
+
+
+async def test_an_app_over_its_token_budget_waits(nats_url, sqlite_url, tmp_path, brain):
+    b = brain()
+    s = fact_settings(nats_url, sqlite_url, tmp_path, b.url, tokens_per_minute=1)
+    original = b.answer
+
+    def with_usage(body: dict) -> tuple[int, dict, object]:
+        status, headers, reply = original(body)
+        return status, headers, {**reply, "usage": {"prompt_tokens": 50, "completion_tokens": 10}}
+
+    b.stub.script = with_usage
+    async with running_worker(s), running(FactWorker(s)) as worker:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            first = await client.append("u1", "s1", said("user", "I live in Lima."))
+            await settled(s, APP, "u1", first)
+            second = await client.append("u1", "s2", said("user", "I like jazz."))
+            await wait_committed(nats_url, second)
+            await asyncio.sleep(1.5)  # several sweeps: the app spent its minute's budget
+            assert not await derived(s, APP, "u1")
+            calls = b.calls
+            other = await client.append("u2", "s1", said("user", "I like tea."))  # the same app: also waits
+            await wait_committed(nats_url, other)
+            await asyncio.sleep(0.6)
+            assert b.calls == calls
+    assert worker.stats.tokens_in == 50 and worker.stats.tokens_out == 10

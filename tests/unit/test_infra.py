@@ -483,7 +483,7 @@ def test_keda_reads_the_monitoring_port_through_a_service_in_the_namespace() -> 
 
 def test_hpas_scale_the_kinds_without_a_consumer_lag_on_cpu() -> None:
     hpas = {h["spec"]["scaleTargetRef"]["name"]: h for h in by_kind("HorizontalPodAutoscaler")}
-    assert set(hpas) == {"memq-query", "memq-summarizer", "memq-http"}
+    assert set(hpas) == {"memq-query", "memq-summarizer", "memq-facts", "memq-http"}
     scaled_by_keda = {s["spec"]["scaleTargetRef"]["name"] for s in by_kind("ScaledObject")}
     assert not set(hpas) & scaled_by_keda, "KEDA makes its own HPA: two would fight"
     for name, hpa in hpas.items():

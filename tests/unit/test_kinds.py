@@ -42,6 +42,7 @@ def test_each_component_declares_its_checks_and_needs():
         "persistence": (["consumer", "database", "nats"], ["sql"]),
         "indexing": (["consumer", "index", "nats"], ["embedder", "index"]),
         "summarizer": (["database", "nats"], ["sql"]),
+        "facts": (["database", "nats"], ["sql"]),
         "query": (["database", "nats", "service"], ["embedder", "index", "sql"]),
         "http": (["http", "nats"], []),
     }

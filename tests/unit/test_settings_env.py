@@ -55,7 +55,7 @@ def test_the_warning_without_a_guess_lists_the_groups_and_comes_once(monkeypatch
     assert lines == [
         "warning: MEMQ_FOO_BAR is not a memq setting, ignored: no such setting (settings are "
         "MEMQ_<GROUP>__<NAME>, the groups NATS, STREAMS, DATABASE, PERSISTENCE, MEMORY, CACHE, QUERY, INDEXING, "
-        "RECALL, SUMMARIZER, METRICS, EXPIRY, HTTP; `memq config` lists them all)",
+        "RECALL, SUMMARIZER, FACTS, METRICS, EXPIRY, HTTP; `memq config` lists them all)",
         "warning: MEMQ_QUERY__CACHE_TTLL is not a memq setting, ignored; did you mean MEMQ_CACHE__TTL_S?",
     ]
 

@@ -179,7 +179,8 @@ def up(
     # An option given names itself in the error, not the variable it stands for.
     flags = {f"{group}.port": f"--{group}-port" for group in overrides}
     settings = _settings(flags, **overrides)
-    kinds = list(WorkerKind)
+    # The fact worker only with an endpoint to ask (facts.llm): off, it would only say so.
+    kinds = [k for k in WorkerKind if k.value != "facts" or settings.facts.llm is not None]
     fresh = is_fresh(settings.data_dir)  # before anything is written there
     _preflight(settings, [k.value for k in kinds], embedded_nats=not settings.nats.url)
     embedded = None

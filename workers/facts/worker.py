@@ -50,11 +50,13 @@ import hashlib
 import json
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import orjson
 from faststream.nats import NatsRouter
+from nats.micro.request import Request
+from nats.micro.service import Service
 from sqlalchemy import select
 
 from memq.contracts.ids import scope_key
@@ -78,6 +80,7 @@ from memq.workers.memory.facts import (
     scrub,
     without_sources,
 )
+from memq.workers.memory.token_budget import Budget
 from memq.workers.memory.tokens import event_text
 from memq.workers.runtime import readiness
 from memq.workers.runtime.component import Component, Live
@@ -97,10 +100,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memq.facts")
 
-TURN_ROLES = ("user", "assistant", "model")  # ADK's assistant role is "model"
+TURN_ROLES = ("user", "assistant")  # what a user said and what they were told; not system or tool
 PAGE = 200  # events read after a cursor at once
 BATCHES_PER_LOOK = 5  # then the session goes to the back of the line: one long session does not starve the rest
 FACTS_VERSION = 1  # bump when a change here changes what is derived (a new generation)
+
+
+def _text_parts(event: dict) -> str:
+    """A stored event's text parts only (storage scope ``conversational``: no tool calls, data or files)."""
+    parts = (event.get("message") or {}).get("parts") or []
+    return "\n".join(
+        p["text"] for p in parts if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+    )
 
 
 class GenerationGone(Exception):
@@ -130,35 +141,16 @@ def generation_name(print_: str) -> str:
 
 
 @dataclass
-class Budget:
-    """Tokens an app spent in the last minute (this replica's calls)."""
-
-    per_minute: int | None
-    spent: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
-
-    def wait_s(self, app: str, now: float) -> float:
-        """0 when the app may call now, else how long until the minute frees enough."""
-        if self.per_minute is None:
-            return 0.0
-        calls = self.spent.setdefault(app, deque())
-        while calls and calls[0][0] <= now - 60:
-            calls.popleft()
-        if sum(n for _, n in calls) < self.per_minute:
-            return 0.0
-        return max(0.05, calls[0][0] + 60 - now)
-
-    def spend(self, app: str, tokens: int, now: float) -> None:
-        if self.per_minute is not None and tokens:
-            self.spent.setdefault(app, deque()).append((now, tokens))
-
-
-@dataclass
 class Stats:
     batches: int = 0
     facts_changed: int = 0
     dead_lettered: int = 0
     failures: int = 0
     skipped_busy: int = 0
+    llm_calls: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    sessions_behind: int | None = None  # at the last sweep
     promoted: list[str] = field(default_factory=list)
 
 
@@ -228,6 +220,32 @@ class FactWorker(Component[FactLive]):
     def checks(self) -> dict[str, Check]:
         return {**super().checks(), "database": readiness.database(lambda: self.live.engine)}
 
+    def service_options(self) -> dict:
+        # `memq status` shows each instance's endpoint data: what this replica spent and how far behind it is.
+        return {"stats_handler": lambda _endpoint: self.summary()}
+
+    async def serve(self, service: Service) -> None:
+        await service.add_endpoint(name="facts-stats", subject=f"{PREFIX}.facts.stats", handler=self._stats)
+
+    async def _stats(self, request: Request) -> None:
+        await request.respond(orjson.dumps(self.summary()))
+
+    def summary(self) -> dict:
+        """This replica's figures, as `memq status` shows them."""
+        st = self.stats
+        if not self.enabled:
+            return {"facts": "off (no facts.llm)"}
+        return {
+            "generation": self._live.generation if self._live is not None else None,
+            "llm_calls": st.llm_calls,
+            "tokens_in": st.tokens_in,
+            "tokens_out": st.tokens_out,
+            "sessions_behind": st.sessions_behind,
+            "batches": st.batches,
+            "dead_lettered": st.dead_lettered,
+            "failures": st.failures,
+        }
+
     async def run(self) -> None:
         if not self.enabled:
             log.info("facts are off: no facts.llm endpoint is configured (MEMQ_FACTS__LLM__BASE_URL)")
@@ -292,6 +310,7 @@ class FactWorker(Component[FactLive]):
             pending = await store.pending_sessions(conn, generation)
             lost = await store.users_with_lost_sources(conn, generation)
         metrics.FACT_SESSIONS_BEHIND.set(len(pending))
+        self.stats.sessions_behind = len(pending)
         for app, user in lost:
             await self.forget_lost(app, user)
         for key in pending:
@@ -409,10 +428,14 @@ class FactWorker(Component[FactLive]):
         the batch ends at (the last turn's, or the page's end when no turn is left)."""
         said: list[Said] = []
         end = events[-1].seq if len(events) == PAGE else last_seq
+        # The index's storage scope binds facts too: what is not kept for recall is not mined for facts.
+        scope = self.settings.indexing.storage_scope
+        if scope == "summaries_only":
+            return said, end
         for event in events:
             if event.role not in TURN_ROLES:
                 continue
-            text = event_text(event.data)
+            text = _text_parts(event.data) if scope == "conversational" else event_text(event.data)
             if not text.strip():
                 continue
             if len(said) == self.config.batch_turns:
@@ -491,6 +514,9 @@ class FactWorker(Component[FactLive]):
 
     def _count_usage(self, app: str, name: str, spent: list[Usage]) -> None:
         used = sum(spent, Usage())
+        self.stats.llm_calls += used.calls
+        self.stats.tokens_in += used.prompt_tokens
+        self.stats.tokens_out += used.completion_tokens
         metrics.FACT_LLM_CALLS.labels(name).inc(used.calls)
         metrics.FACT_LLM_TOKENS.labels("prompt").inc(used.prompt_tokens)
         metrics.FACT_LLM_TOKENS.labels("completion").inc(used.completion_tokens)
