@@ -413,3 +413,40 @@ async def test_an_app_over_its_token_budget_waits(nats_url, sqlite_url, tmp_path
             await asyncio.sleep(0.6)
             assert b.calls == calls
     assert worker.stats.tokens_in == 50 and worker.stats.tokens_out == 10
+
+
+async def test_the_real_model_s_facts_go_with_their_turns_and_a_rebuild_finds_none(
+    nats_url, sqlite_url, tmp_path, llama_server
+):
+    # Whatever a 270M model extracts, forgetting every turn it read must leave no fact, then or after a rebuild.
+    llm = {"model": LlamaServer.model, "temperature": 0.0, "max_tokens": 200, "api_key": "sk-local"}
+    s = fact_settings(nats_url, sqlite_url, tmp_path, llama_server.url, response_format="json_object", llm=llm)
+    async with running_worker(s), running_query(s):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seqs = [
+                await client.append("rex", "s1", said("user", "My name is Ana and I live in Porto.")),
+                await client.append("rex", "s1", said("user", "I work as a baker and I love surfing.")),
+            ]
+            async with running(FactWorker(s)) as worker:
+                await settled(s, APP, "rex", seqs[-1], timeout=120)
+                made = await live_facts(s, APP, "rex")
+                assert made or worker.stats.dead_lettered, "no fact and no dead letter"
+                for seq in seqs:
+                    await client.forget_event("rex", "s1", seq)
+
+                async def none_left() -> bool:
+                    return await live_facts(s, APP, "rex") == {}
+
+                await wait_for(none_left, timeout=60, what="every fact of the forgotten turns gone")
+            s2 = fact_settings(
+                nats_url,
+                sqlite_url,
+                tmp_path,
+                llama_server.url,
+                response_format="json_object",
+                llm={**llm, "max_tokens": 201},  # another fingerprint: a new generation, replayed from SQL
+            )
+            async with running(FactWorker(s2)) as rebuilt:
+                await wait_for(lambda: asyncio.sleep(0, bool(rebuilt.stats.promoted)), timeout=60, what="rebuild")
+            assert await live_facts(s2, APP, "rex") == {}
+            assert rebuilt.stats.llm_calls == 0  # nothing left to read

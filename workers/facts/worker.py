@@ -126,6 +126,7 @@ def fingerprint(settings: FactSettings) -> str:
         FACTS_VERSION,
         llm.model,
         llm.temperature,
+        llm.max_tokens,
         settings.response_format,
         settings.batch_turns,
         extract.EXTRACT_SYSTEM,
