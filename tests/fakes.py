@@ -5,7 +5,9 @@ as helpers.py is: ``from fakes import FakeMsg``."""
 from __future__ import annotations
 
 import json
+import re
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
@@ -108,3 +110,57 @@ def query_live(floor: Any, *, cache: Any = None, end: Any = None) -> Any:
 
     reads = StreamReads(floor, floor, None, None, Written() if end is None else end)  # type: ignore[arg-type]
     return QueryLive(None, None, None, None, cache, {"MEMQ_EVENTS": reads}, StreamSettings())  # type: ignore[arg-type]
+
+
+LIVES = re.compile(r"\[(t\d+)\][^\n]*?\bI (?:live|moved) (?:in|to) ([A-Z]\w+)")
+LIKES = re.compile(r"\[(t\d+)\][^\n]*?\bI like ([a-z]+)")
+KNOWN = re.compile(r"\[(f\d+)\] (.*)")
+TURN = re.compile(r"\[(t\d+)\] (?:\[[\d-]+\] )?(?:[^:\n]+: )?(.+)")
+NAME = re.compile(r"\b[A-Z][a-z]+\b")
+
+
+class FactBrain:
+    """A fact worker's chat endpoint by rule, in place of a model: it extracts
+    "lives in" and "likes" facts (``echo``: every turn, as said) and decides
+    that a new place invalidates the old one; the first ``garbage`` replies
+    are not JSON; ``delay_s`` holds each reply (a worker can be killed meanwhile)."""
+
+    def __init__(self, garbage: int = 0, delay_s: float = 0.0, echo: bool = False):
+        self.garbage, self.delay_s, self.echo, self.calls = garbage, delay_s, echo, 0
+        self.stub = ChatStub(self.answer)
+        self.url = self.stub.url
+
+    def answer(self, body: dict) -> tuple[int, dict, object]:
+        self.calls += 1
+        time.sleep(self.delay_s)
+        prompt = body["messages"][-1]["content"]
+        if self.garbage > 0:
+            self.garbage -= 1
+            return 200, {}, completion("this is not json {")
+        if prompt.startswith("Known facts"):
+            return 200, {}, completion(json.dumps(self.decide(prompt)))
+        if self.echo:
+            said = TURN.findall(prompt)
+            facts = [{"statement": text, "entities": NAME.findall(text), "sources": [label]} for label, text in said]
+            return 200, {}, completion(json.dumps({"facts": facts}))
+        facts = [
+            {"statement": f"The user lives in {place}.", "entities": [place], "sources": [label]}
+            for label, place in LIVES.findall(prompt)
+        ] + [
+            {"statement": f"The user likes {thing}.", "entities": [thing], "sources": [label]}
+            for label, thing in LIKES.findall(prompt)
+        ]
+        return 200, {}, completion(json.dumps({"facts": facts}))
+
+    @staticmethod
+    def decide(prompt: str) -> dict:
+        new = prompt.split("New fact: ", 1)[1].split("\n", 1)[0]
+        known = KNOWN.findall(prompt.split("New fact:", 1)[0])
+        if "lives in" in new:
+            old = [label for label, statement in known if "lives in" in statement and statement != new]
+            if old:
+                return {"action": "invalidate", "merge_into": None, "invalidates": old}
+        return {"action": "add", "merge_into": None, "invalidates": []}
+
+    def close(self) -> None:
+        self.stub.close()

@@ -5,7 +5,7 @@ back), a malformed reply dead-lettered with its reason, a worker killed
 mid-batch that loses and duplicates nothing, two apps whose facts never
 meet, and a changed prompt that builds a new generation with no gap in reads.
 
-The mechanics are checked against a scripted endpoint (:class:`Brain`,
+The mechanics are checked against a scripted endpoint (:class:`fakes.FactBrain`,
 deterministic rules in place of a model), and extraction once against the
 real Gemma 3 270M on llama-cpp-python (whose facts are crude: only their
 shape and sources are asserted)."""
@@ -13,13 +13,10 @@ shape and sources are asserted)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import re
-import time
 
 import nats
 import pytest
-from fakes import ChatStub, completion
+from fakes import FactBrain
 from helpers import (
     WorkerProcess,
     make_settings,
@@ -44,59 +41,14 @@ from memq.workers.status import discover_instances
 pytestmark = pytest.mark.timeout(300)
 
 APP = "facts-app"
-LIVES = re.compile(r"\[(t\d+)\][^\n]*?\bI (?:live|moved) (?:in|to) ([A-Z]\w+)")
-LIKES = re.compile(r"\[(t\d+)\][^\n]*?\bI like ([a-z]+)")
-KNOWN = re.compile(r"\[(f\d+)\] (.*)")
-
-
-class Brain:
-    """A chat endpoint that extracts "lives in" and "likes" facts by rule and
-    decides that a new place invalidates the old one; ``garbage`` replies are
-    not JSON; ``delay_s`` holds each reply (a worker can be killed meanwhile)."""
-
-    def __init__(self, garbage: int = 0, delay_s: float = 0.0):
-        self.garbage, self.delay_s, self.calls = garbage, delay_s, 0
-        self.stub = ChatStub(self.answer)
-        self.url = self.stub.url
-
-    def answer(self, body: dict) -> tuple[int, dict, object]:
-        self.calls += 1
-        time.sleep(self.delay_s)
-        prompt = body["messages"][-1]["content"]
-        if self.garbage > 0:
-            self.garbage -= 1
-            return 200, {}, completion("this is not json {")
-        if prompt.startswith("Known facts"):
-            return 200, {}, completion(json.dumps(self.decide(prompt)))
-        facts = [
-            {"statement": f"The user lives in {place}.", "entities": [place], "sources": [label]}
-            for label, place in LIVES.findall(prompt)
-        ] + [
-            {"statement": f"The user likes {thing}.", "entities": [thing], "sources": [label]}
-            for label, thing in LIKES.findall(prompt)
-        ]
-        return 200, {}, completion(json.dumps({"facts": facts}))
-
-    @staticmethod
-    def decide(prompt: str) -> dict:
-        new = prompt.split("New fact: ", 1)[1].split("\n", 1)[0]
-        known = KNOWN.findall(prompt.split("New fact:", 1)[0])
-        if "lives in" in new:
-            old = [label for label, statement in known if "lives in" in statement and statement != new]
-            if old:
-                return {"action": "invalidate", "merge_into": None, "invalidates": old}
-        return {"action": "add", "merge_into": None, "invalidates": []}
-
-    def close(self) -> None:
-        self.stub.close()
 
 
 @pytest.fixture
 def brain():
-    made: list[Brain] = []
+    made: list[FactBrain] = []
 
-    def make(**kw) -> Brain:
-        made.append(Brain(**kw))
+    def make(**kw) -> FactBrain:
+        made.append(FactBrain(**kw))
         return made[-1]
 
     yield make

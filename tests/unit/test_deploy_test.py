@@ -81,8 +81,8 @@ def test_every_workload_is_played_with_its_secrets_inlined(rendered, secrets, tm
 def test_the_unplayed_kinds_are_checked_against_the_pods(rendered):
     assert kube.check_unplayed(rendered) == {
         "Service": 7,
-        "PodDisruptionBudget": 6,
-        "HorizontalPodAutoscaler": 3,
+        "PodDisruptionBudget": 7,
+        "HorizontalPodAutoscaler": 4,
         "ScaledObject": 2,
         "NetworkPolicy": 1,
     }
