@@ -27,6 +27,7 @@ from helpers import (
     wait_for,
 )
 from services import LlamaServer
+from sqlalchemy import func, select
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.schemas import Event, Message, TextPart
@@ -35,6 +36,7 @@ from memq.workers.facts.worker import FactWorker
 from memq.workers.runtime.dead_letters import DeadLetterFilter, list_dead_letters
 from memq.workers.settings import Settings
 from memq.workers.sql import facts as store
+from memq.workers.sql import models
 from memq.workers.sql.engine import create_engine
 from memq.workers.status import discover_instances
 
@@ -402,3 +404,24 @@ async def test_the_real_model_s_facts_go_with_their_turns_and_a_rebuild_finds_no
                 await wait_for(lambda: asyncio.sleep(0, bool(rebuilt.stats.promoted)), timeout=60, what="rebuild")
             assert await live_facts(s2, APP, "rex") == {}
             assert rebuilt.stats.llm_calls == 0  # nothing left to read
+
+
+async def test_a_turn_forgotten_while_the_llm_reads_it_never_becomes_a_fact(nats_url, sqlite_url, tmp_path, brain):
+    b = brain(delay_s=1.5)
+    s = fact_settings(nats_url, sqlite_url, tmp_path, b.url)
+    async with running_worker(s), running_query(s), running(FactWorker(s)) as worker:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            secret = await client.append("u1", "s1", said("user", "I live in Reykjavik."))
+            await wait_for(lambda: asyncio.sleep(0, b.calls >= 1), timeout=30, what="the LLM asked")
+            forgot = await client.forget_event("u1", "s1", secret)  # while the reply is on the way
+            await settled(s, APP, "u1", forgot)
+            await asyncio.sleep(0.5)
+            assert await live_facts(s, APP, "u1") == {}
+    engine = create_engine(s.database_url())
+    try:
+        async with engine.connect() as conn:
+            rows = (await conn.execute(select(func.count()).select_from(models.FACT_REVISIONS))).scalar_one()
+    finally:
+        await engine.dispose()
+    assert rows == 0
+    assert worker.stats.facts_changed == 0 and b.calls == 1  # never written (then removed), and not asked again

@@ -411,12 +411,20 @@ class FactWorker(Component[FactLive]):
         try:
             async with self.live.engine.begin() as conn:
                 await self._check_generation(conn, generation)
-                await store.commit_batch(
-                    conn, generation, changes, session_key=session_key, user_key=user_key, from_seq=at, to_seq=end
-                )
+                # A forget or delete committed while the LLM was asked: forget first, then derive
+                # the batch again from what SQL holds now; never write a fact with a gone source.
+                gone = bool(await store.missing_sources(conn, [c.fact for c in changes]))
+                if not gone:
+                    await store.commit_batch(
+                        conn, generation, changes, session_key=session_key, user_key=user_key, from_seq=at, to_seq=end
+                    )
         except store.CursorMoved as exc:
             log.info("%s: dropped a batch another replica derived", exc)
             return True
+        if gone:
+            log.info("a source of a batch of %s/%s/%s went meanwhile: derived again", app, user, session)
+            await self.forget_lost(app, user)
+            return False
         for change in changes:
             metrics.FACT_CHANGES.labels(change.kind).inc()
         self.stats.batches += 1
