@@ -102,7 +102,10 @@ from memq.contracts.queries import (
     Consistency,
     ContextFormat,
     ContextView,
+    FactHistoryView,
+    FactsView,
     HistoryView,
+    ProfileView,
     Role,
     SearchMode,
     SearchResults,
@@ -1137,6 +1140,49 @@ class MemoryClient(PublishSettling):
             until=until,
             alpha=alpha,
         )
+
+    async def facts(
+        self,
+        user: str,
+        query: str | None = None,
+        *,
+        include_invalid: bool = False,
+        limit: int = 20,
+        min_seq: int | None = None,
+    ) -> FactsView:
+        """Facts about the user that the fact worker derived from their turns
+        (facts must be on: ``facts.llm`` set on the workers). Without ``query``,
+        the current facts, oldest first; with one, those that share its
+        words, best first (each with its ``score``).
+
+        :param include_invalid: also the facts a later one contradicted
+            (their ``invalid_from`` and ``invalidated_by`` say when and which).
+        :param limit: facts, 1..100. Default 20.
+        :param min_seq: wait until facts are derived up to this sequence
+            (e.g. :attr:`last_seq`), at most ``wait_ms``; the reply's
+            ``behind`` is the number of the user's sessions still not derived
+            when it answered. Default: no wait (facts are derived by an LLM,
+            seconds behind the turns): ``behind`` then counts every session
+            with turns not derived yet.
+        """
+        return await self._query(
+            "facts",
+            min_seq or 0,
+            user=user,
+            query=query,
+            include_invalid=include_invalid,
+            limit=limit,
+        )
+
+    async def profile(self, user: str, *, min_seq: int | None = None) -> ProfileView:
+        """The user's current facts grouped by the entities they name (see :meth:`facts`)."""
+        return await self._query("facts.profile", min_seq or 0, user=user)
+
+    async def fact_history(self, user: str, fact_id: str) -> FactHistoryView:
+        """Every revision of one fact about the user, oldest first: added,
+        merged, invalidated... (:class:`~memq.contracts.errors.NotFound` for a
+        fact that is not this user's)."""
+        return await self._query("facts.history", 0, user=user, fact_id=fact_id)
 
     async def watch_status(self, user: str, session: str) -> AsyncIterator[dict[str, Any]]:
         """Yield what workers announce about a session as it happens, e.g.

@@ -228,6 +228,28 @@ class Search(Request):
     alpha: float | None = Field(default=None, ge=0, le=1, description="hybrid: weight of the vector side")
 
 
+class FactsGet(Request):
+    """Facts about the user, current ones by default; with a ``query``, the
+    facts that share its words, best first. ``min_seq`` waits for the commit
+    and then for the facts to be derived up to it (``wait_ms`` in all): the
+    reply's ``behind`` says how many of the user's sessions still hold turns
+    not derived when the wait ran out."""
+
+    query: str | None = Field(default=None, min_length=1, max_length=8192)
+    include_invalid: bool = Field(default=False, description="also the facts a later one contradicted")
+    limit: int = Field(default=20, ge=1, le=MAX_K)
+
+
+class ProfileGet(Request):
+    """The user's current facts grouped by the entities they name."""
+
+
+class FactHistoryGet(Request):
+    """Every revision of one fact of the user, oldest first."""
+
+    fact_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="a fact's id, as a facts reply gives it")
+
+
 # --- replies -------------------------------------------------------------------
 
 
@@ -357,6 +379,58 @@ class SearchResults(Reply):
     note: str | None = None  # why the mode differs from the one asked for
 
 
+class FactSource(Reply):
+    """A turn a fact came from."""
+
+    seq: int
+    session: str
+    event_id: str
+    at: float  # the turn's timestamp
+
+
+class FactView(Reply):
+    """A fact about the user: true from ``valid_from`` until ``invalid_from``
+    (None: still true), when the fact ``invalidated_by`` contradicted it."""
+
+    id: str
+    statement: str
+    entities: list[str]
+    sources: list[FactSource]
+    valid_from: float
+    invalid_from: float | None = None
+    invalidated_by: str | None = None
+    revision: int = 1
+    score: float | None = None  # with a query: its keyword score
+
+
+class FactsView(Reply):
+    facts: list[FactView]  # best first with a query, else oldest first
+    generation: str | None  # the fact generation read (None: no fact was ever derived)
+    behind: int = 0  # the user's sessions with turns not derived yet (up to min_seq, when given)
+
+
+class EntityFacts(Reply):
+    entity: str  # "" for the facts that name none
+    facts: list[FactView]
+
+
+class ProfileView(Reply):
+    entities: list[EntityFacts]  # in the order the entities were first known
+    generation: str | None
+    behind: int = 0
+
+
+class FactRevision(Reply):
+    kind: str  # added, merged, invalidated, sources_dropped, restored
+    fact: FactView
+    written_at: float
+
+
+class FactHistoryView(Reply):
+    revisions: list[FactRevision]  # oldest first
+    generation: str | None
+
+
 # --- the registry ----------------------------------------------------------------
 
 
@@ -390,5 +464,8 @@ OPS: dict[str, QueryOp] = {
         QueryOp("artifacts.list", ArtifactsList, ArtifactsView, "The artifacts of a session."),
         QueryOp("artifacts.get", ArtifactGet, ArtifactView, "One version of an artifact: inline bytes or an object."),
         QueryOp("search", Search, SearchResults, "Long-term memory search within one app and user.", "indexing"),
+        QueryOp("facts", FactsGet, FactsView, "Facts about the user, derived from their turns; with a query, ranked."),
+        QueryOp("facts.profile", ProfileGet, ProfileView, "The user's current facts, grouped by entity."),
+        QueryOp("facts.history", FactHistoryGet, FactHistoryView, "Every revision of one fact about the user."),
     )
 }

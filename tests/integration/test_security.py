@@ -26,13 +26,16 @@ from services import NatsServer
 from services import running as running_service
 
 from memq.contracts.client import MemoryClient, app_inbox_prefix, build_request, encode_request, parse_reply
-from memq.contracts.errors import Forbidden, PublishFailed
+from memq.contracts.errors import Forbidden, NotFound, PublishFailed
 from memq.contracts.subjects import events_subject, request_subject, status_subject
 from memq.workers import security
 from memq.workers.indexing.worker import IndexingWorker
+from memq.workers.memory.facts import Change, Fact, Source, fact_id
 from memq.workers.persistence.worker import PersistenceWorker
 from memq.workers.query.worker import QueryWorker
 from memq.workers.runtime import bus
+from memq.workers.sql import facts as facts_store
+from memq.workers.sql.engine import create_engine
 from memq.workers.status import collect_status
 from memq.workers.summarizer.worker import SummarizerWorker
 
@@ -322,3 +325,47 @@ async def test_operators_see_status_and_workers_never_hit_a_wall(secured):
     worker_lines = [line for line in log.splitlines() if "Violation" in line and '/user:workers"' in line]
     assert worker_lines == [], "\n".join(worker_lines)
     assert f'/user:{security.app_user_name(B)}" - Publish Violation' in log  # B's were: the check above can fail
+
+
+async def test_b_cannot_read_a_s_facts_by_any_door(secured):
+    # A's facts, as the fact worker writes them (no LLM needed for the fence).
+    said = Source(1, "s1", "e1", 1000.0)
+    fact = Fact(
+        fact_id(A, "alice", "Alice lives in Porto.", said),
+        A,
+        "alice",
+        "Alice lives in Porto.",
+        ("Porto",),
+        (said,),
+        1000.0,
+    )
+    engine = create_engine(secured.settings.database_url())
+    try:
+        async with engine.begin() as conn:
+            gen = await facts_store.ensure_generation(conn, "facts-security", "test")
+            await facts_store.commit_batch(conn, gen.name, [Change("added", fact)])
+    finally:
+        await engine.dispose()
+    a = await app_client(secured, A)
+    try:
+        assert [f.id for f in (await a.facts("alice")).facts] == [fact.id]  # A reads its own
+    finally:
+        await a.close()
+    errors = Errors()
+    b_nc = await connect_as(secured, security.app_user_name(B), errors, inbox_prefix=app_inbox_prefix(B))
+    try:
+        as_a = MemoryClient(b_nc, A, timeout=1.0, consistent=False, wait_ms=0)
+        for read in (as_a.facts("alice"), as_a.profile("alice"), as_a.fact_history("alice", fact.id)):
+            with pytest.raises(Forbidden, match=VIOLATION):
+                await read
+        for op, extra in (("facts", {}), ("facts.profile", {}), ("facts.history", {"fact_id": fact.id})):
+            request = build_request(A, op, user="alice", **extra)  # B's own subject, a body naming A
+            reply = await b_nc.request(request_subject(B, op), encode_request(request), timeout=5)
+            with pytest.raises(Forbidden, match="sent on a subject of app"):
+                parse_reply(op, reply.data)
+        own = MemoryClient(b_nc, B, timeout=5.0, consistent=False, wait_ms=0)
+        assert (await own.facts("alice")).facts == [] and (await own.profile("alice")).entities == []
+        with pytest.raises(NotFound):  # A's fact id, asked in B's own app: not found, as one that never was
+            await own.fact_history("alice", fact.id)
+    finally:
+        await b_nc.close()

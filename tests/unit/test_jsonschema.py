@@ -68,6 +68,16 @@ def test_schema_refuses_what_a_producer_must_not_send(change) -> None:
 
 # --- queries ----------------------------------------------------------------------
 
+FACT = q.FactView(
+    id="0" * 32,
+    statement="Lives in Porto.",
+    entities=["Porto"],
+    sources=[q.FactSource(seq=3, session="s", event_id="e", at=1.0)],
+    valid_from=1.0,
+    invalid_from=2.0,
+    invalidated_by="1" * 32,
+    score=0.5,
+)
 REQUESTS = {
     "session.get": dict(user="u", session="s", events=True, num_recent_events=5, roles=["user"]),
     "sessions.list": dict(user=None, limit=10, cursor="c"),
@@ -77,6 +87,9 @@ REQUESTS = {
     "artifacts.list": dict(user="u", session="s"),
     "artifacts.get": dict(user="u", session="s", filename="f.txt", version=0),
     "search": dict(user="u", query="q", mode="keyword", k=3, roles=["summary"], alpha=0.5),
+    "facts": dict(user="u", query="where", include_invalid=True, limit=5, min_seq=3),
+    "facts.profile": dict(user="u"),
+    "facts.history": dict(user="u", fact_id="0" * 32),
 }
 REPLIES = {
     "session.get": q.SessionView(
@@ -108,6 +121,11 @@ REPLIES = {
         results=[q.SearchResult(session_id="s", event_id="e", content="c", author="a", timestamp=1.0, score=0.5)],
         mode="hybrid",
         model="m",
+    ),
+    "facts": q.FactsView(facts=[FACT], generation="facts-0", behind=1),
+    "facts.profile": q.ProfileView(entities=[q.EntityFacts(entity="Porto", facts=[FACT])], generation="facts-0"),
+    "facts.history": q.FactHistoryView(
+        revisions=[q.FactRevision(kind="added", fact=FACT, written_at=2.0)], generation="facts-0"
     ),
 }
 

@@ -166,6 +166,12 @@ class FactLive(Live):
 Key = tuple[str, str, str]  # app, user, session
 
 
+@dataclass
+class UserLock:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    users: int = 0  # tasks holding or waiting for it
+
+
 class FactWorker(Component[FactLive]):
     """The fact component of a worker process; see the module doc."""
 
@@ -184,6 +190,7 @@ class FactWorker(Component[FactLive]):
         self._again: set[Key] = set()
         self._retry_at: dict[Key, float] = {}
         self._held_until = 0.0  # the endpoint failed: nothing is asked before this
+        self._user_locks: dict[str, UserLock] = {}  # this replica's sessions of one user, one at a time
         self._tasks: set[asyncio.Task] = set()
         self._sweeper: asyncio.Task | None = None
         self._triggered = False
@@ -367,14 +374,29 @@ class FactWorker(Component[FactLive]):
         """Derive the session's new turns, a few batches; True when more are left."""
         session_key = scope_key(app, user, session)
         await self._forget_in_session(app, user, session_key)
+        # One user at a time, across sessions and replicas: a candidate is
+        # reconciled with the user's facts as they are, not as another
+        # session's batch in flight will leave them (a missed contradiction).
+        user_key = scope_key(app, user)
+        held = self._user_locks.setdefault(user_key, UserLock())
+        held.users += 1
+        try:
+            async with held.lock:
+                return await self._derive_user_session(app, user, session, session_key, user_key)
+        finally:
+            held.users -= 1
+            if not held.users:  # nobody holds or waits: a replica's locks do not grow with its users
+                del self._user_locks[user_key]
+
+    async def _derive_user_session(self, app: str, user: str, session: str, session_key: str, user_key: str) -> bool:
         lease = Lease(
             self.live.js,
-            f"facts.{session_key}",
+            f"facts.{user_key}",
             ttl_s=self.config.lease_ttl_s,
             replicas=self.settings.streams.replicas,
         )
         if not await lease.acquire():
-            self.stats.skipped_busy += 1
+            self.stats.skipped_busy += 1  # another replica has the user: the sweep comes back
             return False
         try:
             for _ in range(BATCHES_PER_LOOK):

@@ -24,7 +24,7 @@ from memq.workers.memory.tail import MustWait
 from memq.workers.memory.template import render, rendered_size
 from memq.workers.memory.tokens import event_messages, event_text
 from memq.workers.offload import off_loop
-from memq.workers.query import paging
+from memq.workers.query import facts, paging
 from memq.workers.query.stream_tail import Tail
 from memq.workers.query.windows import WindowCache
 from memq.workers.settings import MemorySettings
@@ -506,4 +506,8 @@ HANDLERS: dict[str, Handler] = {
     "artifacts.list": Handler(artifacts_list, cached=True),
     "artifacts.get": Handler(artifact_get, cached=True),
     "search": Handler(search, cached=False, sql=False),
+    # Facts change with no commit notice (the fact worker writes them): never cached.
+    "facts": Handler(facts.facts_get, cached=False),
+    "facts.profile": Handler(facts.facts_profile, cached=False),
+    "facts.history": Handler(facts.fact_history, cached=False),
 }

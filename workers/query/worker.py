@@ -107,7 +107,7 @@ from memq.contracts.replies import error_body, ok_body
 from memq.contracts.subjects import CHANGED_WILDCARD, PREFIX
 from memq.workers import metrics
 from memq.workers.memory.tail import MustWait
-from memq.workers.query import paging
+from memq.workers.query import facts, paging
 from memq.workers.query.cache import Entry, QueryCache, build_cache, cache_backend
 from memq.workers.query.carried import CarriedTail
 from memq.workers.query.consistency import last_acknowledged, read_scope
@@ -135,6 +135,9 @@ if TYPE_CHECKING:
     from memq.workers.runtime.resources import Resources
 
 log = logging.getLogger("memq.query")
+
+# Reads whose min_seq also waits for the fact worker, once the commit is in.
+FACT_READS = frozenset({"facts", "facts.profile"})
 
 
 @dataclass
@@ -445,6 +448,7 @@ class QueryWorker(Component[QueryLive]):
         still to await (None when nothing is to be cached); ``slot`` is the
         request's, given back while it waits for its ``min_seq``."""
         shared = True  # the cache's shared tier too (below)
+        answering_from = time.monotonic()
         try:
             if req.consistency == "any":
                 req = await self._with_every_writer(req)
@@ -498,6 +502,8 @@ class QueryWorker(Component[QueryLive]):
                         limit = self.settings.query.search_tail
                         wait_s = req.wait_ms / 1000
                         raise NotCommitted(index_behind(floor, req.min_seq, wait_s, backlog, limit)) from None
+            if req.min_seq is not None and op in FACT_READS:
+                await self._facts_derived(op, req, slot, answering_from)
             if key is not None:
                 return await self._cached(op, req, key, shared=shared)
             return ok_body(await self._run(op, req)), None
@@ -515,6 +521,21 @@ class QueryWorker(Component[QueryLive]):
             # floor's consumer info, while JetStream elects a leader.
             what = "JetStream" if isinstance(exc, NatsError) else "the database"
             return error_body(Unavailable(f"{op}: {what} is unavailable, retry later")), None
+
+    async def _facts_derived(self, op: str, req: q.Request, slot: Slot, since: float) -> None:
+        """Until the user's facts are derived up to ``req.min_seq`` or what is
+        left of ``wait_ms`` runs out, holding no request slot and no
+        connection between looks; the reply then says how far behind they are."""
+        deadline = since + req.wait_ms / 1000
+        pause = 0.02
+        async with self.slots.waiting(slot, op):
+            while True:
+                async with self._sql_slots, self.live.reads.connect() as conn:
+                    _, late = await facts.behind(conn, req)
+                if not late or time.monotonic() + pause > deadline:
+                    return
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 0.25)
 
     async def _wait(
         self, op: str, req: q.Request, wait_ms: int, floor: CommitFloor, slot: Slot, end: StreamEnd | None = None

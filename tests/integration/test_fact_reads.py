@@ -1,0 +1,102 @@
+"""The fact reads on real NATS and SQL, against facts the fact worker derives
+(with the scripted endpoint of fakes.py): facts with and without a query,
+the invalidated ones on request, the profile, one fact's history, and a read
+with min_seq that waits for the derivation or says how far behind it is.
+Another app's reads of them are refused by the fence (test_security.py)."""
+
+from __future__ import annotations
+
+import pytest
+from fakes import FactBrain
+from helpers import make_settings, running, running_query, running_worker, wait_committed
+
+from memq.contracts.client import MemoryClient
+from memq.contracts.errors import InvalidRequest, NotFound
+from memq.contracts.schemas import Event, Message, TextPart
+from memq.workers.facts.worker import FactWorker
+
+pytestmark = pytest.mark.timeout(120)
+
+APP = "fact-reads"
+
+
+def said(text: str) -> Event:
+    return Event(author="user", message=Message(role="user", parts=[TextPart(text=text)]))
+
+
+@pytest.fixture
+def brain():
+    b = FactBrain()
+    yield b
+    b.close()
+
+
+def settings_for(nats_url, sqlite_url, tmp_path, url):
+    s = make_settings(nats_url, sqlite_url, tmp_path)
+    s.facts = type(s.facts).model_validate(
+        {"llm": {"base_url": url, "model": "brain", "retries": 0}, "sweep_interval_s": 0.3, "retry_after_s": 0.3}
+    )
+    return s
+
+
+async def test_facts_profile_and_history_read_what_was_derived(nats_url, sqlite_url, tmp_path, brain):
+    s = settings_for(nats_url, sqlite_url, tmp_path, brain.url)
+    async with running_worker(s), running_query(s), running(FactWorker(s)):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            before = await client.facts("u1")
+            assert before.facts == [] and before.generation is not None and before.behind == 0
+            await client.append("u1", "s1", said("I live in Boston and I like pottery."))
+            moved = await client.append("u1", "s2", said("I moved to Denver. I like jazz."))
+            view = await client.facts("u1", min_seq=moved)  # waits for the derivation
+            assert view.behind == 0
+            # current ones, oldest first: Boston was invalidated by Denver
+            assert view.facts[0].statement == "The user likes pottery."
+            assert {f.statement for f in view.facts[1:]} == {"The user likes jazz.", "The user lives in Denver."}
+            denver = next(f for f in view.facts if "Denver" in f.statement)
+            assert [s.seq for s in denver.sources] == [moved] and denver.sources[0].session == "s2"
+            everything = await client.facts("u1", include_invalid=True)
+            boston = next(f for f in everything.facts if "Boston" in f.statement)
+            assert boston.invalidated_by == denver.id and boston.invalid_from == denver.valid_from
+
+            ranked = await client.facts("u1", "where does the user live?", include_invalid=True)
+            top = {f.statement for f in ranked.facts[:2]}
+            assert top == {"The user lives in Denver.", "The user lives in Boston."}  # "live" outweighs "the user"
+            scores = [f.score or 0 for f in ranked.facts]
+            assert scores == sorted(scores, reverse=True) and scores[-1] > 0
+            assert [f.statement for f in (await client.facts("u1", "pottery")).facts] == ["The user likes pottery."]
+            assert (await client.facts("u1", "quantum chromodynamics")).facts == []  # the floor: no shared word
+            assert len((await client.facts("u1", limit=1)).facts) == 1
+
+            profile = await client.profile("u1")
+            assert {e.entity: [f.statement for f in e.facts] for e in profile.entities} == {
+                "pottery": ["The user likes pottery."],
+                "jazz": ["The user likes jazz."],
+                "Denver": ["The user lives in Denver."],
+            }
+            history = await client.fact_history("u1", boston.id)
+            assert [(r.kind, r.fact.invalid_from) for r in history.revisions] == [
+                ("added", None),
+                ("invalidated", denver.valid_from),
+            ]
+            with pytest.raises(NotFound):
+                await client.fact_history("someone-else", boston.id)  # another user's fact: not found
+            with pytest.raises(InvalidRequest):
+                await client.fact_history("u1", "not-an-id")
+
+
+async def test_a_read_with_min_seq_says_how_far_behind_the_facts_are(nats_url, sqlite_url, tmp_path):
+    slow = FactBrain(delay_s=3.0)
+    s = settings_for(nats_url, sqlite_url, tmp_path, slow.url)
+    try:
+        async with running_worker(s), running_query(s), running(FactWorker(s)):
+            async with await MemoryClient.connect(nats_url, app=APP, wait_ms=300) as client:
+                seq = await client.append("u1", "s1", said("I live in Oslo."))
+                await wait_committed(nats_url, seq)
+                early = await client.facts("u1", min_seq=seq)  # 300 ms are not enough
+                assert early.behind == 1 and early.facts == []
+                assert (await client.profile("u1", min_seq=seq)).behind == 1
+                late = MemoryClient(client.nc, APP, wait_ms=10_000)
+                done = await late.facts("u1", min_seq=seq)
+                assert done.behind == 0 and [f.statement for f in done.facts] == ["The user lives in Oslo."]
+    finally:
+        slow.close()
