@@ -6,9 +6,11 @@ Another app's reads of them are refused by the fence (test_security.py)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fakes import FactBrain
-from helpers import make_settings, running, running_query, running_worker, wait_committed
+from helpers import make_settings, run_memq, running, running_query, running_worker, wait_committed
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import InvalidRequest, NotFound
@@ -100,3 +102,29 @@ async def test_a_read_with_min_seq_says_how_far_behind_the_facts_are(nats_url, s
                 assert done.behind == 0 and [f.statement for f in done.facts] == ["The user lives in Oslo."]
     finally:
         slow.close()
+
+
+async def test_memq_facts_commands_list_search_profile_and_history(nats_url, sqlite_url, tmp_path, brain):
+    s = settings_for(nats_url, sqlite_url, tmp_path, brain.url)
+    async with running_worker(s), running_query(s), running(FactWorker(s)):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append("ada", "s1", said("I live in Lyon and I like trains."))
+            seq = await client.append("ada", "s2", said("I moved to Paris."))
+            await client.facts("ada", min_seq=seq)
+        listed = await run_memq(s, "facts", "list", "--user", "ada", "--app", APP, "--all", "--json")
+        assert listed.returncode == 0, listed.stderr
+        facts = json.loads(listed.stdout)["facts"]
+        assert {f["statement"] for f in facts} == {
+            "The user lives in Lyon.",
+            "The user likes trains.",
+            "The user lives in Paris.",
+        }
+        lyon = next(f for f in facts if "Lyon" in f["statement"])
+        found = await run_memq(s, "facts", "search", "trains", "--user", "ada", "--app", APP)
+        assert found.returncode == 0 and "The user likes trains." in found.stdout and "Paris" not in found.stdout
+        shown = await run_memq(s, "facts", "profile", "--user", "ada", "--app", APP)
+        assert shown.returncode == 0 and "Paris" in shown.stdout and "Lyon" not in shown.stdout  # current only
+        history = await run_memq(s, "facts", "history", lyon["id"], "--user", "ada", "--app", APP)
+        assert history.returncode == 0 and "added" in history.stdout and "invalidated" in history.stdout
+        missing = await run_memq(s, "facts", "history", lyon["id"], "--user", "bob", "--app", APP)
+        assert missing.returncode != 0 and "no fact" in missing.stderr
