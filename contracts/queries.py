@@ -228,6 +228,9 @@ class Search(Request):
     alpha: float | None = Field(default=None, ge=0, le=1, description="hybrid: weight of the vector side")
 
 
+FACT_ID_PATTERN = r"^[0-9a-f]{32}$"  # a digest (workers/memory/facts.py: fact_id)
+
+
 class FactsGet(Request):
     """Facts about the user, current ones by default; with a ``query``, the
     facts that share its words, best first. ``min_seq`` waits for the commit
@@ -247,7 +250,7 @@ class ProfileGet(Request):
 class FactHistoryGet(Request):
     """Every revision of one fact of the user, oldest first."""
 
-    fact_id: str = Field(pattern=r"^[0-9a-f]{32}$", description="a fact's id, as a facts reply gives it")
+    fact_id: str = Field(pattern=FACT_ID_PATTERN, description="a fact's id, as a facts reply gives it")
 
 
 # --- replies -------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from fakes import FactBrain
 from helpers import make_settings, run_memq, running, running_query, running_worker, wait_committed
@@ -16,6 +17,7 @@ from memq.contracts.client import MemoryClient
 from memq.contracts.errors import InvalidRequest, NotFound
 from memq.contracts.schemas import Event, Message, TextPart
 from memq.workers.facts.worker import FactWorker
+from memq.workers.http.worker import HttpGateway
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -128,3 +130,31 @@ async def test_memq_facts_commands_list_search_profile_and_history(nats_url, sql
         assert history.returncode == 0 and "added" in history.stdout and "invalidated" in history.stdout
         missing = await run_memq(s, "facts", "history", lyon["id"], "--user", "bob", "--app", APP)
         assert missing.returncode != 0 and "no fact" in missing.stderr
+
+
+async def test_the_gateway_serves_the_fact_reads_and_fences_them_by_key(nats_url, sqlite_url, tmp_path, brain):
+    keys = {APP: "key-of-facts-0123456789", "other": "key-of-other-9876543210"}
+    s = settings_for(nats_url, sqlite_url, tmp_path, brain.url)
+    s.http = s.http.model_validate({"port": 0, "apps": {a: {"api_key": k} for a, k in keys.items()}})
+    mine, theirs = {"X-API-Key": keys[APP]}, {"X-API-Key": keys["other"]}
+    async with running_worker(s), running_query(s), running(FactWorker(s)), running(HttpGateway(s)) as gateway:
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seq = await client.append("ann", "s1", said("I live in Rome and I like opera."))
+        base = f"/v1/apps/{APP}/users/ann"
+        async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+            listed = await http.get(f"{base}/facts", params={"min_seq": seq}, headers=mine)
+            assert listed.status_code == 200, listed.text
+            assert listed.json()["behind"] == 0 and len(listed.json()["facts"]) == 2
+            found = (await http.get(f"{base}/facts", params={"q": "opera"}, headers=mine)).json()["facts"]
+            assert [f["statement"] for f in found] == ["The user likes opera."] and found[0]["score"] > 0
+            profile = (await http.get(f"{base}/profile", headers=mine)).json()
+            assert {e["entity"] for e in profile["entities"]} == {"Rome", "opera"}
+            fact = found[0]["id"]
+            history = await http.get(f"{base}/facts/{fact}/history", headers=mine)
+            assert [r["kind"] for r in history.json()["revisions"]] == ["added"]
+            assert (await http.get(f"{base}/facts/not-a-fact/history", headers=mine)).status_code == 422
+            for path in (f"{base}/facts", f"{base}/profile", f"{base}/facts/{fact}/history"):  # another app's key
+                refused = await http.get(path, headers=theirs)
+                assert refused.status_code == 403 and refused.json()["error"]["code"] == "not_allowed", path
+            other = await http.get(f"/v1/apps/other/users/ann/facts/{fact}/history", headers=theirs)
+            assert other.status_code == 404  # its own path: the fact is not its app's

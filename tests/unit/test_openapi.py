@@ -40,6 +40,9 @@ def test_the_session_endpoints_are_all_there() -> None:
         session + "/state": {"get", "patch"},
         "/v1/apps/{app}/users/{user}/state": {"get", "patch"},
         "/v1/apps/{app}/users/{user}/search": {"get"},
+        "/v1/apps/{app}/users/{user}/facts": {"get"},
+        "/v1/apps/{app}/users/{user}/facts/{fact_id}/history": {"get"},
+        "/v1/apps/{app}/users/{user}/profile": {"get"},
     }
     assert {p: set(item) for p, item in paths.items()} == expected
 
