@@ -12,6 +12,9 @@ import httpx
 import pytest
 from fakes import FactBrain
 from helpers import make_settings, run_memq, running, running_query, running_worker, wait_committed
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+from test_mcp import MEMQ, call, mcp_env
 
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import InvalidRequest, NotFound
@@ -158,3 +161,21 @@ async def test_the_gateway_serves_the_fact_reads_and_fences_them_by_key(nats_url
                 assert refused.status_code == 403 and refused.json()["error"]["code"] == "not_allowed", path
             other = await http.get(f"/v1/apps/other/users/ann/facts/{fact}/history", headers=theirs)
             assert other.status_code == 404  # its own path: the fact is not its app's
+
+
+async def test_the_mcp_server_tells_a_model_what_is_known(nats_url, sqlite_url, tmp_path, brain):
+    s = settings_for(nats_url, sqlite_url, tmp_path, brain.url)
+    async with running_worker(s), running_query(s), running(FactWorker(s)):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seq = await client.append("u", "s1", said("I live in Kyoto and I like tea."))
+            await client.facts("u", min_seq=seq)
+        server = StdioServerParameters(command=MEMQ, args=["mcp", "--app", APP, "--user", "u"], env=mcp_env(s))
+        async with Client(server, read_timeout_seconds=60) as mcp:
+            tools = {t.name: t for t in (await mcp.list_tools()).tools}
+            assert tools["known_facts"].annotations.read_only_hint is True
+            known = await call(mcp, "known_facts")
+            assert {f["statement"] for f in known["facts"]} == {"The user lives in Kyoto.", "The user likes tea."}
+            assert known["behind"] == 0 and all(f["sources"][0]["seq"] == seq for f in known["facts"])
+            found = await call(mcp, "known_facts", query="tea")
+            assert [f["statement"] for f in found["facts"]] == ["The user likes tea."]
+            assert (await call(mcp, "known_facts", user="nobody"))["facts"] == []

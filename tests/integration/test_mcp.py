@@ -34,6 +34,7 @@ MEMQ = str(Path(sys.prefix) / "bin" / "memq")
 TOOLS = {
     "remember",
     "search_memory",
+    "known_facts",
     "get_context",
     "list_sessions",
     "read_session",

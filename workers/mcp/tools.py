@@ -33,6 +33,7 @@ from memq.contracts.queries import (
     MAX_PAGE,
     ContextFormat,
     ContextView,
+    FactsView,
     HistoryView,
     Role,
     SearchMode,
@@ -159,6 +160,24 @@ def register(server: MCPServer, client_for: Callable[[], MemoryClient], default_
         nothing relevant is remembered. Use it when the user refers to something said before, or
         when facts about them (names, dates, plans, preferences) would help."""
         return await _memq(client_for().search(who(user), query, k=k, session=session, mode=mode))
+
+    @server.tool(annotations=read_only, structured_output=True)
+    async def known_facts(
+        query: Annotated[
+            str | None,
+            Field(max_length=8192, description="only facts that share these words, best first; default: all"),
+        ] = None,
+        include_invalid: Annotated[
+            bool, Field(description="also facts that are no longer true (default false)")
+        ] = False,
+        limit: Annotated[int, Field(ge=1, le=MAX_K, description="how many facts at most (default 20)")] = 20,
+        user: User = None,
+    ) -> FactsView:
+        """What is known about the user: short statements (where they live, what they like, plan or
+        did) that memq derived from past conversations, each with the turns it came from and since
+        when it holds. Empty when facts are off or nothing is known yet; `behind` > 0 means recent
+        conversations are still being read. Prefer it to search_memory for stable facts about the user."""
+        return await _memq(client_for().facts(who(user), query or None, include_invalid=include_invalid, limit=limit))
 
     @server.tool(annotations=read_only, structured_output=True)
     async def get_context(
