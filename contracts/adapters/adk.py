@@ -67,7 +67,7 @@ from typing_extensions import override
 from memq.contracts.adapters.adk_events import from_memq, json_safe, persisted_delta, to_memq
 from memq.contracts.client import MemoryClient
 from memq.contracts.errors import Conflict, NotFound
-from memq.contracts.queries import Consistency, SearchMode, SearchResult, SessionView
+from memq.contracts.queries import Consistency, FactView, SearchMode, SearchResult, SessionView
 from memq.contracts.schemas import new_id
 
 STALE_SESSION = (
@@ -430,16 +430,29 @@ class MemqMemoryService(BaseMemoryService):
         candidates (its best :data:`CANDIDATES` that relate to the query, so
         a memory related by meaning alone still comes, after the word
         matches). ``"memq"``: memq's own ranking (scores, speaker and time boosts).
+    :param facts: also up to this many facts about the user that match the
+        query (when the workers derive facts: ``facts.llm``), first, each a
+        :class:`MemoryEntry` with ``author`` ``"memq:facts"``, the fact's
+        statement as its text and ``custom_metadata`` ``{"kind": "fact",
+        "fact_id", "valid_from", "sources": [{"session", "seq"}...]}``.
+        Default 0: memories only, as ADK's own services answer.
     """
 
     def __init__(
-        self, clients: Clients, *, k: int = 10, mode: SearchMode = "hybrid", ranking: Literal["adk", "memq"] = "adk"
+        self,
+        clients: Clients,
+        *,
+        k: int = 10,
+        mode: SearchMode = "hybrid",
+        ranking: Literal["adk", "memq"] = "adk",
+        facts: int = 0,
     ):
         self._clients = _ClientsByApp(clients, type(self).__name__)
         self.client = self._clients.one  # the one-client form's client, as before; None otherwise
         self.k = k
         self.mode = mode
         self.ranking = ranking
+        self.facts = facts
         # The newest event of the memq sessions added (another client may
         # have written them): searches wait for it as for the client's own writes.
 
@@ -451,11 +464,12 @@ class MemqMemoryService(BaseMemoryService):
         k: int = 10,
         mode: SearchMode = "hybrid",
         ranking: Literal["adk", "memq"] = "adk",
+        facts: int = 0,
         **connect_options: Any,
     ) -> MemqMemoryService:
         """A memory service for every app, connecting one client per app on
         first use (as :meth:`MemqSessionService.from_url`); :meth:`close` closes them."""
-        return _connecting(cls, servers, connect_options, k=k, mode=mode, ranking=ranking)
+        return _connecting(cls, servers, connect_options, k=k, mode=mode, ranking=ranking, facts=facts)
 
     async def close(self) -> None:
         """Close the clients this service connected itself (:meth:`from_url`)."""
@@ -507,8 +521,10 @@ class MemqMemoryService(BaseMemoryService):
         k = max(self.k, CANDIDATES) if self.ranking == "adk" else self.k
         found = await client.search(user_id, query, k=k, mode=self.mode, consistency="any")
         results = found.results if self.ranking == "memq" else by_words_matched(query, found.results)[: self.k]
+        known = (await client.facts(user_id, query, limit=self.facts)).facts if self.facts else []
         return SearchMemoryResponse(
-            memories=[
+            memories=[_fact_entry(fact) for fact in known]
+            + [
                 MemoryEntry(
                     id=hit.event_id,
                     content=types.Content(
@@ -522,6 +538,21 @@ class MemqMemoryService(BaseMemoryService):
                 for hit in results
             ]
         )
+
+
+def _fact_entry(fact: FactView) -> MemoryEntry:
+    return MemoryEntry(
+        id=fact.id,
+        content=types.Content(role="user", parts=[types.Part(text=fact.statement)]),
+        author="memq:facts",
+        timestamp=_iso(fact.valid_from),
+        custom_metadata={
+            "kind": "fact",
+            "fact_id": fact.id,
+            "valid_from": fact.valid_from,
+            "sources": [{"session": s.session, "seq": s.seq} for s in fact.sources],
+        },
+    )
 
 
 CANDIDATES = 50  # memq results an "adk" ranking orders before keeping the best k

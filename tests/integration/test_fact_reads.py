@@ -14,6 +14,7 @@ from fakes import FactBrain
 from helpers import make_settings, run_memq, running, running_query, running_worker, wait_committed
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+from test_http_gateway import indexing
 from test_mcp import MEMQ, call, mcp_env
 
 from memq.contracts.client import MemoryClient
@@ -179,3 +180,24 @@ async def test_the_mcp_server_tells_a_model_what_is_known(nats_url, sqlite_url, 
             found = await call(mcp, "known_facts", query="tea")
             assert [f["statement"] for f in found["facts"]] == ["The user likes tea."]
             assert (await call(mcp, "known_facts", user="nobody"))["facts"] == []
+
+
+async def test_adk_s_memory_service_answers_facts_first_when_asked(nats_url, sqlite_url, tmp_path, brain):
+    from memq.contracts.adapters.adk import MemqMemoryService
+
+    s = settings_for(nats_url, sqlite_url, tmp_path, brain.url)
+    async with running_worker(s), running_query(s), indexing(s), running(FactWorker(s)):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            seq = await client.append("u", "s1", said("I live in Lima and I like surfing."))
+            await client.facts("u", min_seq=seq)
+            plain = await MemqMemoryService(client, mode="keyword").search_memory(
+                app_name=APP, user_id="u", query="surfing"
+            )
+            assert [m.author for m in plain.memories] == ["user"]  # memories only, as ADK's own services
+            both = await MemqMemoryService(client, mode="keyword", facts=3).search_memory(
+                app_name=APP, user_id="u", query="surfing"
+            )
+    fact, memory = both.memories
+    assert fact.author == "memq:facts" and fact.content.parts[0].text == "The user likes surfing."
+    assert fact.custom_metadata["kind"] == "fact" and fact.custom_metadata["sources"] == [{"session": "s1", "seq": seq}]
+    assert memory.content.parts[0].text == "I live in Lima and I like surfing."
