@@ -39,7 +39,8 @@ def _facts_table(title: str, facts: list[FactView], scored: bool) -> Table:
             table.add_column(column, justify="right" if column == "score" else "left", overflow="fold")
     for f in facts:
         sources = ", ".join(f"{s.session}#{s.seq}" for s in f.sources)
-        row = [_when(f.valid_from), _when(f.invalid_from) if f.invalid_from is not None else "", Text(f.statement)]
+        until = _when(f.invalid_from) if f.invalid_from is not None else ""
+        row: list[str | Text] = [_when(f.valid_from), until, Text(f.statement)]
         row += [Text(", ".join(f.entities)), Text(sources), f.id[:12]]
         table.add_row(*([f"{f.score or 0:.3f}"] if scored else []), *row)
     return table
