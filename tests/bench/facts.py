@@ -68,8 +68,16 @@ def endpoint_settings(llama: LlamaServer | None) -> dict:
             | {"api_key": configured.llm.api_key.get_secret_value() if configured.llm.api_key else None}
         }
     assert llama is not None
-    llm = {"base_url": llama.url, "model": LlamaServer.model, "temperature": 0.0, "api_key": "sk-local"}
-    return {"llm": llm, "response_format": "json_object"}
+    # Greedy decoding; a 270M model on a few cores takes minutes for a long reply: a generous timeout.
+    llm = {
+        "base_url": llama.url,
+        "model": LlamaServer.model,
+        "temperature": 0.0,
+        "api_key": "sk-local",
+        "max_tokens": 384,
+        "timeout_s": 600,
+    }
+    return {"llm": llm, "response_format": "json_object", "batch_turns": 10}
 
 
 async def probe_appends(client: MemoryClient, label: str) -> list[float]:
@@ -146,8 +154,10 @@ async def measure(work: Path, conversations, llama: LlamaServer | None) -> dict:
             await asyncio.sleep(2)  # let it start asking
             during = await probe_appends(client, "during")
             while (left := await behind(settings, users)) != 0:
+                st = worker.stats
                 status(
-                    f"  {left} sessions left, {worker.stats.llm_calls} LLM calls, {worker.stats.facts_changed} revisions"
+                    f"  {left} sessions left: {st.llm_calls} LLM calls, {st.facts_changed} revisions, "
+                    f"{st.dead_lettered} dead letters, {st.failures} failed asks (retried)"
                 )
                 await asyncio.sleep(5)
             seconds = time.perf_counter() - started
