@@ -644,6 +644,14 @@ def _op_fields(op: str, users, sessions) -> st.SearchStrategy[dict]:
             k=st.integers(1, q.MAX_K),
             roles=st.lists(st.sampled_from(["user", "assistant", "system", "tool", "summary"]), max_size=2),
         ),
+        "facts": dict(
+            user=user,
+            query=optional(hostile_text().filter(lambda t: bool(t) and len(t) <= 8192)),
+            include_invalid=st.booleans(),
+            limit=st.integers(1, q.MAX_K),
+        ),
+        "facts.profile": dict(user=user),
+        "facts.history": dict(user=user, fact_id=st.from_regex(r"\A[0-9a-f]{32}\Z")),
     }[op]
     return st.fixed_dictionaries(fields).map(lambda d: {k: v for k, v in d.items() if v is not None})
 

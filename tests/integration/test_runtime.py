@@ -42,13 +42,15 @@ def test_the_app_is_built_without_connecting(tmp_path):
     settings = make_settings("", "sqlite+aiosqlite:///" + str(tmp_path / "x.db"), tmp_path)
     app = build_app(settings)
     assert isinstance(app, FastStream)
-    # The summarizer's trigger (a queue group); no shared cache tier is
+    # The summarizer's and the fact worker's triggers (queue groups); no shared cache tier is
     # configured, and the query's commit floor hears its notices with
     # nats-py (test_a_bad_commit_notice_... below goes through it).
     committed = committed_subject(settings.persistence.durable)  # the commit floor's notices
     indexed = committed_subject(settings.indexing.durable)  # the indexing floor's notices
     subscribers = sorted((sub.subject.template, sub.queue) for sub in app.broker.subscribers)
-    assert subscribers == [(CHANGED_WILDCARD, settings.summarizer.queue_group)]
+    assert subscribers == sorted(
+        [(CHANGED_WILDCARD, settings.facts.queue_group), (CHANGED_WILDCARD, settings.summarizer.queue_group)]
+    )
     publishers = sorted(pub.subject.template for pub in app.broker.publishers)
     assert publishers == sorted([CHANGED_WILDCARD, committed, indexed, "memq.v1.status.{app}.{user}.{session}"])
     process = assemble(settings, ["persistence", "query"])
