@@ -192,17 +192,16 @@ async def lost_in_session(conn: AsyncConnection, generation: str, session_key: s
 
 async def missing_sources(conn: AsyncConnection, facts: Iterable[Fact]) -> set[tuple[str, str]]:
     """The (session, event id) sources of ``facts`` (one user's) that SQL no longer holds."""
-    wanted: dict[str, set[str]] = {}
+    wanted: dict[tuple[str, str], set[str]] = {}  # (session key, session id) -> event ids
     for fact in facts:
         for s in fact.sources:
-            wanted.setdefault(scope_key(fact.app, fact.user, s.session), set()).add(s.event_id)
-    names = {scope_key(f.app, f.user, s.session): s.session for f in facts for s in f.sources}
+            wanted.setdefault((scope_key(fact.app, fact.user, s.session), s.session), set()).add(s.event_id)
     missing: set[tuple[str, str]] = set()
-    for key, ids in wanted.items():
+    for (key, session), ids in wanted.items():
         held = await conn.execute(
             select(EVENTS.c.event_id).where(EVENTS.c.session_key == key, EVENTS.c.event_id.in_(sorted(ids)))
         )
-        missing |= {(names[key], i) for i in ids - {r.event_id for r in held}}
+        missing |= {(session, i) for i in ids - {r.event_id for r in held}}
     return missing
 
 
