@@ -5,9 +5,9 @@ adopt a child"), the entities it names, the source events it was extracted
 from, and its validity interval: true from its first source's time until a
 later statement contradicted it. This module decides what a candidate fact
 (extracted by an LLM from new turns) does to the user's facts; it reads and
-writes nothing. Storing facts, and the generations they are rebuilt into by
-replay, belong to the store that applies these changes (not written yet: no
-worker serves facts so far).
+writes nothing. Storing facts, and the generations they are rebuilt into,
+belong to the store that applies these changes (:mod:`memq.workers.sql.facts`,
+driven by the fact worker, :mod:`memq.workers.facts.worker`).
 
 The rules:
 
