@@ -994,6 +994,7 @@ class MemoryClient(PublishSettling):
         format: ContextFormat = "memq",
         instruction: str | None = None,
         recall_limit: int = 20,
+        facts_limit: int = 0,
         message: str | None = None,
         min_seq: int | None = None,
         consistency: Consistency | None = None,
@@ -1019,6 +1020,12 @@ class MemoryClient(PublishSettling):
             Default: none.
         :param recall_limit: long-term memories to recall, at most, 0..100;
             ``summary_buffer``'s ``recall_share`` bounds their tokens. Default 20.
+        :param facts_limit: facts about the user (the fact worker's), at most,
+            0..100, in a part of their own ("What is known about the user")
+            before the recalled memories: those that relate to the last user
+            message first, then the newest. They never take the room of the
+            newest messages, and such a context is never cached (facts change
+            after a commit). Default 0: none.
         :param message: a user message not stored yet (about to be sent):
             placed last, counted in the budget and used for recall. Default none.
         :param min_seq: see the note above. Default: :attr:`last_seq`.
@@ -1038,6 +1045,7 @@ class MemoryClient(PublishSettling):
             format=format,
             instruction=instruction,
             recall_limit=recall_limit,
+            facts_limit=facts_limit,
             message=message,
         )
         first: ContextView = await anext(pages)
@@ -1146,14 +1154,17 @@ class MemoryClient(PublishSettling):
         user: str,
         query: str | None = None,
         *,
+        mode: SearchMode = "hybrid",
         include_invalid: bool = False,
         limit: int = 20,
         min_seq: int | None = None,
     ) -> FactsView:
         """Facts about the user that the fact worker derived from their turns
         (facts must be on: ``facts.llm`` set on the workers). Without ``query``,
-        the current facts, oldest first; with one, those that share its
-        words, best first (each with its ``score``).
+        the current facts, oldest first; with one, those that relate to it,
+        best first (each with its ``score``), ranked as :meth:`search` ranks
+        memories: ``mode`` ``hybrid`` (default), ``keyword`` or ``vector``,
+        with the search's relevance floor; the reply's ``mode`` says which answered.
 
         :param include_invalid: also the facts a later one contradicted
             (their ``invalid_from`` and ``invalidated_by`` say when and which).
@@ -1170,6 +1181,7 @@ class MemoryClient(PublishSettling):
             min_seq or 0,
             user=user,
             query=query,
+            mode=mode,
             include_invalid=include_invalid,
             limit=limit,
         )

@@ -193,6 +193,13 @@ class ContextGet(_Paged, Request):
     format: ContextFormat = "memq"
     instruction: str | None = Field(default=None, max_length=200_000, description="template rendered from state")
     recall_limit: int = Field(default=20, ge=0, le=100)
+    facts_limit: int = Field(
+        default=0,
+        ge=0,
+        le=100,
+        description="at most this many facts about the user (the fact worker's), those that relate to the "
+        "last user message first, in a part of their own before recall; 0: none",
+    )
     message: str | None = Field(
         default=None,
         max_length=200_000,
@@ -233,12 +240,18 @@ FACT_ID_PATTERN = r"^[0-9a-f]{32}$"  # a digest (workers/memory/facts.py: fact_i
 
 class FactsGet(Request):
     """Facts about the user, current ones by default; with a ``query``, the
-    facts that share its words, best first. ``min_seq`` waits for the commit
+    facts that relate to it, best first: ``hybrid`` (the default) fuses
+    keyword and vector scores as a search does, and keeps a fact that shares
+    a word with the query or whose vector clears the relevance floor;
+    ``keyword`` keeps those that share a word, ``vector`` those over the
+    floor (an index without vectors answers by keyword, and ``mode`` in the
+    reply says so). ``min_seq`` waits for the commit
     and then for the facts to be derived up to it (``wait_ms`` in all): the
     reply's ``behind`` says how many of the user's sessions still hold turns
     not derived when the wait ran out."""
 
     query: str | None = Field(default=None, min_length=1, max_length=8192)
+    mode: SearchMode = "hybrid"
     include_invalid: bool = Field(default=False, description="also the facts a later one contradicted")
     limit: int = Field(default=20, ge=1, le=MAX_K)
 
@@ -328,7 +341,7 @@ class ContextView(Reply):
     ``context["window"]`` entries."""
 
     format: ContextFormat
-    tokens: dict[str, int]  # per part: instruction, recalled, summary, window, total
+    tokens: dict[str, int]  # per part: instruction, known (facts), recalled, summary, window, total
     messages: list[dict[str, Any]]
     context: dict[str, Any] | None = None  # memq's own format
     budget: int | None = None  # the strategy's token budget
@@ -410,6 +423,8 @@ class FactsView(Reply):
     facts: list[FactView]  # best first with a query, else oldest first
     generation: str | None  # the fact generation read (None: no fact was ever derived)
     behind: int = 0  # the user's sessions with turns not derived yet (up to min_seq, when given)
+    mode: SearchMode | None = None  # how a query was ranked (None: no query)
+    note: str | None = None  # why the mode differs from the one asked for
 
 
 class EntityFacts(Reply):

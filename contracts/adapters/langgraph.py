@@ -39,6 +39,16 @@ the time of the latest put, as in LangGraph's ``InMemoryStore``. Every read
 sees what any client had acknowledged before it (``consistency="any"``):
 read-your-writes, across processes too.
 
+Facts: a namespace whose last label is ``facts_label`` (default
+``"memq_facts"``: ``("alice", "memq_facts")``) holds the facts memq's fact
+worker derived about its user, read-only. ``search`` there is memq's fact
+search (hybrid, behind the relevance floor; without a query, the current
+facts, oldest first) and ``get`` takes a fact's id; each item's value is
+``{"statement", "entities", "valid_from", "sources"}``. A put there raises
+``InvalidNamespaceError``: facts are derived from the user's turns, never
+written. ``list_namespaces`` does not list it (it holds no items of the
+store's own).
+
 TTL: memq has no per-item expiry, so ``supports_ttl`` is False and a ``ttl``
 raises ``NotImplementedError``. The app's session expiry
 (``expiry.apps`` / ``expiry.session_ttl_s`` on the server) applies to items
@@ -85,9 +95,9 @@ from langgraph.store.base import (
 from memq.contracts.adapters.client_loop import ClientLoop
 from memq.contracts.backoff import doubling
 from memq.contracts.client import MemoryClient
-from memq.contracts.errors import Conflict, NotFound
+from memq.contracts.errors import Conflict, InvalidRequest, NotFound
 from memq.contracts.ids import MAX_ID_BYTES
-from memq.contracts.queries import Consistency
+from memq.contracts.queries import Consistency, FactView
 from memq.contracts.schemas import Actions, Event, Message, TextPart
 
 PREFIX = "langgraph"  # item sessions are named langgraph.<n>.<labels>.<key>
@@ -105,6 +115,7 @@ PUT_TRIES = 8  # a put's delete-then-write, when other puts of the item come bet
 # keep meeting each other in lockstep would otherwise each cancel the other's
 # write every round (a CI run saw eight concurrent puts all run out of tries).
 PUT_BACKOFF = (0.005, 0.2)
+FACTS_LABEL = "memq_facts"  # the last label of a namespace that reads the user's facts
 T = TypeVar("T")
 
 
@@ -260,6 +271,8 @@ class MemqStore(BaseStore):
         ``["facts[*].text"]``, ``["$"]``). Default: every string in the value.
     :param consistency: whose writes a read sees. Default ``"any"``: every
         write any client had acknowledged before it.
+    :param facts_label: the last label of a namespace that reads the
+        user's facts (see above); None: no such namespace. Default ``"memq_facts"``.
     :param loop: the event loop the client runs on, for the sync methods.
         Default: the loop running when the store is made, or the one of its
         first async call.
@@ -275,6 +288,7 @@ class MemqStore(BaseStore):
         user_label: int = 0,
         fields: Sequence[str] | None = None,
         consistency: Consistency = "any",
+        facts_label: str | None = FACTS_LABEL,
         loop: asyncio.AbstractEventLoop | None = None,
     ):
         if user_label < 0:
@@ -284,6 +298,7 @@ class MemqStore(BaseStore):
         self.user_label = user_label
         self.fields = list(fields) if fields is not None else None
         self.consistency: Consistency = consistency
+        self.facts_label = facts_label
         self._client_loop = ClientLoop(loop, owner="MemqStore", instead="aget, aput, asearch, ainvoke on the graph")
         self._in_flight: asyncio.Semaphore | None = None
         self._thread: threading.Thread | None = None  # connect(): the loop's thread, which close() ends
@@ -420,12 +435,27 @@ class MemqStore(BaseStore):
                 "MemqStore has no per-item TTL (memq expires sessions per app: expiry.apps on the "
                 "server); put with ttl=None"
             )
+        if self._facts_of(op.namespace) is not None:
+            raise InvalidNamespaceError(
+                f"namespace {op.namespace} reads the facts memq derives about its user: they are not written "
+                f"(a namespace ending in {self.facts_label!r} is read-only)"
+            )
         self.ref(op.namespace, op.key)  # a namespace or key memq cannot hold raises before anything is written
+
+    def _facts_of(self, namespace: Sequence[str]) -> str | None:
+        """The user whose facts ``namespace`` reads, or None when it is not a facts namespace."""
+        if self.facts_label is None or not namespace or namespace[-1] != self.facts_label:
+            return None
+        return self.ref(tuple(namespace), "")[2]
 
     async def _read(self, op: Op) -> Result:
         if isinstance(op, GetOp):
+            if (user := self._facts_of(op.namespace)) is not None:
+                return await self._fact(op.namespace, user, op.key)
             return await self._get(self.ref(op.namespace, op.key))
         if isinstance(op, SearchOp):
+            if (user := self._facts_of(op.namespace_prefix)) is not None:
+                return await self._search_facts(op, user)
             return await self._search(op)
         if isinstance(op, ListNamespacesOp):
             return await self._list_namespaces(op)
@@ -542,6 +572,32 @@ class MemqStore(BaseStore):
             for n, i in found[op.offset :]
         ]
 
+    async def _search_facts(self, op: SearchOp, user: str) -> list[SearchItem]:
+        """The user's facts (:meth:`MemoryClient.facts`), the filter applied after."""
+        namespace = tuple(op.namespace_prefix)
+        view = await self.client.facts(user, op.query or None, limit=min(SEARCH_K, op.offset + op.limit))
+        items = [_fact_item(namespace, f) for f in view.facts]
+        kept = [i for i in items if filter_matches(i.value, op.filter)]
+        return kept[op.offset : op.offset + op.limit]
+
+    async def _fact(self, namespace: tuple[str, ...], user: str, fact_id: str) -> Item | None:
+        """A fact by its id as it is now (its latest revision), or None."""
+        try:
+            history = await self.client.fact_history(user, fact_id)
+        except (NotFound, InvalidRequest):  # another user's, none, or not a fact id
+            return None
+        fact = history.revisions[-1].fact
+        if fact.invalid_from is not None:
+            return None  # contradicted: the namespace holds the current facts, as its search does
+        item = _fact_item(namespace, fact)
+        return Item(
+            value=item.value,
+            key=item.key,
+            namespace=item.namespace,
+            created_at=item.created_at,
+            updated_at=item.updated_at,
+        )
+
     async def _matching(
         self, refs: Sequence[ItemRef], filter: dict[str, Any] | None, want: int
     ) -> list[tuple[int, Item]]:
@@ -567,6 +623,18 @@ class MemqStore(BaseStore):
         return sorted(namespaces)[op.offset : op.offset + op.limit]
 
     # --- sync ---------------------------------------------------------------------------------
+
+
+def _fact_item(namespace: tuple[str, ...], fact: FactView) -> SearchItem:
+    """A fact as a store item: keyed by its id, its time its first source's."""
+    value = {
+        "statement": fact.statement,
+        "entities": list(fact.entities),
+        "valid_from": fact.valid_from,
+        "sources": [s.model_dump() for s in fact.sources],
+    }
+    at = _time(fact.valid_from)
+    return SearchItem(namespace, fact.id, value, at, at, score=fact.score)
 
 
 def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

@@ -57,6 +57,8 @@ class MemqContext:
     :param instruction: a system instruction template rendered from the
         session's state (``{user:name}``). Default: none.
     :param recall_limit: long-term memories to recall, at most. Default 20.
+    :param facts_limit: facts known about the user (memq's fact worker) to
+        put before the recalled memories, at most. Default 0: none.
     :param user_key: the config key (``configurable``) that names the memq user. Default ``user_id``.
     :param session_key: the config key that names the memq session. Default ``thread_id``.
     :param loop: the event loop the client runs on, for sync runs. Default:
@@ -70,6 +72,7 @@ class MemqContext:
         strategy: Strategy = None,
         instruction: str | None = None,
         recall_limit: int = 20,
+        facts_limit: int = 0,
         user_key: str = "user_id",
         session_key: str = "thread_id",
         loop: asyncio.AbstractEventLoop | None = None,
@@ -78,6 +81,7 @@ class MemqContext:
         self.strategy = strategy
         self.instruction = instruction
         self.recall_limit = recall_limit
+        self.facts_limit = facts_limit
         self.user_key = user_key
         self.session_key = session_key
         self._client_loop = ClientLoop(loop, owner="MemqContext", instead="ainvoke or astream on the graph")
@@ -107,6 +111,7 @@ class MemqContext:
             strategy=self.strategy,
             instruction=self.instruction,
             recall_limit=self.recall_limit,
+            facts_limit=self.facts_limit,
         )
         return {"llm_input_messages": convert_to_messages(ctx.messages)}
 

@@ -70,7 +70,9 @@ async def test_facts_profile_and_history_read_what_was_derived(nats_url, sqlite_
             top = {f.statement for f in ranked.facts[:2]}
             assert top == {"The user lives in Denver.", "The user lives in Boston."}  # "live" outweighs "the user"
             scores = [f.score or 0 for f in ranked.facts]
-            assert scores == sorted(scores, reverse=True) and scores[-1] > 0
+            assert ranked.mode == "hybrid" and scores == sorted(scores, reverse=True)
+            by_word = await client.facts("u1", "where does the user live?", include_invalid=True, mode="keyword")
+            assert by_word.mode == "keyword" and all((f.score or 0) > 0 for f in by_word.facts)
             assert [f.statement for f in (await client.facts("u1", "pottery")).facts] == ["The user likes pottery."]
             assert (await client.facts("u1", "quantum chromodynamics")).facts == []  # the floor: no shared word
             assert len((await client.facts("u1", limit=1)).facts) == 1
@@ -134,6 +136,14 @@ async def test_memq_facts_commands_list_search_profile_and_history(nats_url, sql
         assert history.returncode == 0 and "added" in history.stdout and "invalidated" in history.stdout
         missing = await run_memq(s, "facts", "history", lyon["id"], "--user", "bob", "--app", APP)
         assert missing.returncode != 0 and "no fact" in missing.stderr
+        told = await run_memq(s, "context", "s2", "--user", "ada", "--app", APP, "--facts", "2", "--json")
+        assert told.returncode == 0, told.stderr
+        assert [k["statement"] for k in json.loads(told.stdout)["context"]["known"]] == [
+            "The user lives in Paris.",
+            "The user likes trains.",
+        ]
+        meant = await run_memq(s, "facts", "search", "railway", "--user", "ada", "--app", APP, "--mode", "keyword")
+        assert meant.returncode == 0 and "trains" not in meant.stdout  # no shared word, and keyword only
 
 
 async def test_the_gateway_serves_the_fact_reads_and_fences_them_by_key(nats_url, sqlite_url, tmp_path, brain):
@@ -157,6 +167,16 @@ async def test_the_gateway_serves_the_fact_reads_and_fences_them_by_key(nats_url
             history = await http.get(f"{base}/facts/{fact}/history", headers=mine)
             assert [r["kind"] for r in history.json()["revisions"]] == ["added"]
             assert (await http.get(f"{base}/facts/not-a-fact/history", headers=mine)).status_code == 422
+            told = await http.get(f"{base}/sessions/s1/context", params={"facts_limit": 5}, headers=mine)
+            assert told.status_code == 200, told.text
+            assert {k["statement"] for k in told.json()["context"]["known"]} == {
+                "The user lives in Rome.",
+                "The user likes opera.",
+            }
+            posted = await http.post(f"{base}/sessions/s1/context", json={"facts_limit": 1}, headers=mine)
+            assert posted.status_code == 200 and len(posted.json()["context"]["known"]) == 1
+            by_word = await http.get(f"{base}/facts", params={"q": "opera", "mode": "keyword"}, headers=mine)
+            assert by_word.json()["mode"] == "keyword" and len(by_word.json()["facts"]) == 1
             for path in (f"{base}/facts", f"{base}/profile", f"{base}/facts/{fact}/history"):  # another app's key
                 refused = await http.get(path, headers=theirs)
                 assert refused.status_code == 403 and refused.json()["error"]["code"] == "not_allowed", path
@@ -180,6 +200,11 @@ async def test_the_mcp_server_tells_a_model_what_is_known(nats_url, sqlite_url, 
             found = await call(mcp, "known_facts", query="tea")
             assert [f["statement"] for f in found["facts"]] == ["The user likes tea."]
             assert (await call(mcp, "known_facts", user="nobody"))["facts"] == []
+            told = await call(mcp, "get_context", session="s1", facts_limit=5)
+            assert {k["statement"] for k in told["context"]["known"]} == {
+                "The user lives in Kyoto.",
+                "The user likes tea.",
+            }
 
 
 async def test_adk_s_memory_service_answers_facts_first_when_asked(nats_url, sqlite_url, tmp_path, brain):
@@ -201,3 +226,85 @@ async def test_adk_s_memory_service_answers_facts_first_when_asked(nats_url, sql
     assert fact.author == "memq:facts" and fact.content.parts[0].text == "The user likes surfing."
     assert fact.custom_metadata["kind"] == "fact" and fact.custom_metadata["sources"] == [{"session": "s1", "seq": seq}]
     assert memory.content.parts[0].text == "I live in Lima and I like surfing."
+
+
+async def test_a_fact_is_found_by_meaning_and_the_floor_drops_the_unrelated(nats_url, sqlite_url, tmp_path, brain):
+    s = settings_for(nats_url, sqlite_url, tmp_path, brain.url)  # the default embedder: MiniLM
+    async with running_worker(s), running_query(s), running(FactWorker(s)):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append("u2", "s1", said("I live in Boston."))
+            await client.append("u2", "s1", said("I like pottery."))
+            seq = await client.append("u2", "s1", said("I like jazz."))
+            assert len((await client.facts("u2", min_seq=seq)).facts) == 3
+            meant = await client.facts("u2", "ceramics hobby")  # no word in common with any fact
+            assert meant.mode == "hybrid" and [f.statement for f in meant.facts] == ["The user likes pottery."]
+            assert (await client.facts("u2", "ceramics hobby", mode="keyword")).facts == []
+            music = await client.facts("u2", "what music do I enjoy?", mode="vector")
+            assert [f.statement for f in music.facts] == ["The user likes jazz."]
+            for mode in ("hybrid", "vector"):
+                assert (await client.facts("u2", "quantum chromodynamics", mode=mode)).facts == []  # the floor
+
+
+async def test_a_context_tells_the_model_what_is_known_and_is_never_stale(nats_url, sqlite_url, tmp_path, brain):
+    s = settings_for(nats_url, sqlite_url, tmp_path, brain.url)
+    async with running_worker(s), running_query(s), running(FactWorker(s)):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append("u3", "s1", said("I live in Boston."))
+            seq = await client.append("u3", "s1", said("I like pottery."))
+            await client.facts("u3", min_seq=seq)
+            plain = await client.context("u3", "s1", min_seq=seq)
+            assert plain.tokens["known"] == 0 and plain.context["known"] == []
+            ctx = await client.context("u3", "s1", facts_limit=5, format="openai")
+            assert ctx.messages[0]["content"].splitlines() == [
+                "What is known about the user:",
+                "- The user likes pottery.",  # what the last user message relates to first
+                "- The user lives in Boston.",
+            ]
+            assert ctx.tokens["known"] > 0
+            assert ctx.tokens["total"] == sum(v for k, v in ctx.tokens.items() if k != "total") + 3
+            moved = await client.append("u3", "s1", said("I moved to Denver."))
+            await client.facts("u3", min_seq=moved)
+            again = await client.context("u3", "s1", facts_limit=5, format="openai")  # not cached: Denver now
+            assert again.messages[0]["content"].splitlines()[1:] == [
+                "- The user lives in Denver.",
+                "- The user likes pottery.",
+            ]  # Boston was contradicted
+            one = await client.context("u3", "s1", facts_limit=1)
+            assert [k["statement"] for k in one.context["known"]] == ["The user lives in Denver."]
+
+
+async def test_langgraph_s_store_reads_the_facts_namespace_and_refuses_writes(nats_url, sqlite_url, tmp_path, brain):
+    from langgraph.store.base import InvalidNamespaceError
+
+    from memq.contracts.adapters.langgraph import MemqStore
+    from memq.contracts.adapters.langgraph_context import MemqContext
+
+    s = settings_for(nats_url, sqlite_url, tmp_path, brain.url)
+    async with running_worker(s), running_query(s), running(FactWorker(s)):
+        async with await MemoryClient.connect(nats_url, app=APP) as client:
+            await client.append("lg", "s1", said("I live in Quito."))
+            seq = await client.append("lg", "s1", said("I like birds."))
+            await client.facts("lg", min_seq=seq)
+            store = MemqStore(client)
+            everything = await store.asearch(("lg", "memq_facts"))
+            assert [i.value["statement"] for i in everything] == ["The user lives in Quito.", "The user likes birds."]
+            assert everything[0].value["sources"][0]["session"] == "s1" and everything[0].value["entities"] == ["Quito"]
+            found = await store.asearch(("lg", "memq_facts"), query="birds")
+            assert [i.value["statement"] for i in found] == ["The user likes birds."] and found[0].score is not None
+            assert [i.key for i in await store.asearch(("lg", "memq_facts"), offset=1)] == [everything[1].key]
+            filtered = await store.asearch(("lg", "memq_facts"), filter={"entities": ["Quito"]})
+            assert [i.key for i in filtered] == [everything[0].key]
+            item = await store.aget(("lg", "memq_facts"), everything[1].key)
+            assert item is not None and item.value["statement"] == "The user likes birds."
+            assert await store.aget(("lg", "memq_facts"), "f" * 32) is None
+            assert await store.aget(("lg", "memq_facts"), "not-an-id") is None
+            assert await store.aget(("someone", "memq_facts"), everything[1].key) is None  # another user's
+            with pytest.raises(InvalidNamespaceError):
+                await store.aput(("lg", "memq_facts"), "k", {"statement": "The user is a cat."})
+            assert await store.asearch(("lg", "memq_facts"), query="cat") == []
+            memory = MemqContext(client, facts_limit=2)
+            prepared = await memory.aprepare(
+                {"messages": [("user", "any birds today?")]}, {"configurable": {"thread_id": "t", "user_id": "lg"}}
+            )
+            first = prepared["llm_input_messages"][0].content.splitlines()
+            assert first == ["What is known about the user:", "- The user likes birds.", "- The user lives in Quito."]

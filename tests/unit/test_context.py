@@ -14,11 +14,13 @@ from memq.contracts.schemas import Event, Message, TextPart, ToolCallPart, ToolR
 from memq.workers.memory import tokens as tk
 from memq.workers.memory.context import (
     CUT_MARK,
+    KNOWN_HEADER,
     RECALL_HEADER,
     SUMMARY_HEADER,
     assemble,
     fit_summary,
     item_from_event,
+    pick_known,
     recall_message,
     summary_message,
 )
@@ -44,7 +46,7 @@ def session(n: int, words: int = 20, model: str | None = None):
 def check_total(ctx, model=None):
     assert ctx.tokens.total == tk.count_messages(ctx.to_openai(), model)
     t = ctx.tokens
-    assert t.total == t.instruction + t.recalled + t.summary + t.window + 3
+    assert t.total == t.instruction + t.known + t.recalled + t.summary + t.window + 3
 
 
 def test_order_and_counts():
@@ -416,8 +418,9 @@ def test_assembly_properties(
     instruction=st.sampled_from([None, "Answer in {lang}.", "Be brief. " * 10]),
     summary=st.sampled_from([None, "They talked about alpha.", "x " * 100]),
     n_recalled=st.integers(0, 8),
+    n_known=st.integers(0, 6),
 )
-def test_the_default_strategy_never_goes_over_budget(events, budget, instruction, summary, n_recalled):
+def test_the_default_strategy_never_goes_over_budget(events, budget, instruction, summary, n_recalled, n_known):
     # Hector's defaults (threshold 0.85, target 0.7, min_recent 3) with any
     # budget: whatever the history, only the fixed parts can overflow it.
     items = [item_from_event(s, e) for s, e in events.items()]
@@ -429,10 +432,13 @@ def test_the_default_strategy_never_goes_over_budget(events, budget, instruction
         summary=summary,
         recalled=recalled,
         instruction=instruction,
+        known=[(f"f{i}", f"The user knows fact {i}. " * (i + 1)) for i in range(n_known)],
+        known_limit=n_known,
     )
     assert ctx.tokens.total == tk.count_messages(ctx.to_openai())
     fixed = ctx.tokens.instruction + ctx.tokens.summary + 3
-    assert ctx.over_budget == (fixed > budget)
+    assert ctx.over_budget == (fixed + ctx.tokens.known > budget)
+    assert ctx.tokens.known == 0 or ctx.tokens.instruction + ctx.tokens.known + 3 <= budget  # facts only in room
     if fixed <= budget:
         assert ctx.tokens.total <= budget
 
@@ -535,3 +541,52 @@ def test_one_memory_recalled_from_two_sessions_is_listed_once(kind):
         "- [2024-03-09, assistant] I am vegetarian.",
     ]
     check_total(ctx)
+
+
+def test_known_facts_follow_the_instruction_and_are_counted_exactly():
+    items, events = session(6)
+    recalled = [(100, text_event("user", "I live in Lisbon.", ts=1_700_000_000.0), 9)]
+    known = [("a" * 32, "The user lives in Lisbon."), ("b" * 32, "The user likes tea.")]
+    ctx = assemble(
+        history=items,
+        events=events,
+        strategy=Strategy(),
+        recalled=recalled,
+        instruction="You are terse.",
+        known=known,
+        known_limit=5,
+    )
+    msgs = ctx.to_openai()
+    assert msgs[0]["content"] == "You are terse."
+    assert msgs[1] == {
+        "role": "system",
+        "content": f"{KNOWN_HEADER}\n- The user lives in Lisbon.\n- The user likes tea.",
+    }
+    assert msgs[2]["content"].startswith(RECALL_HEADER)
+    assert ctx.tokens.known == tk.message_tokens(msgs[1]) and ctx.known == tuple(known)
+    assert ctx.to_memq()["known"] == [{"id": i, "statement": s} for i, s in known]
+    check_total(ctx)
+    none = assemble(history=items, events=events, strategy=Strategy(), known=known, known_limit=0)
+    assert none.known == () and none.tokens.known == 0 and KNOWN_HEADER not in str(none.to_openai())
+
+
+def test_known_facts_never_crowd_out_min_recent_and_respect_the_limit():
+    items, events = session(30)
+    last3 = sum(it.tokens for it in items[-3:])
+    known = [(f"{i:032x}", f"The user has fact number {i}.") for i in range(20)]
+    strategy = Strategy(budget=last3 + 3 + 40, min_recent=3)
+    ctx = assemble(history=items, events=events, strategy=strategy, known=known, known_limit=20)
+    assert [it.seq for it in ctx.window][-3:] == [28, 29, 30]
+    assert 0 < len(ctx.known) < 20 and ctx.tokens.total <= strategy.budget  # as many as fit beside them
+    check_total(ctx)
+    few = assemble(history=items, events=events, strategy=Strategy(budget=4000), known=known, known_limit=3)
+    assert [i for i, _ in few.known] == [k for k, _ in known[:3]]
+
+
+def test_pick_known_skips_a_fact_too_long_for_shorter_ones_after_it():
+    long = ("l" * 32, "The user said " + "very " * 200 + "much.")
+    short = [("s" * 32, "The user likes tea."), ("t" * 32, "The user lives in Oslo.")]
+    chosen = pick_known([long, *short], limit=5, room=60, model=None)
+    assert chosen == tuple(short)
+    assert pick_known([long, *short], limit=5, room=3, model=None) == ()  # not even the header fits
+    assert pick_known(short, limit=1, room=1000, model=None) == (short[0],)

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from memq.contracts.vocabulary import SearchMode
 from memq.workers.cli.common import JsonOpt, _when, _with_client, app, console, err
 from memq.workers.cli.fields import argument, option
 from memq.workers.cli.reads import DEFAULT_APP, AppOpt, UserOpt
@@ -75,13 +76,17 @@ def facts_search(
     app_id: AppOpt = DEFAULT_APP,
     include_invalid: IncludeInvalid = False,
     limit: Annotated[int, option("facts", "limit", "--limit", "-n", help="Facts.")] = 10,
+    mode: Annotated[SearchMode, typer.Option(help="keyword (BM25), vector, or hybrid.")] = "hybrid",
     min_seq: MinSeq = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """The user's facts that share the query's words, best first."""
+    """The user's facts that relate to the query, best first (ranked as a search)."""
     view = _with_client(
-        app_id, lambda c: c.facts(user, query, include_invalid=include_invalid, limit=limit, min_seq=min_seq)
+        app_id,
+        lambda c: c.facts(user, query, mode=mode, include_invalid=include_invalid, limit=limit, min_seq=min_seq),
     )
+    if view.note and not as_json:
+        err.print(f"[yellow]note:[/] {view.note}")
     _show(view, f"facts about {user} for {query!r}", True, as_json)
 
 

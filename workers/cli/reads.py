@@ -384,6 +384,9 @@ def context(
         ),
     ] = None,
     recall_limit: Annotated[int, option("context", "recall_limit", help="Long-term memories to recall.")] = 20,
+    facts_limit: Annotated[
+        int, option("context", "facts_limit", "--facts", help="Facts about the user to include (0: none).")
+    ] = 0,
     message: Annotated[str | None, option("context", "message")] = None,
     min_seq: MinSeqOpt = None,
     as_json: JsonOpt = False,
@@ -411,6 +414,7 @@ def context(
             format=format,
             instruction=instruction,
             recall_limit=recall_limit,
+            facts_limit=facts_limit,
             message=message,
             min_seq=min_seq,
         ),

@@ -194,18 +194,28 @@ def register(server: MCPServer, client_for: Callable[[], MemoryClient], default_
         recall_limit: Annotated[
             int, Field(ge=0, le=100, description="long-term memories to recall into it (default 20)")
         ] = 20,
+        facts_limit: Annotated[
+            int, Field(ge=0, le=100, description="facts known about the user to include (default 0: none)")
+        ] = 0,
         format: Annotated[
             ContextFormat,
             Field(description="memq (default): parts with token counts; openai: chat messages only"),
         ] = "memq",
         user: User = None,
     ) -> ContextView:
-        """What a model should see of a conversation, within a token budget: memories recalled for it,
-        the summary of older turns and the recent turns, with each part's token count."""
+        """What a model should see of a conversation, within a token budget: facts known about the user
+        (with facts_limit), memories recalled for it, the summary of older turns and the recent turns,
+        with each part's token count."""
         strategy = {"budget": budget} if budget is not None else None
         return await _memq(
             client_for().context(
-                who(user), session, strategy=strategy, format=format, recall_limit=recall_limit, message=message
+                who(user),
+                session,
+                strategy=strategy,
+                format=format,
+                recall_limit=recall_limit,
+                facts_limit=facts_limit,
+                message=message,
             )
         )
 

@@ -1,6 +1,7 @@
-"""What an agent sends to its model (docs/design.md, Working memory and recall): instruction, recalled
-long-term memories, the latest summary and the recent window, within one
-token budget, with the exact count of each part.
+"""What an agent sends to its model (docs/design.md, Working memory and recall): instruction,
+what is known about the user (facts), recalled long-term memories, the
+latest summary and the recent window, within one token budget, with the
+exact count of each part.
 
 Pure: the caller loads events, counts and the summary; :func:`assemble`
 decides and :class:`Context` renders, as memq's JSON or as OpenAI chat
@@ -21,6 +22,7 @@ from memq.workers.memory import tokens as tk
 from memq.workers.memory.strategies import Item, Selection, Strategy, preserved, select
 
 RECALL_HEADER = "Memories recalled from earlier conversations (may be relevant):"
+KNOWN_HEADER = "What is known about the user:"
 SUMMARY_HEADER = "Summary of the conversation so far:"
 
 
@@ -107,6 +109,34 @@ def recall_message(recalled: Sequence[tuple[int, Mapping[str, Any]]]) -> dict[st
     return {"role": "system", "content": "\n".join(lines)}
 
 
+def known_message(statements: Sequence[str]) -> dict[str, str]:
+    """One system message listing facts about the user, one ``- statement`` line each."""
+    return {"role": "system", "content": "\n".join([KNOWN_HEADER, *(f"- {s}" for s in statements)])}
+
+
+def pick_known(
+    known: Sequence[tuple[str, str]], *, limit: int, room: int, model: str | None
+) -> tuple[tuple[str, str], ...]:
+    """The first ``limit`` of ``known`` (``(id, statement)``, best first) whose
+    block (:func:`known_message`) fits ``room`` tokens: a fact that does not
+    fit is skipped for shorter ones after it, and the block is counted whole,
+    as rendered, trimmed from the end in the rare case the lines' sum was low."""
+    if limit <= 0 or not known or tk.message_tokens(known_message(()), model) > room:
+        return ()
+    estimate = tk.message_tokens(known_message(()), model)
+    chosen: list[tuple[str, str]] = []
+    for fact_id, statement in known:
+        if len(chosen) >= limit:
+            break
+        cost = tk.count_text(f"- {statement}\n", model)
+        if estimate + cost <= room:
+            chosen.append((fact_id, statement))
+            estimate += cost
+    while chosen and tk.message_tokens(known_message([s for _, s in chosen]), model) > room:
+        chosen.pop()
+    return tuple(chosen)
+
+
 @dataclass(frozen=True)
 class TokenCounts:
     """Exact tokens of each part; ``total`` adds OpenAI's 3 reply-priming tokens."""
@@ -116,10 +146,12 @@ class TokenCounts:
     summary: int = 0
     window: int = 0
     total: int = tk.REPLY_PRIMING
+    known: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return {
             "instruction": self.instruction,
+            "known": self.known,
             "recalled": self.recalled,
             "summary": self.summary,
             "window": self.window,
@@ -133,6 +165,7 @@ class Context:
 
     Attributes:
         instruction: the (rendered) system instruction, or None.
+        known: ``(fact id, statement)`` of the facts about the user shown.
         recalled: ``(seq, event)`` of the recalled memories shown.
         summary: the checkpoint summary, or None.
         window: the kept history items, in order.
@@ -156,6 +189,7 @@ class Context:
     needs_summary: bool = False
     summarize_up_to: int | None = None
     summary_cut: bool = False
+    known: tuple[tuple[str, str], ...] = ()  # (fact id, statement) of the facts shown
 
     @property
     def over_budget(self) -> bool:
@@ -190,12 +224,14 @@ class Context:
         return None
 
     def to_openai(self) -> list[dict[str, Any]]:
-        """OpenAI chat messages: system instruction, system recall block,
+        """OpenAI chat messages: system instruction, system facts block, system recall block,
         system summary, then the window's events (see
         :func:`~memq.workers.memory.tokens.event_messages`)."""
         out: list[dict[str, Any]] = []
         if self.instruction:
             out.append({"role": "system", "content": self.instruction})
+        if self.known:
+            out.append(known_message([s for _, s in self.known]))
         if self.recalled:
             out.append(recall_message(self.recalled))
         if self.summary:
@@ -218,6 +254,7 @@ class Context:
             "summary_cut": self.summary_cut,
             "tokens": self.tokens.to_dict(),
             "instruction": self.instruction,
+            "known": [{"id": fact_id, "statement": statement} for fact_id, statement in self.known],
             "recalled": [{"seq": seq, "event": dict(event)} for seq, event in self.recalled],
             "summary": self.summary,
             "window": [{"seq": it.seq, "tokens": it.tokens, "event": dict(self.events[it.seq])} for it in self.window],
@@ -311,6 +348,8 @@ def assemble(
     recall_limit: int = 20,
     instruction: str | None = None,
     model: str | None = None,
+    known: Sequence[tuple[str, str]] = (),
+    known_limit: int = 0,
 ) -> Context:
     """Assemble a model context.
 
@@ -327,9 +366,16 @@ def assemble(
             request's).
         instruction: the rendered system instruction (default None).
         model: the model to count for (default None: ``cl100k_base``).
+        known: ``(fact id, statement)`` of facts about the user, most
+            relevant first (default none).
+        known_limit: at most this many facts (default 0: none).
 
-    Order and budget: instruction, recalled memories, summary, recent window.
-    Instruction and the 3 reply-priming tokens come first. ``summary_buffer``
+    Order and budget: instruction, known facts, recalled memories, summary,
+    recent window. Instruction and the 3 reply-priming tokens come first.
+    Facts come next, as a part of the head every later part is fitted
+    after, but never in the room of the ``min_recent``/``preserve_recent``
+    messages (:func:`pick_known`): a fact states in a line what recall would
+    need several turns for, so it goes before recall and the summary. ``summary_buffer``
     with recalled memories then gives them up to ``strategy.recall_share`` of
     the rest, but never the room of the ``min_recent`` messages: what the
     question needs from long ago before what every question shares. For
@@ -356,6 +402,9 @@ def assemble(
     keep = preserved(history, strategy)
     recent = sum(it.tokens for it in keep)
     recent = recent if fixed + recent <= strategy.budget else 0  # they do not fit at all: no room to leave them
+    shown = pick_known(known, limit=known_limit, room=strategy.budget - fixed - recent, model=model)
+    known_tokens = tk.message_tokens(known_message([s for _, s in shown]), model) if shown else 0
+    fixed += known_tokens
     # summary_buffer's recall share: memories this question needs before the
     # summary and the older messages, which every question shares.
     reserved_recall: tuple[tuple[int, Mapping[str, Any]], ...] = ()
@@ -376,7 +425,7 @@ def assemble(
         fitted = fit_summary(summary, room, model)
         summary_cut, summary = fitted != summary, fitted
     summary_tokens = tk.message_tokens(summary_message(summary), model) if summary else 0
-    base = instruction_tokens + summary_tokens + tk.REPLY_PRIMING
+    base = instruction_tokens + known_tokens + summary_tokens + tk.REPLY_PRIMING
     budget = strategy.budget
 
     # Summarizer trigger, judged on what every query of this session carries.
@@ -416,6 +465,7 @@ def assemble(
 
     counts = TokenCounts(
         instruction=instruction_tokens,
+        known=known_tokens,
         recalled=recall_tokens,
         summary=summary_tokens,
         window=window.tokens,
@@ -433,4 +483,5 @@ def assemble(
         needs_summary=base_selection.needs_summary,
         summarize_up_to=base_selection.summarize_up_to,
         summary_cut=summary_cut,
+        known=shown,
     )

@@ -255,6 +255,7 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext, tail
     if req.message is not None:
         window = await off_loop(len(req.message), _with_pending, window, req.message, model)
     recalled = await _recall(ctx, req, window)
+    known = await _known(conn, ctx, req, window)
     built = await off_loop(
         len(instruction or ""),
         assemble,
@@ -266,6 +267,8 @@ async def context(conn: AsyncConnection, req: q.ContextGet, ctx: OpContext, tail
         recall_limit=req.recall_limit,
         instruction=instruction,
         model=model,
+        known=known,
+        known_limit=req.facts_limit,
     )
     memq = req.format == "memq"
     head = dataclasses.replace(built, window=())  # everything but the window's events
@@ -403,15 +406,29 @@ def _with_pending(window: Window, text: str, model: str | None) -> Window:
     )
 
 
+def _last_user_text(window: Window) -> str | None:
+    last_user = next((it for it in reversed(window.items) if it.role == "user"), None)
+    return None if last_user is None else event_text(window.events[last_user.seq])
+
+
+async def _known(conn: AsyncConnection, ctx: OpContext, req: q.ContextGet, window: Window) -> list[tuple[str, str]]:
+    """Facts about the user for the context (``facts_limit``), best first:
+    those that relate to the last user message, then the newest of the rest,
+    so that a question about nothing known still shows what is known."""
+    if req.facts_limit == 0:
+        return []
+    text = _last_user_text(window)
+    return await facts.known(conn, req, text, req.facts_limit, ctx)
+
+
 async def _recall(ctx: OpContext, req: q.ContextGet, window: Window) -> list[tuple[int, dict[str, Any], int]]:
     """Memories for the context, found with the last user message; extra
     candidates cover those the window already holds (assemble skips them)."""
     if ctx.searcher is None or req.recall_limit == 0:
         return []
-    last_user = next((it for it in reversed(window.items) if it.role == "user"), None)
-    if last_user is None:
+    text = _last_user_text(window)
+    if text is None:
         return []
-    text = event_text(window.events[last_user.seq])
     hits = await ctx.searcher.recall(req.app, req.user, text, k=req.recall_limit + RECALL_MARGIN)
     return [(h.doc.seq, recalled_event(h.doc), 0) for h in hits]
 

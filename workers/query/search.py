@@ -418,6 +418,26 @@ class Searcher:
             results=[q.SearchResult(**hit_dict(h)) for h in found], mode=mode, model=model, note=note
         )
 
+    async def similarities(self, text: str, passages: Sequence[str]) -> tuple[list[float], float, str] | None:
+        """The cosine of ``text`` (as a query) with each of ``passages`` (as
+        memories), the relevance floor of their model, and the model; None
+        when the embedder is ``none``. For rankings over few texts that live
+        outside the index (a user's facts): passages are embedded here and
+        kept in the query vectors' cache, so each is embedded once per model
+        while it is asked about. Raises Unavailable when the embedder cannot open."""
+        await self._open()
+        embedder = self._index()[1]
+        if not embedder.dim:
+            return None
+        query = await self._vector(embedder, text)
+        vectors = await self._doc_vectors(embedder, list(passages)) if passages else []
+        floor = self.settings.recall.min_similarity
+        return (
+            [cosine(query, v) for v in vectors],
+            floor_for(embedder.model) if floor is None else floor,
+            embedder.model,
+        )
+
     async def recall(self, app: str, user: str, text: str, k: int) -> list[Hit]:
         """Best-effort recall for a context: [] when disabled, empty, slow or
         failing (logged); a context is never held up by the index."""

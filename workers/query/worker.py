@@ -369,7 +369,9 @@ class QueryWorker(Component[QueryLive]):
                 await request.respond(self._refusal(op, exc))
                 metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
-            key = _request_key(op, req) if keyed else None
+            # A context with facts is not cached: facts change after the
+            # session's commit (derived by an LLM), which the cache keys on.
+            key = _request_key(op, req) if keyed and not getattr(req, "facts_limit", 0) else None
             # A hit in this replica's own cache tier needs no I/O either:
             # answering it here saves a task per request on the hottest path.
             if (

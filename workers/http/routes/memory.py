@@ -43,6 +43,7 @@ class ContextBody(BaseModel):
     format: ContextFormat = field(ContextGet, "format")
     instruction: str | None = field(ContextGet, "instruction")
     recall_limit: int = field(ContextGet, "recall_limit")
+    facts_limit: int = field(ContextGet, "facts_limit")
     message: str | None = field(ContextGet, "message")
     cursor: str | None = field(ContextGet, "cursor")
     min_seq: int | None = field(ContextGet, "min_seq")
@@ -88,6 +89,7 @@ async def _context(client: MemoryClient, user: str, session: str, q: ContextBody
         format=q.format,
         instruction=q.instruction,
         recall_limit=q.recall_limit,
+        facts_limit=q.facts_limit,
         message=q.message,
         cursor=q.cursor,
     )
@@ -109,6 +111,7 @@ async def context(
         str | None, query(ContextGet, "instruction", "system instruction template, from state")
     ] = None,
     recall_limit: Annotated[int, query(ContextGet, "recall_limit", "long-term memories to recall")] = 20,
+    facts_limit: Annotated[int, query(ContextGet, "facts_limit", "facts about the user to include")] = 0,
     message: Annotated[str | None, query(ContextGet, "message", "a user message not stored yet")] = None,
     cursor: Cursor = None,
     min_seq: MinSeq = None,
@@ -123,6 +126,7 @@ async def context(
         format=format,
         instruction=instruction,
         recall_limit=recall_limit,
+        facts_limit=facts_limit,
         message=message,
         cursor=cursor,
         min_seq=min_seq,
