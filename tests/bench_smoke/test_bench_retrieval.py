@@ -2,22 +2,45 @@
 the embedded index, with each offline embedder, and reports turn-level and
 session-level recalls in [0, 1] for every mode and category, over every
 question and every turn of the file; with ``--rerank``, the rows of every
-second stage (e5, the sparse head, both, the sparse head fused) at each
-weight, held to the same checks."""
+second stage (e5, the sparse head, both, the sparse head fused, an LLM's
+order from a scripted endpoint) at each weight, held to the same checks."""
 
 from __future__ import annotations
+
+import json
+import re
 
 import pytest
 from bench import locomo
 from bench.retrieval import STAGES
 from bench_runs import run_bench, tiny_locomo
+from fakes import ChatStub, completion
 
 pytestmark = pytest.mark.timeout(180)
 
 
-def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tmp_path):
+def ranker(body: dict) -> tuple[int, dict, object]:
+    """An LLM reranker by rule: the passages that share a word with the
+    question, the most words first; its first reply is not JSON."""
+    ranker.calls = getattr(ranker, "calls", 0) + 1
+    if ranker.calls == 1:
+        return 200, {}, completion("the best ones are 1 and 2")
+    prompt = body["messages"][-1]["content"]
+    words = lambda text: set(re.findall(r"[a-z]+", text.lower()))  # noqa: E731
+    question = words(prompt.split("\n", 1)[0])
+    passages = re.findall(r"^\[(\d+)\] (.*)$", prompt, re.M)
+    shared = sorted(((len(question & words(t)), int(i)) for i, t in passages), reverse=True)
+    relevant = [i for n, i in shared if n]
+    ranker.empty = getattr(ranker, "empty", 0) + (not relevant)
+    return 200, {}, completion(json.dumps({"relevant": relevant}))
+
+
+def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tmp_path, monkeypatch):
     data = tiny_locomo(tmp_path / "locomo.json", sessions=1)  # 12 turns, a question of each category
     (conv,) = locomo.load(data)
+    stub = ChatStub(ranker)
+    monkeypatch.setenv("MEMQ_FACTS__LLM__BASE_URL", stub.url)
+    monkeypatch.setenv("MEMQ_FACTS__LLM__MODEL", "ranker")
     result = run_bench(
         "retrieval",
         *("--data", str(data), "--quick", "--backends", "embedded", "--embedders", "local", "e5", "--lean"),
@@ -40,6 +63,8 @@ def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tm
             assert {f"rerank {stage} w0 (top 5)", f"rerank {stage} w0.5 (top 5)"} <= set(run["recall"]), stage
             assert run["rerank"][stage]["added_p50_ms_warm"] > 0, stage
         assert run["questions"]["overall"] == len(scored) == run["floor"]["questions"]
+        llm = run["rerank"]["llm"]
+        assert llm["model"] == "ranker" and llm["calls"] == len(conv.questions)
         assert sum(n for cat, n in run["questions"].items() if cat != "overall") == len(scored)
         for level, baseline in (("recall", "recall"), ("session_recall", "session_recall")):
             tables = {"baseline": result["baseline"][baseline], **run[level]}
@@ -55,3 +80,6 @@ def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tm
                 assert all(run["session_recall"][mode][category][k] >= r for k, r in at_k.items()), (mode, category)
         # one turn per question names its topic: keyword search cannot miss it
         assert run["recall"]["keyword"]["overall"]["10"] == 1.0
+    stub.close()
+    assert [r["rerank"]["llm"]["invalid_replies"] for r in runs] == [1, 0]  # the first reply was not JSON
+    assert sum(r["rerank"]["llm"]["empty_replies"] for r in runs) == getattr(ranker, "empty", 0)
