@@ -62,6 +62,15 @@ idle between turns, and no commit of the last turn overlaps the next). Every mem
 is checked: a context that lacks the user event just appended is counted as
 a read-your-writes violation (and fails the run), as is any error.
 
+**Python's garbage collector.** Every loop's client runs in this process,
+so they share its collector: ``--gc-threshold N`` sets its first
+generation's threshold (``gc.set_threshold(N, 10, 10)``; default Python's
+700) for every loop alike, as an agent process with many concurrent
+sessions may. The results count each loop's collections and the seconds
+they took in this process (``gc.callbacks``): a read that hands the agent
+hundreds of decoded events, held across its next await, makes objects that
+outlive the first generation and trigger full collections of the whole heap.
+
 **What a turn costs the machine.** Around every loop the script reads the
 CPU time of every process (``/proc/<pid>/stat``) and reports CPU ms per turn
 by process: this script (the client of both loops), each worker, nats-server,
@@ -90,13 +99,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
 import tempfile
 import time
 import uuid
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -161,6 +171,7 @@ class Config:
     think_ms: float = 0.0  # each agent's pause between turns (its LLM call)
     search: bool = False  # the search loops instead of the turn loops
     paths: tuple[str, ...] = PATHS  # the turn loops to run
+    gc_threshold: int = 700  # this process's first-generation GC threshold (Python's default: 700)
 
 
 @dataclass
@@ -178,6 +189,7 @@ class Run:
     missed: int = 0  # searches that did not find the event just appended (search no wait)
     first_error: str | None = None
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU the machine spent on this loop, by process
+    gc: dict[str, list[float]] = field(default_factory=dict)  # generation → [collections, seconds] in this process
 
     def record(self, turn_ms: float, steps: dict[str, float] | None = None) -> None:
         self.turns += 1
@@ -216,7 +228,18 @@ class Run:
             ryw_violations=self.ryw_violations,
             missed=self.missed,
             first_error=self.first_error,
+            gc=self.gc_per_turn(),
         )
+
+    def gc_per_turn(self) -> dict[str, float]:
+        """This process's collections per 1,000 turns and their ms per turn: the full ones (generation 2) and all."""
+        turns = max(self.turns, 1)
+        full = self.gc.get("2", [0, 0.0])
+        return {
+            "full_per_1000_turns": round(full[0] * 1000 / turns, 2),
+            "full_ms_per_turn": round(full[1] * 1000 / turns, 4),
+            "all_ms_per_turn": round(sum(t[1] for t in self.gc.values()) * 1000 / turns, 4),
+        }
 
 
 def text_of(role: str, agent: int, turn: int) -> str:
@@ -410,6 +433,27 @@ async def committed_all(js, timeout: float = 120.0) -> None:
             info = await js.consumer_info(stream, durable)
 
 
+@contextmanager
+def collections_into(into: dict[str, list[float]]):
+    """Count this process's garbage collections, and the seconds they take,
+    into ``into`` (generation → [collections, seconds]) while the block runs."""
+    started = [0.0]
+
+    def heard(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            tally = into.setdefault(str(info["generation"]), [0, 0.0])
+            tally[0] += 1
+            tally[1] += time.perf_counter() - started[0]
+
+    gc.callbacks.append(heard)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(heard)
+
+
 async def one_round(cfg: Config, js, n: int, r: int, order: list, label, clock: CommitClock | None) -> None:
     """Round ``r``: a warm-up turn of each loop (sessions exist, connections
     are open), then each loop for ``cfg.seconds``, loop ``r`` leading, so a
@@ -429,8 +473,9 @@ async def one_round(cfg: Config, js, n: int, r: int, order: list, label, clock: 
         if clock is not None:
             clock.reset()
         before, started = process_cpu(), now()
-        await run_agents(n, cfg.seconds, turn, cfg.think_ms / 1000)
-        await committed_all(js)
+        with collections_into(run.gc):
+            await run_agents(n, cfg.seconds, turn, cfg.think_ms / 1000)
+            await committed_all(js)
         run.seconds += now() - started
         run.spent(cpu_between(before, process_cpu(), label))
 
@@ -710,7 +755,8 @@ def floor(runs: list[Run]) -> list[dict]:
 def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
     status(
         f"\n[bold]agent loop[/] — {machine['nproc']} cores ({machine['cpu']}), PostgreSQL {machine.get('postgres', '?')}, "
-        f"commit {machine['git']}, cache {cfg.cache}, {cfg.rounds} × {cfg.seconds:g} s per loop"
+        f"commit {machine['git']}, cache {cfg.cache}, {cfg.rounds} × {cfg.seconds:g} s per loop, "
+        f"GC threshold {cfg.gc_threshold}"
     )
     searched = any(r.path.startswith("search") for r in runs)
     table = Table("agents", "path", "turns/s", "p50 ms", "p99 ms", "steps p50 ms", "errors", "ryw violations")
@@ -732,10 +778,25 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
         )
     console.print(table)
     who = sorted({k for r in runs for k in r.cpu_s}, key=lambda k: (k == "other", k))
-    cpu = Table("agents", "path", *who, "total", title="CPU per turn, ms (all processes of the machine)")
+    cpu = Table(
+        "agents",
+        "path",
+        *who,
+        "total",
+        "of the client: GC",
+        "full GCs / 1k turns",
+        title="CPU per turn, ms (all processes of the machine)",
+    )
     for r in runs:
-        per = r.cpu_ms_per_turn()
-        cpu.add_row(str(r.agents), r.path, *(f"{per.get(k, 0):.3f}" for k in who), f"{per['total']:.3f}")
+        per, collected = r.cpu_ms_per_turn(), r.gc_per_turn()
+        cpu.add_row(
+            str(r.agents),
+            r.path,
+            *(f"{per.get(k, 0):.3f}" for k in who),
+            f"{per['total']:.3f}",
+            f"{collected['all_ms_per_turn']:.3f}",
+            f"{collected['full_per_1000_turns']:.1f}",
+        )
     console.print(cpu)
     for f in floor(runs):
         status(
@@ -784,6 +845,13 @@ def parse_args() -> argparse.Namespace:
         help="each agent's pause between turns, as its LLM call (default 0: turns back to back, "
         "so one turn's commits overlap the next; turns/s then counts the pauses too)",
     )
+    parser.add_argument(
+        "--gc-threshold",
+        type=int,
+        default=700,
+        metavar="N",
+        help="this process's first-generation GC threshold, for every loop alike (default 700, Python's)",
+    )
     return parser.parse_args()
 
 
@@ -796,7 +864,9 @@ async def main(args: argparse.Namespace) -> int:
         think_ms=args.think_ms,
         search=args.search,
         paths=tuple(p.strip() for p in args.paths.split(",")),
+        gc_threshold=args.gc_threshold,
     )
+    gc.set_threshold(cfg.gc_threshold, 10, 10)
     if unknown := set(cfg.paths) - set(PATHS):
         raise SystemExit(f"unknown --paths: {', '.join(sorted(unknown))} (known: {', '.join(PATHS)})")
     machine = machine_info()

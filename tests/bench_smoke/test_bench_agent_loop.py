@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(240)
 def test_the_agent_loop_benchmark_runs_and_every_turn_reads_its_own_write(tmp_path):
     out = tmp_path / "agent_loop.json"
     done = subprocess.run(
-        [*BENCH, "--agents", "1,4", "--seconds", "0.5", "--rounds", "1", "--json", str(out)],
+        [*BENCH, "--agents", "1,4", "--seconds", "0.5", "--rounds", "1", "--gc-threshold", "50", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=200,
@@ -32,6 +32,8 @@ def test_the_agent_loop_benchmark_runs_and_every_turn_reads_its_own_write(tmp_pa
     assert set(runs) == {(path, n) for path in paths for n in (1, 4)}
     for r in runs.values():
         assert r["turns"] > 0 and r["p50_ms"] > 0 and r["errors"] == 0 and r["ryw_violations"] == 0
+        assert r["gc"]["all_ms_per_turn"] > 0, r  # a first generation of 50 objects is collected in every loop
+    assert result["config"]["gc_threshold"] == 50
     assert set(runs["memq carry", 4]["steps_p50_ms"]) == {"append user", "context", "append assistant"}
     assert set(runs["memq one-publish", 4]["steps_p50_ms"]) == {"append user", "history", "append assistant"}
     assert set(runs["get_session local", 4]["steps_p50_ms"]) == {"append user", "get_session", "append assistant"}
