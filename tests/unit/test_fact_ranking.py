@@ -3,8 +3,11 @@ keyword, by vector over the floor, or both fused, as a search ranks memories."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+
 from memq.workers.memory.facts import Fact, Source
-from memq.workers.query.facts import ranked
+from memq.workers.query.facts import _within_recall_time, ranked
 
 FACTS = [
     Fact("a", "app", "u", "The user lives in Denver.", ("Denver",), (Source(1, "s", "e1", 10.0),), 10.0),
@@ -46,3 +49,26 @@ def test_hybrid_keeps_a_fact_found_either_way_and_fuses_the_scores():
 
 def test_without_cosines_every_mode_ranks_by_keyword():
     assert ids(ranked(FACTS, "pottery", 10, mode="hybrid")) == ids(ranked(FACTS, "pottery", 10)) == ["b"]
+
+
+class SlowSearcher:
+    """A query worker's searcher whose fact vectors take ``delay`` seconds."""
+
+    def __init__(self, delay: float):
+        self.delay, self.done = delay, False
+        self.settings = SimpleNamespace(recall=SimpleNamespace(timeout_s=0.05, alpha=0.5))
+
+    async def similarities(self, text, passages):
+        await asyncio.sleep(self.delay)
+        self.done = True  # the vectors are in the cache now
+        return [0.9 if "pottery" in p else 0.0 for p in passages], 0.36, "test"
+
+
+async def test_a_context_ranks_facts_by_meaning_unless_their_vectors_take_longer_than_a_recall():
+    quick = SlowSearcher(0.0)
+    assert ids(await _within_recall_time(FACTS, "ceramics", 5, SimpleNamespace(searcher=quick))) == ["b"]
+    slow = SlowSearcher(0.2)
+    assert await _within_recall_time(FACTS, "ceramics", 5, SimpleNamespace(searcher=slow)) == []  # keyword only
+    assert not slow.done
+    await asyncio.sleep(0.3)
+    assert slow.done  # shielded: the vectors kept coming for the next context

@@ -17,6 +17,7 @@ never existed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -111,15 +112,38 @@ async def known(
     """``(id, statement)`` of up to ``limit`` current facts about the user
     for a context: those that relate to ``text`` (hybrid), best first, then
     the newest of the others. A context never waits for facts: what is
-    derived when it is read is what it shows."""
+    derived when it is read is what it shows, ranked by keyword alone when
+    their vectors would take longer than a recall may."""
     gen = await store.live_generation(conn)
     if gen is None:
         return []
     facts = [f for f in (await store.user_facts(conn, gen.name, req.app, req.user)).values() if f.current]
-    hits = (await ranked_for(facts, text, limit, "hybrid", ctx))[0] if text and text.strip() else []
+    hits = await _within_recall_time(facts, text, limit, ctx) if text and text.strip() else []
     shown = {f.id for f, _ in hits}
     rest = sorted((f for f in facts if f.id not in shown), key=lambda f: (-f.valid_from, f.id))
     return [(f.id, f.statement) for f in [*(f for f, _ in hits), *rest][:limit]]
+
+
+async def _within_recall_time(facts: list[Fact], text: str, limit: int, ctx: object) -> list[tuple[Fact, float]]:
+    """Hybrid hits for a context, or keyword ones when the vectors take longer
+    than a recall may (``recall.timeout_s``): a user's facts not embedded yet
+    are embedded on, shielded, into the searcher's cache for the next
+    context, which is never held up by them."""
+    searcher = getattr(ctx, "searcher", None)
+    if searcher is None:
+        return ranked(facts, text, limit)
+    ranking = asyncio.ensure_future(ranked_for(facts, text, limit, "hybrid", ctx))
+    ranking.add_done_callback(_retrieved)
+    try:
+        return (await asyncio.wait_for(asyncio.shield(ranking), searcher.settings.recall.timeout_s))[0]
+    except TimeoutError:
+        return ranked(facts, text, limit)
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    # A shielded ranking nobody waits for any more: its error is the next read's to meet, not the log's.
+    if not task.cancelled():
+        task.exception()
 
 
 async def behind(conn: AsyncConnection, req: q.Request) -> tuple[str | None, int]:
