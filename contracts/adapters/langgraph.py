@@ -576,7 +576,7 @@ class MemqStore(BaseStore):
         """The user's facts (:meth:`MemoryClient.facts`), the filter applied after."""
         namespace = tuple(op.namespace_prefix)
         view = await self.client.facts(user, op.query or None, limit=min(SEARCH_K, op.offset + op.limit))
-        items = [_fact_item(namespace, f) for f in view.facts]
+        items = [SearchItem(namespace, f.id, *_fact_fields(f), score=f.score) for f in view.facts]
         kept = [i for i in items if filter_matches(i.value, op.filter)]
         return kept[op.offset : op.offset + op.limit]
 
@@ -589,14 +589,8 @@ class MemqStore(BaseStore):
         fact = history.revisions[-1].fact
         if fact.invalid_from is not None:
             return None  # contradicted: the namespace holds the current facts, as its search does
-        item = _fact_item(namespace, fact)
-        return Item(
-            value=item.value,
-            key=item.key,
-            namespace=item.namespace,
-            created_at=item.created_at,
-            updated_at=item.updated_at,
-        )
+        value, created_at, updated_at = _fact_fields(fact)
+        return Item(value=value, key=fact.id, namespace=namespace, created_at=created_at, updated_at=updated_at)
 
     async def _matching(
         self, refs: Sequence[ItemRef], filter: dict[str, Any] | None, want: int
@@ -625,8 +619,8 @@ class MemqStore(BaseStore):
     # --- sync ---------------------------------------------------------------------------------
 
 
-def _fact_item(namespace: tuple[str, ...], fact: FactView) -> SearchItem:
-    """A fact as a store item: keyed by its id, its time its first source's."""
+def _fact_fields(fact: FactView) -> tuple[dict[str, Any], datetime, datetime]:
+    """A fact as a store item's value, created_at and updated_at (both its first source's time)."""
     value = {
         "statement": fact.statement,
         "entities": list(fact.entities),
@@ -634,7 +628,7 @@ def _fact_item(namespace: tuple[str, ...], fact: FactView) -> SearchItem:
         "sources": [s.model_dump() for s in fact.sources],
     }
     at = _time(fact.valid_from)
-    return SearchItem(namespace, fact.id, value, at, at, score=fact.score)
+    return value, at, at
 
 
 def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:

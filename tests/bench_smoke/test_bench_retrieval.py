@@ -19,25 +19,34 @@ from fakes import ChatStub, completion
 pytestmark = pytest.mark.timeout(180)
 
 
-def ranker(body: dict) -> tuple[int, dict, object]:
+class Ranker:
     """An LLM reranker by rule: the passages that share a word with the
     question, the most words first; its first reply is not JSON."""
-    ranker.calls = getattr(ranker, "calls", 0) + 1
-    if ranker.calls == 1:
-        return 200, {}, completion("the best ones are 1 and 2")
-    prompt = body["messages"][-1]["content"]
-    words = lambda text: set(re.findall(r"[a-z]+", text.lower()))  # noqa: E731
-    question = words(prompt.split("\n", 1)[0])
-    passages = re.findall(r"^\[(\d+)\] (.*)$", prompt, re.M)
-    shared = sorted(((len(question & words(t)), int(i)) for i, t in passages), reverse=True)
-    relevant = [i for n, i in shared if n]
-    ranker.empty = getattr(ranker, "empty", 0) + (not relevant)
-    return 200, {}, completion(json.dumps({"relevant": relevant}))
+
+    def __init__(self) -> None:
+        self.calls = self.empty = 0
+
+    def __call__(self, body: dict) -> tuple[int, dict, object]:
+        self.calls += 1
+        if self.calls == 1:
+            return 200, {}, completion("the best ones are 1 and 2")
+        prompt = body["messages"][-1]["content"]
+        question = words(prompt.split("\n", 1)[0])
+        passages = re.findall(r"^\[(\d+)\] (.*)$", prompt, re.M)
+        shared = sorted(((len(question & words(t)), int(i)) for i, t in passages), reverse=True)
+        relevant = [i for n, i in shared if n]
+        self.empty += not relevant
+        return 200, {}, completion(json.dumps({"relevant": relevant}))
+
+
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
 
 
 def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tmp_path, monkeypatch):
     data = tiny_locomo(tmp_path / "locomo.json", sessions=1)  # 12 turns, a question of each category
     (conv,) = locomo.load(data)
+    ranker = Ranker()
     stub = ChatStub(ranker)
     monkeypatch.setenv("MEMQ_FACTS__LLM__BASE_URL", stub.url)
     monkeypatch.setenv("MEMQ_FACTS__LLM__MODEL", "ranker")
@@ -82,4 +91,4 @@ def test_the_retrieval_benchmark_indexes_every_turn_and_scores_every_question(tm
         assert run["recall"]["keyword"]["overall"]["10"] == 1.0
     stub.close()
     assert [r["rerank"]["llm"]["invalid_replies"] for r in runs] == [1, 0]  # the first reply was not JSON
-    assert sum(r["rerank"]["llm"]["empty_replies"] for r in runs) == getattr(ranker, "empty", 0)
+    assert sum(r["rerank"]["llm"]["empty_replies"] for r in runs) == ranker.empty

@@ -20,6 +20,7 @@ from memq.workers.memory.context import (
     assemble,
     fit_summary,
     item_from_event,
+    known_message,
     pick_known,
     recall_message,
     summary_message,
@@ -586,7 +587,7 @@ def test_known_facts_never_crowd_out_min_recent_and_respect_the_limit():
 def test_pick_known_skips_a_fact_too_long_for_shorter_ones_after_it():
     long = ("l" * 32, "The user said " + "very " * 200 + "much.")
     short = [("s" * 32, "The user likes tea."), ("t" * 32, "The user lives in Oslo.")]
-    chosen = pick_known([long, *short], limit=5, room=60, model=None)
-    assert chosen == tuple(short)
-    assert pick_known([long, *short], limit=5, room=3, model=None) == ()  # not even the header fits
-    assert pick_known(short, limit=1, room=1000, model=None) == (short[0],)
+    chosen, tokens = pick_known([long, *short], limit=5, room=60, model=None)
+    assert chosen == tuple(short) and tokens == tk.message_tokens(known_message([s for _, s in short]))
+    assert pick_known([long, *short], limit=5, room=3, model=None) == ((), 0)  # not even the header fits
+    assert pick_known(short, limit=1, room=1000, model=None)[0] == (short[0],)

@@ -116,14 +116,15 @@ def known_message(statements: Sequence[str]) -> dict[str, str]:
 
 def pick_known(
     known: Sequence[tuple[str, str]], *, limit: int, room: int, model: str | None
-) -> tuple[tuple[str, str], ...]:
+) -> tuple[tuple[tuple[str, str], ...], int]:
     """The first ``limit`` of ``known`` (``(id, statement)``, best first) whose
-    block (:func:`known_message`) fits ``room`` tokens: a fact that does not
-    fit is skipped for shorter ones after it, and the block is counted whole,
-    as rendered, trimmed from the end in the rare case the lines' sum was low."""
-    if limit <= 0 or not known or tk.message_tokens(known_message(()), model) > room:
-        return ()
+    block (:func:`known_message`) fits ``room`` tokens, and the block's tokens
+    (0: none shown). A fact that does not fit is skipped for shorter ones
+    after it; the block is counted whole, as rendered, and trimmed from the
+    end in the rare case the lines' sum was low."""
     estimate = tk.message_tokens(known_message(()), model)
+    if limit <= 0 or not known or estimate > room:
+        return (), 0
     chosen: list[tuple[str, str]] = []
     for fact_id, statement in known:
         if len(chosen) >= limit:
@@ -132,9 +133,12 @@ def pick_known(
         if estimate + cost <= room:
             chosen.append((fact_id, statement))
             estimate += cost
-    while chosen and tk.message_tokens(known_message([s for _, s in chosen]), model) > room:
+    while chosen:
+        tokens = tk.message_tokens(known_message([s for _, s in chosen]), model)
+        if tokens <= room:
+            return tuple(chosen), tokens
         chosen.pop()
-    return tuple(chosen)
+    return (), 0
 
 
 @dataclass(frozen=True)
@@ -402,8 +406,7 @@ def assemble(
     keep = preserved(history, strategy)
     recent = sum(it.tokens for it in keep)
     recent = recent if fixed + recent <= strategy.budget else 0  # they do not fit at all: no room to leave them
-    shown = pick_known(known, limit=known_limit, room=strategy.budget - fixed - recent, model=model)
-    known_tokens = tk.message_tokens(known_message([s for _, s in shown]), model) if shown else 0
+    shown, known_tokens = pick_known(known, limit=known_limit, room=strategy.budget - fixed - recent, model=model)
     fixed += known_tokens
     # summary_buffer's recall share: memories this question needs before the
     # summary and the older messages, which every question shares.

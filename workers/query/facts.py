@@ -45,6 +45,11 @@ def fact_view(fact: Fact, score: float | None = None) -> q.FactView:
     )
 
 
+def _text(fact: Fact) -> str:
+    """What a query is matched against, by keyword and by vector: the statement and its entities."""
+    return " ".join((fact.statement, *fact.entities))
+
+
 def ranked(
     facts: list[Fact],
     query: str,
@@ -62,7 +67,7 @@ def ranked(
     ``floor`` and ``hybrid`` those that do either, scored by relative score
     fusion with ``alpha`` on the vector side."""
     terms = stems(query).split()
-    docs = [stems(" ".join((f.statement, *f.entities))).split() for f in facts]
+    docs = [stems(_text(f)).split() for f in facts]
     keyword = bm25(terms, docs, docs, len(docs))
     if cosines is None or mode == "keyword":
         scored = [(f, s) for f, s in zip(facts, keyword, strict=True) if s > 0]
@@ -95,8 +100,7 @@ async def ranked_for(
         return ranked(facts, query, limit), "keyword", "keyword only: this query worker has no index"
     note = None
     try:
-        texts = [" ".join((f.statement, *f.entities)) for f in facts]
-        got = await searcher.similarities(query, texts)
+        got = await searcher.similarities(query, [_text(f) for f in facts])
     except Unavailable as exc:
         got, note = None, f"keyword only: the embedder is unavailable ({exc})"
     if got is None:

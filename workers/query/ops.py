@@ -510,6 +510,11 @@ class Handler:
     # (or app) is committed or deleted (the cache's listing counters).
     cached: bool
     sql: bool = True  # runs on a database connection (else it gets None)
+    # A request of a cached op that is not cached all the same (None: every one is).
+    uncached: Callable[[Any], bool] | None = None
+
+    def caches(self, req: q.Request) -> bool:
+        return self.cached and (self.uncached is None or not self.uncached(req))
 
 
 # Keyed by the contract's op names; tests/unit/test_query_registry.py checks
@@ -519,7 +524,8 @@ HANDLERS: dict[str, Handler] = {
     "sessions.list": Handler(sessions_list, cached=True),
     "state.get": Handler(state_get, cached=True),
     "history": Handler(history, cached=True),
-    "context": Handler(context, cached=True),
+    # A context with facts is not: they change after the session's commit, which the cache keys on.
+    "context": Handler(context, cached=True, uncached=lambda req: req.facts_limit > 0),
     "artifacts.list": Handler(artifacts_list, cached=True),
     "artifacts.get": Handler(artifact_get, cached=True),
     "search": Handler(search, cached=False, sql=False),

@@ -350,9 +350,9 @@ class QueryWorker(Component[QueryLive]):
     # --- requests ---------------------------------------------------------------
 
     def _handler(self, op: str):
-        cached = HANDLERS[op].cached  # a missing handler fails the start, not a request
+        handler = HANDLERS[op]  # a missing handler fails the start, not a request
         # Asked once: the cache and its tiers are fixed from open() on.
-        keyed = cached and self.live.cache.enabled
+        keyed = handler.cached and self.live.cache.enabled
 
         async def handle(request: Request) -> None:
             # First: a reply the requester could not receive itself is a
@@ -369,9 +369,7 @@ class QueryWorker(Component[QueryLive]):
                 await request.respond(self._refusal(op, exc))
                 metrics.QUERY_SECONDS.labels(op).observe(time.perf_counter() - started)
                 return
-            # A context with facts is not cached: facts change after the
-            # session's commit (derived by an LLM), which the cache keys on.
-            key = _request_key(op, req) if keyed and not getattr(req, "facts_limit", 0) else None
+            key = _request_key(op, req) if keyed and handler.caches(req) else None
             # A hit in this replica's own cache tier needs no I/O either:
             # answering it here saves a task per request on the hottest path.
             if (
