@@ -1034,10 +1034,7 @@ class MemoryClient(PublishSettling):
         long session): the service answers in pages and this method joins
         their messages (and, in memq's format, ``context["window"]``).
         """
-        pages = self._pages(
-            "context",
-            min_seq,
-            consistency=consistency,
+        fields: dict[str, Any] = dict(
             user=user,
             session=session,
             strategy=strategy,
@@ -1048,6 +1045,14 @@ class MemoryClient(PublishSettling):
             facts_limit=facts_limit,
             message=message,
         )
+        held, seeding = self._held("context", min_seq, consistency, fields)
+        if held is not None:
+            return held
+        asked = fields
+        if seeding is not None and self.local_reads is not None:
+            # a held window grows from this format's reply; the caller gets its own
+            asked = {**fields, "format": self.local_reads.seed_format("context") or format}
+        pages = self._pages("context", seeding[2] if seeding is not None else min_seq, consistency=consistency, **asked)
         first: ContextView = await anext(pages)
         messages, window = list(first.messages), list((first.context or {}).get("window", ()))
         async for page in pages:
@@ -1056,7 +1061,11 @@ class MemoryClient(PublishSettling):
         update: dict[str, Any] = {"messages": messages, "next_cursor": None}
         if first.context is not None:
             update["context"] = {**first.context, "window": window}
-        return first.model_copy(update=update)
+        view = first.model_copy(update=update)
+        self._seed("context", seeding, view)
+        if view.format != format:  # every format carries the messages; memq's adds its own form
+            view = view.model_copy(update={"format": format, "context": None})
+        return view
 
     async def list_artifacts(
         self, user: str, session: str, *, min_seq: int | None = None, consistency: Consistency | None = None

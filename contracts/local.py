@@ -52,7 +52,14 @@ consistency (``"own"``) and no explicit ``min_seq``:
   session with its merged state, and no events, its newest
   ``num_recent_events``, or all of them while the window holds all;
 - ``history`` without filters and without ``model`` (the deployment's
-  counting model must be the default; the first reply is checked against it).
+  counting model must be the default; the first reply is checked against it);
+- ``context`` in OpenAI's format that is assembly over the window alone:
+  ``recall_limit=0``, no ``instruction``, no ``facts_limit``, no pending
+  ``message``, no ``model`` (the turn an agent sends its model). The first
+  read asks the service in memq's format, whose window entries carry the
+  seqs and counts a held context grows from, and hands the caller the
+  OpenAI form of that reply. A summary the reply shows cut to fit is not
+  cut again here: the next append's read asks the service.
 
 Not served locally, and why:
 
@@ -61,9 +68,10 @@ Not served locally, and why:
   acknowledgement, not of the read. (Two agent processes on one session
   keep their correctness through ``expect_seq`` regardless: the next append
   of the one that read an older session is refused.)
-- ``context``: recall needs the index (the client cannot know whether the
-  service recalls, nor what), an instruction needs state; without both it
-  is assembly over the same window and could be added the same way.
+- any other ``context``: recall needs the index (the client cannot know
+  whether the service recalls, nor what), an instruction needs state, facts
+  are the fact worker's; memq's own format reports the summarizer's trigger
+  (``needs_summary``), which depends on the whole window.
 - ``search``, listings, artifacts, state reads: other subjects, the index.
 
 One limit of ``"own"`` remains, bounded: writes by *other* clients to the
@@ -123,6 +131,12 @@ class LocalReads(Protocol):
         """A ticket when a reply to this read may seed a window (then the
         client reads without carrying its writes, so that the reply is
         exact), taken before the read is sent; None when it may not."""
+        ...
+
+    def seed_format(self, op: str) -> str | None:
+        """The reply format a seeding read of ``op`` asks the service for
+        instead of the caller's (the client hands the caller its own), or None
+        to ask as the caller does."""
         ...
 
     def seed(self, op: str, request: BaseModel, reply: Any, min_seq: int, ticket: Any) -> None:

@@ -24,12 +24,13 @@ connection:
 
 **The turn that costs one publish** (issue 43, :mod:`memq.contracts.local`):
 the same turn with a client made with ``local_reads=LocalWindows()``, whose
-appends are conditional on the window it holds and whose read after them is
-answered in the client. Its read is a ``history`` (the app's strategy), so
-beside it runs today's carried history turn ("memq carry history"); and
-ADK's read (``get_session`` with the last 50 events, which carries nothing:
-it waits for the commit) runs both ways ("get_session", "get_session
-local"). ``--paths`` picks loops.
+appends are conditional on the window it holds and whose read after them (the
+same context, its messages of plain strings) is answered in the client;
+beside it runs today's carried turn ("memq carry"). The same with a
+``history`` read (the app's strategy: "memq one-publish history", beside
+"memq carry history"), and ADK's read (``get_session`` with the last 50
+events, which carries nothing: it waits for the commit) both ways
+("get_session", "get_session local"). ``--paths`` picks loops.
 
 **The floor** (same run, same PostgreSQL, its own table): the same turn
 written directly through asyncpg, a pool of one connection per agent: one
@@ -150,12 +151,14 @@ FLOOR_SELECT = "SELECT seq, role, data FROM agent_turns WHERE session_id = $1 OR
 # ("any"), or carries the append and does not wait for it ("carry", the default).
 MEMQ_READS = {"memq": "wait", "memq any": "any", "memq carry": "carry"}
 # The turn that costs one publish (issue 43, memq.contracts.local): the read
-# after the append is a history (the app's strategy) or ADK's read
-# (get_session, the last 50 events), each today (a request: history carried,
-# get_session waiting for the commit) and answered in the client.
+# after the append is the turn's context (as "memq carry" reads it), a history
+# (the app's strategy) or ADK's read (get_session, the last 50 events), each
+# today (a request: context and history carried, get_session waiting for the
+# commit) and answered in the client.
 LOCAL_READS = {
+    "memq one-publish": "context local",
     "memq carry history": "history",
-    "memq one-publish": "history local",
+    "memq one-publish history": "history local",
     "get_session": "get_session",
     "get_session local": "get_session local",
 }
@@ -702,8 +705,8 @@ def local_ratios(runs: list[Run]) -> list[dict]:
     by = {(r.path, r.agents): r for r in runs}
     out = []
     pairs = [
-        ("memq one-publish", "memq carry history"),
         ("memq one-publish", "memq carry"),
+        ("memq one-publish history", "memq carry history"),
         ("memq one-publish", "sql"),
         ("memq one-publish", "bare"),
         ("get_session local", "get_session"),

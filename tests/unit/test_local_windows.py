@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from memq.contracts import queries as q
 from memq.contracts.schemas import Event, EventAppended, Message, StateSet, TextPart, UserDeleted
+from memq.workers.memory.context import assemble
 from memq.workers.memory.local import (
     Held,
     HeldHistory,
@@ -18,7 +19,9 @@ from memq.workers.memory.local import (
     appended_event,
     extend_history,
     fresh,
+    hold_context,
     hold_history,
+    item_of,
 )
 from memq.workers.memory.strategies import Strategy, select
 
@@ -57,8 +60,6 @@ def windows(draw):
 
 def held_of(window: list[q.StoredEvent], strategy: Strategy, reserved: int) -> HeldHistory:
     """The held reply of a history read over ``window``, as the worker answers it."""
-    from memq.workers.memory.local import item_of
-
     items = [item_of(e) for e in window]
     selection = select(items, strategy, reserved=reserved)
     by_seq = {e.seq: e for e in window}
@@ -139,6 +140,100 @@ def test_a_history_counted_for_another_model_is_not_held():
     )
     assert hold_history(view) is None
     assert hold_history(view.model_copy(update={"tokens": 7})) is not None
+
+
+# --- contexts -------------------------------------------------------------------
+
+SUMMARIES = [
+    None,
+    "The user asked about the weather.",
+    "\n".join(f"Line {i}: the user and the assistant talked about topic number {i} at length." for i in range(12)),
+]
+
+
+def worker_context(window: list[q.StoredEvent], strategy: Strategy, summary: str | None, fmt: str) -> q.ContextView:
+    """A context over ``window`` with no instruction, recall or facts, as the
+    query worker builds its reply (workers/query/ops.py, one page)."""
+    built = assemble(
+        history=[item_of(e) for e in window],
+        events={e.seq: e.event for e in window},
+        strategy=strategy,
+        summary=summary,
+        recall_limit=0,
+    )
+    return q.ContextView(
+        format=fmt,
+        tokens=built.tokens.to_dict(),
+        messages=built.to_openai(),
+        context=built.to_memq() if fmt == "memq" else None,
+        budget=strategy.budget,
+        over_budget=built.over_budget,
+        note=built.note,
+    )
+
+
+def same_context(answer: q.ContextView, truth: q.ContextView) -> None:
+    assert answer.model_dump() == truth.model_dump()
+
+
+@settings(max_examples=1500, deadline=None)
+@given(windows(), st.sampled_from(STRATEGIES), st.sampled_from(SUMMARIES), st.integers(1, 3))
+def test_an_extended_context_is_what_the_worker_answers_over_its_whole_window(case, strategy, summary, more):
+    """Seeded from memq's format, the held context answers in OpenAI's format
+    exactly what the worker would, token counts and note included, after
+    each of up to three appended events, or asks the service."""
+    window, new, _ = case
+    summary = summary if strategy.from_checkpoint else None  # only summary_buffer reads from a checkpoint
+    held = hold_context(worker_context(window, strategy, summary, "memq"))
+    assert held is not None
+    same_context(held.reply(), worker_context(window, strategy, summary, "openai"))
+    added = [new]
+    for i in range(1, more):  # and plain turns after it
+        added.append(q.StoredEvent(seq=new.seq + i, tokens=9, event=event_dict(new.seq + i, "user", [], [])))
+    for n, event in enumerate(added, 1):
+        held = held.extended(Held.of(event), item_of(event), event.event)
+        if held is None:
+            return  # the read asks the service
+        same_context(held.reply(), worker_context([*window, *added[:n]], strategy, summary, "openai"))
+
+
+def test_plain_turns_extend_every_context():
+    """The fast path is not a fallback in disguise: without tools a context
+    extends under every strategy, with a checkpoint summary that fits, turn
+    after turn, while the window is trimmed."""
+    window = [
+        q.StoredEvent(seq=i, tokens=7, event=event_dict(i, ["user", "assistant"][i % 2], [], [])) for i in range(1, 9)
+    ]
+    for strategy in STRATEGIES:
+        summary = SUMMARIES[1] if strategy.from_checkpoint else None
+        held = hold_context(worker_context(window, strategy, summary, "memq"))
+        events = list(window)
+        for seq in range(9, 30):
+            new = q.StoredEvent(seq=seq, tokens=7, event=event_dict(seq, ["user", "assistant"][seq % 2], [], []))
+            events.append(new)
+            held = held.extended(Held.of(new), item_of(new), new.event)
+            assert held is not None, (strategy.kind, seq)
+            same_context(held.reply(), worker_context(events, strategy, summary, "openai"))
+
+
+def test_a_context_whose_summary_was_cut_asks_the_service_after_an_append():
+    strategy = Strategy(kind="summary_buffer", budget=60, min_recent=2)
+    window = [q.StoredEvent(seq=i, tokens=7, event=event_dict(i, "user", [], [])) for i in range(1, 4)]
+    seed = worker_context(window, strategy, SUMMARIES[2], "memq")
+    assert seed.context["summary_cut"]
+    held = hold_context(seed)
+    same_context(held.reply(), worker_context(window, strategy, SUMMARIES[2], "openai"))  # the same read again
+    new = q.StoredEvent(seq=4, tokens=7, event=event_dict(4, "user", [], []))
+    assert held.extended(Held.of(new), item_of(new), new.event) is None
+
+
+def test_a_context_that_is_more_than_its_window_is_not_held():
+    window = [q.StoredEvent(seq=1, tokens=7, event=event_dict(1, "user", [], []))]
+    seed = worker_context(window, Strategy(kind="all"), None, "memq")
+    assert hold_context(seed) is not None
+    assert hold_context(worker_context(window, Strategy(kind="all"), None, "openai")) is None  # no seqs to grow from
+    for part in ({"recalled": [{"seq": 0, "event": {}}]}, {"instruction": "Be brief."}, {"model": "gpt-4o"}):
+        assert hold_context(seed.model_copy(update={"context": {**seed.context, **part}})) is None
 
 
 # --- the windows ------------------------------------------------------------------

@@ -35,15 +35,15 @@ from memq.contracts.schemas import (
     StateSet,
     UserDeleted,
 )
-from memq.workers.memory.context import item_from_event, summary_message
+from memq.workers.memory.context import assemble, item_from_event, summary_message
 from memq.workers.memory.state import APP_PREFIX, USER_PREFIX, split_delta
-from memq.workers.memory.strategies import Item, Strategy, select
-from memq.workers.memory.tokens import count_event, message_tokens
+from memq.workers.memory.strategies import Item, Strategy, recent_cut, select
+from memq.workers.memory.tokens import count_event, event_messages, message_tokens
 
 MAX_SESSIONS = 1024  # windows held, least recently used dropped first
 MAX_EVENTS = 256  # events held per window (a get_session's, a history's)
 MAX_BYTES = 512 * 1024  # JSON bytes of the events held per window
-MAX_HISTORIES = 8  # history reads (strategies) held per window
+MAX_HISTORIES = 16  # history and context reads (strategies) held per window
 MAX_AGE_S = 30.0  # a window is read again from the service after this long
 
 
@@ -101,6 +101,135 @@ class HeldHistory:
     def reply(self) -> q.HistoryView:
         return self.view.model_copy(update={"events": fresh(self.events)})
 
+    def extended(self, new: Held, item: Item, data: dict[str, Any]) -> HeldHistory | None:
+        return _extended(self, new, item)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+
+@dataclass
+class HeldContext:
+    """One context reply in OpenAI's format that is assembly over the window
+    alone (no instruction, recall, facts nor pending message), and what
+    extending it needs: :func:`assemble` run again over the held window and
+    the new event gives the worker's answer over its whole window under the
+    conditions of :meth:`extended`.
+    """
+
+    strategy: Strategy
+    summary: str | None  # the checkpoint summary, whole (when known)
+    known: bool  # the whole summary is known: the reply showed no cut of it
+    shown: str | None  # the summary as the reply shows it (cut to fit, or whole)
+    items: list[Item]  # the window, as the worker counted it
+    rendered: list[bytes]  # each window item's OpenAI messages: JSON array items, comma-joined
+    whole: bool  # the window is the worker's whole window (K == W)
+    tokens: dict[str, int]
+    over_budget: bool
+    note: str | None
+
+    def reply(self) -> q.ContextView:
+        parts = [p for p in self.rendered if p]
+        if self.shown:
+            parts.insert(0, orjson.dumps(summary_message(self.shown)))
+        # Messages of plain strings, parsed in one pass: the one answer a
+        # turn holds while its model is called, and the fewest objects for
+        # Python's collector to scan (a history's events are nested dicts).
+        return q.ContextView.model_construct(
+            format="openai",
+            tokens=dict(self.tokens),
+            messages=orjson.loads(b"[" + b",".join(parts) + b"]"),
+            budget=self.strategy.budget,
+            over_budget=self.over_budget,
+            note=self.note,
+        )
+
+    def extended(self, new: Held, item: Item, data: dict[str, Any]) -> HeldContext | None:
+        """This context with ``new`` appended, or None when what is held
+        cannot decide it. As :func:`extend_history` argues for the window
+        (the strategies never cut further back when an event is added; a tool
+        result needs the whole window), and besides:
+
+        - the newest items the strategy preserves (``min_recent``,
+          ``preserve_recent``) fix the summary's room: they must lie inside
+          what is held (a cut after its first item), unless it is the whole window;
+        - a summary the reply showed cut cannot be cut again from here (its
+          whole text is the worker's);
+        - the summary's tokens must stay as they were: the window's cut was
+          made with them reserved.
+        """
+        strategy, items = self.strategy, [*self.items, item]
+        if item.result_ids and not self.whole:
+            return None
+        if strategy.keep_recent and not self.whole and recent_cut(items, strategy.keep_recent) == 0:
+            return None
+        if strategy.token_bounded and not self.known:
+            return None
+        built = assemble(
+            history=items,
+            events={},  # rendering is done from what is held
+            strategy=strategy,
+            summary=self.summary if strategy.token_bounded else self.shown,
+            recall_limit=0,
+        )
+        if built.tokens.summary != self.tokens["summary"]:
+            return None
+        cut = len(items) - len(built.window)  # a window is a suffix
+        return HeldContext(
+            strategy,
+            self.summary,
+            True,
+            built.summary,
+            list(built.window),
+            [*self.rendered, _messages_json(data)][cut:],
+            self.whole and cut == 0,
+            built.tokens.to_dict(),
+            built.over_budget,
+            built.note,
+        )
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def _messages_json(event: dict[str, Any]) -> bytes:
+    """An event's OpenAI messages as the items of a JSON array (no brackets)."""
+    return orjson.dumps(event_messages(event))[1:-1]
+
+
+def hold_context(view: q.ContextView) -> HeldContext | None:
+    """What extending a context needs, from its reply in memq's format (whose
+    window entries carry the seqs and counts an OpenAI reply lacks), or None
+    when it is not assembly over the window alone, or not counted for the
+    default model (only the worker knows another model's counts)."""
+    c = view.context
+    if c is None or c.get("model") is not None or c.get("instruction") or c.get("known") or c.get("recalled"):
+        return None
+    try:
+        strategy = Strategy.from_dict(c["strategy"])
+    except (TypeError, ValueError):
+        return None
+    entries = c["window"]
+    items = [item_from_event(en["seq"], en["event"], tokens=en["tokens"] or None) for en in entries]
+    shown = c.get("summary")
+    expected = message_tokens(summary_message(shown)) if shown else 0
+    if view.tokens.get("summary") != expected or view.tokens.get("window") != sum(it.tokens for it in items):
+        return None
+    whole = _whole_window(strategy, bool(c.get("needs_summary")), len(items))
+    cut = bool(c.get("summary_cut"))
+    return HeldContext(
+        strategy,
+        None if cut else shown,
+        not cut,
+        shown,
+        items,
+        [_messages_json(en["event"]) for en in entries],
+        whole,
+        dict(view.tokens),
+        view.over_budget,
+        view.note,
+    )
+
 
 @dataclass
 class _Window:
@@ -110,7 +239,8 @@ class _Window:
     events: list[Held] | None = None  # its newest events; None: not known
     complete: bool = False  # events holds every event of the session
     size: int = 0  # JSON bytes of events
-    histories: dict[str, HeldHistory] = field(default_factory=dict)
+    # history and context reads, by op and strategy (:func:`_read_key`)
+    histories: dict[str, HeldHistory | HeldContext] = field(default_factory=dict)
     # Every event id this window has held, those cut off since included:
     # each was stored, and the worker keeps the first event of an id.
     ids: set[str] = field(default_factory=set)
@@ -178,15 +308,19 @@ def _extended(held: HeldHistory, new: Held, item: Item) -> HeldHistory | None:
 
 
 def _whole(held: HeldHistory) -> bool:
-    """Is the held selection the worker's whole window (``K == W``)? Always
-    for ``all``; for ``summary_buffer`` when the reply asked for no summary
-    with ``min_recent`` events held (see :func:`extend_history`). Otherwise
-    it is not known, and a tool result may answer a call before ``K`` (the
-    worker pairs a result with the *first* call of its id in ``W``)."""
-    strategy = held.strategy
+    return _whole_window(held.strategy, held.view.needs_summary, len(held.items))
+
+
+def _whole_window(strategy: Strategy, needs_summary: bool, held: int) -> bool:
+    """Is a held selection of ``held`` items the worker's whole window
+    (``K == W``)? Always for ``all``; for ``summary_buffer`` when the reply
+    asked for no summary with ``min_recent`` events held (see
+    :func:`extend_history`). Otherwise it is not known, and a tool result may
+    answer a call before ``K`` (the worker pairs a result with the *first*
+    call of its id in ``W``)."""
     if strategy.rules.keeps_all:
         return True
-    return strategy.from_checkpoint and not held.view.needs_summary and len(held.items) >= strategy.min_recent
+    return strategy.from_checkpoint and not needs_summary and held >= strategy.min_recent
 
 
 def hold_history(view: q.HistoryView) -> HeldHistory | None:
@@ -206,8 +340,9 @@ def hold_history(view: q.HistoryView) -> HeldHistory | None:
     return HeldHistory(view.model_copy(update={"events": []}), strategy, items, reserved, events)
 
 
-def _history_key(req: q.HistoryGet) -> str:
-    return req.strategy.model_dump_json(exclude_none=True) if req.strategy is not None else ""
+def _read_key(op: str, req: q.HistoryGet | q.ContextGet) -> str:
+    strategy = req.strategy.model_dump_json(exclude_none=True) if req.strategy is not None else ""
+    return f"{op} {strategy}"
 
 
 def _delta_scopes(delta: Any) -> tuple[bool, bool]:
@@ -290,8 +425,8 @@ class LocalWindows:
             window.size += len(new.json)
             self._trim(window)
         for name, held in list(window.histories.items()):
-            extended = _extended(held, new, item)
-            if extended is None or len(extended.events) > self.max_events:
+            extended = held.extended(new, item, data)
+            if extended is None or len(extended) > self.max_events:
                 del window.histories[name]
             else:
                 window.histories[name] = extended
@@ -364,16 +499,36 @@ class LocalWindows:
     def _plain_history(req: q.HistoryGet) -> bool:
         return req.cursor is None and req.after is None and not req.roles and req.model is None
 
+    @staticmethod
+    def _plain_context(req: q.ContextGet) -> bool:
+        """Assembly over the window alone, in OpenAI's format (see :class:`HeldContext`)."""
+        return (
+            req.cursor is None
+            and req.format == "openai"
+            and req.model is None
+            and not req.instruction
+            and req.recall_limit == 0
+            and req.facts_limit == 0
+            and req.message is None
+        )
+
+    def _plain(self, op: str, req: Any) -> bool:
+        if op == "session.get":
+            return self._plain_session_get(req)
+        if op == "history":
+            return self._plain_history(req)
+        return op == "context" and self._plain_context(req)
+
     def answer(self, op: str, request: Any) -> Any | None:
         if request.consistency == "any" or request.min_seq is not None:
             return None
-        found: q.SessionView | q.HistoryView | None
-        if op == "session.get" and self._plain_session_get(request):
-            found = self._session_view(request)
-        elif op == "history" and self._plain_history(request):
-            found = self._history_view(request)
-        else:
+        found: q.SessionView | q.HistoryView | q.ContextView | None
+        if not self._plain(op, request):
             return None
+        if op == "session.get":
+            found = self._session_view(request)
+        else:
+            found = self._held_read(op, request)
         if found is not None:
             self.hits += 1
             self._windows.move_to_end((request.user, request.session))
@@ -393,19 +548,20 @@ class LocalWindows:
         state = orjson.loads(orjson.dumps(window.info.state))
         return window.info.model_copy(update={"state": state, "events": events, "next_cursor": None})
 
-    def _history_view(self, req: q.HistoryGet) -> q.HistoryView | None:
+    def _held_read(self, op: str, req: q.HistoryGet | q.ContextGet) -> q.HistoryView | q.ContextView | None:
         window = self._current((req.user, req.session))
-        held = window.histories.get(_history_key(req)) if window is not None else None
+        held = window.histories.get(_read_key(op, req)) if window is not None else None
         if held is None:
             return None
         return held.reply()
 
     def seeds(self, op: str, request: Any) -> Any | None:
-        if op == "session.get" and self._plain_session_get(request):
-            return self._generation
-        if op == "history" and self._plain_history(request):
-            return self._generation
-        return None
+        return self._generation if self._plain(op, request) else None
+
+    def seed_format(self, op: str) -> str | None:
+        """The format a seeding read of ``op`` asks for: a context is held from
+        memq's format (its window entries carry the seqs and counts)."""
+        return "memq" if op == "context" else None
 
     def seed(self, op: str, request: Any, reply: Any, min_seq: int, ticket: Any) -> None:
         if ticket is None or ticket != self._generation:
@@ -426,16 +582,19 @@ class LocalWindows:
                 window.events, window.size = events, sum(len(e.json) for e in events)
                 window.saw(events)
                 self._trim(window)
-        elif op == "history":
+        else:  # history, context: as of this client's own newest write
             committed = reply.committed_seq
             if not own or min_seq < own or (committed is not None and committed < own):
                 return
-            held = hold_history(reply)
-            if held is None or len(reply.events) > self.max_events:
+            held = hold_history(reply) if op == "history" else hold_context(reply)
+            if held is None or len(held) > self.max_events:
                 return
             window = self._window(key, own)
-            window.histories[_history_key(request)] = held
-            window.saw(held.events)
+            window.histories[_read_key(op, request)] = held
+            if isinstance(held, HeldHistory):
+                window.saw(held.events)
+            else:
+                window.ids.update(en["event"].get("id", "") for en in reply.context["window"])
             while len(window.histories) > MAX_HISTORIES:
                 del window.histories[next(iter(window.histories))]
 
