@@ -26,6 +26,11 @@ event's), and a message is stored once: the hook stores the messages after
 the last one the session's recent events hold (its newest 16 events, or as
 many as the state has messages when none of those is one of them).
 
+On a client made with ``local_reads=LocalWindows()`` and with
+``recall_limit=0`` (no instruction, no facts), the hook's reads after its
+own appends are answered in the client (:mod:`memq.contracts.local`): a
+model call then costs the appends' publishes and no request.
+
 Both hooks run sync and async: the async path (``ainvoke``, ``astream``) on
 the client's loop, the sync path (``invoke``) by handing the work to that
 loop from another thread, as :class:`~memq.contracts.adapters.langgraph.MemqStore` does.

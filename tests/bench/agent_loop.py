@@ -71,6 +71,12 @@ sessions may. The results count each loop's collections and the seconds
 they took in this process (``gc.callbacks``): a read that hands the agent
 hundreds of decoded events, held across its next await, makes objects that
 outlive the first generation and trigger full collections of the whole heap.
+That heap is this script's: it imports the test helpers, and with them the
+workers' SQL stack, which makes a full collection take ~100 ms here, against
+~5 ms in a process that imports only the client and ``LocalWindows``; an
+agent's framework adds its own. ``--gc-freeze`` calls ``gc.freeze()`` once
+the stack is up, as a process may after its start-up, so that collections
+scan only what the loops make.
 
 **What a turn costs the machine.** Around every loop the script reads the
 CPU time of every process (``/proc/<pid>/stat``) and reports CPU ms per turn
@@ -175,6 +181,7 @@ class Config:
     search: bool = False  # the search loops instead of the turn loops
     paths: tuple[str, ...] = PATHS  # the turn loops to run
     gc_threshold: int = 700  # this process's first-generation GC threshold (Python's default: 700)
+    gc_freeze: bool = False  # gc.freeze() the heap built before the loops
 
 
 @dataclass
@@ -508,6 +515,9 @@ async def measure(cfg: Config, nc, pool: asyncpg.Pool, label, clock: CommitClock
     process a pid is, for the CPU each loop costs the machine; ``clock``
     splits the one-agent context step."""
     runs: list[Run] = []
+    if cfg.gc_freeze:  # what an agent process may do once it has started (see the module's docstring)
+        gc.collect()
+        gc.freeze()
     for n in cfg.agents:
         paths = [p for p in PATHS if p in cfg.paths]
         by = {path: Run(path, n) for path in paths}
@@ -759,7 +769,7 @@ def print_results(machine: dict, cfg: Config, runs: list[Run]) -> None:
     status(
         f"\n[bold]agent loop[/] — {machine['nproc']} cores ({machine['cpu']}), PostgreSQL {machine.get('postgres', '?')}, "
         f"commit {machine['git']}, cache {cfg.cache}, {cfg.rounds} × {cfg.seconds:g} s per loop, "
-        f"GC threshold {cfg.gc_threshold}"
+        f"GC threshold {cfg.gc_threshold}{', startup heap frozen' if cfg.gc_freeze else ''}"
     )
     searched = any(r.path.startswith("search") for r in runs)
     table = Table("agents", "path", "turns/s", "p50 ms", "p99 ms", "steps p50 ms", "errors", "ryw violations")
@@ -855,6 +865,11 @@ def parse_args() -> argparse.Namespace:
         metavar="N",
         help="this process's first-generation GC threshold, for every loop alike (default 700, Python's)",
     )
+    parser.add_argument(
+        "--gc-freeze",
+        action="store_true",
+        help="gc.freeze() this process's heap once the stack is up, before the loops (default: not)",
+    )
     return parser.parse_args()
 
 
@@ -868,6 +883,7 @@ async def main(args: argparse.Namespace) -> int:
         search=args.search,
         paths=tuple(p.strip() for p in args.paths.split(",")),
         gc_threshold=args.gc_threshold,
+        gc_freeze=args.gc_freeze,
     )
     gc.set_threshold(cfg.gc_threshold, 10, 10)
     if unknown := set(cfg.paths) - set(PATHS):

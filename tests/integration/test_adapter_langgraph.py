@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage, BaseMessage, convert_to_messages
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.prebuilt import create_react_agent as _create_react_agent
@@ -25,6 +25,7 @@ from langgraph.warnings import LangGraphDeprecatedSinceV10
 from memq.contracts.adapters.langgraph import MemqStore
 from memq.contracts.adapters.langgraph_context import MemqContext
 from memq.contracts.client import MemoryClient
+from memq.workers.memory.local import LocalWindows
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -448,6 +449,37 @@ async def test_a_react_agent_gets_memqs_context_and_its_turns_are_stored(memq):
     # Every message of the graph's state is stored once, the final reply included (post_model_hook).
     history = await memq.history("ann", "trip")
     assert [e.event["id"] for e in history.events] == [m.id for m in out["messages"]]
+
+
+async def test_with_local_windows_the_hooks_read_in_the_client(memq_url, memq):
+    """On a client that holds its sessions' windows (``local_reads``), with a
+    context of the window alone (``recall_limit=0``), the hooks' reads after
+    their own appends are answered in the client, and the model is sent what
+    the query service answers."""
+    local = LocalWindows()
+    async with await MemoryClient.connect(memq_url, app=memq.app, local_reads=local) as client:
+        model = fake_model(
+            AIMessage("", tool_calls=[{"id": "call-1", "name": "weather", "args": {"city": "Lisbon"}}]),
+            AIMessage("It is sunny in Lisbon."),
+            AIMessage("You asked about Lisbon."),
+        )
+        memory = MemqContext(client, recall_limit=0)
+        agent = create_react_agent(
+            model,
+            [weather],
+            pre_model_hook=memory.pre_model_hook,
+            post_model_hook=memory.post_model_hook,
+            checkpointer=InMemorySaver(),
+        )
+        config = {"configurable": {"thread_id": "trip", "user_id": "ann"}}
+        await agent.ainvoke({"messages": [("user", "Weather in Lisbon?")]}, config)
+        hits = local.hits
+        await agent.ainvoke({"messages": [("user", "What did I ask?")]}, config)
+        assert local.hits >= hits + 2  # the hook's get_session and its context
+        answer = await memq.context("ann", "trip", format="openai", recall_limit=0, min_seq=client.last_seq)
+    sent = [(m.type, m.content) for m in model.sent[-1]]
+    assert sent == [(m.type, m.content) for m in convert_to_messages(answer.messages[:-1])]  # all but the final reply
+    assert [m.type for m in model.sent[-1]] == ["human", "ai", "tool", "ai", "human"]
 
 
 async def test_the_model_gets_the_budgeted_window_not_the_whole_state(memq):

@@ -216,6 +216,19 @@ def test_plain_turns_extend_every_context():
             same_context(held.reply(), worker_context(events, strategy, summary, "openai"))
 
 
+def test_a_caller_changing_its_context_changes_no_later_one():
+    window = [
+        q.StoredEvent(seq=1, tokens=7, event=event_dict(1, "user", [], [])),
+        q.StoredEvent(seq=2, tokens=9, event=event_dict(2, "assistant", ["c1"], [])),
+    ]
+    held = hold_context(worker_context(window, Strategy(kind="all"), None, "memq"))
+    first = held.reply()
+    first.messages[0]["content"] = "changed"
+    first.messages[1]["tool_calls"][0]["function"]["name"] = "changed"
+    first.tokens["total"] = 0
+    same_context(held.reply(), worker_context(window, Strategy(kind="all"), None, "openai"))
+
+
 def test_a_context_whose_summary_was_cut_asks_the_service_after_an_append():
     strategy = Strategy(kind="summary_buffer", budget=60, min_recent=2)
     window = [q.StoredEvent(seq=i, tokens=7, event=event_dict(i, "user", [], [])) for i in range(1, 4)]

@@ -437,7 +437,8 @@ def assemble(
     window: Selection = base_selection
     chosen: tuple[tuple[int, Mapping[str, Any]], ...] = ()
     recall_tokens = 0
-    if strategy.rules.recall_room == "before_older":
+    recalling = bool(recalled) and recall_limit > 0  # else the window is base_selection
+    if recalling and strategy.rules.recall_room == "before_older":
         # Recall may displace older messages but not preserve_recent; if even
         # those do not fit, there is no room for recall at all.
         keep_tokens = sum(it.tokens for it in preserved(history, strategy))
@@ -457,7 +458,7 @@ def assemble(
         if any(seq in in_window for seq, _ in chosen):
             chosen = tuple((s, e) for s, e in chosen if s not in in_window)
             recall_tokens = tk.message_tokens(recall_message(chosen), model) if chosen else 0
-    else:
+    elif recalling:
         if reserve_tokens:
             # the window keeps what the recall share leaves; recall then takes
             # whatever the window does not use (at least its share)

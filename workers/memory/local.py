@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -108,6 +108,10 @@ class HeldHistory:
         return len(self.events)
 
 
+Rendered = tuple[dict[str, Any], ...] | bytes  # see _rendered
+_ATOMS = (str, int, float, bool, type(None))
+
+
 @dataclass
 class HeldContext:
     """One context reply in OpenAI's format that is assembly over the window
@@ -122,23 +126,20 @@ class HeldContext:
     known: bool  # the whole summary is known: the reply showed no cut of it
     shown: str | None  # the summary as the reply shows it (cut to fit, or whole)
     items: list[Item]  # the window, as the worker counted it
-    rendered: list[bytes]  # each window item's OpenAI messages: JSON array items, comma-joined
+    rendered: list[Rendered]  # each window item's OpenAI messages (:func:`_rendered`)
     whole: bool  # the window is the worker's whole window (K == W)
     tokens: dict[str, int]
     over_budget: bool
     note: str | None
 
     def reply(self) -> q.ContextView:
-        parts = [p for p in self.rendered if p]
-        if self.shown:
-            parts.insert(0, orjson.dumps(summary_message(self.shown)))
-        # Messages of plain strings, parsed in one pass: the one answer a
-        # turn holds while its model is called, and the fewest objects for
-        # Python's collector to scan (a history's events are nested dicts).
+        messages = [summary_message(self.shown)] if self.shown else []
+        for part in self.rendered:
+            messages += orjson.loads(part) if isinstance(part, bytes) else [m.copy() for m in part]
         return q.ContextView.model_construct(
             format="openai",
             tokens=dict(self.tokens),
-            messages=orjson.loads(b"[" + b",".join(parts) + b"]"),
+            messages=messages,
             budget=self.strategy.budget,
             over_budget=self.over_budget,
             note=self.note,
@@ -181,7 +182,7 @@ class HeldContext:
             True,
             built.summary,
             list(built.window),
-            [*self.rendered, _messages_json(data)][cut:],
+            [*self.rendered, _rendered(data)][cut:],
             self.whole and cut == 0,
             built.tokens.to_dict(),
             built.over_budget,
@@ -192,9 +193,16 @@ class HeldContext:
         return len(self.items)
 
 
-def _messages_json(event: dict[str, Any]) -> bytes:
-    """An event's OpenAI messages as the items of a JSON array (no brackets)."""
-    return orjson.dumps(event_messages(event))[1:-1]
+def _rendered(event: Mapping[str, Any]) -> Rendered:
+    """An event's OpenAI messages as a context holds them: flat messages
+    (role and content strings, the usual ones) as dicts, which a reply copies
+    (a copy shares the strings; a dict of atoms is no work for Python's
+    collector), else as JSON, which a reply parses into fresh objects (a tool
+    call's arguments are nested: a shallow copy would share them)."""
+    messages = event_messages(event)
+    if all(type(v) in _ATOMS for m in messages for v in m.values()):
+        return tuple(messages)
+    return orjson.dumps(messages)
 
 
 def hold_context(view: q.ContextView) -> HeldContext | None:
@@ -223,7 +231,7 @@ def hold_context(view: q.ContextView) -> HeldContext | None:
         not cut,
         shown,
         items,
-        [_messages_json(en["event"]) for en in entries],
+        [_rendered(en["event"]) for en in entries],
         whole,
         dict(view.tokens),
         view.over_budget,

@@ -51,8 +51,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from memq.contracts.errors import InvalidRequest
@@ -381,6 +383,8 @@ def valid_cuts(items: Sequence[Item]) -> list[bool]:
     for i, item in enumerate(items):
         for cid in item.call_ids:
             first_call.setdefault(cid, i)
+    if not first_call:  # a conversation without tools (most turns): every cut
+        return [True] * (n + 1)
     last_result: dict[str, int] = {}
     for i, item in enumerate(items):
         for rid in item.result_ids:
@@ -401,9 +405,9 @@ def valid_cuts(items: Sequence[Item]) -> list[bool]:
 
 
 def _suffix_tokens(items: Sequence[Item]) -> list[int]:
-    sums = [0] * (len(items) + 1)
-    for i in range(len(items) - 1, -1, -1):
-        sums[i] = sums[i + 1] + items[i].tokens
+    """``sums[c]``: the tokens of ``items[c:]``, for ``c`` in ``0..len(items)``."""
+    sums = list(accumulate(reversed([it.tokens for it in items]), initial=0))
+    sums.reverse()
     return sums
 
 
@@ -416,10 +420,11 @@ def _floor_valid(valid: Sequence[bool], c: int) -> int:
 
 def _longest_fitting(valid: Sequence[bool], sums: Sequence[int], limit: int, lo: int = 0) -> int | None:
     """The smallest valid cut >= lo whose suffix fits ``limit``, or None."""
-    for c in range(lo, len(sums)):
-        if valid[c] and sums[c] <= limit:
-            return c
-    return None
+    # suffix sums never grow with c (tokens are >= 0): every cut from the first fitting one fits
+    c = bisect_left(sums, -limit, lo=lo, key=lambda s: -s)
+    while c < len(sums) and not valid[c]:
+        c += 1
+    return c if c < len(sums) else None
 
 
 def recent_cut(items: Sequence[Item], count: int, valid: Sequence[bool] | None = None) -> int:
