@@ -4,7 +4,7 @@ Usage::
 
     .venv/bin/python tests/run_bench.py agent_loop [--quick] [--json PATH]
         [--agents 1,16,64] [--seconds S] [--rounds R] [--cache memory|redis]
-        [--search]
+        [--paths P,...] [--think-ms MS] [--gc-threshold N] [--gc-freeze] [--search]
 
 Everything runs on loopback, on servers this script starts and stops itself
 (``tests/services.py``): one nats-server, one PostgreSQL (and Redis with
