@@ -131,11 +131,15 @@ class HeldContext:
     tokens: dict[str, int]
     over_budget: bool
     note: str | None
+    flat: tuple[dict[str, Any], ...] | None  # every item's messages, when every item's are flat dicts
 
     def reply(self) -> q.ContextView:
         messages = [summary_message(self.shown)] if self.shown else []
-        for part in self.rendered:
-            messages += orjson.loads(part) if isinstance(part, bytes) else [m.copy() for m in part]
+        if self.flat is not None:
+            messages += map(dict.copy, self.flat)  # one pass in C over the usual window
+        else:
+            for part in self.rendered:
+                messages += orjson.loads(part) if isinstance(part, bytes) else [m.copy() for m in part]
         return q.ContextView.model_construct(
             format="openai",
             tokens=dict(self.tokens),
@@ -176,17 +180,25 @@ class HeldContext:
         if built.tokens.summary != self.tokens["summary"]:
             return None
         cut = len(items) - len(built.window)  # a window is a suffix
+        part = _rendered(data)
+        rendered = [*self.rendered, part]
+        flat: tuple[dict[str, Any], ...] | None
+        if self.flat is not None and not isinstance(part, bytes):
+            flat = (*self.flat, *part)[sum(map(len, rendered[:cut])) :]
+        else:  # a tool call came, or may have been cut off
+            flat = _flat(rendered[cut:])
         return HeldContext(
             strategy,
             self.summary,
             True,
             built.summary,
             list(built.window),
-            [*self.rendered, _rendered(data)][cut:],
+            rendered[cut:],
             self.whole and cut == 0,
             built.tokens.to_dict(),
             built.over_budget,
             built.note,
+            flat,
         )
 
     def __len__(self) -> int:
@@ -203,6 +215,16 @@ def _rendered(event: Mapping[str, Any]) -> Rendered:
     if all(type(v) in _ATOMS for m in messages for v in m.values()):
         return tuple(messages)
     return orjson.dumps(messages)
+
+
+def _flat(rendered: Sequence[Rendered]) -> tuple[dict[str, Any], ...] | None:
+    """Every item's messages in one tuple, or None when some are JSON."""
+    flat: list[dict[str, Any]] = []
+    for part in rendered:
+        if isinstance(part, bytes):
+            return None
+        flat += part
+    return tuple(flat)
 
 
 def hold_context(view: q.ContextView) -> HeldContext | None:
@@ -224,6 +246,8 @@ def hold_context(view: q.ContextView) -> HeldContext | None:
     if view.tokens.get("summary") != expected or view.tokens.get("window") != sum(it.tokens for it in items):
         return None
     whole = _whole_window(strategy, bool(c.get("needs_summary")), len(items))
+    rendered = [_rendered(en["event"]) for en in entries]
+    flat = _flat(rendered)
     cut = bool(c.get("summary_cut"))
     return HeldContext(
         strategy,
@@ -231,11 +255,12 @@ def hold_context(view: q.ContextView) -> HeldContext | None:
         not cut,
         shown,
         items,
-        [_rendered(en["event"]) for en in entries],
+        rendered,
         whole,
         dict(view.tokens),
         view.over_budget,
         view.note,
+        flat,
     )
 
 

@@ -55,6 +55,7 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from itertools import accumulate
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 from memq.contracts.errors import InvalidRequest
@@ -373,18 +374,21 @@ def _fraction(budget: int, f: float) -> int:
     return math.floor(budget * f + 1e-9)
 
 
+_CALL_IDS, _TOKENS = attrgetter("call_ids"), attrgetter("tokens")  # in C: a window is read often
+
+
 def valid_cuts(items: Sequence[Item]) -> list[bool]:
     """``valid[c]`` for ``c`` in ``0..len(items)``: may a window start at
     ``items[c]`` (keeping ``items[c:]``) without separating a tool call from
     a result? Cut 0 (keep all) and ``len(items)`` (keep none) are always
     valid. A result whose call is not in ``items`` constrains nothing."""
     n = len(items)
+    if not any(map(_CALL_IDS, items)):  # a conversation without tools (most turns): every cut
+        return [True] * (n + 1)
     first_call: dict[str, int] = {}
     for i, item in enumerate(items):
         for cid in item.call_ids:
             first_call.setdefault(cid, i)
-    if not first_call:  # a conversation without tools (most turns): every cut
-        return [True] * (n + 1)
     last_result: dict[str, int] = {}
     for i, item in enumerate(items):
         for rid in item.result_ids:
@@ -406,7 +410,7 @@ def valid_cuts(items: Sequence[Item]) -> list[bool]:
 
 def _suffix_tokens(items: Sequence[Item]) -> list[int]:
     """``sums[c]``: the tokens of ``items[c:]``, for ``c`` in ``0..len(items)``."""
-    sums = list(accumulate(reversed([it.tokens for it in items]), initial=0))
+    sums = list(accumulate(reversed(list(map(_TOKENS, items))), initial=0))
     sums.reverse()
     return sums
 
