@@ -224,3 +224,23 @@ async def append_only(
     # fails it did nothing, and it is idempotent anyway.
     (found, kept, _), *_ = await fetch_all(conn, _append_only(events, tuple(rows[0]), sessions, users), params)
     return set(kept) if found == len(session_keys) else None
+
+
+@cache
+def _stored_events(events: Table) -> TextClause:
+    # A nested loop of primary-key seeks, one per pair; a row-value IN list
+    # of hundreds of pairs is planned as a scan of the table instead.
+    return text(
+        f"SELECT e.session_key, e.event_id, e.seq, e.data "
+        f"FROM unnest(CAST(:keys AS text[]), CAST(:ids AS text[])) AS k(session_key, event_id) "
+        f"JOIN {_QUOTE(events.name)} e ON e.session_key = k.session_key AND e.event_id = k.event_id"
+    )
+
+
+async def stored_events(
+    conn: AsyncConnection, events: Table, keys: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], tuple[int, str]]:
+    """(seq, data) of the stored events among the (session key, event id) pairs ``keys``, in one statement."""
+    params = {"keys": [k for k, _ in keys], "ids": [i for _, i in keys]}
+    rows = await fetch_all(conn, _stored_events(events), params)
+    return {(key, event_id): (seq, data) for key, event_id, seq, data in rows}
