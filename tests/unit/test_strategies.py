@@ -512,3 +512,19 @@ def test_no_module_outside_the_rules_switches_on_a_strategy_name():
         if compare.search(line)
     ]
     assert found == []
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=30), st.integers(-10, 400), st.data())
+def test_the_longest_fitting_cut_is_the_first_valid_cut_that_fits(tokens, limit, data):
+    """The bisection over suffix sums agrees with the definition: the
+    smallest valid cut whose suffix fits."""
+    from memq.workers.memory.strategies import _longest_fitting, _suffix_tokens
+
+    items = [Item(seq=i, role="user", tokens=t) for i, t in enumerate(tokens)]
+    sums = _suffix_tokens(items)
+    assert sums == [sum(tokens[c:]) for c in range(len(tokens) + 1)]
+    valid = data.draw(st.lists(st.booleans(), min_size=len(sums), max_size=len(sums)))
+    lo = data.draw(st.integers(0, len(sums)))
+    expected = next((c for c in range(lo, len(sums)) if valid[c] and sums[c] <= limit), None)
+    assert _longest_fitting(valid, sums, limit, lo) == expected
