@@ -1226,16 +1226,22 @@ class MemoryClient(PublishSettling):
         strategy: Strategy = None,
         format: ContextFormat = "openai",
         instruction: str | None = None,
+        recall_limit: int = 20,
     ) -> Callable[[str], Awaitable[str]]:
         """Wrap a model call with this session's memory (after LangChain's
         ``RunnableWithMessageHistory``). ``await chat(text)``:
 
         1. appends ``text`` as a user event;
-        2. loads :meth:`context` (``format`` default ``"openai"``), waiting for
-           that event to be committed, so the context ends with it;
+        2. loads :meth:`context` (``format`` default ``"openai"``,
+           ``recall_limit`` default 20), waiting for that event to be
+           committed, so the context ends with it;
         3. calls ``model_fn(messages)`` (sync or async; it returns a ``str`` or
            an object with ``.content``, like a chat completion message);
         4. appends the reply as an assistant event and returns its text.
+
+        With ``recall_limit=0`` (and no ``instruction``) on a client made with
+        ``local_reads``, step 2 is answered in the client: a turn costs its two
+        publishes and no request.
         """
 
         async def chat(text: str) -> str:
@@ -1246,6 +1252,7 @@ class MemoryClient(PublishSettling):
                 strategy=strategy,
                 format=format,
                 instruction=instruction,
+                recall_limit=recall_limit,
                 # the default (this client's last write) may carry it; an explicit one waits
                 min_seq=None if self.consistent else seq,
             )

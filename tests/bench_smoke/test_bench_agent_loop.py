@@ -27,7 +27,7 @@ def test_the_agent_loop_benchmark_runs_and_every_turn_reads_its_own_write(tmp_pa
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
     runs = {(r["path"], r["agents"]): r for r in result["runs"]}
-    paths = ("memq", "memq any", "memq carry", "memq carry history", "memq one-publish")
+    paths = ("memq", "memq any", "memq carry", "memq one-publish", "memq carry history", "memq one-publish history")
     paths += ("get_session", "get_session local", "sql", "bare", "bare tail")
     assert set(runs) == {(path, n) for path in paths for n in (1, 4)}
     for r in runs.values():
@@ -35,12 +35,17 @@ def test_the_agent_loop_benchmark_runs_and_every_turn_reads_its_own_write(tmp_pa
         assert r["gc"]["all_ms_per_turn"] > 0, r  # a first generation of 50 objects is collected in every loop
     assert result["config"]["gc_threshold"] == 50
     assert set(runs["memq carry", 4]["steps_p50_ms"]) == {"append user", "context", "append assistant"}
-    assert set(runs["memq one-publish", 4]["steps_p50_ms"]) == {"append user", "history", "append assistant"}
+    assert set(runs["memq one-publish", 4]["steps_p50_ms"]) == {"append user", "context", "append assistant"}
+    assert set(runs["memq one-publish history", 4]["steps_p50_ms"]) == {"append user", "history", "append assistant"}
     assert set(runs["get_session local", 4]["steps_p50_ms"]) == {"append user", "get_session", "append assistant"}
     assert [t["what"].split(":")[0] for t in result["targets"]] == ["1 agent"] * 4
     assert [f["agents"] for f in result["floor"]] == [1, 4]
     local = {(r["agents"], r["what"]) for r in result["local"]}
     assert (1, "memq one-publish ÷ sql") in local and (4, "get_session local ÷ get_session") in local
+    assert (4, "memq one-publish ÷ memq carry") in local and (
+        4,
+        "memq one-publish history ÷ memq carry history",
+    ) in local
 
 
 def test_the_search_loops_run_and_every_waiting_search_finds_its_append(tmp_path):

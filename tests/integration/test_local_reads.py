@@ -246,3 +246,26 @@ async def test_a_second_writers_append_makes_the_next_read_ask_the_service(nats_
         finally:
             other.stdin.close()
             await other.wait()
+
+
+async def test_with_history_without_recall_reads_in_the_client(nats_url, sqlite_url, tmp_path):
+    """``with_history(recall_limit=0)``: once the session holds the default
+    strategy's ``min_recent`` events (before that a held window may be a
+    part of the session's, and the read asks the service), each turn's
+    context is answered here, and the model is sent what the service would
+    send."""
+    async with stack(nats_url, sqlite_url, tmp_path) as (client, reference, local):
+        sent: list[list[dict]] = []
+
+        def model(messages: list[dict]) -> str:
+            sent.append(messages)
+            return f"reply {len(sent)}"
+
+        chat = client.with_history(model, user=USER, session="s", recall_limit=0)
+        for turn in range(6):
+            hits = local.hits
+            assert await chat(f"turn {turn}") == f"reply {turn + 1}"
+            if turn >= 2:  # turn 1's read held 3 events, the default min_recent: the whole window
+                assert local.hits == hits + 1, turn  # the context, answered here
+        truth = await reference.context(USER, "s", format="openai", recall_limit=0, min_seq=client.last_seq)
+        assert sent[-1] == truth.messages[:-1]  # all but the last reply
