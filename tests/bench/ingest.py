@@ -4,7 +4,11 @@ Usage::
 
     .venv/bin/python tests/run_bench.py ingest [--quick] [--json PATH]
         [--replicas 1,2,4] [--events N] [--sessions N] [--users N]
-        [--databases postgresql,sqlite] [--backlog]
+        [--databases postgresql,sqlite] [--backlog] [--peers]
+
+``--peers`` (PostgreSQL) adds LangChain's ``PostgresChatMessageHistory``
+writing the same messages beside the direct asyncpg insert; it needs
+``.venv/bin/pip install langchain-postgres==0.0.19`` (not a memq dependency).
 
 For example, replica scaling on PostgreSQL alone, on a many-core machine::
 
@@ -533,6 +537,58 @@ async def direct_sql_bulk(dsn: str, cfg: Config) -> dict:
     }
 
 
+async def langchain_chat_history_bulk(dsn: str, cfg: Config) -> dict:
+    """The peer the issue measured (43): LangChain's ``PostgresChatMessageHistory``
+    (``langchain-postgres``, psycopg 3) writing the same messages straight to
+    PostgreSQL, ``aadd_messages`` of ``call_size`` per call (one
+    ``executemany`` and a commit), every session at once on a connection of
+    its own, as :func:`direct_sql_bulk` runs. Messages/s from the first call
+    to the last commit."""
+    try:
+        import psycopg
+        from langchain_core.messages import AIMessage, HumanMessage
+        from langchain_postgres import PostgresChatMessageHistory
+    except ImportError as exc:
+        raise SystemExit(
+            f"--peers needs langchain-postgres ({exc}): .venv/bin/pip install langchain-postgres==0.0.19"
+        ) from None
+    table = "langchain_history"
+    plan = split(make_events(cfg.events, "lc"), session_keys(cfg.sessions, "lc", cfg.users))
+    rows = sum(len(v) for v in plan.values())
+    async with await psycopg.AsyncConnection.connect(dsn) as conn:
+        await PostgresChatMessageHistory.acreate_tables(conn, table)
+    # Connections opened before the clock starts (as direct_sql_bulk's pool
+    # is), so that their backends' CPU is counted: a backend gone by the end is not.
+    conns = [await psycopg.AsyncConnection.connect(dsn) for _ in plan]
+
+    async def one(conn, events: list[Event]) -> None:
+        history = PostgresChatMessageHistory(table, str(uuid.uuid4()), async_connection=conn)
+        messages = [
+            (HumanMessage if e.message.role == "user" else AIMessage)(content=e.message.parts[0].text) for e in events
+        ]
+        for start in range(0, len(messages), cfg.call_size):
+            await history.aadd_messages(messages[start : start + cfg.call_size])
+
+    try:
+        before = process_cpu()
+        t0 = now()
+        await asyncio.gather(*(one(conn, evs) for conn, evs in zip(conns, plan.values(), strict=True)))
+        rate = rows / (now() - t0)
+        cpu = per_1k(cpu_between(before, process_cpu(), process_label({})), rows)
+        stored = (await (await conns[0].execute(f"SELECT count(*) FROM {table}")).fetchone())[0]
+    finally:
+        for conn in conns:
+            await conn.close()
+    if stored != rows:
+        raise RuntimeError(f"LangChain's chat history stored {stored} messages of {rows}")
+    return {
+        "path": f"LangChain PostgresChatMessageHistory.aadd_messages, {cfg.call_size} per call (PostgreSQL, committed)",
+        "messages": rows,
+        "per_s": rate,
+        "cpu_ms_per_1k": cpu,
+    }
+
+
 async def run_baselines(cfg: Config) -> list[dict]:
     keys = session_keys(cfg.sessions, "raw", cfg.users)
     async_payloads = raw_payloads(make_events(cfg.events, "raw"), keys)
@@ -623,12 +679,20 @@ def print_results(machine: dict, cfg: Config, quick: bool, baselines: list[dict]
         base.add_row(b["path"], f"{b['messages']:,}", f"{b['per_s']:,.0f}", f"{b['per_s'] / raw_async:.2f}")
     console.print(base)
     direct = next((b for b in baselines if b["path"].startswith("direct SQL")), None)
+    peer = next((b for b in baselines if b["path"].startswith("LangChain")), None)
     for r in rows:
         if direct is not None and r.database == "PostgreSQL":
             console.print(
                 f"PostgreSQL, {r.replicas} replica(s): memq committed {r.commit_per_s:,.0f} events/s, "
                 f"direct SQL {direct['per_s']:,.0f} rows/s, both {cfg.call_size} per call: "
                 f"[bold]{r.commit_per_s / direct['per_s']:.2f}×[/] (target ≥ 1)",
+                highlight=False,
+            )
+        if peer is not None and r.database == "PostgreSQL":
+            console.print(
+                f"PostgreSQL, {r.replicas} replica(s): memq committed {r.commit_per_s:,.0f} events/s, "
+                f"LangChain's chat history {peer['per_s']:,.0f} messages/s, both {cfg.call_size} per call: "
+                f"[bold]{r.commit_per_s / peer['per_s']:.2f}×[/]",
                 highlight=False,
             )
     print_cpu(baselines, rows)
@@ -703,6 +767,10 @@ async def main(args: argparse.Namespace) -> int:
             status(f"  direct SQL bulk insert, {cfg.call_size} rows per call: {cfg.events:,} rows …")
             pg.create_database("bench_direct")
             baselines.append(await direct_sql_bulk(pg.dsn("bench_direct"), cfg))
+            if args.peers:
+                status(f"  LangChain's Postgres chat history, {cfg.call_size} per call: {cfg.events:,} messages …")
+                pg.create_database("bench_langchain")
+                baselines.append(await langchain_chat_history_bulk(pg.dsn("bench_langchain"), cfg))
         names = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
         configs = [(names[db], n) for db in args.databases for n in replicas]
         for i, (db, n) in enumerate(configs, 1):
@@ -744,6 +812,11 @@ def parse_args() -> argparse.Namespace:
         "--backlog",
         action="store_true",
         help="throughput: publish with the consumer paused, then time the workers' drain alone",
+    )
+    parser.add_argument(
+        "--peers",
+        action="store_true",
+        help="also LangChain's PostgresChatMessageHistory writing the same messages (needs langchain-postgres)",
     )
     parser.add_argument(
         "--databases",
