@@ -519,22 +519,24 @@ async def direct_sql_bulk(dsn: str, cfg: Config) -> dict:
                         [e.timestamp for e in chunk],
                     )
 
-        before = process_cpu()
-        t0 = now()
-        await asyncio.gather(*(one(session, evs) for (_, session), evs in plan.items()))
-        rate = rows / (now() - t0)
-        cpu = per_1k(cpu_between(before, process_cpu(), process_label({})), rows)
+        timed = await _timed_writes(rows, [one(session, evs) for (_, session), evs in plan.items()])
         stored = await pool.fetchval("SELECT count(*) FROM direct_turns")
     finally:
         await pool.close()
     if stored != rows:
         raise RuntimeError(f"direct SQL stored {stored} rows of {rows}")
-    return {
-        "path": f"direct SQL: asyncpg INSERT of {cfg.call_size} rows per call (PostgreSQL, committed)",
-        "messages": rows,
-        "per_s": rate,
-        "cpu_ms_per_1k": cpu,
-    }
+    return {"path": f"direct SQL: asyncpg INSERT of {cfg.call_size} rows per call (PostgreSQL, committed)", **timed}
+
+
+async def _timed_writes(rows: int, writers: list) -> dict:
+    """Run ``writers`` at once: their rows/s from the first call to the last
+    commit, and what it cost the machine per 1,000 rows."""
+    before = process_cpu()
+    t0 = now()
+    await asyncio.gather(*writers)
+    rate = rows / (now() - t0)
+    cpu = per_1k(cpu_between(before, process_cpu(), process_label({})), rows)
+    return {"messages": rows, "per_s": rate, "cpu_ms_per_1k": cpu}
 
 
 async def langchain_chat_history_bulk(dsn: str, cfg: Config) -> dict:
@@ -570,23 +572,15 @@ async def langchain_chat_history_bulk(dsn: str, cfg: Config) -> dict:
             await history.aadd_messages(messages[start : start + cfg.call_size])
 
     try:
-        before = process_cpu()
-        t0 = now()
-        await asyncio.gather(*(one(conn, evs) for conn, evs in zip(conns, plan.values(), strict=True)))
-        rate = rows / (now() - t0)
-        cpu = per_1k(cpu_between(before, process_cpu(), process_label({})), rows)
+        timed = await _timed_writes(rows, [one(conn, evs) for conn, evs in zip(conns, plan.values(), strict=True)])
         stored = (await (await conns[0].execute(f"SELECT count(*) FROM {table}")).fetchone())[0]
     finally:
         for conn in conns:
             await conn.close()
     if stored != rows:
         raise RuntimeError(f"LangChain's chat history stored {stored} messages of {rows}")
-    return {
-        "path": f"LangChain PostgresChatMessageHistory.aadd_messages, {cfg.call_size} per call (PostgreSQL, committed)",
-        "messages": rows,
-        "per_s": rate,
-        "cpu_ms_per_1k": cpu,
-    }
+    path = f"LangChain PostgresChatMessageHistory.aadd_messages, {cfg.call_size} per call (PostgreSQL, committed)"
+    return {"path": path, **timed}
 
 
 async def run_baselines(cfg: Config) -> list[dict]:

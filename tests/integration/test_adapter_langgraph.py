@@ -421,13 +421,17 @@ def fake_model(*replies: AIMessage) -> ToolCallingFake:
     return ToolCallingFake(messages=iter(replies), sent=[])
 
 
-async def test_a_react_agent_gets_memqs_context_and_its_turns_are_stored(memq):
+TRIP = {"configurable": {"thread_id": "trip", "user_id": "ann"}}
+
+
+def trip_agent(memory: MemqContext):
+    """A ReAct agent with both hooks whose model asks for the weather, then
+    answers twice; the model, to see what it was sent."""
     model = fake_model(
         AIMessage("", tool_calls=[{"id": "call-1", "name": "weather", "args": {"city": "Lisbon"}}]),
         AIMessage("It is sunny in Lisbon."),
         AIMessage("You asked about Lisbon."),
     )
-    memory = MemqContext(memq)
     agent = create_react_agent(
         model,
         [weather],
@@ -435,7 +439,12 @@ async def test_a_react_agent_gets_memqs_context_and_its_turns_are_stored(memq):
         post_model_hook=memory.post_model_hook,
         checkpointer=InMemorySaver(),
     )
-    config = {"configurable": {"thread_id": "trip", "user_id": "ann"}}
+    return agent, model
+
+
+async def test_a_react_agent_gets_memqs_context_and_its_turns_are_stored(memq):
+    agent, model = trip_agent(MemqContext(memq))
+    config = TRIP
     await agent.ainvoke({"messages": [("user", "Weather in Lisbon?")]}, config)
     out = await agent.ainvoke({"messages": [("user", "What did I ask?")]}, config)
     assert out["messages"][-1].content == "You asked about Lisbon."
@@ -458,20 +467,8 @@ async def test_with_local_windows_the_hooks_read_in_the_client(memq_url, memq):
     the query service answers."""
     local = LocalWindows()
     async with await MemoryClient.connect(memq_url, app=memq.app, local_reads=local) as client:
-        model = fake_model(
-            AIMessage("", tool_calls=[{"id": "call-1", "name": "weather", "args": {"city": "Lisbon"}}]),
-            AIMessage("It is sunny in Lisbon."),
-            AIMessage("You asked about Lisbon."),
-        )
-        memory = MemqContext(client, recall_limit=0)
-        agent = create_react_agent(
-            model,
-            [weather],
-            pre_model_hook=memory.pre_model_hook,
-            post_model_hook=memory.post_model_hook,
-            checkpointer=InMemorySaver(),
-        )
-        config = {"configurable": {"thread_id": "trip", "user_id": "ann"}}
+        agent, model = trip_agent(MemqContext(client, recall_limit=0))
+        config = TRIP
         await agent.ainvoke({"messages": [("user", "Weather in Lisbon?")]}, config)
         hits = local.hits
         await agent.ainvoke({"messages": [("user", "What did I ask?")]}, config)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -108,7 +108,6 @@ class HeldHistory:
         return len(self.events)
 
 
-Rendered = tuple[dict[str, Any], ...] | bytes  # see _rendered
 _ATOMS = (str, int, float, bool, type(None))
 
 
@@ -126,24 +125,20 @@ class HeldContext:
     known: bool  # the whole summary is known: the reply showed no cut of it
     shown: str | None  # the summary as the reply shows it (cut to fit, or whole)
     items: list[Item]  # the window, as the worker counted it
-    rendered: list[Rendered]  # each window item's OpenAI messages (:func:`_rendered`)
+    messages: tuple[dict[str, Any], ...]  # the window's OpenAI messages
+    counts: list[int]  # how many of them each item renders to
+    nested: bool  # some message holds more than atoms (a tool call's arguments)
     whole: bool  # the window is the worker's whole window (K == W)
     tokens: dict[str, int]
     over_budget: bool
     note: str | None
-    flat: tuple[dict[str, Any], ...] | None  # every item's messages, when every item's are flat dicts
 
     def reply(self) -> q.ContextView:
-        messages = [summary_message(self.shown)] if self.shown else []
-        if self.flat is not None:
-            messages += map(dict.copy, self.flat)  # one pass in C over the usual window
-        else:
-            for part in self.rendered:
-                messages += orjson.loads(part) if isinstance(part, bytes) else [m.copy() for m in part]
+        head = [summary_message(self.shown)] if self.shown else []
         return q.ContextView.model_construct(
             format="openai",
             tokens=dict(self.tokens),
-            messages=messages,
+            messages=head + _copied(self.messages, self.nested),
             budget=self.strategy.budget,
             over_budget=self.over_budget,
             note=self.note,
@@ -180,51 +175,39 @@ class HeldContext:
         if built.tokens.summary != self.tokens["summary"]:
             return None
         cut = len(items) - len(built.window)  # a window is a suffix
-        part = _rendered(data)
-        rendered = [*self.rendered, part]
-        flat: tuple[dict[str, Any], ...] | None
-        if self.flat is not None and not isinstance(part, bytes):
-            flat = (*self.flat, *part)[sum(map(len, rendered[:cut])) :]
-        else:  # a tool call came, or may have been cut off
-            flat = _flat(rendered[cut:])
+        added = event_messages(data)
+        counts = [*self.counts, len(added)]
+        kept = (*self.messages, *added)[sum(counts[:cut]) :]
         return HeldContext(
             strategy,
             self.summary,
             True,
             built.summary,
             list(built.window),
-            rendered[cut:],
+            kept,
+            counts[cut:],
+            (self.nested or _nested(added)) and _nested(kept),
             self.whole and cut == 0,
             built.tokens.to_dict(),
             built.over_budget,
             built.note,
-            flat,
         )
 
     def __len__(self) -> int:
         return len(self.items)
 
 
-def _rendered(event: Mapping[str, Any]) -> Rendered:
-    """An event's OpenAI messages as a context holds them: flat messages
-    (role and content strings, the usual ones) as dicts, which a reply copies
-    (a copy shares the strings; a dict of atoms is no work for Python's
-    collector), else as JSON, which a reply parses into fresh objects (a tool
-    call's arguments are nested: a shallow copy would share them)."""
-    messages = event_messages(event)
-    if all(type(v) in _ATOMS for m in messages for v in m.values()):
-        return tuple(messages)
-    return orjson.dumps(messages)
+def _nested(messages: Sequence[dict[str, Any]]) -> bool:
+    return not all(type(v) in _ATOMS for m in messages for v in m.values())
 
 
-def _flat(rendered: Sequence[Rendered]) -> tuple[dict[str, Any], ...] | None:
-    """Every item's messages in one tuple, or None when some are JSON."""
-    flat: list[dict[str, Any]] = []
-    for part in rendered:
-        if isinstance(part, bytes):
-            return None
-        flat += part
-    return tuple(flat)
+def _copied(messages: Sequence[dict[str, Any]], nested: bool) -> list[dict[str, Any]]:
+    """Fresh copies of held messages. Flat ones (role and content strings,
+    the usual ones) are copied in one pass in C, sharing their strings (a
+    dict of atoms is no work for Python's collector either); a tool call's
+    arguments are nested, and a shallow copy would share them: then the
+    whole window is copied deep, through its JSON."""
+    return orjson.loads(orjson.dumps(messages)) if nested else list(map(dict.copy, messages))
 
 
 def hold_context(view: q.ContextView) -> HeldContext | None:
@@ -246,8 +229,8 @@ def hold_context(view: q.ContextView) -> HeldContext | None:
     if view.tokens.get("summary") != expected or view.tokens.get("window") != sum(it.tokens for it in items):
         return None
     whole = _whole_window(strategy, bool(c.get("needs_summary")), len(items))
-    rendered = [_rendered(en["event"]) for en in entries]
-    flat = _flat(rendered)
+    rendered = [event_messages(en["event"]) for en in entries]
+    flat = tuple(m for messages in rendered for m in messages)
     cut = bool(c.get("summary_cut"))
     return HeldContext(
         strategy,
@@ -255,12 +238,13 @@ def hold_context(view: q.ContextView) -> HeldContext | None:
         not cut,
         shown,
         items,
-        rendered,
+        flat,
+        [len(messages) for messages in rendered],
+        _nested(flat),
         whole,
         dict(view.tokens),
         view.over_budget,
         view.note,
-        flat,
     )
 
 
